@@ -1,0 +1,40 @@
+# Two entry points (README): `make run` and `make test`. Everything lives in .venv.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+KF     := $(VENV)/bin/kernelfleet
+
+.PHONY: run test docs clean
+
+$(VENV)/.see: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+# The place half's extras and the test tools. torch 2.13.0 goes first (a CPU build
+# lies on disk on this project's machines), so the extra's `torch>=2.4` is already
+# met and pip does not fetch a multi-GB CUDA build.
+$(VENV)/.all: $(VENV)/.see
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[place,test,bench]"
+	touch $@
+
+# The main job: live OFU of this machine's GPUs; without GPUs, a recorded H200 trace.
+run: $(VENV)/.see
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(KF) watch; \
+	else \
+		echo "No NVIDIA GPU here: replaying a trace recorded on an H200 (Ctrl-C to stop)."; \
+		$(KF) watch --demo; \
+	fi
+
+test: $(VENV)/.all
+	$(PY) -m pytest -q
+
+# Regenerate the plots and tables in docs/ from the committed recordings (CPU only).
+docs: $(VENV)/.all
+	$(PY) bench/plot_telemetry.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

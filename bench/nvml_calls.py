@@ -1,0 +1,94 @@
+"""Benchmark: CPU and wall cost of each NVML call the sampler makes, on GPU 0.
+
+    python3 bench/nvml_calls.py [--reps 200]
+
+Finds which call dominates the sampler's cost, and what one clock read costs in
+the sampler loop (the read, and the sleep and wake-up before it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+
+from kernelfleet.telemetry.nvml import NvmlSource
+from kernelfleet.telemetry.nvml_api import Nvml
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=200)
+    args = parser.parse_args()
+    print(f"command: {' '.join([sys.executable] + sys.argv)}")
+    nvml = Nvml()
+    nvml.init()
+    m = nvml.m
+    h = nvml.call("nvmlDeviceGetHandleByIndex", 0)
+    s1, s2 = nvml.call("nvmlGpmSampleAlloc"), nvml.call("nvmlGpmSampleAlloc")
+    nvml.call("nvmlGpmSampleGet", h, s1)
+    time.sleep(0.2)
+    nvml.call("nvmlGpmSampleGet", h, s2)
+
+    def metrics() -> None:
+        req = m.c_nvmlGpmMetricsGet_t()
+        req.version, req.numMetrics, req.sample1, req.sample2 = m.NVML_GPM_METRICS_GET_VERSION, 15, s1, s2
+        for i, mid in enumerate((5, 7, 9, 6, 2, 3, 10, 13, 12, 11, 4, 20, 21, 61, 60)):
+            req.metrics[i].metricId = mid
+        m.nvmlGpmMetricsGet(req)
+
+    def proc_util() -> None:
+        try:
+            m.nvmlDeviceGetProcessUtilization(h, int((time.time() - 1) * 1e6))
+        except m.NVMLError:
+            pass
+
+    calls = {
+        "nvmlDeviceGetClockInfo(SM)": lambda: m.nvmlDeviceGetClockInfo(h, m.NVML_CLOCK_SM),
+        "nvmlGpmSampleGet": lambda: m.nvmlGpmSampleGet(h, s2),
+        "nvmlGpmMetricsGet(15 metrics)": metrics,
+        "nvmlDeviceGetTotalEnergyConsumption": lambda: m.nvmlDeviceGetTotalEnergyConsumption(h),
+        "nvmlDeviceGetComputeRunningProcesses": lambda: m.nvmlDeviceGetComputeRunningProcesses(h),
+        "nvmlDeviceGetProcessUtilization": proc_util,
+        "nvmlDeviceGetMemoryInfo": lambda: m.nvmlDeviceGetMemoryInfo(h),
+        "nvmlDeviceGetPowerUsage": lambda: m.nvmlDeviceGetPowerUsage(h),
+    }
+    print(f"{'call':40} {'CPU us':>9} {'wall us':>9}")
+    for name, fn in calls.items():
+        fn()
+        c0, w0 = time.process_time(), time.perf_counter()
+        for _ in range(args.reps):
+            fn()
+        cpu = (time.process_time() - c0) / args.reps * 1e6
+        wall = (time.perf_counter() - w0) / args.reps * 1e6
+        print(f"{name:40} {cpu:9.1f} {wall:9.1f}")
+    for _ in (s1, s2):
+        m.nvmlGpmSampleFree(_)
+    nvml.shutdown()
+    poll_loop_costs(args.reps)
+
+
+def poll_loop_costs(reps: int) -> None:
+    """The sampler loop's cost per clock read: the read, and the sleep/wake-up before it."""
+    with NvmlSource() as source:
+        c0 = time.process_time()
+        for _ in range(reps):
+            source.poll_clocks()
+        reads = (time.process_time() - c0) / reps * 1e6
+    waiter = threading.Event()
+    c0 = time.process_time()
+    for _ in range(50):
+        waiter.wait(0.02)
+    event_wait = (time.process_time() - c0) / 50 * 1e6
+    c0 = time.process_time()
+    for _ in range(50):
+        time.sleep(0.02)
+    sleep = (time.process_time() - c0) / 50 * 1e6
+    print(f"{'poll_clocks() (1 GPU)':40} {reads:9.1f}")
+    print(f"{'Event.wait(20 ms) wake-up':40} {event_wait:9.1f}")
+    print(f"{'time.sleep(20 ms) wake-up':40} {sleep:9.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""``kernelfleet``: one command, with sub-commands."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from kernelfleet.errors import KernelfleetError, UsageError
+
+app = typer.Typer(
+    help="See how well every GPU uses its tensor cores (OFU), and place models across GPUs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+err = Console(stderr=True, soft_wrap=True)
+
+ReplayOption = typer.Option(None, "--replay", help="Read a recorded trace instead of the GPUs.")
+IntervalOption = typer.Option(1.0, "--interval", help="Window length in seconds (>= 0.1).")
+ClockPollOption = typer.Option(
+    0.1, "--clock-poll", help="Seconds between SM clock reads inside a window (docs/telemetry.md: accuracy vs CPU)."
+)
+CatalogOption = typer.Option(None, "--catalog", help="A catalog override file (TOML).")
+
+
+DEMO_TRACE = Path(__file__).parent / "data" / "demo-h200.jsonl.gz"
+
+
+def _source(replay: Optional[Path], demo: bool, interval: float, clock_poll: float, speed: Optional[float], loop: bool):
+    from kernelfleet.telemetry.nvml import NvmlSource
+    from kernelfleet.telemetry.replay import ReplaySource
+
+    if demo:
+        return ReplaySource(DEMO_TRACE, speed=speed, loop=loop, rebase_time=True)
+    if replay is not None:
+        return ReplaySource(replay, speed=speed, loop=loop)
+    return NvmlSource(interval_seconds=interval, clock_poll_seconds=clock_poll)
+
+
+@app.command()
+def watch(
+    replay: Optional[Path] = ReplayOption,
+    demo: bool = typer.Option(False, "--demo", help="Replay the bundled H200 recording in a loop."),
+    interval: float = IntervalOption,
+    clock_poll: float = ClockPollOption,
+    speed: float = typer.Option(1.0, help="Replay speed (1 = as recorded)."),
+    once: bool = typer.Option(False, "--once", help="Show one window and exit."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    catalog: Optional[Path] = CatalogOption,
+) -> None:
+    """Live OFU for every GPU, refreshed every window."""
+    from kernelfleet.catalog import Catalog
+    from kernelfleet.watch import rows, table
+
+    cat = Catalog.load(catalog)
+    # A pipe or file gets the full table, not one squeezed to 80 columns.
+    out = Console() if sys.stdout.isatty() else Console(width=160)
+    if replay is not None and demo:
+        raise UsageError("give --replay FILE or --demo, not both")
+    title = "demo (H200 recording)" if demo else f"replay of {replay.name}" if replay else "live"
+    with _source(replay, demo, interval, clock_poll, None if once else speed, loop=not once) as source:
+        batches = source.batches(count=1 if once else None)
+        if once or as_json:
+            for batch in batches:
+                view = rows(batch, cat)
+                if as_json:
+                    print(json.dumps(view), flush=True)
+                else:
+                    out.print(table(view, _title(title)))
+            return
+        with Live(console=out, auto_refresh=False) as live:
+            for batch in batches:
+                live.update(table(rows(batch, cat), _title(title)), refresh=True)
+
+
+def _title(where: str) -> str:
+    return f"kernelfleet watch — {where} — {time.strftime('%H:%M:%S')}"
+
+
+@app.command()
+def record(
+    output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.jsonl or .jsonl.gz)."),
+    interval: float = IntervalOption,
+    clock_poll: float = ClockPollOption,
+    duration: Optional[float] = typer.Option(None, help="Stop after this many seconds."),
+    note: str = typer.Option("", help="Free text stored in the trace header."),
+) -> None:
+    """Record samples from the GPUs to a trace file, as they are read."""
+    from kernelfleet.telemetry.nvml import NvmlSource
+    from kernelfleet.telemetry.replay import TraceWriter
+
+    count = None if duration is None else max(1, round(duration / interval))
+    with NvmlSource(interval_seconds=interval, clock_poll_seconds=clock_poll) as source, TraceWriter(output, note=note) as writer:
+        try:
+            with err.status(f"recording to {output}") as status:
+                for batch in source.batches(count=count):
+                    writer.write(batch)
+                    status.update(f"recording to {output}: {writer.batches} windows")
+        except KeyboardInterrupt:
+            pass
+    err.print(f"wrote {writer.batches} windows to {output}")
+
+
+@app.command("catalog")
+def catalog_command(
+    key: Optional[str] = typer.Argument(None, help="One SKU key (omit for all)."),
+    as_json: bool = typer.Option(False, "--json"),
+    catalog: Optional[Path] = CatalogOption,
+) -> None:
+    """The GPU catalog: SKUs, reference clocks, dense peaks, prices."""
+    from rich.table import Table
+
+    from kernelfleet.catalog import Catalog
+
+    cat = Catalog.load(catalog)
+    skus = [cat.get(key)] if key else list(cat)
+    if as_json:
+        print(json.dumps([s.to_dict() for s in skus], indent=2))
+        return
+    t = Table("key", "name", "SMs", "f_ref MHz", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB/s", "$/h")
+    for s in skus:
+        bf16, fp8 = s.peak_flops("bf16"), s.peak_flops("fp8")
+        price = min((p.usd_per_hour for p in s.prices), default=None)
+        t.add_row(
+            s.key, s.name, str(s.sm_count), f"{s.reference_clock_hertz / 1e6:.0f}",
+            "—" if bf16 is None else f"{bf16 / 1e12:.1f}", "—" if fp8 is None else f"{fp8 / 1e12:.1f}",
+            f"{s.memory_bandwidth_bytes_per_second / 1e9:.0f}", "—" if price is None else f"{price:.2f}",
+        )
+    Console().print(t)
+
+
+def main() -> None:
+    """Entry point: a user's mistake or a broken environment is one line, not a traceback."""
+    logging.basicConfig(level=logging.WARNING, format="kernelfleet: %(message)s")
+    try:
+        app()
+    except KernelfleetError as exc:
+        err.print(f"kernelfleet: error: {exc}", markup=False, highlight=False)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,88 @@
+"""The SM clock averaged over exactly a GPM window.
+
+Under the power cap an H200's SM clock swings between ~1.0 and 1.98 GHz within a
+second (DESIGN.md, Facts), so one read per window can be far from the window's
+mean. A :class:`ClockPoller` holds every GPU's clock reads;
+``step_mean`` turns the reads into a time-weighted mean over a window.
+
+On an H200 (driver 580) a clock read costs ~2 µs in NVML, and the driver's own
+clock-sample buffer (nvmlDeviceGetSamples) returns nothing, so host reads are
+the way; the clock steps ~6 times a second, so 20 reads a second track it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class ClockWindow:
+    mean: float | None
+    last: float | None  # the last read at or before the window's end
+    reads: int  # reads that fell inside the window
+
+
+def step_mean(
+    reads: Sequence[tuple[float, float]], start: float, end: float, before: float | None
+) -> ClockWindow:
+    """Time-weighted mean of a step function over ``[start, end]``.
+
+    ``reads`` are ``(time, value)`` pairs in time order, all inside the window;
+    each value holds until the next read. ``before`` is the last value read
+    before ``start`` (it holds from ``start`` to the first read); without it,
+    the first read is extended back to ``start``.
+    """
+    if end <= start or (not reads and before is None):
+        return ClockWindow(None, before, 0)
+    value = before if before is not None else reads[0][1]
+    t = start
+    area = 0.0
+    for when, reading in reads:
+        when = min(max(when, start), end)
+        area += value * (when - t)
+        t, value = when, reading
+    area += value * (end - t)
+    return ClockWindow(area / (end - start), value, len(reads))
+
+
+class ClockPoller:
+    """Keeps each device's clock reads until the window that holds them is taken.
+
+    The sampler's own loop calls :meth:`poll_once` between its sleeps, so no
+    thread is needed: on an H200 VM a separate polling thread cost about twice
+    the CPU of reads made from the loop that already wakes up (bench/sampler_cost.py).
+    ``read(key)`` returns a device's clock in hertz; a read that raises is
+    skipped, so the window rests on fewer reads.
+    """
+
+    def __init__(self, read: Callable[[object], float], clock: Callable[[], float] = time.monotonic) -> None:
+        self._read = read
+        self._clock = clock
+        self._reads: dict[object, deque[tuple[float, float]]] = {}
+        self._last: dict[object, float] = {}
+
+    def watch(self, keys: Sequence[object]) -> None:
+        """Poll exactly these devices from now on."""
+        self._reads = {k: deque() for k in keys}
+        self._last = {}
+
+    def poll_once(self) -> None:
+        for key, pending in self._reads.items():
+            try:
+                pending.append((self._clock(), self._read(key)))
+            except Exception:  # noqa: BLE001 - a failed read only thins the window
+                continue
+
+    def take(self, key: object, start: float, end: float) -> ClockWindow:
+        """The window ``[start, end]`` for ``key``; reads up to ``end`` are consumed."""
+        pending = self._reads.get(key, deque())
+        inside: list[tuple[float, float]] = []
+        while pending and pending[0][0] <= end:
+            inside.append(pending.popleft())
+        before = self._last.get(key)
+        if inside:
+            self._last[key] = inside[-1][1]
+        return step_mean(inside, start, end, before)

@@ -1,0 +1,191 @@
+"""A CPU twin of the pynvml functions NvmlSource calls (STYLE.md: every hardware
+interface gets a CPU twin that runs the same control flow).
+
+Values come from a recorded H200 window; tests script what real hardware cannot
+be made to do on demand: a GPU that is lost mid-run, a GPU without GPM, MIG
+slices, a metric the driver refuses. The GPM request struct is pynvml's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+NVML_SUCCESS = pynvml.NVML_SUCCESS
+NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
+NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+NVML_GPM_METRICS_GET_VERSION = pynvml.NVML_GPM_METRICS_GET_VERSION
+NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+NVML_ERROR_NOT_FOUND = pynvml.NVML_ERROR_NOT_FOUND
+NVML_ERROR_GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+NVML_ERROR_LIBRARY_NOT_FOUND = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+NVML_ERROR_DRIVER_NOT_LOADED = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+NVML_ERROR_NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
+NVML_ERROR_FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+class MetricsRequest:
+    """Stands in for pynvml.c_nvmlGpmMetricsGet_t (whose sample fields need real buffers)."""
+
+    def __init__(self) -> None:
+        self.version = self.numMetrics = 0
+        self.sample1 = self.sample2 = None
+        self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(32)]
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+# GPM metric values (percent or MiB/s) of a bf16 8192^3 GEMM window recorded on an H200
+# (tests/data/h200/h200-bf16-gemm.jsonl.gz, line 4).
+H200_GEMM_GPM = {5: 93.63, 7: 93.63, 9: 0.0, 6: 0.0, 2: 96.46, 3: 12.5, 10: 17.30, 13: 0.0, 12: 0.01,
+                 11: 0.0, 4: 0.46, 20: 14.6, 21: 12.3, 61: 0.0, 60: 0.0}
+
+
+@dataclass
+class TwinGpu:
+    name: str = "NVIDIA H200"
+    uuid: str = "GPU-twin-0"
+    pci_device_id: int = 0x2335
+    max_clock_mhz: int = 1980
+    clock_mhz: int = 1446
+    gpm: bool = True
+    gpm_values: dict[int, float] = field(default_factory=lambda: dict(H200_GEMM_GPM))
+    refused_metrics: set[int] = field(default_factory=set)
+    power_watts: float = 691.0
+    mig_instances: list[int] = field(default_factory=list)  # GPU instance ids
+    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, bytes)
+    process_sm_percent: dict[int, int] = field(default_factory=dict)
+    lost: bool = False  # every call on it fails with GPU_IS_LOST until cleared
+
+
+class Twin:
+    """Behaves like the pynvml module for the calls NvmlSource makes."""
+
+    NVMLError = NVMLError
+    c_nvmlGpmMetricsGet_t = MetricsRequest
+    NVML_SUCCESS = NVML_SUCCESS
+    NVML_CLOCK_SM = NVML_CLOCK_SM
+    NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
+    NVML_GPM_METRICS_GET_VERSION = NVML_GPM_METRICS_GET_VERSION
+    NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_LIBRARY_NOT_FOUND = NVML_ERROR_LIBRARY_NOT_FOUND
+    NVML_ERROR_DRIVER_NOT_LOADED = NVML_ERROR_DRIVER_NOT_LOADED
+    NVML_ERROR_NO_PERMISSION = NVML_ERROR_NO_PERMISSION
+    NVML_ERROR_FUNCTION_NOT_FOUND = NVML_ERROR_FUNCTION_NOT_FOUND
+
+    def __init__(self, gpus: list[TwinGpu], now: Any, library: bool = True) -> None:
+        self.gpus = gpus
+        self.now = now  # callable: the fake monotonic clock
+        self.library = library
+        self.inits = 0
+        self.live_samples = 0
+
+    # -- helpers -----------------------------------------------------------------
+    def _gpu(self, handle: Any) -> TwinGpu:
+        gpu = handle.gpu
+        if gpu.lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        return gpu
+
+    # -- library -----------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        if not self.library:
+            raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)
+        self.inits += 1
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        return SimpleNamespace(gpu=self.gpus[index], mig=None)
+
+    def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
+        return SimpleNamespace(pciDeviceId=(self._gpu(h).pci_device_id << 16) | 0x10DE)
+
+    def nvmlDeviceGetMaxClockInfo(self, h: Any, kind: int) -> int:
+        return self._gpu(h).max_clock_mhz
+
+    def nvmlDeviceGetClockInfo(self, h: Any, kind: int) -> int:
+        return self._gpu(h).clock_mhz
+
+    def nvmlDeviceGetUUID(self, h: Any) -> str:
+        gpu = self._gpu(h)
+        return gpu.uuid if h.mig is None else f"MIG-{gpu.uuid}-{h.mig}"
+
+    def nvmlDeviceGetName(self, h: Any) -> str:
+        return self._gpu(h).name
+
+    def nvmlGpmQueryDeviceSupport(self, h: Any) -> Any:
+        return SimpleNamespace(isSupportedDevice=int(self._gpu(h).gpm))
+
+    def nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
+        gpu = self._gpu(h)
+        return [1, 1] if gpu.mig_instances else [0, 0]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, i: int) -> Any:
+        gpu = self._gpu(h)
+        if i >= len(gpu.mig_instances):
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return SimpleNamespace(gpu=gpu, mig=gpu.mig_instances[i])
+
+    def nvmlDeviceGetGpuInstanceId(self, h: Any) -> int:
+        return h.mig
+
+    # -- GPM -----------------------------------------------------------------------
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self.live_samples += 1
+        return SimpleNamespace(gpu=None)
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self.live_samples -= 1
+
+    def nvmlGpmSampleGet(self, h: Any, sample: Any) -> Any:
+        gpu = self._gpu(h)
+        if not gpu.gpm:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        sample.gpu = gpu
+        return sample
+
+    def nvmlGpmMigSampleGet(self, h: Any, instance: int, sample: Any) -> Any:
+        sample.instance = instance
+        return self.nvmlGpmSampleGet(h, sample)
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        gpu: TwinGpu = request.sample2.gpu
+        for metric in request.metrics[: request.numMetrics]:
+            if metric.metricId in gpu.refused_metrics:
+                metric.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+            else:
+                metric.nvmlReturn, metric.value = NVML_SUCCESS, gpu.gpm_values.get(metric.metricId, 0.0)
+        return request
+
+    # -- power, memory, processes --------------------------------------------------
+    def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
+        return int(self._gpu(h).power_watts * 1000)
+
+    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
+        self._gpu(h)
+        return SimpleNamespace(used=1 << 30, total=141 << 30)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+        return [SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self._gpu(h).processes]
+
+    def nvmlDeviceGetProcessUtilization(self, h: Any, since: int) -> list[Any]:
+        gpu = self._gpu(h)
+        if not gpu.process_sm_percent:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return [SimpleNamespace(pid=p, smUtil=u) for p, u in gpu.process_sm_percent.items()]
+

@@ -1,0 +1,74 @@
+"""The command line as a user meets it: real processes, exit codes, one-line errors."""
+
+import ctypes.util
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.unit
+HAS_NVML = ctypes.util.find_library("nvidia-ml") is not None
+
+
+def kf(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kernelfleet", *args], capture_output=True, text=True, timeout=60)
+
+
+def one_line_error(done: subprocess.CompletedProcess, code: int, *needles: str) -> None:
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kernelfleet: error: "), done.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_watch_once_json_over_a_replay(h200_trace):
+    done = kf("watch", "--once", "--json", "--replay", str(h200_trace / "h200-bf16-gemm.jsonl.gz"))
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)
+    assert row["sku"] == "h200-sxm" and row["bottleneck"] == "idle" and row["ofu_ratio"] == 0.0
+
+
+def test_watch_demo_once_table():
+    done = kf("watch", "--demo", "--once")
+    assert done.returncode == 0, done.stderr
+    assert "OFU" in done.stdout and "H200" in done.stdout
+
+
+def test_corrupt_replay_names_file_and_line(tmp_path, h200_trace):
+    text = gzip.decompress((h200_trace / "h200-idle.jsonl.gz").read_bytes()).decode().splitlines()
+    text[2] = text[2][:50]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(text) + "\n")
+    one_line_error(kf("watch", "--json", "--replay", str(bad), "--speed", "1000"), 2, "bad.jsonl:3:", "corrupt")
+
+
+def test_missing_replay_file(tmp_path):
+    one_line_error(kf("watch", "--once", "--replay", str(tmp_path / "none.jsonl")), 2, "no such trace file")
+
+
+@pytest.mark.skipif(HAS_NVML, reason="this machine has NVML; the no-GPU path is what CI checks")
+@pytest.mark.parametrize("command", [["watch", "--once"], ["record", "-o", "x.jsonl", "--duration", "1"]])
+def test_no_nvml_is_one_line_pointing_at_replay(command, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", *command], capture_output=True, text=True, cwd=tmp_path)
+    one_line_error(done, 3, "NVML", "--replay")
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_interval_below_gpm_minimum():
+    one_line_error(kf("watch", "--once", "--interval", "0.01"), 2, "at least 0.1")
+
+
+def test_replay_and_demo_together():
+    one_line_error(kf("watch", "--demo", "--replay", "x"), 2, "not both")
+
+
+def test_catalog_json_and_unknown_key():
+    done = kf("catalog", "--json", "h200-sxm")
+    assert done.returncode == 0
+    (sku,) = json.loads(done.stdout)
+    assert sku["measured_ofu_clock_hertz"] == 1.98e9 and sku["dense_peak_flops"]["bf16"] == 989.4e12
+    one_line_error(kf("catalog", "no-such-gpu"), 2, "no-such-gpu")

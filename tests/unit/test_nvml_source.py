@@ -1,0 +1,154 @@
+"""NvmlSource's control flow on the NVML CPU twin: values, stale, re-init, MIG, no GPM."""
+
+import pytest
+
+from kernelfleet.errors import EnvironmentProblem, UsageError
+from kernelfleet.telemetry.nvml import NvmlSource
+from kernelfleet.telemetry.nvml_api import Nvml
+from nvml_twin import Twin, TwinGpu
+
+pytestmark = pytest.mark.unit
+
+
+def open_source(gpus, fake_time, **kw):
+    twin = Twin(gpus, fake_time.now, **kw)
+    source = NvmlSource(
+        interval_seconds=1.0,
+        nvml=Nvml(twin),
+        clock=fake_time.now,
+        wall=fake_time.wall,
+        sleep=fake_time.sleep,
+    )
+    return twin, source
+
+
+def tick(source, fake_time, clocks, gpu, seconds=1.0):
+    """Advance one window, polling the clock at evenly spaced times with the given MHz values."""
+    step = seconds / len(clocks)
+    for mhz in clocks:
+        fake_time.sleep(step)
+        gpu.clock_mhz = mhz
+        source.poll_clocks()
+    return source.read()
+
+
+def test_one_window_carries_recorded_h200_values(fake_time):
+    gpu = TwinGpu(processes=[(4242, 1 << 30)], process_sm_percent={4242: 54})
+    twin, source = open_source([gpu], fake_time)
+    with source:
+        (s,) = tick(source, fake_time, [1400, 1500, 1600, 1700], gpu)
+    assert s.name == "NVIDIA H200" and s.pci_device_id == 0x2335
+    assert s.tensor_active_ratio == pytest.approx(0.9363)
+    assert s.dram_bandwidth_ratio == pytest.approx(0.1730)
+    assert s.pcie_tx_bytes_per_second == pytest.approx(14.6 * 1024 * 1024)
+    assert s.window_seconds == pytest.approx(1.0)
+    # each read holds until the next; with no read before the window the first is
+    # extended back: 1400 on [0, 0.5), 1500 on [0.5, 0.75), 1600 on [0.75, 1]
+    assert s.sm_clock_mean_hertz == pytest.approx(1475e6)
+    assert s.sm_clock_instant_hertz == 1700e6 and s.sm_clock_polls == 4
+    assert s.sm_clock_max_hertz == 1980e6
+    assert s.power_mean_watts == pytest.approx(691.0)
+    # one process owns the GPU: its per-process SM share (a 2.4 ms call) is not read
+    assert [(p.pid, p.used_memory_bytes, p.sm_active_ratio) for p in s.processes] == [(4242, 1 << 30, None)]
+    assert not s.stale and s.gpm_supported
+    assert twin.live_samples == 0  # every GPM buffer freed on close
+
+
+def test_shared_gpu_reads_per_process_sm_share(fake_time):
+    gpu = TwinGpu(processes=[(10, 1 << 30), (11, 2 << 30)], process_sm_percent={10: 60, 11: 25})
+    _, source = open_source([gpu], fake_time)
+    with source:
+        (s,) = tick(source, fake_time, [1400], gpu)
+    assert [(p.pid, p.sm_active_ratio) for p in s.processes] == [(10, 0.60), (11, 0.25)]
+
+
+def test_clock_mean_carries_last_poll_into_next_window(fake_time):
+    gpu = TwinGpu()
+    _, source = open_source([gpu], fake_time)
+    with source:
+        tick(source, fake_time, [1000, 1000, 1000, 1800], gpu)
+        # next window: one poll at 0.5 s of 1200; 1800 holds until then
+        (s,) = tick(source, fake_time, [1200, 1200], gpu)
+    assert s.sm_clock_mean_hertz == pytest.approx((1800 * 0.5 + 1200 * 0.5) * 1e6)
+
+
+def test_lost_gpu_gives_stale_samples_then_recovers_after_reinit(fake_time):
+    gpu = TwinGpu()
+    twin, source = open_source([gpu], fake_time)
+    with source:
+        tick(source, fake_time, [1400], gpu)
+        gpu.lost = True
+        (stale,) = tick(source, fake_time, [1400], gpu)
+        assert stale.stale and stale.tensor_active_ratio is None and stale.sm_clock_mean_hertz is None
+        assert "nvmlGpmSampleGet failed" in stale.error and f"code {15}" in stale.error
+        # re-initialisation was tried at once and failed (the GPU is still lost): still stale
+        (still,) = tick(source, fake_time, [1400], gpu)
+        assert still.stale and "re-initialisation failed" in still.error
+        gpu.lost = False
+        inits = twin.inits
+        # this window was never opened, so it stays stale; NVML comes back at its end
+        (recovering,) = tick(source, fake_time, [1400], gpu)
+        assert recovering.stale and twin.inits == inits + 1
+        (again,) = tick(source, fake_time, [1400], gpu)
+    assert not again.stale and again.tensor_active_ratio == pytest.approx(0.9363)
+    assert again.window_seconds == pytest.approx(1.0)
+
+
+def test_gpu_without_gpm_is_reported_not_crashed(fake_time):
+    t4 = TwinGpu(name="Tesla T4", uuid="GPU-t4", pci_device_id=0x1EB8, gpm=False, max_clock_mhz=1590)
+    _, source = open_source([t4], fake_time)
+    with source:
+        (s,) = tick(source, fake_time, [1590], t4)
+    assert not s.gpm_supported and not s.stale
+    assert s.tensor_active_ratio is None and s.sm_active_ratio is None
+    assert s.sm_clock_mean_hertz == 1590e6 and s.power_mean_watts is not None
+
+
+def test_refused_metric_is_none_and_others_survive(fake_time):
+    gpu = TwinGpu(refused_metrics={10})
+    _, source = open_source([gpu], fake_time)
+    with source:
+        (s,) = tick(source, fake_time, [1400], gpu)
+    assert s.dram_bandwidth_ratio is None
+    assert s.tensor_active_ratio == pytest.approx(0.9363)
+
+
+def test_mig_instances_are_reported_per_instance(fake_time):
+    gpu = TwinGpu(mig_instances=[1, 2])
+    twin, source = open_source([gpu], fake_time)
+    with source:
+        batch = tick(source, fake_time, [1400], gpu)
+    assert [(s.gpu_index, s.mig_instance) for s in batch] == [(0, None), (0, 1), (0, 2)]
+    assert batch[1].uuid == "MIG-GPU-twin-0-1"
+    assert batch[1].power_mean_watts is None  # power belongs to the whole GPU
+    assert batch[2].sm_clock_mean_hertz == 1400e6
+    assert twin.live_samples == 0
+
+
+def test_no_nvml_library_is_one_clear_line(fake_time):
+    _, source = open_source([TwinGpu()], fake_time, library=False)
+    with pytest.raises(EnvironmentProblem, match="libnvidia-ml.so was not found.*--replay"):
+        source.open()
+
+
+def test_no_gpu_is_one_clear_line(fake_time):
+    _, source = open_source([], fake_time)
+    with pytest.raises(EnvironmentProblem, match="no GPU.*--replay"):
+        source.open()
+
+
+def test_window_shorter_than_gpm_minimum_is_refused():
+    with pytest.raises(UsageError, match="at least 0.1"):
+        NvmlSource(interval_seconds=0.05)
+
+
+def test_batches_pace_by_interval_and_read_the_clock_between(fake_time):
+    gpu = TwinGpu()
+    _, source = open_source([gpu], fake_time)
+    with source:
+        start = fake_time.now()
+        batches = list(source.batches(count=3))
+    assert len(batches) == 3
+    assert fake_time.now() - start == pytest.approx(3.0)
+    # default: a read every 100 ms, the last one at the window's end
+    assert [b[0].sm_clock_polls for b in batches] == [10, 10, 10]
