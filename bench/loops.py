@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernelfleet.ofu.timeline import work_between
+
 
 @dataclass
 class Timeline:
@@ -24,14 +26,7 @@ class Timeline:
 
     def work_between(self, start: float, end: float) -> float:
         """Work completed in [start, end], apportioning iterations that straddle an edge."""
-        total = 0.0
-        previous = self.start_wall
-        for finish in self.ends_wall:
-            lo, hi = max(previous, start), min(finish, end)
-            if hi > lo and finish > previous:
-                total += self.work_per_iteration * (hi - lo) / (finish - previous)
-            previous = finish
-        return total
+        return work_between(self.start_wall, self.ends_wall, self.work_per_iteration, start, end)
 
     def to_dict(self) -> dict:
         return {

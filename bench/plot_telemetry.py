@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from kernelfleet.catalog import Catalog  # noqa: E402
 from kernelfleet.ofu.core import ofu_ratio  # noqa: E402
 from kernelfleet.ofu.sampling import clock_sampling_errors  # noqa: E402
+from kernelfleet.ofu.timeline import work_between  # noqa: E402
 from kernelfleet.telemetry.replay import ReplaySource  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,12 +41,7 @@ def windows(name: str, precision: str) -> list[tuple[float, float, float]]:
         start, end = s.timestamp_seconds - s.window_seconds, s.timestamp_seconds
         if not (tl["start_wall"] < start and tl["ends_wall"][-1] > end):
             continue
-        work, previous = 0.0, tl["start_wall"]
-        for finish in tl["ends_wall"]:
-            lo, hi = max(previous, start), min(finish, end)
-            if hi > lo:
-                work += tl["work_per_iteration"] * (hi - lo) / (finish - previous)
-            previous = finish
+        work = work_between(tl["start_wall"], tl["ends_wall"], tl["work_per_iteration"], start, end)
         out.append((s.tensor_active_ratio, s.sm_clock_mean_hertz, work / s.window_seconds / H200.peak_flops(precision)))
     return out
 

@@ -247,6 +247,9 @@ class NvmlSource:
             metrics = self._gpm_metrics(target.previous, current) if current is not None else {}
             processes = self._processes(target, prev_proc)
             memory = self.nvml.optional("nvmlDeviceGetMemoryInfo", target.info_handle)
+            # Board power is already a 1-s average on Ampere and newer (NVML docs), so one
+            # read per window does; MIG slices have no power of their own.
+            milliwatts = None if target.mig_instance is not None else self.nvml.optional("nvmlDeviceGetPowerUsage", target.handle)
         except NvmlCallFailed as exc:
             target.failed = str(exc)
             log.warning("GPU %d: %s; re-initialising NVML", target.gpu_index, exc)
@@ -255,22 +258,13 @@ class NvmlSource:
         target.previous, target.previous_time, target.previous_wall = current, end, end_wall
         target.previous_process_timestamp = int(end_wall * 1e6)
         clock = self._clock_window(target, start, end)
-        # Board power is already a 1-s average on Ampere and newer (NVML docs), so one
-        # read per window does; MIG slices have no power of their own.
-        milliwatts = None if target.mig_instance is not None else self.nvml.optional("nvmlDeviceGetPowerUsage", target.handle)
         return Sample(
             timestamp_seconds=end_wall,
             window_seconds=end - start,
-            gpu_index=target.gpu_index,
-            uuid=target.uuid,
-            name=target.name,
-            pci_device_id=target.pci_device_id,
-            mig_instance=target.mig_instance,
-            gpm_supported=target.gpm_supported,
+            **_identity(target),
             sm_clock_mean_hertz=clock.mean if clock else None,
             sm_clock_instant_hertz=clock.last if clock else None,
             sm_clock_polls=clock.reads if clock else 0,
-            sm_clock_max_hertz=target.max_clock_hertz,
             power_mean_watts=None if milliwatts is None else milliwatts / 1000.0,
             memory_used_bytes=int(memory.used) if memory is not None else None,
             processes=processes,
@@ -330,15 +324,9 @@ class NvmlSource:
         return Sample(
             timestamp_seconds=self.wall(),
             window_seconds=max(0.0, end - target.previous_time),
-            gpu_index=target.gpu_index,
-            uuid=target.uuid,
-            name=target.name,
-            pci_device_id=target.pci_device_id,
-            mig_instance=target.mig_instance,
-            gpm_supported=target.gpm_supported,
             stale=True,
             error=error,
-            sm_clock_max_hertz=target.max_clock_hertz,
+            **_identity(target),
         )
 
     def _reinit(self) -> None:
@@ -376,6 +364,19 @@ class NvmlSource:
         if key not in self._warned:
             self._warned.add(key)
             log.warning(message)
+
+
+def _identity(target: _Target) -> dict[str, Any]:
+    """The Sample fields that name the GPU, the same in every window."""
+    return {
+        "gpu_index": target.gpu_index,
+        "uuid": target.uuid,
+        "name": target.name,
+        "pci_device_id": target.pci_device_id,
+        "mig_instance": target.mig_instance,
+        "gpm_supported": target.gpm_supported,
+        "sm_clock_max_hertz": target.max_clock_hertz,
+    }
 
 
 def _text(value: str | bytes) -> str:

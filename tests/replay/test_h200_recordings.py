@@ -17,6 +17,7 @@ from kernelfleet.ofu import Bottleneck, classify, ofu
 from kernelfleet.ofu.aggregate import by_gpu, fleet, resample, summarize
 from kernelfleet.ofu.core import ofu_ratio
 from kernelfleet.ofu.sampling import clock_sampling_errors
+from kernelfleet.ofu.timeline import work_between as timeline_work
 from kernelfleet.telemetry.replay import ReplaySource
 
 pytestmark = pytest.mark.replay
@@ -32,14 +33,7 @@ def timeline(data, name):
 
 
 def work_between(tl, start, end):
-    """FLOPs completed in [start, end], splitting iterations that straddle an edge."""
-    total, previous = 0.0, tl["start_wall"]
-    for finish in tl["ends_wall"]:
-        lo, hi = max(previous, start), min(finish, end)
-        if hi > lo:
-            total += tl["work_per_iteration"] * (hi - lo) / (finish - previous)
-        previous = finish
-    return total
+    return timeline_work(tl["start_wall"], tl["ends_wall"], tl["work_per_iteration"], start, end)
 
 
 def loaded_windows(data, name, precision):
