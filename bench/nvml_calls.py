@@ -44,7 +44,11 @@ def main() -> None:
         except m.NVMLError:
             pass
 
+    def alloc_free() -> None:
+        m.nvmlGpmSampleFree(m.nvmlGpmSampleAlloc())
+
     calls = {
+        "nvmlGpmSampleAlloc + Free": alloc_free,
         "nvmlDeviceGetClockInfo(SM)": lambda: m.nvmlDeviceGetClockInfo(h, m.NVML_CLOCK_SM),
         "nvmlGpmSampleGet": lambda: m.nvmlGpmSampleGet(h, s2),
         "nvmlGpmMetricsGet(15 metrics)": metrics,
