@@ -18,6 +18,7 @@ from kernelfleet.ofu.aggregate import by_gpu, fleet, resample, summarize
 from kernelfleet.ofu.core import ofu_ratio
 from kernelfleet.ofu.sampling import clock_sampling_errors
 from kernelfleet.ofu.timeline import work_between as timeline_work
+from kernelfleet.ofu.validation import gemm_points, summarize_errors
 from kernelfleet.telemetry.replay import ReplaySource
 
 pytestmark = pytest.mark.replay
@@ -134,3 +135,28 @@ def test_two_gpu_host_each_gpu_its_own_row_and_class():
     view = fleet([(summarize(gemm, H200), H200), (summarize(copy, H200), H200)])
     assert view["gpus"] == 2 and view["capacity_weighted_ofu_ratio"] == pytest.approx(view["mean_ofu_ratio"])
     assert 0.34 < view["mean_ofu_ratio"] < 0.36  # one GPU at ~0.70, one at 0
+
+
+def sweep_points():
+    sweep = Path(__file__).parents[1] / "data" / "h200-sweep"
+    with gzip.open(sweep / "sweep-points.jsonl.gz", "rt") as f:
+        points = [json.loads(line) for line in f]
+    samples = [b[0] for b in ReplaySource(sweep / "sweep-trace.jsonl.gz").batches()]
+    return gemm_points(points, samples, H200)
+
+
+def test_gemm_sweep_table_ii_on_the_h200():
+    """bench/ofu_sweep.py on an H200: 60 points, five precisions (docs/validation/ofu.md)."""
+    rows = sweep_points()
+    assert len(rows) == 60 and all(r.tile is not None for r in rows)
+    table = {s.precision: s for s in summarize_errors(rows)}
+    assert {p: s.points for p, s in table.items()} == {"bf16": 15, "fp16": 15, "tf32": 15, "fp8": 11, "fp64": 4}
+    assert table["bf16"].raw_mae_pp == pytest.approx(1.855, abs=1e-3)
+    assert table["bf16"].corrected_mae_pp == pytest.approx(1.014, abs=1e-3)
+    for s in table.values():  # the correction never makes a precision worse
+        assert s.corrected_mae_pp < s.raw_mae_pp
+    # unaligned shapes carry the tile-quantization error the correction removes
+    unaligned = {(r.precision, r.m): r for r in rows if r.m in (1000, 3000, 8200)}
+    assert unaligned["bf16", 8200].raw_error_pp == pytest.approx(4.12, abs=0.01)
+    assert unaligned["bf16", 8200].corrected_error_pp == pytest.approx(0.74, abs=0.01)
+    assert all(abs(r.corrected_error_pp) < abs(r.raw_error_pp) for r in unaligned.values())

@@ -1,0 +1,70 @@
+"""Tables and plot for docs/validation/ofu.md from a recorded GEMM sweep (CPU only).
+
+    python3 bench/plot_ofu_validation.py [--sweep tests/data/h200-sweep]
+
+Reads sweep-points.jsonl.gz and sweep-trace.jsonl.gz (written by bench/ofu_sweep.py
+on a GPU), prints the per-point table and the Table II summary in Markdown, and
+draws docs/validation/ofu-vs-mfu-h200-sweep.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from kernelfleet.catalog import Catalog  # noqa: E402
+from kernelfleet.ofu.validation import gemm_points, summarize_errors  # noqa: E402
+from kernelfleet.telemetry.replay import ReplaySource  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sweep", type=Path, default=ROOT / "tests" / "data" / "h200-sweep")
+    args = parser.parse_args()
+    print(f"command: {' '.join([sys.executable] + sys.argv)}\n")
+    with gzip.open(args.sweep / "sweep-points.jsonl.gz", "rt") as f:
+        points = [json.loads(line) for line in f]
+    samples = [b[0] for b in ReplaySource(args.sweep / "sweep-trace.jsonl.gz").batches()]
+    rows = gemm_points(points, samples, Catalog.load().get("h200-sxm"))
+
+    print("| precision | M×N×K | kernel tile | windows | MFU | raw OFU | raw err | corrected OFU | corrected err |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        tile = f"{r.tile.m}×{r.tile.n}×{r.tile.k}" if r.tile else "?"
+        corrected = "—" if r.corrected_ofu_ratio is None else f"{r.corrected_ofu_ratio:.3f}"
+        cerr = "—" if r.corrected_error_pp is None else f"{r.corrected_error_pp:+.2f}"
+        print(f"| {r.precision} | {r.m}×{r.n}×{r.k} | {tile} | {r.windows} | {r.mfu_ratio:.3f} | "
+              f"{r.raw_ofu_ratio:.3f} | {r.raw_error_pp:+.2f} | {corrected} | {cerr} |")
+    print("\n| precision | points | raw MAE (pp) | raw ≤2 pp | raw ≤5 pp | corrected MAE (pp) | corrected ≤2 pp | corrected ≤5 pp |")
+    print("|---|---|---|---|---|---|---|---|")
+    for s in summarize_errors(rows):
+        print(f"| {s.precision} | {s.points} | {s.raw_mae_pp:.2f} | {s.raw_within_2pp:.0%} | {s.raw_within_5pp:.0%} | "
+              f"{s.corrected_mae_pp:.2f} | {s.corrected_within_2pp:.0%} | {s.corrected_within_5pp:.0%} |")
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5), sharey=True)
+    for ax, corrected in zip(axes, (False, True)):
+        for precision in dict.fromkeys(r.precision for r in rows):
+            chosen = [r for r in rows if r.precision == precision and r.corrected_ofu_ratio is not None]
+            y = [r.corrected_ofu_ratio if corrected else r.raw_ofu_ratio for r in chosen]
+            ax.scatter([r.mfu_ratio for r in chosen], y, label=precision, s=20)
+        ax.plot([0, 0.8], [0, 0.8], color="grey", ls="--", lw=1)
+        ax.set(xlabel="MFU (CUDA events)", title="corrected OFU (tile quantization removed)" if corrected else "raw OFU")
+    axes[0].set_ylabel("OFU (f_ref 1980 MHz)")
+    axes[0].legend()
+    fig.suptitle("H200 GEMM sweep: OFU against MFU, one point per shape and precision")
+    fig.tight_layout()
+    fig.savefig(ROOT / "docs" / "validation" / "ofu-vs-mfu-h200-sweep.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()

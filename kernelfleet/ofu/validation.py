@@ -1,0 +1,111 @@
+"""OFU against measured MFU for controlled GEMMs (the paper's Table II, on our runs).
+
+Inputs are plain data recorded on a GPU by bench/ofu_sweep.py: the sweep's
+points (shape, precision, kernel names, CUDA-event timeline) and the counter
+trace sampled alongside. For every window that lies wholly inside a point's
+timed run, MFU is the FLOPs the timeline completed in the window over the
+window and the precision's dense peak; raw OFU comes from the window's counters;
+corrected OFU removes the padded tile work of the kernel that ran.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from kernelfleet.catalog import Sku
+from kernelfleet.ofu.core import ofu
+from kernelfleet.ofu.kernel_tiles import executed_flops_of_torch_mm, tile_from_kernel_name
+from kernelfleet.ofu.tiles import Tile, corrected_ofu, gemm_flops
+from kernelfleet.ofu.timeline import work_between
+from kernelfleet.telemetry.sample import Sample
+
+# The datasheet peak each sweep precision is measured against.
+PEAK_OF = {"bf16": "bf16", "fp16": "fp16", "tf32": "tf32", "fp8": "fp8", "fp64": "fp64_tensor"}
+
+
+@dataclass(frozen=True, slots=True)
+class GemmPoint:
+    """One sweep point: its windows' mean MFU, raw OFU and corrected OFU."""
+
+    precision: str
+    m: int
+    n: int
+    k: int
+    kernel: str | None
+    tile: Tile | None
+    windows: int
+    mfu_ratio: float
+    raw_ofu_ratio: float
+    corrected_ofu_ratio: float | None  # None when the kernel's tile is unknown
+
+    @property
+    def raw_error_pp(self) -> float:
+        return 100 * (self.raw_ofu_ratio - self.mfu_ratio)
+
+    @property
+    def corrected_error_pp(self) -> float | None:
+        return None if self.corrected_ofu_ratio is None else 100 * (self.corrected_ofu_ratio - self.mfu_ratio)
+
+
+def gemm_points(points: Iterable[dict[str, Any]], samples: Sequence[Sample], sku: Sku) -> list[GemmPoint]:
+    """Match windows to sweep points and compute MFU and OFU per point."""
+    out = []
+    for p in points:
+        if "error" in p:
+            continue
+        peak = sku.peak_flops(PEAK_OF[p["precision"]])
+        inside = [
+            s for s in samples
+            if s.timestamp_seconds - s.window_seconds > p["start_wall"] and s.timestamp_seconds < p["ends_wall"][-1]
+        ]
+        pairs = []
+        for s in inside:
+            reading = ofu(s, sku)
+            if reading.ofu_ratio is None or peak is None:
+                continue
+            work = work_between(p["start_wall"], p["ends_wall"], p["work_per_iteration"],
+                                s.timestamp_seconds - s.window_seconds, s.timestamp_seconds)
+            pairs.append((work / s.window_seconds / peak, reading.ofu_ratio))
+        if not pairs:
+            continue
+        kernel = next((name for name in p["kernels"] if tile_from_kernel_name(name)), None)
+        tile = tile_from_kernel_name(kernel) if kernel else None
+        raw = statistics.mean(o for _, o in pairs)
+        corrected = None
+        if tile is not None:
+            m, n, k = p["m"], p["n"], p["k"]
+            corrected = corrected_ofu(raw, gemm_flops(m, n, k), executed_flops_of_torch_mm(m, n, k, tile))
+        out.append(GemmPoint(p["precision"], p["m"], p["n"], p["k"], kernel, tile, len(pairs),
+                             statistics.mean(m for m, _ in pairs), raw, corrected))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSummary:
+    """The paper's Table II columns for one precision."""
+
+    precision: str
+    points: int
+    raw_mae_pp: float
+    raw_within_2pp: float
+    raw_within_5pp: float
+    corrected_mae_pp: float
+    corrected_within_2pp: float
+    corrected_within_5pp: float
+
+
+def summarize_errors(points: Sequence[GemmPoint]) -> list[ErrorSummary]:
+    """Per precision, over the points whose kernel tile is known (so both columns cover the same points)."""
+    rows = []
+    for precision in dict.fromkeys(p.precision for p in points):
+        chosen = [p for p in points if p.precision == precision and p.corrected_error_pp is not None]
+        if not chosen:
+            continue
+        raw = [abs(p.raw_error_pp) for p in chosen]
+        fixed = [abs(p.corrected_error_pp) for p in chosen]  # type: ignore[arg-type]
+        share = lambda xs, limit: sum(x <= limit for x in xs) / len(xs)  # noqa: E731
+        rows.append(ErrorSummary(precision, len(chosen), statistics.mean(raw), share(raw, 2), share(raw, 5),
+                                 statistics.mean(fixed), share(fixed, 2), share(fixed, 5)))
+    return rows
