@@ -5,6 +5,7 @@ recompute OFU and MFU window by window from the recorded counters and the
 loops' CUDA-event timelines.
 """
 
+import csv
 import gzip
 import json
 import statistics
@@ -16,6 +17,7 @@ from kernelfleet.catalog import Catalog
 from kernelfleet.ofu import Bottleneck, classify, ofu
 from kernelfleet.ofu.aggregate import by_gpu, fleet, resample, summarize
 from kernelfleet.ofu.core import ofu_ratio
+from kernelfleet.ofu.kernel_tiles import executed_flops_of_torch_mm, tile_from_kernel_name
 from kernelfleet.ofu.sampling import clock_sampling_errors
 from kernelfleet.ofu.timeline import work_between as timeline_work
 from kernelfleet.ofu.validation import gemm_points, summarize_errors
@@ -160,3 +162,16 @@ def test_gemm_sweep_table_ii_on_the_h200():
     assert unaligned["bf16", 8200].raw_error_pp == pytest.approx(4.12, abs=0.01)
     assert unaligned["bf16", 8200].corrected_error_pp == pytest.approx(0.74, abs=0.01)
     assert all(abs(r.corrected_error_pp) < abs(r.raw_error_pp) for r in unaligned.values())
+
+
+def test_tile_model_equals_nsight_compute_executed_tensor_ops():
+    """ncu (--clock-control none) counted the HGMMA math ops of bf16 GEMMs on the H200
+    (bench/ncu_probe.sh): they equal the padded-tile FLOPs predicted from the kernel name."""
+    path = Path(__file__).parents[1] / "data" / "h200-sweep" / "ncu-bf16-gemms.csv"
+    with path.open() as f:
+        rows = [r for r in csv.DictReader(f) if r["Metric Name"] == "sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32.sum"]
+    shapes = [(8192, 8192, 8192)] * 2 + [(8200, 8200, 8200)] * 2 + [(8192, 8192, 1024)] * 2  # launch order
+    assert len(rows) == len(shapes)
+    for row, (m, n, k) in zip(rows, shapes):
+        tile = tile_from_kernel_name(row["Kernel Name"])
+        assert executed_flops_of_torch_mm(m, n, k, tile) == int(row["Metric Value"].replace(",", ""))
