@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 KF     := $(VENV)/bin/kernelfleet
 
-.PHONY: run test docs clean
+.PHONY: run test system-deps docs clean
 
 $(VENV)/.see: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,13 @@ run: $(VENV)/.see
 		$(KF) watch --demo; \
 	fi
 
-test: $(VENV)/.all
+# System packages the end-to-end tests drive for real (Debian): the Prometheus server and promtool.
+system-deps:
+	@command -v promtool >/dev/null 2>&1 || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
+
+test: $(VENV)/.all system-deps
 	$(PY) -m pytest -q
 
 # Regenerate the plots and tables in docs/ from the committed recordings (CPU only).

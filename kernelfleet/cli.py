@@ -29,6 +29,8 @@ ClockPollOption = typer.Option(
     0.1, "--clock-poll", help="Seconds between SM clock reads inside a window (docs/telemetry.md: accuracy vs CPU)."
 )
 CatalogOption = typer.Option(None, "--catalog", help="A catalog override file (TOML).")
+DemoOption = typer.Option(False, "--demo", help="Use the bundled H200 recording, in a loop.")
+SpeedOption = typer.Option(1.0, help="Replay speed (1 = as recorded).")
 
 
 DEMO_TRACE = Path(__file__).parent / "data" / "demo-h200.jsonl.gz"
@@ -38,6 +40,8 @@ def _source(replay: Optional[Path], demo: bool, interval: float, clock_poll: flo
     from kernelfleet.telemetry.nvml import NvmlSource
     from kernelfleet.telemetry.replay import ReplaySource
 
+    if replay is not None and demo:
+        raise UsageError("give --replay FILE or --demo, not both")
     if demo:
         return ReplaySource(DEMO_TRACE, speed=speed, loop=loop, rebase_time=True)
     if replay is not None:
@@ -48,10 +52,10 @@ def _source(replay: Optional[Path], demo: bool, interval: float, clock_poll: flo
 @app.command()
 def watch(
     replay: Optional[Path] = ReplayOption,
-    demo: bool = typer.Option(False, "--demo", help="Replay the bundled H200 recording in a loop."),
+    demo: bool = DemoOption,
     interval: float = IntervalOption,
     clock_poll: float = ClockPollOption,
-    speed: float = typer.Option(1.0, help="Replay speed (1 = as recorded)."),
+    speed: float = SpeedOption,
     once: bool = typer.Option(False, "--once", help="Show one window and exit."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     catalog: Optional[Path] = CatalogOption,
@@ -63,8 +67,6 @@ def watch(
     cat = Catalog.load(catalog)
     # A pipe or file gets the full table, not one squeezed to 80 columns.
     out = Console() if sys.stdout.isatty() else Console(width=160)
-    if replay is not None and demo:
-        raise UsageError("give --replay FILE or --demo, not both")
     title = "demo (H200 recording)" if demo else f"replay of {replay.name}" if replay else "live"
     with _source(replay, demo, interval, clock_poll, None if once else speed, loop=not once) as source:
         batches = source.batches(count=1 if once else None)
@@ -107,6 +109,66 @@ def record(
         except KeyboardInterrupt:
             pass
     err.print(f"wrote {writer.batches} windows to {output}")
+
+
+@app.command()
+def agent(
+    replay: Optional[Path] = ReplayOption,
+    demo: bool = DemoOption,
+    interval: float = IntervalOption,
+    clock_poll: float = ClockPollOption,
+    speed: float = SpeedOption,
+    store_path: Path = typer.Option(Path("kernelfleet.db"), "--store", help="SQLite file of the embedded store."),
+    listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT for /metrics and the API."),
+    allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback listen address."),
+    token: Optional[str] = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
+    catalog: Optional[Path] = CatalogOption,
+) -> None:
+    """Sample every GPU each window, store it, and serve Prometheus metrics and the API."""
+    import threading
+
+    import uvicorn
+
+    from kernelfleet.catalog import Catalog
+    from kernelfleet.fleet.agent import Agent
+    from kernelfleet.fleet.server import create_app
+    from kernelfleet.fleet.store import Store
+
+    host, port = _listen_address(listen, allow_remote)
+    cat = Catalog.load(catalog)
+    store = Store(store_path)
+    with _source(replay, demo, interval, clock_poll, speed, loop=demo) as source:
+        the_agent = Agent(source, store, cat)
+        server = uvicorn.Server(uvicorn.Config(create_app(the_agent, store, token), host=host, port=port,
+                                               log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=server.run, name="kernelfleet-http", daemon=True)
+        thread.start()
+        err.print(f"kernelfleet agent: http://{host}:{port}/metrics, store {store_path}")
+        stop = threading.Event()
+        try:
+            the_agent.run(stop)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.should_exit = True
+            thread.join(timeout=5)
+            store.close()
+
+
+def _listen_address(listen: str, allow_remote: bool) -> tuple[str, int]:
+    import ipaddress
+
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise UsageError(f"--listen must be HOST:PORT, got {listen!r}")
+    host = host.strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not allow_remote:
+        raise UsageError(f"refusing to listen on {host}: not a loopback address; pass --allow-remote (and --token)")
+    return host, int(port_text)
 
 
 @app.command("catalog")

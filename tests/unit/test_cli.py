@@ -72,3 +72,16 @@ def test_catalog_json_and_unknown_key():
     (sku,) = json.loads(done.stdout)
     assert sku["measured_ofu_clock_hertz"] == 1.98e9 and sku["dense_peak_flops"]["bf16"] == 989.4e12
     one_line_error(kf("catalog", "no-such-gpu"), 2, "no-such-gpu")
+
+
+@pytest.mark.parametrize(
+    "listen, needle", [("0.0.0.0:9400", "--allow-remote"), ("localhost", "HOST:PORT"), ("127.0.0.1:99999", "HOST:PORT")]
+)
+def test_agent_listen_address_is_checked(listen, needle, tmp_path):
+    one_line_error(kf("agent", "--demo", "--store", str(tmp_path / "kf.db"), "--listen", listen), 2, needle)
+    assert not (tmp_path / "kf.db").exists()  # refused before anything was written
+
+
+def test_agent_refuses_a_file_that_is_not_a_store(tmp_path):
+    (tmp_path / "kf.db").write_text("not sqlite" * 200)
+    one_line_error(kf("agent", "--demo", "--store", str(tmp_path / "kf.db")), 2, "not a kernelfleet store")

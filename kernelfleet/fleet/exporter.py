@@ -1,0 +1,78 @@
+"""Prometheus exposition of the agent's latest readings, as a custom collector.
+
+Names follow Prometheus conventions (base units, ``_ratio`` for 0-1 values).
+Series carry only ``gpu``, ``uuid``, ``model`` and ``hostname`` (plus ``mig``
+for MIG slices) to keep cardinality low; what a GPU is, its reference clock and
+its dense peaks are separate series to join on ``uuid``. A GPU whose window is
+stale exports ``kernelfleet_sample_stale 1`` and no counters, never zeros; a
+counter a GPU lacks is simply absent for that GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Sequence
+
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from kernelfleet.catalog import TENSOR_PRECISIONS
+from kernelfleet.fleet.agent import Reading
+
+LABELS = ("gpu", "uuid", "model", "hostname", "mig")
+
+# metric name, help, how to read it from a Reading
+_GAUGES: tuple[tuple[str, str, Callable[[Reading], float | None]], ...] = (
+    ("kernelfleet_ofu_ratio", "Overall FLOP Utilization: tensor-pipe activity x SM clock / reference clock.",
+     lambda r: r.ofu.ofu_ratio),
+    ("kernelfleet_tensor_active_ratio", "Fraction of cycles any tensor pipe was busy (GPM).", lambda r: r.sample.tensor_active_ratio),
+    ("kernelfleet_sm_clock_hertz", "SM clock averaged over the window.", lambda r: r.sample.sm_clock_mean_hertz),
+    ("kernelfleet_sm_active_ratio", "Fraction of SMs busy (GPM).", lambda r: r.sample.sm_active_ratio),
+    ("kernelfleet_sm_occupancy_ratio", "Resident warps over the maximum (GPM).", lambda r: r.sample.sm_occupancy_ratio),
+    ("kernelfleet_dram_bandwidth_ratio", "DRAM bandwidth used over its peak (GPM).", lambda r: r.sample.dram_bandwidth_ratio),
+    ("kernelfleet_power_watts", "Board power.", lambda r: r.sample.power_mean_watts),
+    ("kernelfleet_window_seconds", "Length of the window the values cover.", lambda r: r.sample.window_seconds),
+    ("kernelfleet_sample_timestamp_seconds", "Unix time at the end of the window.", lambda r: r.sample.timestamp_seconds),
+)
+
+
+class OfuCollector(Collector):
+    """Reads ``readings()`` at every scrape; one failing GPU or field never stops the others."""
+
+    def __init__(self, readings: Callable[[], Sequence[Reading]]) -> None:
+        self.readings = readings
+
+    def collect(self) -> Iterator[GaugeMetricFamily | InfoMetricFamily]:
+        readings = self.readings()
+        families = {name: GaugeMetricFamily(name, text, labels=LABELS) for name, text, _ in _GAUGES}
+        stale = GaugeMetricFamily("kernelfleet_sample_stale", "1 when the last window could not be read.", labels=LABELS)
+        ref = GaugeMetricFamily("kernelfleet_reference_clock_hertz", "The clock OFU is normalised by.", labels=("uuid", "source"))
+        peak = GaugeMetricFamily("kernelfleet_dense_peak_flops", "Datasheet dense peak FLOP/s per precision.",
+                                 labels=("uuid", "precision"))
+        info = InfoMetricFamily("kernelfleet_gpu", "What a GPU is.", labels=("uuid", "hostname", "gpu", "name", "sku"))
+        seen: set[str] = set()
+        for r in readings:
+            labels = _labels(r)
+            stale.add_metric(labels, 1.0 if r.sample.stale else 0.0)
+            if not r.sample.stale:
+                for name, _, read in _GAUGES:
+                    value = read(r)
+                    if value is not None:
+                        families[name].add_metric(labels, float(value))
+            if r.sample.uuid in seen:
+                continue  # MIG slices share their GPU's identity series
+            seen.add(r.sample.uuid)
+            info.add_metric([r.sample.uuid, r.host, str(r.sample.gpu_index), r.sample.name, r.sku.key if r.sku else ""], {})
+            if r.ofu.reference_clock_hertz is not None:
+                ref.add_metric([r.sample.uuid, r.ofu.reference_clock_source], r.ofu.reference_clock_hertz)
+            if r.sku is not None:
+                for precision in TENSOR_PRECISIONS:
+                    value = r.sku.peak_flops(precision)
+                    if value is not None:
+                        peak.add_metric([r.sample.uuid, precision], value)
+        yield from families.values()
+        yield from (stale, ref, peak, info)
+
+
+def _labels(r: Reading) -> list[str]:
+    s = r.sample
+    return [str(s.gpu_index), s.uuid, r.sku.key if r.sku else s.name, r.host, "" if s.mig_instance is None else str(s.mig_instance)]

@@ -1,0 +1,255 @@
+"""The embedded store: SQLite in WAL mode, raw windows plus 1-minute and 1-hour rollups.
+
+Each batch is one transaction, so a crash loses at most the batch being written.
+Rollups hold sums (value × seconds, and the seconds that had a value), so their
+averages are exactly time-weighted; a minute is rolled up from the raw rows when
+a batch of a later minute arrives (set-based SQL, not one upsert per row, which
+is what lets the store take 50,000 rows a second on two cores), hours from
+minutes. :meth:`Store.roll_up` also rolls the open minute. Retention is
+enforced by :meth:`Store.enforce_retention`, which the agent calls.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from kernelfleet.errors import UsageError
+
+SCHEMA_VERSION = 1
+# Columns kept for every window: name in the store -> name in the row given to write().
+METRICS = ("ofu", "tensor_active", "sm_clock_hertz", "sm_active", "sm_occupancy", "dram_bandwidth", "power_watts")
+RESOLUTIONS = {"1m": 60, "1h": 3600}
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS gpus (
+    gpu_id INTEGER PRIMARY KEY,
+    host TEXT NOT NULL, uuid TEXT NOT NULL, mig_instance INTEGER NOT NULL DEFAULT -1,
+    gpu_index INTEGER NOT NULL, name TEXT NOT NULL, sku TEXT,
+    UNIQUE (host, uuid, mig_instance)
+);
+CREATE TABLE IF NOT EXISTS samples (
+    gpu_id INTEGER NOT NULL, ts REAL NOT NULL, window_seconds REAL NOT NULL,
+    {", ".join(f"{m} REAL" for m in METRICS)},
+    bottleneck TEXT NOT NULL, stale INTEGER NOT NULL,
+    PRIMARY KEY (gpu_id, ts)
+) WITHOUT ROWID;
+""" + "".join(
+    f"""
+CREATE TABLE IF NOT EXISTS rollup_{name} (
+    gpu_id INTEGER NOT NULL, bucket INTEGER NOT NULL, seconds REAL NOT NULL, stale_seconds REAL NOT NULL,
+    {", ".join(f"{m}_sum REAL NOT NULL, {m}_seconds REAL NOT NULL" for m in METRICS)},
+    PRIMARY KEY (gpu_id, bucket)
+) WITHOUT ROWID;
+"""
+    for name in RESOLUTIONS
+) + """
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY, ts REAL NOT NULL, kind TEXT NOT NULL, gpu_id INTEGER, job TEXT, detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRow:
+    """One window of one GPU as the store keeps it (the agent builds these from Samples)."""
+
+    host: str
+    uuid: str
+    mig_instance: int | None
+    gpu_index: int
+    name: str
+    sku: str | None
+    ts: float
+    window_seconds: float
+    bottleneck: str
+    stale: bool
+    ofu: float | None
+    tensor_active: float | None
+    sm_clock_hertz: float | None
+    sm_active: float | None
+    sm_occupancy: float | None
+    dram_bandwidth: float | None
+    power_watts: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    raw_seconds: float = 24 * 3600
+    minute_seconds: float = 30 * 24 * 3600
+    hour_seconds: float = 400 * 24 * 3600
+
+
+class Store:
+    """One SQLite file; safe to read from other threads and processes while the agent writes."""
+
+    def __init__(self, path: str | Path, retention: Retention = Retention(), clock: Callable[[], float] = time.time):
+        self.path = Path(path)
+        self.retention = retention
+        self.clock = clock
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            version = self._version()
+        except sqlite3.DatabaseError as exc:
+            raise UsageError(f"{self.path}: not a kernelfleet store ({exc})") from exc
+        if version is not None and version > SCHEMA_VERSION:
+            raise UsageError(f"{self.path}: written by a newer kernelfleet (schema {version}, this one reads {SCHEMA_VERSION})")
+        self.db.executescript(_SCHEMA)
+        self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        rolled = self.db.execute("SELECT value FROM meta WHERE key='rolled_until'").fetchone()
+        self._rolled_until: int | None = int(rolled[0]) if rolled else None
+        self._unrolled = True  # rows may have come after the last roll (another run, a crash)
+        self._gpu_ids: dict[tuple[str, str, int], int] = {}
+
+    def _version(self) -> int | None:
+        has_meta = self.db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+        if not has_meta:
+            return None
+        row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0]) if row else None
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- writing -------------------------------------------------------------------
+    def write(self, rows: Sequence[GpuRow]) -> None:
+        """Write one batch of raw rows in one transaction; roll up the minutes it closed."""
+        if not rows:
+            return
+        with _transaction(self.db):
+            ids = [self._gpu_id(r) for r in rows]
+            self.db.executemany(
+                f"INSERT OR REPLACE INTO samples VALUES (?, ?, ?, {', '.join('?' for _ in METRICS)}, ?, ?)",
+                [(i, r.ts, r.window_seconds, *(getattr(r, m) for m in METRICS), r.bottleneck, int(r.stale))
+                 for i, r in zip(ids, rows)],
+            )
+            self._unrolled = True
+            minute = _floor(max(r.ts for r in rows), 60)
+            if self._rolled_until is None:
+                self._rolled_until = _floor(min(r.ts for r in rows), 60)
+            if minute > self._rolled_until:
+                self._roll(self._rolled_until, minute)
+
+    def roll_up(self) -> None:
+        """Bring the rollups up to the newest raw row, the open minute included."""
+        if not self._unrolled:
+            return
+        newest = self.db.execute("SELECT MAX(ts) FROM samples").fetchone()[0]
+        if newest is not None:
+            with _transaction(self.db):
+                start = self._rolled_until if self._rolled_until is not None else 0
+                self._roll(start, _floor(newest, 60) + 60)
+
+    def _roll(self, start: int, end: int) -> None:
+        """Recompute the minute buckets in [start, end) from raw rows, and the hours they touch.
+
+        Buckets are recomputed, not added to, so rolling a bucket twice (a minute
+        that was still open, or after a crash) gives the same rollup.
+        """
+        sums = ", ".join(
+            f"SUM(COALESCE({m} * window_seconds, 0)), SUM(CASE WHEN {m} IS NULL THEN 0 ELSE window_seconds END)"
+            for m in METRICS
+        )
+        self.db.execute(
+            f"INSERT OR REPLACE INTO rollup_1m SELECT gpu_id, CAST(ts / 60 AS INTEGER) * 60, SUM(window_seconds), "
+            f"SUM(stale * window_seconds), {sums} FROM samples WHERE ts >= ? AND ts < ? GROUP BY 1, 2",
+            (start, end),
+        )
+        hour_sums = ", ".join(f"SUM({m}_sum), SUM({m}_seconds)" for m in METRICS)
+        self.db.execute(
+            f"INSERT OR REPLACE INTO rollup_1h SELECT gpu_id, CAST(bucket / 3600 AS INTEGER) * 3600, SUM(seconds), "
+            f"SUM(stale_seconds), {hour_sums} FROM rollup_1m WHERE bucket >= ? AND bucket < ? GROUP BY 1, 2",
+            (_floor(start, 3600), _floor(end - 1, 3600) + 3600),
+        )
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('rolled_until', ?)", (str(end),))
+        self._rolled_until = end
+        self._unrolled = False
+
+    def add_event(self, ts: float, kind: str, detail: str, gpu_uuid: str | None = None, job: str | None = None) -> None:
+        gpu_id = None
+        if gpu_uuid is not None:
+            found = self.db.execute("SELECT gpu_id FROM gpus WHERE uuid = ?", (gpu_uuid,)).fetchone()
+            gpu_id = found[0] if found else None
+        self.db.execute("INSERT INTO events (ts, kind, gpu_id, job, detail) VALUES (?, ?, ?, ?, ?)",
+                        (ts, kind, gpu_id, job, detail))
+
+    def _gpu_id(self, r: GpuRow) -> int:
+        key = (r.host, r.uuid, -1 if r.mig_instance is None else r.mig_instance)
+        if key not in self._gpu_ids:
+            self.db.execute(
+                "INSERT INTO gpus (host, uuid, mig_instance, gpu_index, name, sku) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (host, uuid, mig_instance) DO UPDATE SET gpu_index = excluded.gpu_index, "
+                "name = excluded.name, sku = excluded.sku",
+                (*key, r.gpu_index, r.name, r.sku),
+            )
+            self._gpu_ids[key] = self.db.execute(
+                "SELECT gpu_id FROM gpus WHERE host = ? AND uuid = ? AND mig_instance = ?", key
+            ).fetchone()[0]
+        return self._gpu_ids[key]
+
+    def enforce_retention(self, now: float | None = None) -> None:
+        """Drop raw rows and rollup buckets older than their retention."""
+        now = self.clock() if now is None else now
+        with _transaction(self.db):
+            self.db.execute("DELETE FROM samples WHERE ts < ?", (now - self.retention.raw_seconds,))
+            self.db.execute("DELETE FROM rollup_1m WHERE bucket < ?", (now - self.retention.minute_seconds,))
+            self.db.execute("DELETE FROM rollup_1h WHERE bucket < ?", (now - self.retention.hour_seconds,))
+            self.db.execute("DELETE FROM events WHERE ts < ?", (now - self.retention.hour_seconds,))
+
+    # -- reading -------------------------------------------------------------------
+    def gpus(self) -> list[dict[str, object]]:
+        cur = self.db.execute("SELECT host, uuid, mig_instance, gpu_index, name, sku FROM gpus ORDER BY host, gpu_index, mig_instance")
+        return [
+            {"host": h, "uuid": u, "mig_instance": None if mig < 0 else mig, "gpu_index": i, "name": n, "sku": s}
+            for h, u, mig, i, n, s in cur
+        ]
+
+    def series(self, uuid: str, start: float, end: float, resolution: str = "raw",
+               metrics: Iterable[str] = ("ofu",)) -> list[dict[str, float | None]]:
+        """Points of one GPU between ``start`` and ``end``: raw windows or time-weighted rollups."""
+        metrics = tuple(metrics)
+        unknown = set(metrics) - set(METRICS)
+        if unknown:
+            raise UsageError(f"unknown metric(s) {sorted(unknown)}; known: {', '.join(METRICS)}")
+        if resolution == "raw":
+            cols = ", ".join(f"s.{m}" for m in metrics)
+            cur = self.db.execute(
+                f"SELECT s.ts, {cols} FROM samples s JOIN gpus g USING (gpu_id) "
+                "WHERE g.uuid = ? AND s.ts >= ? AND s.ts <= ? ORDER BY s.ts",
+                (uuid, start, end),
+            )
+        elif resolution in RESOLUTIONS:
+            self.roll_up()  # include the open minute
+            cols = ", ".join(f"CASE WHEN r.{m}_seconds > 0 THEN r.{m}_sum / r.{m}_seconds END" for m in metrics)
+            cur = self.db.execute(
+                f"SELECT r.bucket, {cols} FROM rollup_{resolution} r JOIN gpus g USING (gpu_id) "
+                "WHERE g.uuid = ? AND r.bucket >= ? AND r.bucket <= ? ORDER BY r.bucket",
+                (uuid, start - RESOLUTIONS[resolution], end),
+            )
+        else:
+            raise UsageError(f"resolution must be raw, 1m or 1h, got {resolution!r}")
+        return [dict(zip(("ts", *metrics), row)) for row in cur]
+
+
+def _floor(ts: float, seconds: int) -> int:
+    return int(ts // seconds) * seconds
+
+
+class _transaction:
+    """BEGIN ... COMMIT on an autocommit connection; ROLLBACK on error."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN")
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        self.db.execute("ROLLBACK" if kind else "COMMIT")
