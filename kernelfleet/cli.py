@@ -115,13 +115,16 @@ def record(
 def agent(
     replay: Optional[Path] = ReplayOption,
     demo: bool = DemoOption,
-    interval: float = IntervalOption,
+    interval: Optional[float] = typer.Option(
+        None, "--interval", help="Window length in seconds (default 1; 30 with --scrape)."
+    ),
     clock_poll: float = ClockPollOption,
     speed: float = SpeedOption,
     store_path: Path = typer.Option(Path("kernelfleet.db"), "--store", help="SQLite file of the embedded store."),
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT for /metrics and the API."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback listen address."),
     token: Optional[str] = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
+    scrape: Optional[str] = typer.Option(None, "--scrape", help="Read a dcgm-exporter /metrics URL instead of NVML."),
     catalog: Optional[Path] = CatalogOption,
 ) -> None:
     """Sample every GPU each window, store it, and serve Prometheus metrics and the API."""
@@ -130,15 +133,25 @@ def agent(
     import uvicorn
 
     from kernelfleet.catalog import Catalog
-    from kernelfleet.fleet.agent import Agent
+    from kernelfleet.fleet.agent import Agent, attribute_live, attribute_recorded
     from kernelfleet.fleet.server import create_app
     from kernelfleet.fleet.store import Store
+    from kernelfleet.telemetry.scrape import ScrapeSource
 
     host, port = _listen_address(listen, allow_remote)
+    if scrape is not None and (replay is not None or demo):
+        raise UsageError("give one source: --scrape URL, --replay FILE or --demo")
     cat = Catalog.load(catalog)
     store = Store(store_path)
-    with _source(replay, demo, interval, clock_poll, speed, loop=demo) as source:
-        the_agent = Agent(source, store, cat)
+    if scrape is not None:
+        # dcgm-exporter refreshes its fields every 30 s by default: scraping faster reads the same values.
+        source = ScrapeSource(scrape, interval_seconds=interval or 30.0)
+    else:
+        source = _source(replay, demo, interval or 1.0, clock_poll, speed, loop=demo)
+    recorded = replay is not None or demo
+    with source:
+        the_agent = Agent(source, store, cat, identify=attribute_recorded if recorded else attribute_live,
+                          pods=(lambda: source.pods) if scrape is not None else None)
         server = uvicorn.Server(uvicorn.Config(create_app(the_agent, store, token), host=host, port=port,
                                                log_level="warning", lifespan="off"))
         thread = threading.Thread(target=server.run, name="kernelfleet-http", daemon=True)
@@ -169,6 +182,50 @@ def _listen_address(listen: str, allow_remote: bool) -> tuple[str, int]:
     if not loopback and not allow_remote:
         raise UsageError(f"refusing to listen on {host}: not a loopback address; pass --allow-remote (and --token)")
     return host, int(port_text)
+
+
+@app.command()
+def job(
+    name: Optional[str] = typer.Argument(None, help="The job id (omit to list the jobs in the store)."),
+    store_path: Path = typer.Option(Path("kernelfleet.db"), "--store", help="The agent's SQLite store."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """A job's report: OFU per GPU over its lifetime, timeline, bottleneck classes, regressions."""
+    from rich.table import Table
+
+    from kernelfleet.fleet.store import Store
+
+    if not store_path.exists():
+        raise UsageError(f"{store_path}: no such store (the agent writes one with --store)")
+    store = Store(store_path)
+    if name is None:
+        names = store.jobs()
+        print(json.dumps(names) if as_json else "\n".join(names) or "no jobs recorded yet")
+        return
+    report = store.job_report(name)
+    if report is None:
+        known = ", ".join(store.jobs()[:10]) or "none"
+        raise UsageError(f"no job {name!r} in {store_path} (known: {known})")
+    if as_json:
+        print(json.dumps(report, indent=1))
+        return
+    out = Console()
+    out.print(f"[bold]{report['job']}[/] ({report['kind']}, user {report['user'] or '?'}) "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(report['first_seen']))} → "
+              f"{time.strftime('%H:%M:%S', time.localtime(report['last_seen']))}")
+    t = Table("host", "GPU", "model", "OFU", "seconds", "share", "note")
+    for g in report["gpus"]:
+        ofu = "—" if g["ofu_ratio"] is None else f"{100 * g['ofu_ratio']:.1f}%"
+        t.add_row(g["host"], str(g["gpu_index"]), g["name"], ofu, f"{g['seconds']:.0f}", f"{g['mean_share']:.2f}",
+                  "shared: approximate" if g["approximate"] else "")
+    out.print(t)
+    total = sum(report["bottleneck_seconds"].values()) or 1.0
+    out.print("bottlenecks: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in report["bottleneck_seconds"].items()))
+    bars = " ▁▂▃▄▅▆▇█"
+    line = "".join(bars[min(8, int((p["ofu_ratio"] or 0) * 8 / 0.8))] for p in report["timeline_1m"])
+    out.print(f"OFU per minute: {line}")
+    for e in report["events"]:
+        out.print(f"[red]{e['kind']}[/] {time.strftime('%H:%M:%S', time.localtime(e['ts']))}: {e['detail']}")
 
 
 @app.command("catalog")

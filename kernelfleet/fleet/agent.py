@@ -8,18 +8,32 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from kernelfleet.catalog import Catalog, Sku
-from kernelfleet.fleet.store import GpuRow, Store
+from kernelfleet.fleet.attribution import JobIdentity, attribute, clean, split_shared
+from kernelfleet.fleet.detect import Event, RegressionDetector
+from kernelfleet.fleet.store import GpuRow, JobRow, Store
 from kernelfleet.ofu import OfuReading, classify, ofu
-from kernelfleet.telemetry.sample import Sample
+from kernelfleet.telemetry.sample import ProcessSample, Sample
+from kernelfleet.telemetry.scrape import PodRef
 
 log = logging.getLogger(__name__)
 
 
 class Source(Protocol):
     def batches(self, count: int | None = None) -> Iterable[list[Sample]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JobShare:
+    """A job's hold on one GPU in one window."""
+
+    job: str
+    kind: str
+    user: str | None
+    share: float  # of the GPU, by per-process SM use when shared
+    approximate: bool  # the GPU was shared by several jobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +45,18 @@ class Reading:
     sku: Sku | None
     ofu: OfuReading
     bottleneck: str
+    jobs: tuple[JobShare, ...] = ()
+
+
+def attribute_recorded(process: ProcessSample) -> JobIdentity:
+    """For replayed traces: the recording's PIDs mean nothing on this machine, so a
+    process is its own job, named from what the recording says about it."""
+    return JobIdentity(process.pid, f"{process.name or 'pid'}-{process.pid}", "recorded",
+                       None, None, None, None, None, None, None)
+
+
+def attribute_live(process: ProcessSample) -> JobIdentity:
+    return attribute(process.pid)
 
 
 class Agent:
@@ -44,6 +70,9 @@ class Agent:
         host: str | None = None,
         retention_every_seconds: float = 60.0,
         clock: Callable[[], float] = time.time,
+        identify: Callable[[ProcessSample], JobIdentity] = attribute_live,
+        detector: RegressionDetector | None = None,
+        pods: Callable[[], Mapping[tuple[str, int | None], Sequence[PodRef]]] | None = None,
     ) -> None:
         self.source = source
         self.store = store
@@ -51,6 +80,11 @@ class Agent:
         self.host = host or socket.gethostname()
         self.retention_every_seconds = retention_every_seconds
         self.clock = clock
+        self.identify = identify
+        self.pods = pods  # a dcgm-exporter source names pods instead of processes
+        self.detector = detector if detector is not None else RegressionDetector()
+        self.events: list[Event] = []
+        self._pending: list[Event] = []
         self._latest: dict[tuple[str, int | None], Reading] = {}
         self._lock = threading.Lock()
         self._last_retention = 0.0
@@ -61,18 +95,72 @@ class Agent:
         readings = []
         for sample in batch:
             sku = self.catalog.lookup(sample.name, sample.pci_device_id)
-            readings.append(Reading(self.host, sample, sku, ofu(sample, sku), classify(sample).value))
+            readings.append(Reading(self.host, sample, sku, ofu(sample, sku), classify(sample).value, self._jobs(sample)))
         with self._lock:
             for r in readings:
                 self._latest[r.sample.uuid, r.sample.mig_instance] = r
+        events = self._detect(readings)
         if self.store is not None:
             self.store.write([_row(r) for r in readings])
+            self.store.write_jobs([
+                JobRow(j.job, j.kind, j.user, r.host, r.sample.uuid, r.sample.mig_instance, r.sample.timestamp_seconds,
+                       j.share, j.approximate)
+                for r in readings for j in r.jobs
+            ])
+            for event in events:
+                uuid = event.key[1] if event.key[0] == "gpu" else None
+                job = event.key[1] if event.key[0] == "job" else None
+                self.store.add_event(event.ts, event.kind, event.describe(), gpu_uuid=uuid, job=job)
             now = self.clock()
             if now - self._last_retention >= self.retention_every_seconds:
                 self.store.enforce_retention(now)
                 self._last_retention = now
         self.windows += 1
         return readings
+
+    def _jobs(self, sample: Sample) -> tuple[JobShare, ...]:
+        """Which jobs held this GPU; a shared GPU is split by per-process SM use (approximate)."""
+        if self.pods is not None:
+            refs = self.pods().get((sample.uuid, sample.mig_instance), ())
+            return tuple(JobShare(clean(f"k8s:{r.namespace}/{r.pod}"), "kubernetes", None, 1.0 / len(refs), len(refs) > 1)
+                         for r in refs)
+        if not sample.processes:
+            return ()
+        shares = split_shared({p.pid: p.sm_active_ratio for p in sample.processes})
+        by_job: dict[str, list[float | str | None]] = {}
+        for process in sample.processes:
+            who = self.identify(process)
+            if who.job is None:
+                continue
+            entry = by_job.setdefault(who.job, [0.0, who.kind, who.user])
+            entry[0] = float(entry[0]) + shares.get(process.pid, 0.0)  # type: ignore[arg-type]
+        shared = len(by_job) > 1
+        return tuple(JobShare(job, str(kind), user, float(share), shared)  # type: ignore[arg-type]
+                     for job, (share, kind, user) in sorted(by_job.items()))
+
+    def _detect(self, readings: list[Reading]) -> list[Event]:
+        """Feed every GPU and every job to the detector; log and keep what it raises."""
+        per_job: dict[str, list[tuple[float, float, float, float]]] = {}
+        for r in readings:
+            s = r.sample
+            self._raise(self.detector.observe(("gpu", s.uuid, s.mig_instance), s.timestamp_seconds,
+                                              r.ofu.ofu_ratio, s.sm_active_ratio))
+            if r.ofu.ofu_ratio is not None and s.sm_active_ratio is not None:
+                for j in r.jobs:
+                    per_job.setdefault(j.job, []).append((s.timestamp_seconds, r.ofu.ofu_ratio, s.sm_active_ratio, j.share))
+        for job, rows in per_job.items():
+            weight = sum(share for *_, share in rows) or 1.0
+            job_ofu = sum(o * share for _, o, _, share in rows) / weight
+            job_sm = sum(sm * share for _, _, sm, share in rows) / weight
+            self._raise(self.detector.observe(("job", job), max(t for t, *_ in rows), job_ofu, job_sm))
+        raised, self._pending = self._pending, []
+        return raised
+
+    def _raise(self, event: Event | None) -> None:
+        if event is not None:
+            log.warning("%s: %s", event.kind, event.describe())
+            self._pending.append(event)
+            self.events.append(event)
 
     def latest(self) -> list[Reading]:
         with self._lock:

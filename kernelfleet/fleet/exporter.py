@@ -49,10 +49,19 @@ class OfuCollector(Collector):
         peak = GaugeMetricFamily("kernelfleet_dense_peak_flops", "Datasheet dense peak FLOP/s per precision.",
                                  labels=("uuid", "precision"))
         info = InfoMetricFamily("kernelfleet_gpu", "What a GPU is.", labels=("uuid", "hostname", "gpu", "name", "sku"))
+        jobs = InfoMetricFamily("kernelfleet_job", "A job holding a GPU (join on uuid, mig).",
+                                labels=("uuid", "mig", "job", "kind", "user"))
+        share = GaugeMetricFamily("kernelfleet_job_gpu_share_ratio",
+                                  "A job's share of a GPU; below 1 when shared (split by per-process SM use, approximate).",
+                                  labels=("uuid", "mig", "job"))
         seen: set[str] = set()
         for r in readings:
             labels = _labels(r)
             stale.add_metric(labels, 1.0 if r.sample.stale else 0.0)
+            for j in r.jobs:
+                mig = labels[-1]
+                jobs.add_metric([r.sample.uuid, mig, j.job, j.kind, j.user or ""], {})
+                share.add_metric([r.sample.uuid, mig, j.job], j.share)
             if not r.sample.stale:
                 for name, _, read in _GAUGES:
                     value = read(r)
@@ -70,7 +79,7 @@ class OfuCollector(Collector):
                     if value is not None:
                         peak.add_metric([r.sample.uuid, precision], value)
         yield from families.values()
-        yield from (stale, ref, peak, info)
+        yield from (stale, ref, peak, info, jobs, share)
 
 
 def _labels(r: Reading) -> list[str]:

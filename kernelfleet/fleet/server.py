@@ -34,6 +34,11 @@ def create_app(agent: Agent, store: Store | None, token: str | None = None) -> F
     registry = CollectorRegistry(auto_describe=False)
     registry.register(OfuCollector(agent.latest))
 
+    def need_store() -> Store:
+        if store is None:
+            raise HTTPException(status_code=404, detail="this agent runs without a store")
+        return store
+
     @app.get("/metrics")
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
@@ -52,6 +57,8 @@ def create_app(agent: Agent, store: Store | None, token: str | None = None) -> F
                 "tensor_active_ratio": r.sample.tensor_active_ratio, "sm_clock_hertz": r.sample.sm_clock_mean_hertz,
                 "dram_bandwidth_ratio": r.sample.dram_bandwidth_ratio, "power_watts": r.sample.power_mean_watts,
                 "bottleneck": r.bottleneck, "stale": r.sample.stale,
+                "jobs": [{"job": j.job, "kind": j.kind, "user": j.user, "share": j.share, "approximate": j.approximate}
+                         for j in r.jobs],
             }
             for r in agent.latest()
         ]
@@ -64,18 +71,32 @@ def create_app(agent: Agent, store: Store | None, token: str | None = None) -> F
         resolution: str = Query("raw", pattern="^(raw|1m|1h)$"),
         metric: list[str] = Query(["ofu"]),
     ) -> dict[str, Any]:
-        if store is None:
-            raise HTTPException(status_code=404, detail="this agent runs without a store")
+        db = need_store()
         end = time.time() if end is None else end
         start = end - 3600 if start is None else start
         if start > end:
             raise HTTPException(status_code=422, detail="start must not be after end")
-        if uuid not in {g["uuid"] for g in store.gpus()}:
+        if uuid not in {g["uuid"] for g in db.gpus()}:
             raise HTTPException(status_code=404, detail=f"no GPU with uuid {uuid!r}")
         try:
-            points = store.series(uuid, start, end, resolution, metric)
+            points = db.series(uuid, start, end, resolution, metric)
         except UsageError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from exc
         return {"uuid": uuid, "resolution": resolution, "metrics": metric, "points": points, "known_metrics": list(METRICS)}
+
+    @app.get("/api/jobs")
+    def jobs() -> list[str]:
+        return need_store().jobs()
+
+    @app.get("/api/jobs/{job:path}")
+    def job(job: str) -> dict[str, Any]:
+        report = need_store().job_report(job)
+        if report is None:
+            raise HTTPException(status_code=404, detail=f"no job {job!r} in the store")
+        return report
+
+    @app.get("/api/events")
+    def events(since: float = Query(0.0, description="Unix seconds")) -> list[dict[str, Any]]:
+        return need_store().events(since=since)
 
     return app

@@ -48,6 +48,12 @@ CREATE TABLE IF NOT EXISTS rollup_{name} (
 """
     for name in RESOLUTIONS
 ) + """
+CREATE TABLE IF NOT EXISTS job_windows (
+    job TEXT NOT NULL, kind TEXT NOT NULL, user TEXT, gpu_id INTEGER NOT NULL, ts REAL NOT NULL,
+    share REAL NOT NULL, approximate INTEGER NOT NULL,
+    PRIMARY KEY (job, gpu_id, ts)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS job_windows_ts ON job_windows (ts);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, ts REAL NOT NULL, kind TEXT NOT NULL, gpu_id INTEGER, job TEXT, detail TEXT NOT NULL
 );
@@ -76,6 +82,21 @@ class GpuRow:
     sm_occupancy: float | None
     dram_bandwidth: float | None
     power_watts: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One job's hold on one GPU in one window; ``share`` < 1 when the GPU was shared."""
+
+    job: str
+    kind: str
+    user: str | None
+    host: str
+    uuid: str
+    mig_instance: int | None
+    ts: float
+    share: float
+    approximate: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +193,55 @@ class Store:
         self._rolled_until = end
         self._unrolled = False
 
+    def write_jobs(self, rows: Sequence[JobRow]) -> None:
+        """Record which jobs held which GPUs in a window (after :meth:`write` of that window)."""
+        if not rows:
+            return
+        ids = [self._gpu_ids[(r.host, r.uuid, -1 if r.mig_instance is None else r.mig_instance)] for r in rows]
+        with _transaction(self.db):
+            self.db.executemany(
+                "INSERT OR REPLACE INTO job_windows VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(r.job, r.kind, r.user, i, r.ts, r.share, int(r.approximate)) for i, r in zip(ids, rows)],
+            )
+
+    def jobs(self) -> list[str]:
+        return [row[0] for row in self.db.execute("SELECT DISTINCT job FROM job_windows ORDER BY job")]
+
+    def job_report(self, job: str) -> dict[str, object] | None:
+        """A job's OFU per GPU over its lifetime, its bottleneck classes, timeline and events."""
+        first = self.db.execute("SELECT MIN(ts), MAX(ts), MAX(kind), MAX(user) FROM job_windows WHERE job = ?", (job,)).fetchone()
+        if first[0] is None:
+            return None
+        per_gpu = [
+            {"host": h, "uuid": u, "mig_instance": None if mig < 0 else mig, "gpu_index": i, "name": n,
+             "ofu_ratio": ofu, "seconds": secs, "mean_share": share, "approximate": bool(approx)}
+            for h, u, mig, i, n, ofu, secs, share, approx in self.db.execute(
+                "SELECT g.host, g.uuid, g.mig_instance, g.gpu_index, g.name, "
+                "SUM(s.ofu * s.window_seconds) / NULLIF(SUM(CASE WHEN s.ofu IS NULL THEN 0 ELSE s.window_seconds END), 0), "
+                "SUM(s.window_seconds), AVG(j.share), MAX(j.approximate) "
+                "FROM job_windows j JOIN samples s ON s.gpu_id = j.gpu_id AND s.ts = j.ts JOIN gpus g ON g.gpu_id = j.gpu_id "
+                "WHERE j.job = ? GROUP BY j.gpu_id ORDER BY g.host, g.gpu_index", (job,))
+        ]
+        classes = dict(self.db.execute(
+            "SELECT s.bottleneck, SUM(s.window_seconds) FROM job_windows j JOIN samples s "
+            "ON s.gpu_id = j.gpu_id AND s.ts = j.ts WHERE j.job = ? GROUP BY 1 ORDER BY 2 DESC", (job,)))
+        timeline = [
+            {"ts": ts, "ofu_ratio": ofu} for ts, ofu in self.db.execute(
+                "SELECT CAST(s.ts / 60 AS INTEGER) * 60, "
+                "SUM(s.ofu * j.share * s.window_seconds) / NULLIF(SUM(j.share * s.window_seconds), 0) "
+                "FROM job_windows j JOIN samples s ON s.gpu_id = j.gpu_id AND s.ts = j.ts "
+                "WHERE j.job = ? AND s.ofu IS NOT NULL GROUP BY 1 ORDER BY 1", (job,))
+        ]
+        return {"job": job, "kind": first[2], "user": first[3], "first_seen": first[0], "last_seen": first[1],
+                "gpus": per_gpu, "bottleneck_seconds": classes, "timeline_1m": timeline,
+                "events": self.events(job=job)}
+
+    def events(self, since: float = 0.0, job: str | None = None) -> list[dict[str, object]]:
+        query = ("SELECT e.ts, e.kind, g.uuid, e.job, e.detail FROM events e LEFT JOIN gpus g USING (gpu_id) "
+                 "WHERE e.ts >= ?" + (" AND e.job = ?" if job is not None else "") + " ORDER BY e.ts")
+        params = (since, job) if job is not None else (since,)
+        return [{"ts": ts, "kind": k, "uuid": u, "job": j, "detail": d} for ts, k, u, j, d in self.db.execute(query, params)]
+
     def add_event(self, ts: float, kind: str, detail: str, gpu_uuid: str | None = None, job: str | None = None) -> None:
         gpu_id = None
         if gpu_uuid is not None:
@@ -199,6 +269,7 @@ class Store:
         now = self.clock() if now is None else now
         with _transaction(self.db):
             self.db.execute("DELETE FROM samples WHERE ts < ?", (now - self.retention.raw_seconds,))
+            self.db.execute("DELETE FROM job_windows WHERE ts < ?", (now - self.retention.raw_seconds,))
             self.db.execute("DELETE FROM rollup_1m WHERE bucket < ?", (now - self.retention.minute_seconds,))
             self.db.execute("DELETE FROM rollup_1h WHERE bucket < ?", (now - self.retention.hour_seconds,))
             self.db.execute("DELETE FROM events WHERE ts < ?", (now - self.retention.hour_seconds,))

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from conftest import binary, free_port, wait_http
+from e2e_helpers import binary, free_port, wait_http
 from kernelfleet.fleet.store import Store
 
 pytestmark = pytest.mark.e2e

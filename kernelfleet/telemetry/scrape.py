@@ -1,0 +1,326 @@
+"""Counter source on an existing dcgm-exporter: read its ``/metrics``; no agent of ours on the node.
+
+Every interval the source GETs the exporter's Prometheus text and yields one
+:class:`Sample` per GPU and per MIG GPU instance. OFU needs
+``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`` (NVML's GPM tensor utilisation / 100, DESIGN.md)
+and ``DCGM_FI_DEV_SM_CLOCK``. What the exporter cannot give, and what that costs:
+
+* **The clock is one read per scrape**, not a mean: ``sm_clock_mean_hertz`` is
+  that read and ``sm_clock_polls=1``. One read per 1-s window is 6.2 % off at p95
+  under transformer training on an H200 (docs/telemetry.md), and OFU inherits the
+  error one-for-one. A longer window does not make one read closer to that window's
+  mean: on the same recording (``clock_sampling_errors``, 64 phases) the mean error is
+  2.4 % for 1-s windows and 3.6 % for its one 9-s window. Errors average out only
+  across many windows. Where OFU must be exact per window, use ``NvmlSource``.
+* **The averaging window is DCGM's**: profiling fields are means over DCGM's update
+  period (dcgm-exporter ``-c``, 30 s by default); scraping faster repeats values.
+* **MIG**: dcgm-exporter puts the *parent* GPU's UUID on a GPU instance's lines, so a
+  slice is ``Sample(uuid=<parent>, mig_instance=GPU_I_ID)``, and consumers key by
+  ``(uuid, mig_instance)``. The board power it repeats on each slice is dropped
+  (``NvmlSource`` gives a slice no power either).
+* **No processes**: who holds a GPU comes from the exporter's Kubernetes labels,
+  :attr:`ScrapeSource.pods` (for the latest batch) or :func:`pod_labels` (any text).
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import math
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kernelfleet.errors import EnvironmentProblem, UsageError
+from kernelfleet.telemetry.sample import Sample
+
+log = logging.getLogger(__name__)
+
+FETCH_TIMEOUT_SECONDS = 10.0
+MIB = 1024 * 1024
+TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
+SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
+# DCGM writes "blank" sentinels (not found, not supported, ...) as values at or above 2**47
+# (DCGM_FP64_BLANK; the int64 ones are near 2**63), dcgm_structs.h. None of our fields comes
+# near: NVLink's 900 GB/s is 1e12.
+DCGM_BLANK = 2.0**47
+
+# dcgm-exporter metric -> (Sample field, scale to our unit). DCGM_FI_PROF_* ratios are 0-1,
+# link rates bytes/s (DCGM field docs); the clock MHz, power W, framebuffer MiB.
+FIELDS: dict[str, tuple[str, float]] = {
+    TENSOR_ACTIVE: ("tensor_active_ratio", 1.0),
+    "DCGM_FI_PROF_SM_ACTIVE": ("sm_active_ratio", 1.0),
+    "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy_ratio", 1.0),
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("dram_bandwidth_ratio", 1.0),
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": ("fp64_active_ratio", 1.0),
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": ("fp32_active_ratio", 1.0),
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("fp16_active_ratio", 1.0),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": ("pcie_tx_bytes_per_second", 1.0),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": ("pcie_rx_bytes_per_second", 1.0),
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("nvlink_tx_bytes_per_second", 1.0),
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("nvlink_rx_bytes_per_second", 1.0),
+    SM_CLOCK: ("sm_clock_mean_hertz", 1e6),
+    "DCGM_FI_DEV_MAX_SM_CLOCK": ("sm_clock_max_hertz", 1e6),
+    "DCGM_FI_DEV_POWER_USAGE": ("power_mean_watts", 1.0),
+    "DCGM_FI_DEV_FB_USED": ("memory_used_bytes", MIB),
+    "DCGM_FI_DEV_PCI_COMBINED_ID": ("pci_device_id", 1.0),  # in no shipped CSV; read if added
+}
+
+Key = tuple[str, int | None]  # (uuid, mig_instance), the key every consumer of Samples uses
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    """A Kubernetes container that dcgm-exporter says holds a GPU (or GPU instance).
+
+    The strings are the exporter's, unsanitised: clean them before using them as labels.
+    """
+
+    namespace: str
+    pod: str
+    container: str | None
+
+
+def http_get(url: str) -> str:
+    """GET ``url`` and return its body as text; the default ``fetch`` of :class:`ScrapeSource`."""
+    with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_SECONDS) as response:
+        charset = response.headers.get_content_charset() or "utf-8"
+        return response.read().decode(charset)
+
+
+def pod_labels(text: str) -> dict[Key, tuple[PodRef, ...]]:
+    """The pods holding each GPU / GPU instance in one dcgm-exporter response.
+
+    Keyed like Samples, ``(uuid, mig_instance)``; a GPU no pod holds is absent.
+    Several pods appear when a GPU is shared (time-slicing). ``ValueError`` if the
+    text is not Prometheus text.
+    """
+    return _parse(text).pods
+
+
+@dataclass
+class _Gpu:
+    """What one scrape said about one GPU or GPU instance."""
+
+    gpu_index: int
+    uuid: str
+    name: str
+    mig_instance: int | None
+    values: dict[str, float] = field(default_factory=dict)
+    served: set[str] = field(default_factory=set)  # fields with a line, blank or not
+
+    @property
+    def gpm_supported(self) -> bool:
+        # A blank tensor value is a missing window; no line at all is no profiling.
+        return "tensor_active_ratio" in self.served
+
+    def sample(self, timestamp: float, window: float) -> Sample:
+        values: dict[str, float | int | None] = dict(self.values)
+        if self.mig_instance is not None:
+            values.pop("power_mean_watts", None)  # the board's power, repeated on each slice
+        if "memory_used_bytes" in values:
+            values["memory_used_bytes"] = int(self.values["memory_used_bytes"])
+        if "pci_device_id" in values:  # NVML's (device << 16) | vendor: keep the device id
+            values["pci_device_id"] = int(self.values["pci_device_id"]) >> 16
+        clock = self.values.get("sm_clock_mean_hertz")
+        return Sample(
+            timestamp_seconds=timestamp,
+            window_seconds=window,
+            **self._identity(),
+            sm_clock_instant_hertz=clock,  # the same single read as the "mean"
+            sm_clock_polls=0 if clock is None else 1,
+            **values,  # type: ignore[arg-type]
+        )
+
+    def stale(self, timestamp: float, window: float, error: str) -> Sample:
+        return Sample(timestamp_seconds=timestamp, window_seconds=window, stale=True, error=error, **self._identity())
+
+    def _identity(self) -> dict[str, Any]:
+        return {
+            "gpu_index": self.gpu_index,
+            "uuid": self.uuid,
+            "name": self.name,
+            "mig_instance": self.mig_instance,
+            "gpm_supported": self.gpm_supported,
+        }
+
+
+@dataclass
+class _Scrape:
+    gpus: dict[Key, _Gpu]
+    pods: dict[Key, tuple[PodRef, ...]]
+
+
+def _parse(text: str) -> _Scrape:
+    """Group one response's DCGM lines by GPU; ``ValueError`` if it is not Prometheus text."""
+    gpus: dict[Key, _Gpu] = {}
+    pods: dict[Key, list[PodRef]] = {}
+    # The parser is lazy: a malformed line raises here, while iterating.
+    for family in text_string_to_metric_families(text):
+        for line in family.samples:
+            # The parser names a counter's lines "<name>_total"; DCGM's rates are the same
+            # numbers whichever type the counters CSV declares.
+            metric = family.name if family.type == "counter" else line.name
+            if metric not in FIELDS:
+                continue
+            labels = line.labels
+            key = _key(labels)
+            if key is None:
+                continue  # not a GPU entity (NVSwitch, CPU) or no way to name it
+            gpu = gpus.get(key)
+            if gpu is None:
+                gpu = gpus[key] = _Gpu(int(labels["gpu"]), key[0], labels.get("modelName", ""), key[1])
+            name, scale = FIELDS[metric]
+            gpu.served.add(name)
+            if not math.isnan(line.value) and abs(line.value) < DCGM_BLANK:
+                gpu.values[name] = line.value * scale
+            pod = _pod(labels)
+            if pod is not None and pod not in pods.setdefault(key, []):
+                pods[key].append(pod)
+    return _Scrape(gpus, {k: tuple(v) for k, v in pods.items() if v})
+
+
+def _key(labels: dict[str, str]) -> Key | None:
+    if not labels.get("gpu", "").isdigit():
+        return None
+    # "uuid" is dcgm-exporter's label name under --use-old-namespace.
+    uuid = labels.get("UUID") or labels.get("uuid")
+    if not uuid:
+        host = labels.get("Hostname")
+        uuid = f"{host}/gpu{labels['gpu']}" if host else f"gpu{labels['gpu']}"
+    instance = labels.get("GPU_I_ID", "")
+    return uuid, int(instance) if instance.isdigit() else None
+
+
+def _pod(labels: dict[str, str]) -> PodRef | None:
+    # Older exporters write pod="" on GPUs no pod holds.
+    if not labels.get("pod"):
+        return None
+    return PodRef(labels.get("namespace", ""), labels["pod"], labels.get("container") or None)
+
+
+@dataclass
+class ScrapeSource:
+    """Samples from a dcgm-exporter ``/metrics`` URL, one batch every ``interval_seconds``.
+
+    >>> with ScrapeSource("http://gpu-node-7:9400/metrics") as source:  # doctest: +SKIP
+    ...     for batch in source.batches():
+    ...         owners = source.pods  # {(uuid, mig_instance): (PodRef, ...)} for this batch
+
+    A failed scrape (unreachable, HTTP error, timeout, not Prometheus text, no GPU
+    lines) yields a stale Sample for every GPU seen before, with the reason; if no
+    GPU was ever seen it raises :class:`EnvironmentProblem`. A GPU that drops out
+    of the exporter's output stays in every batch as stale.
+    """
+
+    url: str
+    interval_seconds: float = 30.0
+    fetch: Callable[[str], str] = http_get
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    # Pods holding each GPU in the latest batch; empty after a failed scrape (unknown).
+    pods: dict[Key, tuple[PodRef, ...]] = field(default_factory=dict, init=False)
+    _known: dict[Key, _Gpu] = field(default_factory=dict, init=False)
+    _previous: float | None = field(default=None, init=False)
+    _warned: set[str] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
+        if urllib.parse.urlsplit(self.url).scheme not in ("http", "https"):
+            raise UsageError(f"--scrape expects an http(s) URL such as http://HOST:9400/metrics, got {self.url!r}")
+        if not self.interval_seconds > 0:
+            raise UsageError(f"--interval must be positive, got {self.interval_seconds}")
+
+    def open(self) -> ScrapeSource:
+        return self
+
+    def close(self) -> None:
+        pass  # nothing held between scrapes: each GET opens and closes its connection
+
+    def __enter__(self) -> ScrapeSource:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def batches(self, count: int | None = None) -> Iterator[list[Sample]]:
+        """Scrape at once, then every ``interval_seconds`` on a fixed schedule."""
+        emitted = 0
+        next_tick = self.clock()
+        while count is None or emitted < count:
+            if (left := next_tick - self.clock()) > 0:
+                self.sleep(left)
+            yield self.read()
+            emitted += 1
+            next_tick += self.interval_seconds
+            if next_tick < self.clock():
+                # Fell behind (a slow exporter, a paused process): skip the missed ticks
+                # rather than scrape in a burst.
+                next_tick += math.ceil((self.clock() - next_tick) / self.interval_seconds) * self.interval_seconds
+
+    def read(self) -> list[Sample]:
+        """Scrape once now: one Sample per GPU / GPU instance."""
+        now, timestamp = self.clock(), self.wall()
+        window = self.interval_seconds if self._previous is None else now - self._previous
+        self._previous = now
+        try:
+            scrape = _parse(self.fetch(self.url))
+        except (OSError, http.client.HTTPException, UnicodeDecodeError) as exc:
+            return self._failed(_fetch_error(exc), timestamp, window)
+        except ValueError as exc:
+            return self._failed(f"not Prometheus text ({exc})", timestamp, window)
+        if not scrape.gpus:
+            return self._failed(f"no GPU lines of the DCGM fields kernelfleet reads ({TENSOR_ACTIVE}, {SM_CLOCK}, ...)", timestamp, window)
+        self._warn_unsupported(list(scrape.gpus.values()))
+        self._known.update(scrape.gpus)
+        self.pods = scrape.pods
+        batch = [gpu.sample(timestamp, window) for gpu in scrape.gpus.values()]
+        gone = "no longer in the exporter's output"
+        batch += [gpu.stale(timestamp, window, gone) for key, gpu in self._known.items() if key not in scrape.gpus]
+        return batch
+
+    def _failed(self, error: str, timestamp: float, window: float) -> list[Sample]:
+        if not self._known:
+            raise EnvironmentProblem(
+                f"cannot read GPU metrics from {self.url}: {error}; check that dcgm-exporter "
+                "runs there and this host can reach it (curl the URL)"
+            )
+        log.warning("scrape failed: %s", error)
+        self.pods = {}
+        return [gpu.stale(timestamp, window, error) for gpu in self._known.values()]
+
+    def _warn_unsupported(self, gpus: list[_Gpu]) -> None:
+        lacking = [gpu for gpu in gpus if not gpu.gpm_supported]
+        if lacking and len(lacking) == len(gpus):
+            self._warn_once(
+                "no-prof",
+                f"{self.url} serves no {TENSOR_ACTIVE}, so no OFU: enable the DCGM_FI_PROF_* fields "
+                "in dcgm-exporter's counters CSV (-f; its etc/dcp-metrics-included.csv has them)",
+            )
+        elif lacking:  # profiling is on, but these GPUs (pre-Volta, some vGPUs) cannot give it
+            for gpu in lacking:
+                self._warn_once(
+                    f"no-prof-{gpu.uuid}-{gpu.mig_instance}",
+                    f"{self.url}: GPU {gpu.gpu_index} ({gpu.name or 'unnamed'}) has no {TENSOR_ACTIVE}, so no OFU",
+                )
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message)
+
+
+def _fetch_error(exc: BaseException) -> str:
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, TimeoutError):  # urllib wraps a connect timeout, not a read timeout
+        return "timed out"
+    if isinstance(exc, urllib.error.URLError):
+        return f"unreachable ({exc.reason})"
+    return f"{type(exc).__name__}: {exc}"
