@@ -20,20 +20,23 @@ $(VENV)/.all: $(VENV)/.see
 	$(PY) -m pip install -q -e ".[place,test,bench]"
 	touch $@
 
-# The main job: live OFU of this machine's GPUs; without GPUs, a recorded H200 trace.
+# The main job: the agent on this machine's GPUs (without GPUs, on a trace recorded on an
+# H200), its store in kernelfleet.db, its dashboard and /metrics on http://127.0.0.1:9400/.
 run: $(VENV)/.see
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-		$(KF) watch; \
+		$(KF) agent; \
 	else \
-		echo "No NVIDIA GPU here: replaying a trace recorded on an H200 (Ctrl-C to stop)."; \
-		$(KF) watch --demo; \
+		echo "No NVIDIA GPU here: the agent runs on a trace recorded on an H200 (Ctrl-C to stop)."; \
+		$(KF) agent --demo; \
 	fi
 
-# System packages the end-to-end tests drive for real (Debian): the Prometheus server and promtool.
+# System packages the end-to-end tests drive for real (Debian): the Prometheus server and
+# promtool, and Chromium for the dashboard.
 system-deps:
-	@command -v promtool >/dev/null 2>&1 || { \
+	@command -v promtool >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+			--no-install-recommends prometheus chromium; }
 
 test: $(VENV)/.all system-deps
 	$(PY) -m pytest -q

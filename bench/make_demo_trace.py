@@ -2,8 +2,9 @@
 
     python3 bench/make_demo_trace.py
 
-Concatenates tests/data/h200/h200-{idle,bf16-gemm,fp8-gemm,copy,transformer}
-with timestamps shifted so the five runs follow one another, and writes
+Concatenates H200 recordings — a GEMM loop that slows down 2.5x halfway (so the
+demo shows a regression), then bf16 GEMM, fp8 GEMM, copy, transformer training
+and idle — with timestamps shifted so the runs follow one another, and writes
 kernelfleet/data/demo-h200.jsonl.gz. The samples are the recorded ones.
 """
 
@@ -15,15 +16,16 @@ from pathlib import Path
 from kernelfleet.telemetry.replay import ReplaySource, TraceWriter
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("idle", "bf16-gemm", "fp8-gemm", "copy", "transformer")
+PARTS = ("h200-detector/h200-drop", "h200/h200-bf16-gemm", "h200/h200-fp8-gemm", "h200/h200-copy",
+         "h200/h200-transformer", "h200/h200-idle")
 
 
 def main() -> None:
     out = ROOT / "kernelfleet" / "data" / "demo-h200.jsonl.gz"
     clock = None
-    with TraceWriter(out, note="H200 recordings back to back: " + ", ".join(PARTS)) as writer:
+    with TraceWriter(out, note="H200 recordings back to back: " + ", ".join(p.split("/")[1] for p in PARTS)) as writer:
         for part in PARTS:
-            batches = list(ReplaySource(ROOT / "tests" / "data" / "h200" / f"h200-{part}.jsonl.gz").batches())
+            batches = list(ReplaySource(ROOT / "tests" / "data" / f"{part}.jsonl.gz").batches())
             first = batches[0][0].timestamp_seconds
             clock = first if clock is None else clock
             for batch in batches:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections import deque
 import threading
 import time
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ class Agent:
         self.identify = identify
         self.pods = pods  # a dcgm-exporter source names pods instead of processes
         self.detector = detector if detector is not None else RegressionDetector()
-        self.events: list[Event] = []
+        self.events: deque[Event] = deque(maxlen=1000)  # the recent ones; the store keeps all
         self._pending: list[Event] = []
         self._latest: dict[tuple[str, int | None], Reading] = {}
         self._lock = threading.Lock()

@@ -39,8 +39,17 @@ class Event:
 
     def describe(self) -> str:
         verb = "dropped" if self.kind == "regression" else "recovered"
-        return (f"OFU {verb} to {self.current_ofu:.3f} from a baseline of {self.baseline_ofu:.3f} "
-                f"({self.ratio:.2f}x) for {self.key}")
+        return (f"OFU of {_name(self.key)} {verb} to {self.current_ofu:.3f} from a baseline of "
+                f"{self.baseline_ofu:.3f} ({self.ratio:.2f}x)")
+
+
+def _name(key: Hashable) -> str:
+    """("job", "train-7") -> "job train-7"; ("gpu", uuid, mig) -> "GPU uuid[/mig N]"."""
+    if isinstance(key, tuple) and key and key[0] == "job":
+        return f"job {key[1]}"
+    if isinstance(key, tuple) and key and key[0] == "gpu":
+        return f"GPU {key[1]}" + (f"/mig {key[2]}" if len(key) > 2 and key[2] is not None else "")
+    return str(key)
 
 
 @dataclass

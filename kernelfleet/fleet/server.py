@@ -10,14 +10,20 @@ import hmac
 import time
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import Response
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import FileResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kernelfleet.errors import UsageError
 from kernelfleet.fleet.agent import Agent
 from kernelfleet.fleet.exporter import OfuCollector
 from kernelfleet.fleet.store import METRICS, Store
+from kernelfleet.ofu.aggregate import fleet, summarize
+
+DASHBOARD = Path(__file__).parent / "dashboard"
 
 
 def create_app(agent: Agent, store: Store | None, token: str | None = None) -> FastAPI:
@@ -30,7 +36,16 @@ def create_app(agent: Agent, store: Store | None, token: str | None = None) -> F
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             raise HTTPException(status_code=401, detail="missing or wrong bearer token")
 
-    app = FastAPI(title="kernelfleet agent", dependencies=[Depends(authorised)])
+    app = FastAPI(title="kernelfleet agent")
+    # The page and its static files load without the token (a browser cannot add a header
+    # to a page load); everything with data behind them needs it.
+    api = APIRouter(dependencies=[Depends(authorised)])
+    app.mount("/static", StaticFiles(directory=DASHBOARD), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def dashboard() -> FileResponse:
+        return FileResponse(DASHBOARD / "index.html")
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(OfuCollector(agent.latest))
 
@@ -39,15 +54,21 @@ def create_app(agent: Agent, store: Store | None, token: str | None = None) -> F
             raise HTTPException(status_code=404, detail="this agent runs without a store")
         return store
 
-    @app.get("/metrics")
+    @api.get("/metrics")
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/healthz")
+    @api.get("/healthz")
     def healthz() -> dict[str, Any]:
         return {"ok": True, "windows": agent.windows, "host": agent.host}
 
-    @app.get("/api/gpus")
+    @api.get("/api/fleet")
+    def fleet_view() -> dict[str, Any]:
+        latest = agent.latest()
+        summaries = [(summarize([r.sample], r.sku), r.sku) for r in latest if r.sample.mig_instance is None]
+        return {**fleet(summaries), "hosts": sorted({r.host for r in latest})}
+
+    @api.get("/api/gpus")
     def gpus() -> list[dict[str, Any]]:
         return [
             {
@@ -63,7 +84,7 @@ def create_app(agent: Agent, store: Store | None, token: str | None = None) -> F
             for r in agent.latest()
         ]
 
-    @app.get("/api/series")
+    @api.get("/api/series")
     def series(
         uuid: str,
         start: float | None = Query(None, description="Unix seconds; default: an hour ago"),
@@ -84,19 +105,24 @@ def create_app(agent: Agent, store: Store | None, token: str | None = None) -> F
             raise HTTPException(status_code=422, detail=str(exc)) from exc
         return {"uuid": uuid, "resolution": resolution, "metrics": metric, "points": points, "known_metrics": list(METRICS)}
 
-    @app.get("/api/jobs")
+    @api.get("/api/jobs")
     def jobs() -> list[str]:
         return need_store().jobs()
 
-    @app.get("/api/jobs/{job:path}")
+    @api.get("/api/jobs/summary")
+    def job_summaries(minutes: float = Query(15.0, gt=0, le=24 * 60)) -> list[dict[str, Any]]:
+        return need_store().job_summaries(since=time.time() - 60 * minutes)
+
+    @api.get("/api/jobs/{job:path}")
     def job(job: str) -> dict[str, Any]:
         report = need_store().job_report(job)
         if report is None:
             raise HTTPException(status_code=404, detail=f"no job {job!r} in the store")
         return report
 
-    @app.get("/api/events")
+    @api.get("/api/events")
     def events(since: float = Query(0.0, description="Unix seconds")) -> list[dict[str, Any]]:
         return need_store().events(since=since)
 
+    app.include_router(api)
     return app

@@ -11,6 +11,7 @@ enforced by :meth:`Store.enforce_retention`, which the agent calls.
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ CREATE TABLE IF NOT EXISTS rollup_{name} (
 """
     for name in RESOLUTIONS
 ) + """
+CREATE TABLE IF NOT EXISTS fleet_1m (
+    bucket INTEGER PRIMARY KEY, gpus INTEGER NOT NULL, ofu_sum REAL NOT NULL, ofu_seconds REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS job_windows (
     job TEXT NOT NULL, kind TEXT NOT NULL, user TEXT, gpu_id INTEGER NOT NULL, ts REAL NOT NULL,
     share REAL NOT NULL, approximate INTEGER NOT NULL,
@@ -117,6 +121,9 @@ class Store:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
+            # Raw rows are keyed by GPU then time, so a batch touches a page per GPU: a
+            # 64 MiB page cache keeps those pages resident instead of re-reading them.
+            self.db.execute("PRAGMA cache_size=-65536")
             version = self._version()
         except sqlite3.DatabaseError as exc:
             raise UsageError(f"{self.path}: not a kernelfleet store ({exc})") from exc
@@ -145,11 +152,9 @@ class Store:
         if not rows:
             return
         with _transaction(self.db):
-            ids = [self._gpu_id(r) for r in rows]
             self.db.executemany(
                 f"INSERT OR REPLACE INTO samples VALUES (?, ?, ?, {', '.join('?' for _ in METRICS)}, ?, ?)",
-                [(i, r.ts, r.window_seconds, *(getattr(r, m) for m in METRICS), r.bottleneck, int(r.stale))
-                 for i, r in zip(ids, rows)],
+                [(self._gpu_id(r), *_ROW_VALUES(r)) for r in rows],
             )
             self._unrolled = True
             minute = _floor(max(r.ts for r in rows), 60)
@@ -183,6 +188,11 @@ class Store:
             f"SUM(stale * window_seconds), {sums} FROM samples WHERE ts >= ? AND ts < ? GROUP BY 1, 2",
             (start, end),
         )
+        # The fleet line of the dashboard reads one row a minute, not one per GPU a minute.
+        self.db.execute(
+            "INSERT OR REPLACE INTO fleet_1m SELECT bucket, COUNT(*), SUM(ofu_sum), SUM(ofu_seconds) FROM rollup_1m "
+            "WHERE bucket >= ? AND bucket < ? GROUP BY bucket", (start, end),
+        )
         hour_sums = ", ".join(f"SUM({m}_sum), SUM({m}_seconds)" for m in METRICS)
         self.db.execute(
             f"INSERT OR REPLACE INTO rollup_1h SELECT gpu_id, CAST(bucket / 3600 AS INTEGER) * 3600, SUM(seconds), "
@@ -204,8 +214,26 @@ class Store:
                 [(r.job, r.kind, r.user, i, r.ts, r.share, int(r.approximate)) for i, r in zip(ids, rows)],
             )
 
+    def fleet_series(self, start: float, end: float) -> list[dict[str, float | None]]:
+        """Fleet-wide time-weighted OFU per minute, with how many GPUs reported in it."""
+        self.roll_up()
+        rows = self.db.execute(
+            "SELECT bucket, ofu_sum / NULLIF(ofu_seconds, 0), gpus FROM fleet_1m WHERE bucket >= ? AND bucket <= ? "
+            "ORDER BY bucket", (start - 60, end))
+        return [{"ts": ts, "ofu": ofu, "gpus": n} for ts, ofu, n in rows]
+
     def jobs(self) -> list[str]:
         return [row[0] for row in self.db.execute("SELECT DISTINCT job FROM job_windows ORDER BY job")]
+
+    def job_summaries(self, since: float) -> list[dict[str, object]]:
+        """Every job seen since ``since``: its GPUs and share-weighted OFU, least efficient first."""
+        rows = self.db.execute(
+            "SELECT j.job, MAX(j.kind), COUNT(DISTINCT j.gpu_id), "
+            "SUM(s.ofu * j.share * s.window_seconds) / NULLIF(SUM(CASE WHEN s.ofu IS NULL THEN 0 "
+            "ELSE j.share * s.window_seconds END), 0) AS ofu "
+            "FROM job_windows j JOIN samples s ON s.gpu_id = j.gpu_id AND s.ts = j.ts "
+            "WHERE j.ts >= ? GROUP BY j.job ORDER BY ofu IS NULL, ofu", (since,))
+        return [{"job": j, "kind": k, "gpus": n, "ofu_ratio": o} for j, k, n, o in rows]
 
     def job_report(self, job: str) -> dict[str, object] | None:
         """A job's OFU per GPU over its lifetime, its bottleneck classes, timeline and events."""
@@ -252,17 +280,18 @@ class Store:
 
     def _gpu_id(self, r: GpuRow) -> int:
         key = (r.host, r.uuid, -1 if r.mig_instance is None else r.mig_instance)
-        if key not in self._gpu_ids:
+        found = self._gpu_ids.get(key)
+        if found is None:
             self.db.execute(
                 "INSERT INTO gpus (host, uuid, mig_instance, gpu_index, name, sku) VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (host, uuid, mig_instance) DO UPDATE SET gpu_index = excluded.gpu_index, "
                 "name = excluded.name, sku = excluded.sku",
                 (*key, r.gpu_index, r.name, r.sku),
             )
-            self._gpu_ids[key] = self.db.execute(
+            found = self._gpu_ids[key] = self.db.execute(
                 "SELECT gpu_id FROM gpus WHERE host = ? AND uuid = ? AND mig_instance = ?", key
             ).fetchone()[0]
-        return self._gpu_ids[key]
+        return found
 
     def enforce_retention(self, now: float | None = None) -> None:
         """Drop raw rows and rollup buckets older than their retention."""
@@ -271,6 +300,7 @@ class Store:
             self.db.execute("DELETE FROM samples WHERE ts < ?", (now - self.retention.raw_seconds,))
             self.db.execute("DELETE FROM job_windows WHERE ts < ?", (now - self.retention.raw_seconds,))
             self.db.execute("DELETE FROM rollup_1m WHERE bucket < ?", (now - self.retention.minute_seconds,))
+            self.db.execute("DELETE FROM fleet_1m WHERE bucket < ?", (now - self.retention.minute_seconds,))
             self.db.execute("DELETE FROM rollup_1h WHERE bucket < ?", (now - self.retention.hour_seconds,))
             self.db.execute("DELETE FROM events WHERE ts < ?", (now - self.retention.hour_seconds,))
 
@@ -307,6 +337,9 @@ class Store:
         else:
             raise UsageError(f"resolution must be raw, 1m or 1h, got {resolution!r}")
         return [dict(zip(("ts", *metrics), row)) for row in cur]
+
+
+_ROW_VALUES = operator.attrgetter("ts", "window_seconds", *METRICS, "bottleneck", "stale")
 
 
 def _floor(ts: float, seconds: int) -> int:

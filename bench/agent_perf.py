@@ -1,0 +1,125 @@
+"""Benchmark: the agent's performance targets from issue 3, in one run (CPU only).
+
+    python3 bench/agent_perf.py
+
+1. Store ingest, rows/s (target >= 50,000 on this 2-core machine); baseline in the
+   same run: the raw-row insert alone.
+2. Dashboard query: fleet OFU over 24 h at 1-minute rollup for 1,000 GPUs (target <= 300 ms).
+3. /metrics for 8 GPUs (target <= 10 ms).
+4. Agent memory over a 1-hour replay at 100x (target: flat).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import resource
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from kernelfleet.catalog import Catalog
+from kernelfleet.fleet.agent import Agent, attribute_recorded
+from kernelfleet.fleet.server import create_app
+from kernelfleet.fleet.store import GpuRow, Store, _transaction
+from kernelfleet.telemetry.replay import ReplaySource
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "kernelfleet" / "data" / "demo-h200.jsonl.gz"
+
+
+def row(g: int, ts: float) -> GpuRow:
+    return GpuRow(host=f"node-{g // 8}", uuid=f"GPU-{g:05d}", mig_instance=None, gpu_index=g % 8, name="NVIDIA H200",
+                  sku="h200-sxm", ts=ts, window_seconds=1.0, bottleneck="tensor-bound", stale=False, ofu=0.5 + (g % 7) / 20,
+                  tensor_active=0.7, sm_clock_hertz=1.4e9, sm_active=0.9, sm_occupancy=0.2, dram_bandwidth=0.3,
+                  power_watts=650.0)
+
+
+def ingest(tmp: Path) -> tuple[float, float]:
+    store = Store(tmp / "ingest.db")
+    batches = [[row(g, 1.8e9 + w) for g in range(1000)] for w in range(121)]
+    store.write(batches[0])
+    t0 = time.perf_counter()
+    for batch in batches[1:]:
+        store.write(batch)
+    full = 120_000 / (time.perf_counter() - t0)
+    base = Store(tmp / "raw.db")
+    base.write(batches[0])
+    t0 = time.perf_counter()
+    for batch in batches[1:]:
+        with _transaction(base.db):
+            base.db.executemany("INSERT OR REPLACE INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                [(i + 1, r.ts, 1.0, r.ofu, r.tensor_active, r.sm_clock_hertz, r.sm_active,
+                                  r.sm_occupancy, r.dram_bandwidth, r.power_watts, r.bottleneck, 0)
+                                 for i, r in enumerate(batch)])
+    return full, 120_000 / (time.perf_counter() - t0)
+
+
+def fleet_query(tmp: Path) -> float:
+    """1,000 GPUs x 1,440 minutes of 1-minute rollups, written directly, then the fleet query."""
+    store = Store(tmp / "day.db")
+    store.write([row(g, 1.8e9) for g in range(1000)])  # registers the GPUs
+    start = int(1.8e9 // 60) * 60
+    cols = 2 + 2 * 7 + 2
+    with _transaction(store.db):
+        store.db.executemany(f"INSERT OR REPLACE INTO rollup_1m VALUES ({', '.join('?' * cols)})",
+                             ((g + 1, start + 60 * m, 60.0, 0.0, *([30.0, 60.0] * 7)) for m in range(1440) for g in range(1000)))
+        store._roll(start, start + 86400)  # what the agent does minute by minute, done at once
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        points = store.fleet_series(start, start + 86400 - 60)
+        times.append(time.perf_counter() - t0)
+    assert len(points) == 1440 and points[0]["gpus"] == 1000
+    return statistics.median(times)
+
+
+def metrics_8_gpus() -> float:
+    source = ReplaySource(DEMO)
+    agent = Agent(source, None, Catalog.load(), identify=attribute_recorded)
+    (sample,) = next(source.batches())
+    agent.step([dataclasses.replace(sample, gpu_index=i, uuid=f"GPU-{i}") for i in range(8)])
+    client = TestClient(create_app(agent, None))
+    client.get("/metrics")
+    times = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        client.get("/metrics")
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def memory_over_an_hour(tmp: Path) -> list[float]:
+    source = ReplaySource(DEMO, speed=100.0, loop=True, sleep=lambda s: None)
+    agent = Agent(source, Store(tmp / "hour.db"), Catalog.load(), identify=attribute_recorded)
+    rss = []
+    for i, batch in enumerate(source.batches(count=3600)):
+        agent.step(batch)
+        if i % 600 == 599:
+            rss.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return rss
+
+
+def main() -> None:
+    logging.disable(logging.WARNING)  # the replay's regressions would flood the table
+    print(f"command: {' '.join([sys.executable] + sys.argv)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        full, raw = ingest(Path(tmp))
+        query = fleet_query(Path(tmp))
+        metrics = metrics_8_gpus()
+        rss = memory_over_an_hour(Path(tmp))
+    print(f"{'measure':58} {'value':>12} {'target':>10}")
+    print(f"{'store ingest, raw + rollups (rows/s)':58} {full:>12,.0f} {'>= 50,000':>10}")
+    print(f"{'  baseline in the same run: raw insert only (rows/s)':58} {raw:>12,.0f}")
+    print(f"{'fleet OFU, 1,000 GPUs x 24 h at 1-min rollup (ms)':58} {query * 1000:>12.1f} {'<= 300':>10}")
+    print(f"{'/metrics for 8 GPUs (ms)':58} {metrics * 1000:>12.2f} {'<= 10':>10}")
+    print(f"{'agent max RSS every 10 min of a 1-h replay at 100x (MiB)':58} {' '.join(f'{r:.0f}' for r in rss):>12}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+// kernelfleet dashboard: a client of the agent's JSON API (fleet -> host -> GPU -> job).
+// A bearer token, when the agent wants one, is read from the page's #token=... fragment.
+"use strict";
+
+const token = new URLSearchParams(location.hash.slice(1)).get("token");
+const state = { selected: null, chart: null };
+
+async function api(path) {
+  const response = await fetch(path, { headers: token ? { Authorization: `Bearer ${token}` } : {} });
+  if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
+  return response.json();
+}
+
+const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
+const text = (tag, value, cls) => {
+  const el = document.createElement(tag);
+  el.textContent = value;
+  if (cls) el.className = cls;
+  return el;
+};
+
+function renderFleet(fleet) {
+  document.getElementById("fleet-gpus").textContent = `${fleet.gpus_with_ofu} / ${fleet.gpus}`;
+  document.getElementById("fleet-ofu").textContent = pct(fleet.mean_ofu_ratio);
+  document.getElementById("fleet-capacity").textContent = pct(fleet.capacity_weighted_ofu_ratio);
+  document.getElementById("fleet-flops").textContent =
+    fleet.achieved_flops === null ? "—" : (fleet.achieved_flops / 1e15).toFixed(2);
+  document.getElementById("fleet-flops-note").textContent =
+    fleet.peak_flops === null ? "" : `OFU × dense bf16 peak, of ${(fleet.peak_flops / 1e15).toFixed(2)} PFLOP/s`;
+}
+
+function renderGpus(gpus) {
+  const body = document.querySelector("#gpus tbody");
+  body.replaceChildren();
+  let host = null;
+  for (const g of gpus) {
+    if (g.host !== host) {
+      host = g.host;
+      const row = document.createElement("tr");
+      row.className = "host";
+      const cell = text("td", host);
+      cell.colSpan = 10;
+      row.append(cell);
+      body.append(row);
+    }
+    const row = document.createElement("tr");
+    row.dataset.uuid = g.uuid;
+    if (state.selected === null) state.selected = g.uuid;
+    if (g.uuid === state.selected) row.classList.add("selected");
+    const gpu = g.mig_instance === null ? `${g.gpu}` : `${g.gpu}/mig${g.mig_instance}`;
+    row.append(
+      text("td", ""), text("td", gpu), text("td", g.sku || g.name),
+      g.stale ? text("td", "stale", "stale") : text("td", pct(g.ofu_ratio), "num ofu"),
+      text("td", pct(g.tensor_active_ratio), "num"),
+      text("td", g.sm_clock_hertz === null ? "—" : `${(g.sm_clock_hertz / 1e6).toFixed(0)} MHz`, "num"),
+      text("td", pct(g.dram_bandwidth_ratio), "num"),
+      text("td", g.power_watts === null ? "—" : `${g.power_watts.toFixed(0)} W`, "num"),
+      text("td", g.bottleneck, `b-${g.bottleneck}`),
+      text("td", g.jobs.map((j) => j.job + (j.approximate ? " (shared)" : "")).join(", ")),
+    );
+    row.addEventListener("click", () => { state.selected = g.uuid; refresh(); });
+    body.append(row);
+  }
+}
+
+function renderJobs(jobs) {
+  const body = document.querySelector("#jobs tbody");
+  body.replaceChildren();
+  for (const j of jobs.slice(0, 10)) {
+    const row = document.createElement("tr");
+    row.append(text("td", j.job), text("td", j.kind), text("td", `${j.gpus}`, "num"), text("td", pct(j.ofu_ratio), "num ofu"));
+    body.append(row);
+  }
+}
+
+function renderEvents(events) {
+  const list = document.getElementById("events");
+  list.replaceChildren();
+  if (!events.length) list.append(text("li", "none", "muted"));
+  for (const e of events.slice(-10).reverse()) {
+    list.append(text("li", `${new Date(e.ts * 1000).toLocaleTimeString()} ${e.detail}`, e.kind));
+  }
+}
+
+function renderChart(series) {
+  const xs = series.points.map((p) => p.ts);
+  const data = [xs, series.points.map((p) => p.ofu), series.points.map((p) => p.tensor_active)];
+  const el = document.getElementById("chart");
+  const width = Math.max(400, el.clientWidth - 10);
+  if (state.chart && state.chart.uuid === series.uuid) {
+    state.chart.plot.setData(data);
+    return;
+  }
+  if (state.chart) state.chart.plot.destroy();
+  const opts = {
+    width, height: 300,
+    scales: { y: { range: [0, 1.05] } },
+    series: [{}, { label: "OFU", stroke: "#1a56db", width: 2 }, { label: "tensor active", stroke: "#9aa5b8" }],
+    axes: [{}, { values: (u, ticks) => ticks.map((t) => `${Math.round(t * 100)}%`) }],
+  };
+  state.chart = { uuid: series.uuid, plot: new uPlot(opts, data, el) };
+  document.getElementById("chart-title").textContent = `OFU of ${series.uuid} (last 15 min)`;
+}
+
+async function refresh() {
+  try {
+    const [fleet, gpus, jobs, events] = await Promise.all([
+      api("api/fleet"), api("api/gpus"), api("api/jobs/summary"), api("api/events"),
+    ]);
+    renderFleet(fleet);
+    renderGpus(gpus);
+    renderJobs(jobs);
+    renderEvents(events);
+    if (state.selected) {
+      const now = Date.now() / 1000;
+      const query = new URLSearchParams({ uuid: state.selected, start: now - 900, end: now + 60 });
+      query.append("metric", "ofu");
+      query.append("metric", "tensor_active");
+      renderChart(await api(`api/series?${query}`));
+    }
+    document.getElementById("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  } catch (error) {
+    document.getElementById("status").textContent = `error: ${error.message}`;
+  }
+}
+
+refresh();
+setInterval(refresh, 2000);
