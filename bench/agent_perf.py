@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.fleet.agent import Agent, attribute_recorded
-from kernelfleet.fleet.server import create_app
+from kernelfleet.fleet.server import agent_app
 from kernelfleet.fleet.store import GpuRow, Store, _transaction
 from kernelfleet.telemetry.replay import ReplaySource
 
@@ -84,7 +84,7 @@ def metrics_8_gpus() -> float:
     agent = Agent(source, None, Catalog.load(), identify=attribute_recorded)
     (sample,) = next(source.batches())
     agent.step([dataclasses.replace(sample, gpu_index=i, uuid=f"GPU-{i}") for i in range(8)])
-    client = TestClient(create_app(agent, None))
+    client = TestClient(agent_app(agent, None))
     client.get("/metrics")
     times = []
     for _ in range(50):

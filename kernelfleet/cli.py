@@ -134,7 +134,7 @@ def agent(
 
     from kernelfleet.catalog import Catalog
     from kernelfleet.fleet.agent import Agent, attribute_live, attribute_recorded
-    from kernelfleet.fleet.server import create_app
+    from kernelfleet.fleet.server import agent_app
     from kernelfleet.fleet.store import Store
     from kernelfleet.telemetry.scrape import ScrapeSource
 
@@ -152,7 +152,7 @@ def agent(
     with source:
         the_agent = Agent(source, store, cat, identify=attribute_recorded if recorded else attribute_live,
                           pods=(lambda: source.pods) if scrape is not None else None)
-        server = uvicorn.Server(uvicorn.Config(create_app(the_agent, store, token), host=host, port=port,
+        server = uvicorn.Server(uvicorn.Config(agent_app(the_agent, store, token), host=host, port=port,
                                                log_level="warning", lifespan="off"))
         thread = threading.Thread(target=server.run, name="kernelfleet-http", daemon=True)
         thread.start()
@@ -182,6 +182,26 @@ def _listen_address(listen: str, allow_remote: bool) -> tuple[str, int]:
     if not loopback and not allow_remote:
         raise UsageError(f"refusing to listen on {host}: not a loopback address; pass --allow-remote (and --token)")
     return host, int(port_text)
+
+
+@app.command()
+def dashboard(
+    prometheus: str = typer.Option(..., "--prometheus", help="URL of a Prometheus server that scrapes the agents."),
+    listen: str = typer.Option("127.0.0.1:9401", help="HOST:PORT for the dashboard and its API."),
+    allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback listen address."),
+    token: Optional[str] = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
+) -> None:
+    """The dashboard for a whole fleet, reading a Prometheus server instead of one agent's store."""
+    import uvicorn
+
+    from kernelfleet.fleet.prometheus_backend import PrometheusBackend
+    from kernelfleet.fleet.server import create_app
+
+    host, port = _listen_address(listen, allow_remote)
+    backend = PrometheusBackend(prometheus)
+    backend.health()  # an unreachable Prometheus is one clear line now, not an error page later
+    err.print(f"kernelfleet dashboard: http://{host}:{port}/ reading {prometheus}")
+    uvicorn.run(create_app(backend, token), host=host, port=port, log_level="warning", lifespan="off")
 
 
 @app.command()

@@ -5,7 +5,8 @@ Series carry only ``gpu``, ``uuid``, ``model`` and ``hostname`` (plus ``mig``
 for MIG slices) to keep cardinality low; what a GPU is, its reference clock and
 its dense peaks are separate series to join on ``uuid``. A GPU whose window is
 stale exports ``kernelfleet_sample_stale 1`` and no counters, never zeros; a
-counter a GPU lacks is simply absent for that GPU.
+counter a GPU lacks is simply absent for that GPU. The job label is ``job_id``:
+``job`` is the scrape target's label in Prometheus and would be renamed.
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ class OfuCollector(Collector):
                                  labels=("uuid", "precision"))
         info = InfoMetricFamily("kernelfleet_gpu", "What a GPU is.", labels=("uuid", "hostname", "gpu", "name", "sku"))
         jobs = InfoMetricFamily("kernelfleet_job", "A job holding a GPU (join on uuid, mig).",
-                                labels=("uuid", "mig", "job", "kind", "user"))
+                                labels=("uuid", "mig", "job_id", "kind", "user"))
         share = GaugeMetricFamily("kernelfleet_job_gpu_share_ratio",
                                   "A job's share of a GPU; below 1 when shared (split by per-process SM use, approximate).",
-                                  labels=("uuid", "mig", "job"))
+                                  labels=("uuid", "mig", "job_id"))
         seen: set[str] = set()
         for r in readings:
             labels = _labels(r)

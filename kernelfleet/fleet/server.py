@@ -1,33 +1,46 @@
-"""The agent's HTTP server: Prometheus ``/metrics`` and a JSON API (the dashboard's data).
+"""The HTTP server: the dashboard, its JSON API, and (for an agent) Prometheus ``/metrics``.
 
+The API's data comes from a backend: the agent and its store on one machine
+(:class:`LocalBackend`), or a Prometheus server for a fleet (:class:`PrometheusBackend`).
 Served on 127.0.0.1 by default; the CLI refuses another address unless told to,
-and then a bearer token can be required on every request.
+and then a bearer token can be required on every data request.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import time
-from typing import Any
-
 from pathlib import Path
+from typing import Any, Callable, Protocol
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from kernelfleet.errors import UsageError
-from kernelfleet.fleet.agent import Agent
+from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.fleet.exporter import OfuCollector
-from kernelfleet.fleet.store import METRICS, Store
-from kernelfleet.ofu.aggregate import fleet, summarize
+from kernelfleet.fleet.agent import Agent
+from kernelfleet.fleet.local_backend import LocalBackend, NotFound
+from kernelfleet.fleet.store import Store
 
 DASHBOARD = Path(__file__).parent / "dashboard"
 
 
-def create_app(agent: Agent, store: Store | None, token: str | None = None) -> FastAPI:
-    """The app; ``token`` set means every request needs ``Authorization: Bearer <token>``."""
+class Backend(Protocol):
+    def health(self) -> dict[str, Any]: ...
+    def fleet(self) -> dict[str, Any]: ...
+    def gpus(self) -> list[dict[str, Any]]: ...
+    def series(self, uuid: str, start: float, end: float, resolution: str, metrics: list[str]) -> list[dict[str, Any]]: ...
+    def jobs(self) -> list[str]: ...
+    def job_summaries(self, since: float) -> list[dict[str, Any]]: ...
+    def job(self, job: str) -> dict[str, Any]: ...
+    def events(self, since: float) -> list[dict[str, Any]]: ...
+
+
+def create_app(backend: Backend, token: str | None = None, metrics: Callable[[], bytes] | None = None) -> FastAPI:
+    """The app; ``token`` set means every data request needs ``Authorization: Bearer <token>``."""
 
     def authorised(request: Request) -> None:
         if token is None:
@@ -36,9 +49,9 @@ def create_app(agent: Agent, store: Store | None, token: str | None = None) -> F
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             raise HTTPException(status_code=401, detail="missing or wrong bearer token")
 
-    app = FastAPI(title="kernelfleet agent")
+    app = FastAPI(title="kernelfleet")
     # The page and its static files load without the token (a browser cannot add a header
-    # to a page load); everything with data behind them needs it.
+    # to a page load); everything with data behind it needs it.
     api = APIRouter(dependencies=[Depends(authorised)])
     app.mount("/static", StaticFiles(directory=DASHBOARD), name="static")
 
@@ -46,43 +59,34 @@ def create_app(agent: Agent, store: Store | None, token: str | None = None) -> F
     def dashboard() -> FileResponse:
         return FileResponse(DASHBOARD / "index.html")
 
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(OfuCollector(agent.latest))
+    @app.exception_handler(NotFound)
+    def not_found(request: Request, exc: NotFound) -> Response:
+        return _error(404, str(exc))
 
-    def need_store() -> Store:
-        if store is None:
-            raise HTTPException(status_code=404, detail="this agent runs without a store")
-        return store
+    @app.exception_handler(UsageError)
+    def bad_input(request: Request, exc: UsageError) -> Response:
+        return _error(422, str(exc))
 
-    @api.get("/metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    @app.exception_handler(EnvironmentProblem)
+    def upstream(request: Request, exc: EnvironmentProblem) -> Response:
+        return _error(502, str(exc))
+
+    if metrics is not None:
+        @api.get("/metrics")
+        def exposition() -> Response:
+            return Response(metrics(), media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/healthz")
     def healthz() -> dict[str, Any]:
-        return {"ok": True, "windows": agent.windows, "host": agent.host}
+        return backend.health()
 
     @api.get("/api/fleet")
-    def fleet_view() -> dict[str, Any]:
-        latest = agent.latest()
-        summaries = [(summarize([r.sample], r.sku), r.sku) for r in latest if r.sample.mig_instance is None]
-        return {**fleet(summaries), "hosts": sorted({r.host for r in latest})}
+    def fleet() -> dict[str, Any]:
+        return backend.fleet()
 
     @api.get("/api/gpus")
     def gpus() -> list[dict[str, Any]]:
-        return [
-            {
-                "host": r.host, "gpu": r.sample.gpu_index, "mig_instance": r.sample.mig_instance, "uuid": r.sample.uuid,
-                "name": r.sample.name, "sku": r.sku.key if r.sku else None, "timestamp_seconds": r.sample.timestamp_seconds,
-                "ofu_ratio": r.ofu.ofu_ratio, "ofu_unavailable_reason": r.ofu.reason,
-                "tensor_active_ratio": r.sample.tensor_active_ratio, "sm_clock_hertz": r.sample.sm_clock_mean_hertz,
-                "dram_bandwidth_ratio": r.sample.dram_bandwidth_ratio, "power_watts": r.sample.power_mean_watts,
-                "bottleneck": r.bottleneck, "stale": r.sample.stale,
-                "jobs": [{"job": j.job, "kind": j.kind, "user": j.user, "share": j.share, "approximate": j.approximate}
-                         for j in r.jobs],
-            }
-            for r in agent.latest()
-        ]
+        return backend.gpus()
 
     @api.get("/api/series")
     def series(
@@ -92,37 +96,39 @@ def create_app(agent: Agent, store: Store | None, token: str | None = None) -> F
         resolution: str = Query("raw", pattern="^(raw|1m|1h)$"),
         metric: list[str] = Query(["ofu"]),
     ) -> dict[str, Any]:
-        db = need_store()
         end = time.time() if end is None else end
         start = end - 3600 if start is None else start
         if start > end:
             raise HTTPException(status_code=422, detail="start must not be after end")
-        if uuid not in {g["uuid"] for g in db.gpus()}:
-            raise HTTPException(status_code=404, detail=f"no GPU with uuid {uuid!r}")
-        try:
-            points = db.series(uuid, start, end, resolution, metric)
-        except UsageError as exc:
-            raise HTTPException(status_code=422, detail=str(exc)) from exc
-        return {"uuid": uuid, "resolution": resolution, "metrics": metric, "points": points, "known_metrics": list(METRICS)}
+        points = backend.series(uuid, start, end, resolution, metric)
+        return {"uuid": uuid, "resolution": resolution, "metrics": metric, "points": points}
 
     @api.get("/api/jobs")
     def jobs() -> list[str]:
-        return need_store().jobs()
+        return backend.jobs()
 
     @api.get("/api/jobs/summary")
     def job_summaries(minutes: float = Query(15.0, gt=0, le=24 * 60)) -> list[dict[str, Any]]:
-        return need_store().job_summaries(since=time.time() - 60 * minutes)
+        return backend.job_summaries(since=time.time() - 60 * minutes)
 
     @api.get("/api/jobs/{job:path}")
     def job(job: str) -> dict[str, Any]:
-        report = need_store().job_report(job)
-        if report is None:
-            raise HTTPException(status_code=404, detail=f"no job {job!r} in the store")
-        return report
+        return backend.job(job)
 
     @api.get("/api/events")
     def events(since: float = Query(0.0, description="Unix seconds")) -> list[dict[str, Any]]:
-        return need_store().events(since=since)
+        return backend.events(since)
 
     app.include_router(api)
     return app
+
+
+def _error(status: int, detail: str) -> Response:
+    return Response(json.dumps({"detail": detail}), status_code=status, media_type="application/json")
+
+
+def agent_app(agent: Agent, store: Store | None, token: str | None = None) -> FastAPI:
+    """An agent's server: its own data, and its readings' exposition at /metrics."""
+    registry = CollectorRegistry(auto_describe=False)  # its own registry: nothing global
+    registry.register(OfuCollector(agent.latest))
+    return create_app(LocalBackend(agent, store), token, lambda: generate_latest(registry))

@@ -4,7 +4,9 @@ import json
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -27,39 +29,57 @@ def test_promtool_accepts_the_exposition(agent):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_prometheus_scrapes_ofu_and_joins_gpu_info(agent, tmp_path):
+def query(base: str, q: str) -> list:
+    return json.loads(get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": q})))["data"]["result"]
+
+
+def wait_for_series(base: str, q: str, timeout: float = 60.0) -> list:
+    deadline = time.monotonic() + timeout
+    while not (result := query(base, q)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert result, f"Prometheus never saw {q}"
+    return result
+
+
+def test_prometheus_scrapes_ofu_and_joins_gpu_info(prometheus):
+    (series,) = wait_for_series(prometheus, "kernelfleet_ofu_ratio")
+    assert series["metric"]["model"] == "h200-sxm" and series["metric"]["job"] == "kernelfleet"
+    assert 0.0 <= float(series["value"][1]) <= 1.1
+    (joined,) = query(prometheus, "kernelfleet_ofu_ratio * on (uuid) group_left (sku) kernelfleet_gpu_info")
+    assert joined["metric"]["sku"] == "h200-sxm"
+    (ref,) = query(prometheus, "kernelfleet_reference_clock_hertz")
+    assert float(ref["value"][1]) == 1.98e9
+    (held,) = wait_for_series(prometheus, "kernelfleet_job_info")
+    assert held["metric"]["job_id"].startswith("python3-") and held["metric"]["job"] == "kernelfleet"
+
+
+def test_fleet_dashboard_reads_prometheus(agent, prometheus, tmp_path):
+    wait_for_series(prometheus, "kernelfleet_job_info")
     port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\nscrape_configs:\n"
-        f"  - job_name: kernelfleet\n    static_configs:\n      - targets: ['127.0.0.1:{agent['port']}']\n"
-    )
-    prom = subprocess.Popen(
-        [binary("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    proc = subprocess.Popen([sys.executable, "-m", "kernelfleet", "dashboard", "--prometheus", prometheus,
+                             "--listen", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60)
-
-        def query(q: str) -> list:
-            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
-            return json.loads(get(url))["data"]["result"]
-
-        deadline = time.monotonic() + 60
-        while not (result := query("kernelfleet_ofu_ratio")) and time.monotonic() < deadline:
-            time.sleep(1)
-        assert result, "Prometheus never saw kernelfleet_ofu_ratio"
-        (series,) = result
-        assert series["metric"]["model"] == "h200-sxm" and series["metric"]["job"] == "kernelfleet"
-        assert 0.0 <= float(series["value"][1]) <= 1.1
-        (joined,) = query("kernelfleet_ofu_ratio * on (uuid) group_left (sku) kernelfleet_gpu_info")
-        assert joined["metric"]["sku"] == "h200-sxm"
-        (ref,) = query("kernelfleet_reference_clock_hertz")
-        assert float(ref["value"][1]) == 1.98e9
+        wait_http(f"{base}/healthz")
+        (local,) = json.loads(get(f"http://127.0.0.1:{agent['port']}/api/gpus"))
+        (remote,) = json.loads(get(f"{base}/api/gpus"))
+        assert (remote["uuid"], remote["sku"], remote["host"]) == (local["uuid"], "h200-sxm", local["host"])
+        assert remote["bottleneck"] in ("tensor-bound", "low-occupancy/launch-bound", "idle", "memory-bound", "mixed")
+        assert [j["job"] for j in remote["jobs"]] == [j["job"] for j in local["jobs"]]
+        assert json.loads(get(f"{base}/api/fleet"))["gpus"] == 1
+        now = time.time()
+        points = json.loads(get(f"{base}/api/series?" + urllib.parse.urlencode(
+            {"uuid": local["uuid"], "start": now - 300, "end": now + 60})))["points"]
+        assert points and all(0 <= p["ofu"] <= 1.1 for p in points)
+        (summary,) = json.loads(get(f"{base}/api/jobs/summary"))
+        assert summary["job"] == local["jobs"][0]["job"] and summary["gpus"] == 1
+        for path in ("/api/jobs/no-such-job", "/api/series?uuid=GPU-nope&start=0&end=1"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                get(base + path)
+            assert err.value.code == 404
     finally:
-        prom.send_signal(signal.SIGTERM)
-        prom.wait(timeout=30)
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def test_kill_9_loses_at_most_the_last_batch_and_the_store_reopens(agent):

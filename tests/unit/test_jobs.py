@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.fleet.agent import Agent, attribute_recorded
-from kernelfleet.fleet.server import create_app
+from kernelfleet.fleet.server import agent_app
 from kernelfleet.fleet.store import Store
 from kernelfleet.telemetry.replay import ReplaySource
 
@@ -44,13 +44,13 @@ def test_the_recorded_job_is_reported_with_its_regression(drop_store):
 
 def test_job_api_and_404(drop_store):
     agent, store = drop_store
-    client = TestClient(create_app(agent, store))
+    client = TestClient(agent_app(agent, store))
     (job,) = client.get("/api/jobs").json()
     assert client.get(f"/api/jobs/{job}").json()["job"] == job
     assert client.get("/api/jobs/nope").status_code == 404
     assert len(client.get("/api/events").json()) == 2
     text = client.get("/metrics").text
-    assert f'kernelfleet_job_info{{job="{job}",kind="recorded",mig="",user="",uuid=' in text
+    assert f'kernelfleet_job_info{{job_id="{job}",kind="recorded",mig="",user="",uuid=' in text
 
 
 def test_job_cli(drop_store):

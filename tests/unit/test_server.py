@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.fleet.agent import Agent
-from kernelfleet.fleet.server import create_app
+from kernelfleet.fleet.server import agent_app
 from kernelfleet.fleet.store import Store
 from kernelfleet.telemetry.replay import ReplaySource
 
@@ -24,7 +24,7 @@ def served(tmp_path, h200_trace):
 
 
 def test_metrics_and_gpus(served):
-    client = TestClient(create_app(*served))
+    client = TestClient(agent_app(*served))
     text = client.get("/metrics").text
     assert f'kernelfleet_sample_stale{{gpu="0",hostname="node-1",mig="",model="h200-sxm",uuid="{UUID}"}} 0.0' in text
     assert 'kernelfleet_reference_clock_hertz{source="catalog:h200-sxm:measured"' in text
@@ -33,7 +33,7 @@ def test_metrics_and_gpus(served):
 
 
 def test_series(served):
-    client = TestClient(create_app(*served))
+    client = TestClient(agent_app(*served))
     body = client.get("/api/series", params={"uuid": UUID, "start": 0, "end": 2e9, "metric": ["ofu", "power_watts"]}).json()
     assert len(body["points"]) == 24 and set(body["points"][0]) == {"ts", "ofu", "power_watts"}
 
@@ -50,12 +50,12 @@ def test_series(served):
     ],
 )
 def test_bad_parameters_get_a_4xx_with_a_message(served, params, status, text):
-    response = TestClient(create_app(*served)).get("/api/series", params=params)
+    response = TestClient(agent_app(*served)).get("/api/series", params=params)
     assert response.status_code == status and text in response.text
 
 
 def test_bearer_token(served):
-    client = TestClient(create_app(*served, token="s3cret"))
+    client = TestClient(agent_app(*served, token="s3cret"))
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert client.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200

@@ -1,0 +1,69 @@
+"""The dashboard's data on one machine: the agent's latest readings and its store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernelfleet.errors import UsageError
+from kernelfleet.fleet.agent import Agent
+from kernelfleet.fleet.store import Store
+from kernelfleet.ofu.aggregate import fleet, summarize
+
+
+class NotFound(UsageError):
+    """A GPU or job the backend has never seen (the API answers 404)."""
+
+
+class LocalBackend:
+    def __init__(self, agent: Agent, store: Store | None) -> None:
+        self.agent = agent
+        self.store = store
+
+    def _store(self) -> Store:
+        if self.store is None:
+            raise NotFound("this agent runs without a store")
+        return self.store
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": True, "windows": self.agent.windows, "host": self.agent.host, "backend": "local"}
+
+    def fleet(self) -> dict[str, Any]:
+        latest = self.agent.latest()
+        summaries = [(summarize([r.sample], r.sku), r.sku) for r in latest if r.sample.mig_instance is None]
+        return {**fleet(summaries), "hosts": sorted({r.host for r in latest})}
+
+    def gpus(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "host": r.host, "gpu": r.sample.gpu_index, "mig_instance": r.sample.mig_instance, "uuid": r.sample.uuid,
+                "name": r.sample.name, "sku": r.sku.key if r.sku else None, "timestamp_seconds": r.sample.timestamp_seconds,
+                "ofu_ratio": r.ofu.ofu_ratio, "ofu_unavailable_reason": r.ofu.reason,
+                "tensor_active_ratio": r.sample.tensor_active_ratio, "sm_clock_hertz": r.sample.sm_clock_mean_hertz,
+                "dram_bandwidth_ratio": r.sample.dram_bandwidth_ratio, "power_watts": r.sample.power_mean_watts,
+                "bottleneck": r.bottleneck, "stale": r.sample.stale,
+                "jobs": [{"job": j.job, "kind": j.kind, "user": j.user, "share": j.share, "approximate": j.approximate}
+                         for j in r.jobs],
+            }
+            for r in self.agent.latest()
+        ]
+
+    def series(self, uuid: str, start: float, end: float, resolution: str, metrics: list[str]) -> list[dict[str, Any]]:
+        store = self._store()
+        if uuid not in {g["uuid"] for g in store.gpus()}:
+            raise NotFound(f"no GPU with uuid {uuid!r}")
+        return store.series(uuid, start, end, resolution, metrics)
+
+    def jobs(self) -> list[str]:
+        return self._store().jobs()
+
+    def job_summaries(self, since: float) -> list[dict[str, Any]]:
+        return self._store().job_summaries(since)
+
+    def job(self, job: str) -> dict[str, Any]:
+        report = self._store().job_report(job)
+        if report is None:
+            raise NotFound(f"no job {job!r} in the store")
+        return report
+
+    def events(self, since: float) -> list[dict[str, Any]]:
+        return self._store().events(since=since)

@@ -1,0 +1,186 @@
+"""The dashboard's data from a Prometheus server that scrapes many agents: how the
+dashboard scales past one machine (``kernelfleet dashboard --prometheus URL``).
+
+Everything comes from PromQL over the agents' own series (kernelfleet/fleet/exporter.py);
+regressions are the firing alerts of deploy/prometheus/rules.yml. Jobs are read from
+``kernelfleet_job_info`` as it is now, so a job report covers the GPUs the job holds
+at query time, over at most the last 24 hours: an approximation the local store
+does not need.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import datetime
+import urllib.parse
+import urllib.request
+from typing import Any, Callable
+
+from kernelfleet.errors import EnvironmentProblem, UsageError
+from kernelfleet.fleet.local_backend import NotFound
+from kernelfleet.ofu.bottleneck import classify
+from kernelfleet.telemetry.sample import Sample
+
+SERIES = {  # store metric name -> exported series
+    "ofu": "kernelfleet_ofu_ratio", "tensor_active": "kernelfleet_tensor_active_ratio",
+    "sm_clock_hertz": "kernelfleet_sm_clock_hertz", "sm_active": "kernelfleet_sm_active_ratio",
+    "sm_occupancy": "kernelfleet_sm_occupancy_ratio", "dram_bandwidth": "kernelfleet_dram_bandwidth_ratio",
+    "power_watts": "kernelfleet_power_watts",
+}
+STEPS = {"raw": 15, "1m": 60, "1h": 3600}
+JOINED = "{} * on (uuid, mig) group_left (job_id, kind) kernelfleet_job_info"
+
+
+def http_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.load(response)
+    except (OSError, ValueError) as exc:
+        raise EnvironmentProblem(f"cannot query Prometheus at {url.split('/api/')[0]}: {exc}") from exc
+
+
+class PrometheusBackend:
+    def __init__(self, url: str, fetch: Callable[[str], Any] = http_json, clock: Callable[[], float] = time.time):
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            raise UsageError(f"--prometheus expects an http(s) URL such as http://HOST:9090, got {url!r}")
+        self.url = url.rstrip("/")
+        self.fetch = fetch
+        self.clock = clock
+
+    def _get(self, path: str, **params: Any) -> Any:
+        body = self.fetch(f"{self.url}{path}?{urllib.parse.urlencode(params, doseq=True)}")
+        if body.get("status") != "success":
+            raise EnvironmentProblem(f"Prometheus refused {params.get('query', path)}: {body.get('error')}")
+        return body["data"]
+
+    def _vector(self, query: str) -> list[dict[str, Any]]:
+        return self._get("/api/v1/query", query=query)["result"]
+
+    def _scalar(self, query: str) -> float | None:
+        result = self._vector(query)
+        return float(result[0]["value"][1]) if result else None
+
+    def health(self) -> dict[str, Any]:
+        self._get("/api/v1/status/buildinfo")
+        return {"ok": True, "backend": "prometheus", "url": self.url}
+
+    def fleet(self) -> dict[str, Any]:
+        whole = 'kernelfleet_ofu_ratio{mig=""}'
+        peak = 'kernelfleet_dense_peak_flops{precision="bf16"}'
+        achieved = self._scalar(f"sum({whole} * on (uuid) group_left () {peak})")
+        total_peak = self._scalar(f"sum({peak} and on (uuid) {whole})")
+        return {
+            "gpus": self._scalar('count(kernelfleet_sample_stale{mig=""})') or 0.0,
+            "gpus_with_ofu": self._scalar(f"count({whole})") or 0.0,
+            "mean_ofu_ratio": self._scalar(f"avg({whole})"),
+            "achieved_flops": achieved,
+            "peak_flops": total_peak,
+            "capacity_weighted_ofu_ratio": achieved / total_peak if achieved is not None and total_peak else None,
+            "hosts": sorted({s["metric"]["hostname"] for s in self._vector("kernelfleet_sample_stale")}),
+        }
+
+    def gpus(self) -> list[dict[str, Any]]:
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for s in self._vector("kernelfleet_sample_stale"):
+            m = s["metric"]
+            rows[m["uuid"], m.get("mig", "")] = {
+                "host": m["hostname"], "gpu": int(m["gpu"]), "mig_instance": int(m["mig"]) if m.get("mig") else None,
+                "uuid": m["uuid"], "name": m["model"], "sku": m["model"], "stale": s["value"][1] == "1",
+                "timestamp_seconds": float(s["value"][0]), "jobs": [],
+                **{f: None for f in ("ofu_ratio", "tensor_active_ratio", "sm_clock_hertz", "dram_bandwidth_ratio",
+                                     "power_watts", "sm_active_ratio", "sm_occupancy_ratio")},
+            }
+        fields = {"ofu_ratio": "ofu", "tensor_active_ratio": "tensor_active", "sm_clock_hertz": "sm_clock_hertz",
+                  "dram_bandwidth_ratio": "dram_bandwidth", "power_watts": "power_watts",
+                  "sm_active_ratio": "sm_active", "sm_occupancy_ratio": "sm_occupancy"}
+        for field, metric in fields.items():
+            for s in self._vector(SERIES[metric]):
+                row = rows.get((s["metric"]["uuid"], s["metric"].get("mig", "")))
+                if row is not None:
+                    row[field] = float(s["value"][1])
+        for s in self._vector("kernelfleet_job_info"):
+            m = s["metric"]
+            row = rows.get((m["uuid"], m.get("mig", "")))
+            if row is not None:
+                row["jobs"].append({"job": m["job_id"], "kind": m.get("kind"), "user": m.get("user") or None,
+                                    "share": None, "approximate": False})
+        for row in rows.values():
+            row["bottleneck"] = classify(Sample(
+                timestamp_seconds=row["timestamp_seconds"], window_seconds=0.0, gpu_index=row["gpu"], uuid=row["uuid"],
+                name=row["name"], stale=row["stale"], tensor_active_ratio=row["tensor_active_ratio"],
+                sm_active_ratio=row.pop("sm_active_ratio"), sm_occupancy_ratio=row.pop("sm_occupancy_ratio"),
+                dram_bandwidth_ratio=row["dram_bandwidth_ratio"])).value
+        return sorted(rows.values(), key=lambda r: (r["host"], r["gpu"], r["mig_instance"] or -1))
+
+    def series(self, uuid: str, start: float, end: float, resolution: str, metrics: list[str]) -> list[dict[str, Any]]:
+        unknown = set(metrics) - set(SERIES)
+        if unknown:
+            raise UsageError(f"unknown metric(s) {sorted(unknown)}; known: {', '.join(SERIES)}")
+        points: dict[float, dict[str, Any]] = {}
+        found = False
+        for metric in metrics:
+            query = f'{SERIES[metric]}{{uuid="{_quote(uuid)}", mig=""}}'
+            if resolution != "raw":
+                query = f"avg_over_time({query}[{STEPS[resolution]}s])"
+            for s in self._get("/api/v1/query_range", query=query, start=start, end=end, step=STEPS[resolution])["result"]:
+                found = True
+                for ts, value in s["values"]:
+                    points.setdefault(float(ts), {"ts": float(ts), **{m: None for m in metrics}})[metric] = float(value)
+        if not found and not self._vector(f'kernelfleet_sample_stale{{uuid="{_quote(uuid)}"}}'):
+            raise NotFound(f"no GPU with uuid {uuid!r}")
+        return [points[t] for t in sorted(points)]
+
+    def jobs(self) -> list[str]:
+        return sorted({s["metric"]["job_id"] for s in self._vector("kernelfleet_job_info")})
+
+    def job_summaries(self, since: float) -> list[dict[str, Any]]:
+        window = max(60, int(self.clock() - since))
+        ofu = {s["metric"]["job_id"]: (s["metric"].get("kind"), float(s["value"][1])) for s in self._vector(
+            f"avg by (job_id, kind) ({JOINED.format(f'avg_over_time(kernelfleet_ofu_ratio[{window}s])')})")}
+        gpus = {s["metric"]["job_id"]: int(float(s["value"][1])) for s in self._vector("count by (job_id) (kernelfleet_job_info)")}
+        rows = [{"job": j, "kind": kind, "gpus": gpus.get(j, 0), "ofu_ratio": v} for j, (kind, v) in ofu.items()]
+        return sorted(rows, key=lambda r: r["ofu_ratio"])
+
+    def job(self, job: str) -> dict[str, Any]:
+        holds = [s["metric"] for s in self._vector(f'kernelfleet_job_info{{job_id="{_quote(job)}"}}')]
+        if not holds:
+            raise NotFound(f"no job {job!r} in Prometheus (kernelfleet_job_info)")
+        selector = f'kernelfleet_job_info{{job_id="{_quote(job)}"}}'
+        per_gpu = self._vector(f"avg_over_time(kernelfleet_ofu_ratio[24h]) * on (uuid, mig) group_left () {selector}")
+        now = self.clock()
+        timeline = self._get("/api/v1/query_range", query=f"avg(kernelfleet_ofu_ratio * on (uuid, mig) group_left () {selector})",
+                             start=now - 86400, end=now, step=60)["result"]
+        return {
+            "job": job, "kind": holds[0].get("kind"), "user": holds[0].get("user") or None,
+            "gpus": [{"host": s["metric"]["hostname"], "uuid": s["metric"]["uuid"], "gpu_index": int(s["metric"]["gpu"]),
+                      "name": s["metric"]["model"], "ofu_ratio": float(s["value"][1])} for s in per_gpu],
+            "timeline_1m": [{"ts": float(t), "ofu_ratio": float(v)} for t, v in (timeline[0]["values"] if timeline else [])],
+            "events": [e for e in self.events(now - 86400) if e["job"] == job],
+        }
+
+    def events(self, since: float) -> list[dict[str, Any]]:
+        out = []
+        for alert in self._get("/api/v1/alerts")["alerts"]:
+            if not alert["labels"].get("alertname", "").startswith("Kernelfleet"):
+                continue
+            ts = _rfc3339(alert.get("activeAt"))
+            if ts is not None and ts >= since:
+                out.append({"ts": ts, "kind": alert["labels"]["alertname"], "uuid": alert["labels"].get("uuid"),
+                            "job": alert["labels"].get("job_id"),
+                            "detail": alert.get("annotations", {}).get("summary", alert["labels"]["alertname"])})
+        return sorted(out, key=lambda e: e["ts"])
+
+
+def _quote(value: str) -> str:
+    """A PromQL string literal's inside: backslashes and quotes escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _rfc3339(text: str | None) -> float | None:
+    """Prometheus's RFC 3339 times carry nanoseconds; datetime takes microseconds."""
+    if not text:
+        return None
+    text = re.sub(r"(\.\d{6})\d+", r"\1", text).replace("Z", "+00:00")
+    return datetime.fromisoformat(text).timestamp()
