@@ -30,7 +30,8 @@ SERIES = {  # store metric name -> exported series
     "power_watts": "kernelfleet_power_watts",
 }
 STEPS = {"raw": 15, "1m": 60, "1h": 3600}
-JOINED = "{} * on (uuid, mig) group_left (job_id, kind) kernelfleet_job_info"
+# Job series go on the "many" side of a join: a GPU shared by two jobs has two of them.
+SHARE = "kernelfleet_job_gpu_share_ratio"
 
 
 def http_json(url: str) -> Any:
@@ -137,10 +138,12 @@ class PrometheusBackend:
 
     def job_summaries(self, since: float) -> list[dict[str, Any]]:
         window = max(60, int(self.clock() - since))
-        ofu = {s["metric"]["job_id"]: (s["metric"].get("kind"), float(s["value"][1])) for s in self._vector(
-            f"avg by (job_id, kind) ({JOINED.format(f'avg_over_time(kernelfleet_ofu_ratio[{window}s])')})")}
+        weighted = f"{SHARE} * on (uuid, mig) group_left () avg_over_time(kernelfleet_ofu_ratio[{window}s])"
+        ofu = {s["metric"]["job_id"]: float(s["value"][1]) for s in self._vector(
+            f"sum by (job_id) ({weighted}) / sum by (job_id) ({SHARE})")}
+        info = {s["metric"]["job_id"]: s["metric"].get("kind") for s in self._vector("kernelfleet_job_info")}
         gpus = {s["metric"]["job_id"]: int(float(s["value"][1])) for s in self._vector("count by (job_id) (kernelfleet_job_info)")}
-        rows = [{"job": j, "kind": kind, "gpus": gpus.get(j, 0), "ofu_ratio": v} for j, (kind, v) in ofu.items()]
+        rows = [{"job": j, "kind": info.get(j), "gpus": gpus.get(j, 0), "ofu_ratio": v} for j, v in ofu.items()]
         return sorted(rows, key=lambda r: r["ofu_ratio"])
 
     def job(self, job: str) -> dict[str, Any]:

@@ -1,0 +1,487 @@
+"""The deployment files in deploy/ are valid for the tools that consume them.
+
+promtool checks the scrape fragment (inside a full prometheus.yml), the rules
+and their unit tests; a real Prometheus scrapes a real agent through the
+fragment's bearer-token job and evaluates the rules; the Grafana dashboard only
+queries series the exporter or the recording rules define; the systemd unit
+passes ``systemd-analyze verify``; the Kubernetes manifests are parsed and
+their cross-references (selectors, ports, Secret, job label) checked.
+
+YAML is read with PyYAML (a test dependency).
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from e2e_helpers import binary, free_port, wait_http
+from kernelfleet.fleet.exporter import OfuCollector
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+PROM = DEPLOY / "prometheus"
+SCRAPE = PROM / "scrape.yml"
+RULES = PROM / "rules.yml"
+RULES_TEST = PROM / "rules.test.yml"
+DASHBOARD = DEPLOY / "grafana" / "kernelfleet.json"
+UNIT = DEPLOY / "systemd" / "kernelfleet-agent.service"
+DAEMONSET = DEPLOY / "kubernetes" / "daemonset.yaml"
+IMAGE_PLACEHOLDER = "ghcr.io/kernelfleet/kernelfleet:0.1.0"
+
+
+def load_yaml(path: Path) -> list:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+# --------------------------------------------------------------------------
+# Metric names: what the exporter defines, what the rules record, what PromQL uses.
+# --------------------------------------------------------------------------
+
+def exporter_metric_names() -> set[str]:
+    """Series names the agent exposes, from the collector itself (no GPU needed)."""
+    names = set()
+    for family in OfuCollector(lambda: []).collect():
+        assert family.type in ("gauge", "info"), f"update this test for {family.type} {family.name}"
+        names.add(family.name + ("_info" if family.type == "info" else ""))
+    assert {"kernelfleet_ofu_ratio", "kernelfleet_gpu_info", "kernelfleet_job_info"} <= names
+    return names
+
+
+def rule_groups() -> list[dict]:
+    (doc,) = load_yaml(RULES)
+    return doc["groups"]
+
+
+def recorded_names() -> set[str]:
+    return {r["record"] for g in rule_groups() for r in g["rules"] if "record" in r}
+
+
+_PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
+                    "group_left", "group_right", "inf", "nan", "atan2", "start", "end"}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects (Grafana template variables allowed)."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)  # string literals
+    s = re.sub(r"\$\{[^}]*\}|\$\w+", "", s)  # $var, ${var}
+    s = re.sub(r"\{[^{}]*\}", "", s)  # label matchers
+    s = re.sub(r"\[[^\[\]]*\]", "", s)  # ranges and subqueries
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)", " ", s)
+    s = re.sub(r"(?<![\w:])[0-9][0-9a-zA-Z_.+-]*", " ", s)  # numbers, durations
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", s):
+        if s[m.end():].lstrip().startswith("("):
+            continue  # a function
+        if m.group() not in _PROMQL_KEYWORDS:
+            names.add(m.group())
+    return names
+
+
+def test_promql_name_extraction():
+    assert promql_metric_names(
+        'sum by (job) (rate(a_total{x=~"$h", y="b c"}[5m])) / on(uuid) group_left(hostname) '
+        'b_info > 0.2 and c:rec:avg offset 1h or vector(0) * 1e15 - time()'
+    ) == {"a_total", "b_info", "c:rec:avg"}
+
+
+def test_rules_select_only_exported_recorded_or_prometheus_series():
+    known = exporter_metric_names() | recorded_names() | {"up"}  # up: Prometheus's own, per target
+    for group in rule_groups():
+        for rule in group["rules"]:
+            used = promql_metric_names(rule["expr"])
+            assert used, rule
+            name = rule.get("record") or rule.get("alert")
+            assert used <= known, f"{name} uses unknown series {used - known}"
+
+
+# --------------------------------------------------------------------------
+# Prometheus: scrape fragment, rules, rule unit tests.
+# --------------------------------------------------------------------------
+
+def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def _promtool_has_kubernetes_sd(promtool: str, tmp_path: Path) -> bool:
+    probe = tmp_path / "probe.yml"
+    probe.write_text("scrape_configs:\n  - job_name: p\n    kubernetes_sd_configs:\n      - role: pod\n")
+    done = _run([promtool, "check", "config", str(probe)])
+    if done.returncode == 0:
+        return True
+    assert "kubernetes_sd_configs not found" in done.stdout + done.stderr, done.stdout + done.stderr
+    return False
+
+
+def _replace_kubernetes_sd(fragment: str) -> tuple[str, str]:
+    """Swap each ``kubernetes_sd_configs:`` block for an equivalent static target;
+    return the new text and the removed blocks."""
+    out, removed, skip_deeper_than = [], [], None
+    for line in fragment.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if skip_deeper_than is not None:
+            if not line.strip() or indent > skip_deeper_than:
+                removed.append(line)
+                continue
+            skip_deeper_than = None
+        if line.strip() == "kubernetes_sd_configs:":
+            skip_deeper_than = indent
+            removed.append(line)
+            out += [" " * indent + "static_configs:", " " * indent + "  - targets: ['127.0.0.1:9400']"]
+            continue
+        out.append(line)
+    return "\n".join(out) + "\n", "\n".join(removed) + "\n"
+
+
+def full_prometheus_config(tmp_path: Path, fragment: str, rules: Path = RULES, interval: str = "15s") -> Path:
+    """prometheus.yml = global settings + rule_files + the fragment, its token files made real."""
+    token = tmp_path / "token"
+    token.write_text("kernelfleet-test-token\n")
+    fragment, count = re.subn(r"(credentials_file:\s*)\S+", lambda m: m.group(1) + str(token), fragment)
+    assert count, "scrape.yml sends no bearer token"
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
+        f"rule_files:\n  - {rules}\n\n" + fragment
+    )
+    return config
+
+
+def test_scrape_fragment_shape():
+    (doc,) = load_yaml(SCRAPE)
+    jobs = doc["scrape_configs"]
+    assert {j["job_name"] for j in jobs} >= {"kernelfleet"}
+    for job in jobs:
+        assert job["scrape_interval"] == "15s"
+        assert job["authorization"]["type"] == "Bearer" and job["authorization"]["credentials_file"]
+    (static,) = [j for j in jobs if "static_configs" in j]
+    assert static["job_name"] == "kernelfleet"
+    (kube,) = [j for j in jobs if "kubernetes_sd_configs" in j]
+    assert kube["kubernetes_sd_configs"][0]["role"] == "pod"
+    # Its targets end up with job="kernelfleet" too, so KernelfleetAgentDown covers them.
+    assert {"target_label": "job", "replacement": "kernelfleet"} in kube["relabel_configs"]
+
+
+def test_promtool_check_config_with_fragment_and_rules(tmp_path):
+    promtool = binary("promtool")
+    fragment = SCRAPE.read_text()
+    if not _promtool_has_kubernetes_sd(promtool, tmp_path):
+        # Debian's promtool is built without Kubernetes discovery: everything
+        # but the `kubernetes_sd_configs` block itself is still checked.
+        fragment, removed = _replace_kubernetes_sd(fragment)
+        block = yaml.safe_load(removed)
+        block = block[0] if isinstance(block, list) else block
+        assert block["kubernetes_sd_configs"][0]["role"] == "pod"
+        warnings.warn("promtool lacks Kubernetes service discovery; the kubernetes_sd_configs block of "
+                      "deploy/prometheus/scrape.yml was only parsed, not checked by promtool", stacklevel=1)
+    config = full_prometheus_config(tmp_path, fragment)
+    done = _run([promtool, "check", "config", str(config)])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout and "rules found" in done.stdout, done.stdout
+
+
+def test_promtool_check_rules():
+    done = _run([binary("promtool"), "check", "rules", str(RULES)])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {sum(len(g['rules']) for g in rule_groups())} rules found" in done.stdout
+
+
+def test_promtool_rule_unit_tests_pass():
+    done = _run([binary("promtool"), "test", "rules", RULES_TEST.name], cwd=PROM)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_rule_unit_tests_cover_every_alert_firing():
+    (doc,) = load_yaml(RULES_TEST)
+    alerts = {r["alert"] for g in rule_groups() for r in g["rules"] if "alert" in r}
+    assert alerts == {"KernelfleetOfuRegression", "KernelfleetGpuStale", "KernelfleetAgentDown",
+                      "KernelfleetGpuIdleHeld"}
+    fired = {t["alertname"] for test in doc["tests"] for t in test.get("alert_rule_test", [])
+             if t["exp_alerts"]}
+    assert fired == alerts
+    for group in rule_groups():
+        for rule in group["rules"]:
+            if "alert" in rule:
+                assert rule["labels"]["severity"]
+                assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+
+
+def _agent_with_token(tmp_path: Path, token: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernelfleet", "agent", "--demo", "--speed", "4",
+         "--store", str(tmp_path / "kf.db"), "--listen", f"127.0.0.1:{port}"],
+        env={**os.environ, "KERNELFLEET_TOKEN": token},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    return proc, port
+
+
+def test_prometheus_scrapes_an_agent_with_the_fragment_token_and_evaluates_the_rules(tmp_path):
+    """The fragment's static job, token included, against a real agent that requires it."""
+    prometheus = binary("prometheus")
+    fragment = SCRAPE.read_text()
+    static = fragment[: fragment.index("  - job_name: kernelfleet-kubernetes")]  # the static job only
+    static = re.sub(r"(- targets:[^\n]*\n)(\s+- [^\n]+\n)+", r"\1          - 127.0.0.1:AGENT_PORT\n", static)
+    static = static.replace("scrape_interval: 15s", "scrape_interval: 1s")
+    static = static.replace("scrape_timeout: 10s", "scrape_timeout: 1s")
+    config = full_prometheus_config(tmp_path, static, interval="1s")
+    token = (tmp_path / "token").read_text().strip()
+    agent, agent_port = _agent_with_token(tmp_path, token)
+    config.write_text(config.read_text().replace("AGENT_PORT", str(agent_port)))
+    port = free_port()
+    prom = None
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the agent is up when it refuses us without the token
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{agent_port}/metrics", timeout=2)
+                pytest.fail("the agent served /metrics without its bearer token")
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 401
+                break
+            except OSError:
+                if agent.poll() is not None:
+                    pytest.fail(f"the agent exited: {agent.stderr.read() if agent.stderr else ''}")
+                assert time.monotonic() < deadline, "the agent did not start listening"
+                time.sleep(0.2)
+        log = tmp_path / "prometheus.log"
+        with log.open("w") as log_file:
+            prom = subprocess.Popen(
+                [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                 f"--web.listen-address=127.0.0.1:{port}"],
+                stdout=subprocess.DEVNULL, stderr=log_file,
+            )
+        try:
+            wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60)
+        except OSError:
+            pytest.fail(f"Prometheus did not start:\n{config.read_text()}\n{log.read_text()[-3000:]}")
+
+        def query(q: str) -> list:
+            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+            return json.loads(urllib.request.urlopen(url, timeout=5).read())["data"]["result"]
+
+        wanted = ['up{job="kernelfleet"} == 1', "kernelfleet:fleet_ofu:avg",
+                  "kernelfleet:gpu_achieved_bf16_flops", "kernelfleet:fleet_ofu:capacity_weighted",
+                  "kernelfleet:job_ofu:avg", "kernelfleet:job_achieved_bf16_flops:sum"]
+        deadline = time.monotonic() + 60
+        while not all(query(q) for q in wanted) and time.monotonic() < deadline:
+            time.sleep(1)
+        for q in wanted:
+            assert query(q), f"Prometheus never had {q}"
+        (achieved,) = query("kernelfleet:gpu_achieved_bf16_flops")
+        assert achieved["metric"]["job"] == "kernelfleet" and achieved["metric"]["model"] == "h200-sxm"
+        # The recording's process is a job: the per-job rules group by the label the exporter really uses.
+        (info,) = query("kernelfleet_job_info")
+        (job,) = query("kernelfleet:job_ofu:avg")
+        assert set(job["metric"]) == {"__name__", "job_id"}
+        assert job["metric"]["job_id"] == info["metric"]["job_id"]
+        assert 0.0 <= float(job["value"][1]) <= 1.1
+    finally:
+        if prom is not None:
+            prom.send_signal(signal.SIGTERM)
+            prom.wait(timeout=30)
+        agent.kill()
+        agent.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------
+# Grafana
+# --------------------------------------------------------------------------
+
+def _panels(panels: list[dict]):
+    for panel in panels:
+        yield panel
+        yield from _panels(panel.get("panels", []))
+
+
+def _grafana_to_promql(expr: str) -> str:
+    """Substitute Grafana's variables so promtool can parse the query."""
+    expr = re.sub(r"\$__(rate_)?interval\b", "1m", expr)
+    expr = re.sub(r"\$__range\b", "1h", expr)
+    return re.sub(r"\$\{?\w+\}?", ".*", expr)
+
+
+def test_grafana_dashboard_queries_only_known_series(tmp_path):
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["schemaVersion"] >= 36
+    assert dashboard["uid"] and dashboard["title"]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert {"hostname", "model", "job"} <= variables.keys()
+
+    known = exporter_metric_names() | recorded_names()
+    queries: list[tuple[str, str]] = []
+    for name in ("hostname", "model", "job"):
+        var = variables[name]
+        assert var["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        q = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+        m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", q)
+        assert m and m.group(2) == {"job": "job_id"}.get(name, name), q  # the workload's label is job_id
+        queries.append((f"variable {name}", m.group(1)))
+
+    panels = list(_panels(dashboard["panels"]))
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    titles = {p["title"] for p in panels}
+    for wanted in ("Fleet OFU", "OFU per GPU", "OFU per job", "Tensor activity vs SM clock", "DRAM bandwidth",
+                   "SM active", "Stale GPUs"):
+        assert wanted in titles, f"no panel {wanted!r}"
+    for panel in panels:
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert {"h", "w", "x", "y"} <= panel["gridPos"].keys()
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            queries.append((f"{panel['title']} {target['refId']}", target["expr"]))
+
+    for where, expr in queries:
+        used = promql_metric_names(expr)
+        assert used, f"{where}: no metric in {expr!r}"
+        assert used <= known, f"{where}: {sorted(used - known)} is neither exported nor recorded"
+
+    # PromQL syntax: every query, variables substituted, as a recording rule promtool parses.
+    lines = ["groups:", "  - name: dashboard", "    rules:"]
+    for i, (_, expr) in enumerate(queries):
+        lines += [f"      - record: dashboard:q{i}", f"        expr: {json.dumps(_grafana_to_promql(expr))}"]
+    check = tmp_path / "dashboard-queries.yml"
+    check.write_text("\n".join(lines) + "\n")
+    done = _run([binary("promtool"), "check", "rules", str(check)])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --------------------------------------------------------------------------
+# systemd
+# --------------------------------------------------------------------------
+
+def test_systemd_unit(tmp_path):
+    text = UNIT.read_text()
+    unit = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",),
+                                     comment_prefixes=("#", ";"))
+    unit.optionxform = str  # systemd keys are case-sensitive
+    unit.read_string(text)
+    service = unit["Service"]
+    exec_start = service["ExecStart"].split()
+    assert exec_start[1] == "agent"
+    assert exec_start[exec_start.index("--listen") + 1].startswith("127.0.0.1:"), "loopback by default"
+    assert "--allow-remote" not in exec_start
+    store = exec_start[exec_start.index("--store") + 1]
+    assert service.get("DynamicUser") == "yes" or service.get("User")
+    assert service["StateDirectory"] and store.startswith(f"/var/lib/{service['StateDirectory']}/")
+    assert service["Restart"] == "on-failure"
+    assert service["ProtectSystem"] == "strict"
+    assert service["NoNewPrivileges"] == "yes"
+    assert service.get("PrivateDevices", "no") == "no", "NVML needs /dev/nvidia*"
+    assert service.get("ProtectProc", "default") == "default", "attribution reads other users' /proc/<pid>"
+    assert unit["Install"]["WantedBy"] == "multi-user.target"
+    # The commented remote example: a token from an EnvironmentFile, --allow-remote.
+    assert re.search(r"^#\s*EnvironmentFile=\S+", text, re.M) and re.search(r"^#.*--allow-remote", text, re.M)
+    assert "KERNELFLEET_TOKEN" in text
+
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        warnings.warn("systemd-analyze is not installed: the unit was checked with configparser only",
+                      stacklevel=1)
+        return
+    # verify wants ExecStart's binary to exist: point it at this checkout's entry point.
+    entry = Path(sys.executable).with_name("kernelfleet")
+    copy = tmp_path / UNIT.name
+    copy.write_text(text.replace(exec_start[0], str(entry if entry.exists() else sys.executable)))
+    done = _run([analyze, "verify", str(copy)])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    # Unknown keys and bad values are only warnings: none may name this unit.
+    assert UNIT.name not in output, output
+
+
+# --------------------------------------------------------------------------
+# Kubernetes
+# --------------------------------------------------------------------------
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_kubernetes_manifests():
+    docs = load_yaml(DAEMONSET)
+    for doc in docs:
+        assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"], doc
+    by_kind = {d["kind"]: d for d in docs}
+    assert {"DaemonSet", "Service", "PodMonitor"} <= by_kind.keys()
+    ds, svc, pm = by_kind["DaemonSet"], by_kind["Service"], by_kind["PodMonitor"]
+    namespace = ds["metadata"]["namespace"]
+    assert svc["metadata"]["namespace"] == pm["metadata"]["namespace"] == namespace
+    assert ds["apiVersion"] == "apps/v1" and pm["apiVersion"] == "monitoring.coreos.com/v1"
+
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert any("nvidia.com/gpu" in k for k in pod["nodeSelector"])
+    assert any(t.get("key") == "nvidia.com/gpu" for t in pod["tolerations"])
+    (agent,) = pod["containers"]
+    env = _env(agent)
+    assert pod.get("runtimeClassName") == "nvidia" or env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert "nvidia.com/gpu" not in agent["resources"].get("limits", {}), "the agent must not take a GPU"
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= agent["resources"][kind].keys()
+
+    # The placeholder image is there and marked as one.
+    assert agent["image"] == IMAGE_PLACEHOLDER
+    text = DAEMONSET.read_text()
+    (image_line,) = re.finditer(rf"^\s+image: {re.escape(IMAGE_PLACEHOLDER)}$", text, re.M)
+    before = text[: image_line.start()].splitlines()[-2:]
+    assert any("PLACEHOLDER" in line and "replace" in line for line in before), before
+
+    # Token from a Secret; the agent listens off-loopback only with it.
+    secret = env["KERNELFLEET_TOKEN"]["valueFrom"]["secretKeyRef"]
+    args = agent["args"]
+    assert args[0] == "agent" and "--allow-remote" in args
+    # The store lives on a volume.
+    store = Path(args[args.index("--store") + 1])
+    mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert str(store.parent) in mounts
+    store_volume = volumes[mounts[str(store.parent)]]
+    assert "emptyDir" in store_volume or "hostPath" in store_volume
+    assert agent["securityContext"]["allowPrivilegeEscalation"] is False
+    assert agent["securityContext"]["readOnlyRootFilesystem"] is True
+
+    (port,) = [p for p in agent["ports"] if p["name"] == "metrics"]
+    listen = args[args.index("--listen") + 1]
+    assert listen.endswith(f":{port['containerPort']}")
+
+    # Service and PodMonitor find the pods and their port; the PodMonitor sends the same token.
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert svc["spec"]["ports"][0]["targetPort"] in (port["name"], port["containerPort"])
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert namespace in pm["spec"]["namespaceSelector"]["matchNames"]
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == port["name"] and endpoint["interval"] == "15s"
+    assert endpoint["authorization"]["credentials"] == {"name": secret["name"], "key": secret["key"]}
+    # job="kernelfleet", which KernelfleetAgentDown selects.
+    assert pod_labels[pm["spec"]["jobLabel"]] == "kernelfleet"
+    (down,) = [r for g in rule_groups() for r in g["rules"] if r.get("alert") == "KernelfleetAgentDown"]
+    assert 'job="kernelfleet"' in down["expr"]
