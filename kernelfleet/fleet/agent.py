@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections import deque
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
@@ -52,7 +52,7 @@ class Reading:
 def attribute_recorded(process: ProcessSample) -> JobIdentity:
     """For replayed traces: the recording's PIDs mean nothing on this machine, so a
     process is its own job, named from what the recording says about it."""
-    return JobIdentity(process.pid, f"{process.name or 'pid'}-{process.pid}", "recorded",
+    return JobIdentity(process.pid, clean(f"{process.name or 'pid'}-{process.pid}"), "recorded",
                        None, None, None, None, None, None, None)
 
 

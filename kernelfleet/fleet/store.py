@@ -11,15 +11,18 @@ enforced by :meth:`Store.enforce_retention`, which the agent calls.
 
 from __future__ import annotations
 
+import functools
 import operator
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from kernelfleet.errors import UsageError
 
+T = TypeVar("T")
 SCHEMA_VERSION = 1
 # Columns kept for every window: name in the store -> name in the row given to write().
 METRICS = ("ofu", "tensor_active", "sm_clock_hertz", "sm_active", "sm_occupancy", "dram_bandwidth", "power_watts")
@@ -113,11 +116,24 @@ class Retention:
     hour_seconds: float = 400 * 24 * 3600
 
 
+def _locked(method: Callable[..., T]) -> Callable[..., T]:
+    """One connection serves the agent's thread and the server's: one call at a time, so a
+    reader never lands inside the writer's transaction."""
+
+    @functools.wraps(method)
+    def wrapper(self: Store, *args: object, **kwargs: object) -> T:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class Store:
-    """One SQLite file; safe to read from other threads and processes while the agent writes."""
+    """One SQLite file; safe to use from several threads, and to read from other processes."""
 
     def __init__(self, path: str | Path, retention: Retention = Retention(), clock: Callable[[], float] = time.time):
         self.path = Path(path)
+        self._lock = threading.RLock()
         self.retention = retention
         self.clock = clock
         try:
@@ -146,10 +162,12 @@ class Store:
         row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         return int(row[0]) if row else None
 
+    @_locked
     def close(self) -> None:
         self.db.close()
 
     # -- writing -------------------------------------------------------------------
+    @_locked
     def write(self, rows: Sequence[GpuRow]) -> None:
         """Write one batch of raw rows in one transaction; roll up the minutes it closed."""
         if not rows:
@@ -166,6 +184,7 @@ class Store:
             if minute > self._rolled_until:
                 self._roll(self._rolled_until, minute)
 
+    @_locked
     def roll_up(self) -> None:
         """Bring the rollups up to the newest raw row, the open minute included."""
         if not self._unrolled:
@@ -206,6 +225,7 @@ class Store:
         self._rolled_until = end
         self._unrolled = False
 
+    @_locked
     def write_jobs(self, rows: Sequence[JobRow]) -> None:
         """Record which jobs held which GPUs in a window (after :meth:`write` of that window)."""
         if not rows:
@@ -217,6 +237,7 @@ class Store:
                 [(r.job, r.kind, r.user, i, r.ts, r.share, int(r.approximate)) for i, r in zip(ids, rows)],
             )
 
+    @_locked
     def fleet_series(self, start: float, end: float) -> list[dict[str, float | None]]:
         """Fleet-wide time-weighted OFU per minute, with how many GPUs reported in it."""
         self.roll_up()
@@ -225,9 +246,11 @@ class Store:
             "ORDER BY bucket", (start - 60, end))
         return [{"ts": ts, "ofu": ofu, "gpus": n} for ts, ofu, n in rows]
 
+    @_locked
     def jobs(self) -> list[str]:
         return [row[0] for row in self.db.execute("SELECT DISTINCT job FROM job_windows ORDER BY job")]
 
+    @_locked
     def job_summaries(self, since: float) -> list[dict[str, object]]:
         """Every job seen since ``since``: its GPUs and share-weighted OFU, least efficient first."""
         rows = self.db.execute(
@@ -238,6 +261,7 @@ class Store:
             "WHERE j.ts >= ? GROUP BY j.job ORDER BY ofu IS NULL, ofu", (since,))
         return [{"job": j, "kind": k, "gpus": n, "ofu_ratio": o} for j, k, n, o in rows]
 
+    @_locked
     def job_report(self, job: str) -> dict[str, object] | None:
         """A job's OFU per GPU over its lifetime, its bottleneck classes, timeline and events."""
         first = self.db.execute("SELECT MIN(ts), MAX(ts), MAX(kind), MAX(user) FROM job_windows WHERE job = ?", (job,)).fetchone()
@@ -267,12 +291,14 @@ class Store:
                 "gpus": per_gpu, "bottleneck_seconds": classes, "timeline_1m": timeline,
                 "events": self.events(job=job)}
 
+    @_locked
     def events(self, since: float = 0.0, job: str | None = None) -> list[dict[str, object]]:
         query = ("SELECT e.ts, e.kind, g.uuid, e.job, e.detail FROM events e LEFT JOIN gpus g USING (gpu_id) "
                  "WHERE e.ts >= ?" + (" AND e.job = ?" if job is not None else "") + " ORDER BY e.ts")
         params = (since, job) if job is not None else (since,)
         return [{"ts": ts, "kind": k, "uuid": u, "job": j, "detail": d} for ts, k, u, j, d in self.db.execute(query, params)]
 
+    @_locked
     def add_event(self, ts: float, kind: str, detail: str, gpu_uuid: str | None = None, job: str | None = None) -> None:
         gpu_id = None
         if gpu_uuid is not None:
@@ -296,6 +322,7 @@ class Store:
             ).fetchone()[0]
         return found
 
+    @_locked
     def enforce_retention(self, now: float | None = None) -> None:
         """Drop raw rows and rollup buckets older than their retention."""
         now = self.clock() if now is None else now
@@ -308,6 +335,7 @@ class Store:
             self.db.execute("DELETE FROM events WHERE ts < ?", (now - self.retention.hour_seconds,))
 
     # -- reading -------------------------------------------------------------------
+    @_locked
     def gpus(self) -> list[dict[str, object]]:
         cur = self.db.execute("SELECT host, uuid, mig_instance, gpu_index, name, sku FROM gpus ORDER BY host, gpu_index, mig_instance")
         return [
@@ -315,6 +343,7 @@ class Store:
             for h, u, mig, i, n, s in cur
         ]
 
+    @_locked
     def series(self, uuid: str, start: float, end: float, resolution: str = "raw",
                metrics: Iterable[str] = ("ofu",)) -> list[dict[str, float | None]]:
         """Points of one GPU between ``start`` and ``end``: raw windows or time-weighted rollups."""

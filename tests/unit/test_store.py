@@ -1,5 +1,6 @@
 """The embedded store on real SQLite files, fed with a replayed H200 recording."""
 
+import dataclasses
 import sqlite3
 import threading
 
@@ -87,3 +88,28 @@ def test_store_from_a_newer_kernelfleet_is_refused(tmp_path):
     db.commit()
     with pytest.raises(UsageError, match="newer kernelfleet"):
         Store(tmp_path / "kf.db")
+
+
+def test_a_reader_thread_never_lands_inside_the_writers_transaction(tmp_path, h200_trace):
+    """The agent writes from its loop while the server reads (and rolls up) from another thread."""
+    store = Store(tmp_path / "kf.db")
+    samples = [b[0] for b in ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz").batches()]
+    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1")
+    errors = []
+
+    def read() -> None:
+        try:
+            for _ in range(300):
+                store.series(samples[0].uuid, 0, 2e9, "1m")
+                store.fleet_series(0, 2e9)
+                store.job_summaries(0)
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for lap in range(20):
+        for s in samples:
+            agent.step([dataclasses.replace(s, timestamp_seconds=s.timestamp_seconds + 60 * lap)])
+    reader.join()
+    assert errors == []
