@@ -85,6 +85,8 @@ class Agent:
         self.pods = pods  # a dcgm-exporter source names pods instead of processes
         self.detector = detector if detector is not None else RegressionDetector()
         self.events: deque[Event] = deque(maxlen=1000)  # the recent ones; the store keeps all
+        self.hooks: dict[str, dict[str, object]] = {}  # the last hook report per job
+        self.mfu_margin = 0.10
         self._pending: list[Event] = []
         self._latest: dict[tuple[str, int | None], Reading] = {}
         self._lock = threading.Lock()
@@ -162,6 +164,37 @@ class Agent:
             log.warning("%s: %s", event.kind, event.describe())
             self._pending.append(event)
             self.events.append(event)
+
+    def hook(self, report: dict[str, object]) -> dict[str, object]:
+        """A report from kernelfleet.hook: the job's useful FLOPs give its MFU; a job whose own
+        MFU figure disagrees with its OFU by more than ``mfu_margin`` gets an event."""
+        pid = int(report["pid"])  # type: ignore[arg-type]
+        who = self.identify(ProcessSample(pid=pid))
+        job = who.job or f"pid-{pid}"
+        held = [(r, j.share) for r in self.latest() for j in r.jobs if j.job == job]
+        gpus = sum(share for _, share in held)
+        skus = {r.sku for r, _ in held}
+        mfu = None
+        seconds = float(report["seconds"])  # type: ignore[arg-type]
+        if gpus > 0 and len(skus) == 1 and None not in skus and seconds > 0:
+            sku = skus.pop()
+            peaks = {p: sku.peak_flops(p) for p in report["useful_flops"]}  # type: ignore[union-attr, attr-defined]
+            if all(peaks.values()):
+                mfu = sum(f / peaks[p] for p, f in report["useful_flops"].items()) / seconds / gpus  # type: ignore[union-attr, operator]
+        ofus = [(r.ofu.ofu_ratio, share) for r, share in held if r.ofu.ofu_ratio is not None]
+        ofu_now = sum(o * w for o, w in ofus) / sum(w for _, w in ofus) if ofus else None
+        reported = report.get("reported_mfu")
+        result = {"job": job, "gpus": gpus, "hook_mfu_ratio": mfu, "ofu_ratio": ofu_now,
+                  "reported_mfu_ratio": reported, "gemms": report.get("gemms", [])}
+        with self._lock:
+            self.hooks[job] = result
+        if isinstance(reported, (int, float)) and ofu_now is not None and abs(reported - ofu_now) > self.mfu_margin:
+            detail = (f"job {job} reports MFU {reported:.3f} but its GPUs' OFU is {ofu_now:.3f}: "
+                      "check the job's FLOP counting")
+            log.warning(detail)
+            if self.store is not None:
+                self.store.add_event(self.clock(), "mfu-mismatch", detail, job=job)
+        return result
 
     def latest(self) -> list[Reading]:
         with self._lock:

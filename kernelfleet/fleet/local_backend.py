@@ -63,7 +63,10 @@ class LocalBackend:
         report = self._store().job_report(job)
         if report is None:
             raise NotFound(f"no job {job!r} in the store")
-        return report
+        return {**report, "hook": self.agent.hooks.get(job)}
 
     def events(self, since: float) -> list[dict[str, Any]]:
         return self._store().events(since=since)
+
+    def hook(self, report: dict[str, Any]) -> dict[str, Any]:
+        return self.agent.hook(report)

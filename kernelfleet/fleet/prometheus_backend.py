@@ -163,6 +163,9 @@ class PrometheusBackend:
             "events": [e for e in self.events(now - 86400) if e["job"] == job],
         }
 
+    def hook(self, report: dict[str, Any]) -> dict[str, Any]:
+        raise NotFound("hook reports go to the agent on the job's node, not to the fleet dashboard")
+
     def events(self, since: float) -> list[dict[str, Any]]:
         out = []
         for alert in self._get("/api/v1/alerts")["alerts"]:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, Field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
@@ -37,6 +38,18 @@ class Backend(Protocol):
     def job_summaries(self, since: float) -> list[dict[str, Any]]: ...
     def job(self, job: str) -> dict[str, Any]: ...
     def events(self, since: float) -> list[dict[str, Any]]: ...
+    def hook(self, report: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class HookReport(BaseModel):
+    """What kernelfleet.hook sends (validated: a malformed report is a 422)."""
+
+    pid: int = Field(gt=0)
+    steps: int = Field(ge=1)
+    seconds: float = Field(gt=0)
+    useful_flops: dict[str, float]
+    gemms: list[dict[str, Any]] = []
+    reported_mfu: float | None = Field(None, ge=0, le=2)
 
 
 def create_app(backend: Backend, token: str | None = None, metrics: Callable[[], bytes] | None = None) -> FastAPI:
@@ -118,6 +131,10 @@ def create_app(backend: Backend, token: str | None = None, metrics: Callable[[],
     @api.get("/api/events")
     def events(since: float = Query(0.0, description="Unix seconds")) -> list[dict[str, Any]]:
         return backend.events(since)
+
+    @api.post("/api/hook")
+    def hook(report: HookReport) -> dict[str, Any]:
+        return backend.hook(report.model_dump())
 
     app.include_router(api)
     return app
