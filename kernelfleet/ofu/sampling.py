@@ -12,8 +12,15 @@ from __future__ import annotations
 import bisect
 from typing import Sequence
 
+from kernelfleet.catalog import Sku
 from kernelfleet.errors import UsageError
+from kernelfleet.ofu.aggregate import resample
+from kernelfleet.ofu.core import ofu, ofu_ratio
 from kernelfleet.telemetry.clock import step_mean
+from kernelfleet.telemetry.sample import Sample
+
+
+STEADY_SM_ACTIVE = 0.5
 
 
 def value_at(times: Sequence[float], values: Sequence[float], when: float) -> float:
@@ -44,4 +51,34 @@ def clock_sampling_errors(
             ) / reads_per_window
             errors.append(abs(estimate - truth) / truth)  # type: ignore[operator]
         start = end
+    return errors
+
+
+def instant_clock_errors_pp(
+    samples: Sequence[Sample], sku: Sku | None, window_seconds: float, steady_only: bool = False
+) -> list[float]:
+    """OFU error, in percentage points, of one instantaneous clock read per window (the last,
+    as a DCGM-style sampler takes it) against the window's dense mean clock.
+
+    Windows are ``samples`` merged to ``window_seconds``; idle and stale ones are left out.
+    With ``steady_only``, only whole windows inside runs where every sample kept the SMs
+    busy count: a long job's steady state, without its start, end and pauses.
+    """
+    if steady_only:
+        runs: list[list[Sample]] = [[]]
+        for sample in samples:
+            if sample.stale or (sample.sm_active_ratio or 0.0) < STEADY_SM_ACTIVE:
+                runs.append([])
+            else:
+                runs[-1].append(sample)
+        merged = [m for run in runs for m in resample(run, window_seconds) if m.window_seconds >= 0.999 * window_seconds]
+    else:
+        merged = resample(samples, window_seconds)
+    errors = []
+    for window in merged:
+        dense = ofu(window, sku)
+        if dense.ofu_ratio is None or window.sm_clock_instant_hertz is None or (window.tensor_active_ratio or 0) < 0.01:
+            continue
+        instant = ofu_ratio(window.tensor_active_ratio, window.sm_clock_instant_hertz, dense.reference_clock_hertz)  # type: ignore[arg-type]
+        errors.append(100 * abs(instant - dense.ofu_ratio))
     return errors

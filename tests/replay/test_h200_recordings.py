@@ -18,7 +18,7 @@ from kernelfleet.ofu import Bottleneck, classify, ofu
 from kernelfleet.ofu.aggregate import by_gpu, fleet, resample, summarize
 from kernelfleet.ofu.core import ofu_ratio
 from kernelfleet.ofu.kernel_tiles import executed_flops_of_torch_mm, tile_from_kernel_name
-from kernelfleet.ofu.sampling import clock_sampling_errors
+from kernelfleet.ofu.sampling import clock_sampling_errors, instant_clock_errors_pp
 from kernelfleet.ofu.timeline import work_between as timeline_work
 from kernelfleet.ofu.validation import gemm_points, summarize_errors
 from kernelfleet.telemetry.replay import ReplaySource
@@ -175,3 +175,14 @@ def test_tile_model_equals_nsight_compute_executed_tensor_ops():
     for row, (m, n, k) in zip(rows, shapes):
         tile = tile_from_kernel_name(row["Kernel Name"])
         assert executed_flops_of_torch_mm(m, n, k, tile) == int(row["Metric Value"].replace(",", ""))
+
+
+def test_one_clock_read_per_window_averages_out_in_steady_runs_but_not_across_changes():
+    data = Path(__file__).parents[1] / "data"
+    loops = [data / "h200" / f"h200-{n}.jsonl.gz" for n in ("bf16-gemm", "fp8-gemm", "transformer")]
+    loops += [data / "h200-detector" / f"h200-{n}.jsonl.gz" for n in ("drop", "gaps")]
+    samples = [[b[0] for b in ReplaySource(p).batches()] for p in loops]
+    steady_10 = [e for s in samples for e in instant_clock_errors_pp(s, H200, 10.0, steady_only=True)]
+    all_10 = [e for s in samples for e in instant_clock_errors_pp(s, H200, 10.0)]
+    assert len(steady_10) == 15 and statistics.mean(steady_10) < 0.6  # pp
+    assert len(all_10) == 27 and statistics.mean(all_10) > 3.0  # windows holding a start, end or pause
