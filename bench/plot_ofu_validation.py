@@ -2,7 +2,7 @@
 
     python3 bench/plot_ofu_validation.py [--sweep tests/data/h200-sweep]
 
-Reads sweep-points.jsonl.gz and sweep-trace.jsonl.gz (written by bench/ofu_sweep.py
+Reads sweep-points.jsonl.gz and sweep-trace.jsonl.gz (written by ``kernelfleet bench ofu``
 on a GPU), prints the per-point table and the Table II summary in Markdown, and
 draws docs/validation/ofu-vs-mfu-h200-sweep.png.
 """

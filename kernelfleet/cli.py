@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from kernelfleet.errors import KernelfleetError, UsageError
+from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 
 app = typer.Typer(
     help="See how well every GPU uses its tensor cores (OFU), and place models across GPUs.",
@@ -246,6 +246,62 @@ def job(
     out.print(f"OFU per minute: {line}")
     for e in report["events"]:
         out.print(f"[red]{e['kind']}[/] {time.strftime('%H:%M:%S', time.localtime(e['ts']))}: {e['detail']}")
+
+
+bench_app = typer.Typer(help="Benchmarks (the GEMM sweep needs an NVIDIA GPU and torch).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("ofu")
+def bench_ofu(
+    out: Path = typer.Option(..., "--out", help="Folder for sweep-points.jsonl.gz and sweep-trace.jsonl.gz."),
+    seconds: float = typer.Option(3.3, help="Seconds of timed GEMMs per point."),
+    budget: float = typer.Option(330.0, help="Stop starting new points after this many seconds."),
+) -> None:
+    """Sweep GEMM shapes and precisions, timing MFU with CUDA events while recording the counters."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise EnvironmentProblem("the GEMM sweep needs torch: pip install 'kernelfleet[place]'") from exc
+    if not torch.cuda.is_available():
+        raise EnvironmentProblem("the GEMM sweep needs an NVIDIA GPU; `kernelfleet bench ofu-report DIR` reads a recorded sweep")
+    from kernelfleet.bench.ofu_sweep import sweep
+
+    err.print(f"{sweep(out, seconds, budget)} points written to {out}")
+
+
+@bench_app.command("ofu-report")
+def bench_ofu_report(
+    sweep_dir: Path = typer.Argument(..., help="A folder written by `kernelfleet bench ofu`."),
+    catalog: Optional[Path] = CatalogOption,
+) -> None:
+    """The paper's Table II (raw and tile-corrected OFU against MFU) from a recorded sweep."""
+    import gzip
+
+    from kernelfleet.catalog import Catalog
+    from kernelfleet.ofu.validation import gemm_points, summarize_errors
+    from kernelfleet.telemetry.replay import ReplaySource
+
+    points_file = sweep_dir / "sweep-points.jsonl.gz"
+    if not points_file.exists():
+        raise UsageError(f"{points_file}: no such file (write one with `kernelfleet bench ofu --out {sweep_dir}`)")
+    try:
+        with gzip.open(points_file, "rt") as f:
+            points = [json.loads(line) for line in f]
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{points_file}: corrupt or truncated ({exc})") from exc
+    samples = [b[0] for b in ReplaySource(sweep_dir / "sweep-trace.jsonl.gz").batches()]
+    if not samples:
+        raise UsageError(f"{sweep_dir}: the counter trace has no windows")
+    cat = Catalog.load(catalog)
+    sku = cat.lookup(samples[0].name, samples[0].pci_device_id)
+    if sku is None:
+        raise UsageError(f"{samples[0].name} is not in the catalog: no peak to measure MFU against")
+    print("| precision | points | raw MAE (pp) | raw ≤2 pp | raw ≤5 pp | corrected MAE (pp) | corrected ≤2 pp | corrected ≤5 pp |")
+    print("|---|---|---|---|---|---|---|---|")
+    for s in summarize_errors(gemm_points(points, samples, sku)):
+        print(f"| {s.precision} | {s.points} | {s.raw_mae_pp:.2f} | {s.raw_within_2pp:.0%} | {s.raw_within_5pp:.0%} | "
+              f"{s.corrected_mae_pp:.2f} | {s.corrected_within_2pp:.0%} | {s.corrected_within_5pp:.0%} |")
 
 
 @app.command("catalog")

@@ -1,6 +1,6 @@
 """OFU against measured MFU for controlled GEMMs (the paper's Table II, on our runs).
 
-Inputs are plain data recorded on a GPU by bench/ofu_sweep.py: the sweep's
+Inputs are plain data recorded on a GPU by ``kernelfleet bench ofu``: the sweep's
 points (shape, precision, kernel names, CUDA-event timeline) and the counter
 trace sampled alongside. For every window that lies wholly inside a point's
 timed run, MFU is the FLOPs the timeline completed in the window over the

@@ -148,7 +148,7 @@ def sweep_points():
 
 
 def test_gemm_sweep_table_ii_on_the_h200():
-    """bench/ofu_sweep.py on an H200: 60 points, five precisions (docs/validation/ofu.md)."""
+    """The GEMM sweep (kernelfleet bench ofu) on an H200: 60 points, five precisions (docs/validation/ofu.md)."""
     rows = sweep_points()
     assert len(rows) == 60 and all(r.tile is not None for r in rows)
     table = {s.precision: s for s in summarize_errors(rows)}

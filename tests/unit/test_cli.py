@@ -5,6 +5,7 @@ import gzip
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,18 @@ def test_agent_listen_address_is_checked(listen, needle, tmp_path):
 def test_agent_refuses_a_file_that_is_not_a_store(tmp_path):
     (tmp_path / "kf.db").write_text("not sqlite" * 200)
     one_line_error(kf("agent", "--demo", "--store", str(tmp_path / "kf.db")), 2, "not a kernelfleet store")
+
+
+def test_bench_ofu_report_prints_table_ii_from_the_recorded_sweep():
+    done = kf("bench", "ofu-report", str(Path(__file__).parents[1] / "data" / "h200-sweep"))
+    assert done.returncode == 0, done.stderr
+    assert "| bf16 | 15 | 1.86 | 60% | 100% | 1.01 | 87% | 100% |" in done.stdout
+
+
+def test_bench_ofu_report_on_a_missing_sweep(tmp_path):
+    one_line_error(kf("bench", "ofu-report", str(tmp_path)), 2, "no such file")
+
+
+@pytest.mark.skipif(HAS_NVML, reason="this machine may have a GPU; CI checks the no-GPU path")
+def test_bench_ofu_without_a_gpu(tmp_path):
+    one_line_error(kf("bench", "ofu", "--out", str(tmp_path)), 3, "needs an NVIDIA GPU")

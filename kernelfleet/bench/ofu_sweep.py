@@ -1,6 +1,6 @@
-"""GEMM sweep for issue 4: OFU against MFU over shapes and precisions, on a GPU.
+"""GEMM sweep: OFU against MFU over shapes and precisions, on a GPU.
 
-    python3 bench/ofu_sweep.py --out DIR [--seconds 3.3] [--budget 330]
+    kernelfleet bench ofu --out DIR [--seconds 3.3] [--budget 330]
 
 One `kernelfleet record` process samples the GPU for the whole sweep (1-s
 windows, dense SM clock). This process runs every point — (M, N, K, precision)
@@ -14,7 +14,6 @@ points after ``--budget`` seconds so the device call ends in time.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import math
@@ -101,46 +100,38 @@ def run_point(m: int, n: int, k: int, precision: str, seconds: float) -> dict | 
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seconds", type=float, default=3.3)
-    parser.add_argument("--budget", type=float, default=330.0)
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    print(f"command: {' '.join([sys.executable] + sys.argv)}", flush=True)
+def sweep(out: Path, seconds: float = 3.3, budget: float = 330.0) -> int:
+    """Run the sweep into ``out``; returns the number of points run."""
+    out.mkdir(parents=True, exist_ok=True)
     shapes = [(s, s, s) for s in SQUARE + UNALIGNED] + list(RECTANGULAR)
     points = [(m, n, k, p) for p in ("bf16", "fp16", "tf32", "fp8") for (m, n, k) in shapes]
     points += [(s, s, s, "fp64") for s in (1024, 4096, 8192, 8200)]
     recorder = subprocess.Popen(
-        [sys.executable, "-m", "kernelfleet", "record", "-o", str(args.out / "sweep-trace.jsonl.gz"),
-         "--note", "H200 GEMM sweep (bench/ofu_sweep.py)"],
+        [sys.executable, "-m", "kernelfleet", "record", "-o", str(out / "sweep-trace.jsonl.gz"),
+         "--note", "GEMM sweep (kernelfleet bench ofu)"],
     )
     time.sleep(2.0)
     began = time.monotonic()
     done = 0
     for m, n, k, precision in points:
-        if time.monotonic() - began > args.budget:
+        if time.monotonic() - began > budget:
             print(f"budget reached: {done} of {len(points)} points run", flush=True)
             break
         try:
-            result = run_point(m, n, k, precision, args.seconds)
+            result = run_point(m, n, k, precision, seconds)
         except Exception as exc:  # noqa: BLE001 - one failed point must not end the sweep
             result = {"m": m, "n": n, "k": k, "precision": precision, "error": repr(exc)[:300]}
             print(f"{precision} {m}x{n}x{k} failed: {exc!r}"[:300], flush=True)
         torch.cuda.empty_cache()
         if result is None:
             continue
-        with gzip.open(args.out / "sweep-points.jsonl.gz", "at") as f:
+        with gzip.open(out / "sweep-points.jsonl.gz", "at") as f:
             f.write(json.dumps(result) + "\n")
         done += 1
         if "mean_flops" in result:
-            print(f"{precision:5} {m:6}x{n:6}x{k:6} {result['mean_flops'] / 1e12:7.1f} TFLOP/s  {result['kernels'][:1]}", flush=True)
+            print(f"{precision:5} {m:6}x{n:6}x{k:6} {result['mean_flops'] / 1e12:7.1f} TFLOP/s  {result['kernels'][-1:]}", flush=True)
         time.sleep(0.3)  # a gap between points, so windows straddling two points are easy to drop
     time.sleep(1.5)
     recorder.send_signal(signal.SIGINT)  # `record` closes its trace cleanly on Ctrl-C
     recorder.wait(timeout=30)
-
-
-if __name__ == "__main__":
-    main()
+    return done

@@ -1,0 +1,1 @@
+"""Benchmarks that run on a GPU and ship with the package (``kernelfleet bench ...``)."""
