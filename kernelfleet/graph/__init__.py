@@ -1,0 +1,1 @@
+"""The data-dependency graph of a kernel program."""

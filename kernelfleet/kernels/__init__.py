@@ -1,0 +1,1 @@
+"""The kernel-program IR (buffers, launches, accesses) and, later, its capture from PyTorch."""
