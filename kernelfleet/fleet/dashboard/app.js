@@ -3,7 +3,7 @@
 "use strict";
 
 const token = new URLSearchParams(location.hash.slice(1)).get("token");
-const state = { selected: null, chart: null };
+const state = { selected: null, job: null, chart: null };
 
 async function api(path) {
   const response = await fetch(path, { headers: token ? { Authorization: `Bearer ${token}` } : {} });
@@ -58,7 +58,7 @@ function renderGpus(gpus) {
       text("td", g.bottleneck, `b-${g.bottleneck}`),
       text("td", g.jobs.map((j) => j.job + (j.approximate ? " (shared)" : "")).join(", ")),
     );
-    row.addEventListener("click", () => { state.selected = g.uuid; refresh(); });
+    row.addEventListener("click", () => { state.selected = g.uuid; state.job = null; refresh(); });
     body.append(row);
   }
 }
@@ -68,7 +68,9 @@ function renderJobs(jobs) {
   body.replaceChildren();
   for (const j of jobs.slice(0, 10)) {
     const row = document.createElement("tr");
+    if (j.job === state.job) row.classList.add("selected");
     row.append(text("td", j.job), text("td", j.kind), text("td", `${j.gpus}`, "num"), text("td", pct(j.ofu_ratio), "num ofu"));
+    row.addEventListener("click", () => { state.job = j.job; refresh(); });
     body.append(row);
   }
 }
@@ -82,24 +84,41 @@ function renderEvents(events) {
   }
 }
 
-function renderChart(series) {
-  const xs = series.points.map((p) => p.ts);
-  const data = [xs, series.points.map((p) => p.ofu), series.points.map((p) => p.tensor_active)];
+// One chart: a GPU's OFU and tensor activity, or a job's per-minute OFU.
+function renderChart(key, title, data, labels) {
   const el = document.getElementById("chart");
-  const width = Math.max(400, el.clientWidth - 10);
-  if (state.chart && state.chart.uuid === series.uuid) {
+  if (state.chart && state.chart.key === key) {
     state.chart.plot.setData(data);
     return;
   }
   if (state.chart) state.chart.plot.destroy();
+  const colours = ["#1a56db", "#9aa5b8"];
   const opts = {
-    width, height: 300,
+    width: Math.max(400, el.clientWidth - 10), height: 300,
     scales: { y: { range: [0, 1.05] } },
-    series: [{}, { label: "OFU", stroke: "#1a56db", width: 2 }, { label: "tensor active", stroke: "#9aa5b8" }],
+    series: [{}, ...labels.map((label, i) => ({ label, stroke: colours[i], width: i ? 1 : 2 }))],
     axes: [{}, { values: (u, ticks) => ticks.map((t) => `${Math.round(t * 100)}%`) }],
   };
-  state.chart = { uuid: series.uuid, plot: new uPlot(opts, data, el) };
-  document.getElementById("chart-title").textContent = `OFU of ${series.uuid} (last 15 min)`;
+  state.chart = { key, plot: new uPlot(opts, data, el) };
+  document.getElementById("chart-title").textContent = title;
+}
+
+async function refreshChart() {
+  if (state.job) {
+    const report = await api(`api/jobs/${encodeURIComponent(state.job)}`);
+    const points = report.timeline_1m;
+    renderChart(`job:${state.job}`, `OFU of job ${state.job} (per minute)`,
+      [points.map((p) => p.ts), points.map((p) => p.ofu_ratio)], ["OFU"]);
+  } else if (state.selected) {
+    const now = Date.now() / 1000;
+    const query = new URLSearchParams({ uuid: state.selected, start: now - 900, end: now + 60 });
+    query.append("metric", "ofu");
+    query.append("metric", "tensor_active");
+    const series = await api(`api/series?${query}`);
+    const points = series.points;
+    renderChart(`gpu:${state.selected}`, `OFU of ${state.selected} (last 15 min)`,
+      [points.map((p) => p.ts), points.map((p) => p.ofu), points.map((p) => p.tensor_active)], ["OFU", "tensor active"]);
+  }
 }
 
 async function refresh() {
@@ -111,13 +130,7 @@ async function refresh() {
     renderGpus(gpus);
     renderJobs(jobs);
     renderEvents(events);
-    if (state.selected) {
-      const now = Date.now() / 1000;
-      const query = new URLSearchParams({ uuid: state.selected, start: now - 900, end: now + 60 });
-      query.append("metric", "ofu");
-      query.append("metric", "tensor_active");
-      renderChart(await api(`api/series?${query}`));
-    }
+    await refreshChart();
     document.getElementById("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {
     document.getElementById("status").textContent = `error: ${error.message}`;
