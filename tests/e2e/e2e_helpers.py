@@ -1,9 +1,6 @@
 import shutil
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
