@@ -114,7 +114,9 @@ class Agent:
                 uuid = event.key[1] if event.key[0] == "gpu" else None
                 job = event.key[1] if event.key[0] == "job" else None
                 self.store.add_event(event.ts, event.kind, event.describe(), gpu_uuid=uuid, job=job)
-            now = self.clock()
+            # Retention runs on the data's clock, not the wall's: a replayed recording from last
+            # month keeps its windows, and a live agent's newest window is now anyway.
+            now = max(s.timestamp_seconds for s in batch) if batch else self.clock()
             if now - self._last_retention >= self.retention_every_seconds:
                 self.store.enforce_retention(now)
                 self._last_retention = now

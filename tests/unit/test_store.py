@@ -113,3 +113,14 @@ def test_a_reader_thread_never_lands_inside_the_writers_transaction(tmp_path, h2
             agent.step([dataclasses.replace(s, timestamp_seconds=s.timestamp_seconds + 60 * lap)])
     reader.join()
     assert errors == []
+
+
+def test_retention_follows_the_datas_clock_so_an_old_recording_keeps_its_windows(tmp_path, h200_trace):
+    month_ago = -30 * 86400.0
+    samples = [dataclasses.replace(b[0], timestamp_seconds=b[0].timestamp_seconds + month_ago)
+               for b in ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz").batches()]
+    store = Store(tmp_path / "kf.db")
+    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1")
+    for sample in samples:
+        agent.step([sample])  # default retention: every 60 s of data, 24 h of raw windows
+    assert len(store.series(samples[0].uuid, 0, 4e9)) == 24
