@@ -151,7 +151,8 @@ def agent(
     recorded = replay is not None or demo
     with source:
         the_agent = Agent(source, store, cat, identify=attribute_recorded if recorded else attribute_live,
-                          pods=(lambda: source.pods) if scrape is not None else None)
+                          pods=(lambda: source.pods) if scrape is not None else None,
+                          hosts=(lambda: source.hosts) if scrape is not None else None)
         server = uvicorn.Server(uvicorn.Config(agent_app(the_agent, store, token), host=host, port=port,
                                                log_level="warning", lifespan="off"))
         thread = threading.Thread(target=server.run, name="kernelfleet-http", daemon=True)

@@ -74,6 +74,7 @@ class Agent:
         identify: Callable[[ProcessSample], JobIdentity] = attribute_live,
         detector: RegressionDetector | None = None,
         pods: Callable[[], Mapping[tuple[str, int | None], Sequence[PodRef]]] | None = None,
+        hosts: Callable[[], Mapping[tuple[str, int | None], str]] | None = None,
     ) -> None:
         self.source = source
         self.store = store
@@ -83,6 +84,7 @@ class Agent:
         self.clock = clock
         self.identify = identify
         self.pods = pods  # a dcgm-exporter source names pods instead of processes
+        self.hosts = hosts  # ... and the node of each GPU, which is not this machine
         self.detector = detector if detector is not None else RegressionDetector()
         self.events: deque[Event] = deque(maxlen=1000)  # the recent ones; the store keeps all
         self.hooks: dict[str, dict[str, object]] = {}  # the last hook report per job
@@ -98,7 +100,8 @@ class Agent:
         readings = []
         for sample in batch:
             sku = self.catalog.lookup(sample.name, sample.pci_device_id)
-            readings.append(Reading(self.host, sample, sku, ofu(sample, sku), classify(sample).value, self._jobs(sample)))
+            host = self.hosts().get((sample.uuid, sample.mig_instance), self.host) if self.hosts else self.host
+            readings.append(Reading(host, sample, sku, ofu(sample, sku), classify(sample).value, self._jobs(sample)))
         with self._lock:
             for r in readings:
                 self._latest[r.sample.uuid, r.sample.mig_instance] = r

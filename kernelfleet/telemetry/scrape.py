@@ -111,6 +111,7 @@ class _Gpu:
     uuid: str
     name: str
     mig_instance: int | None
+    host: str | None = None  # the exporter's Hostname label: the node the GPU is in
     values: dict[str, float] = field(default_factory=dict)
     served: set[str] = field(default_factory=set)  # fields with a line, blank or not
 
@@ -174,7 +175,8 @@ def _parse(text: str) -> _Scrape:
                 continue  # not a GPU entity (NVSwitch, CPU) or no way to name it
             gpu = gpus.get(key)
             if gpu is None:
-                gpu = gpus[key] = _Gpu(int(labels["gpu"]), key[0], labels.get("modelName", ""), key[1])
+                gpu = gpus[key] = _Gpu(int(labels["gpu"]), key[0], labels.get("modelName", ""), key[1],
+                                       labels.get("Hostname") or None)
             name, scale = FIELDS[metric]
             gpu.served.add(name)
             if not math.isnan(line.value) and abs(line.value) < DCGM_BLANK:
@@ -226,6 +228,7 @@ class ScrapeSource:
     sleep: Callable[[float], None] = time.sleep
     # Pods holding each GPU in the latest batch; empty after a failed scrape (unknown).
     pods: dict[Key, tuple[PodRef, ...]] = field(default_factory=dict, init=False)
+    hosts: dict[Key, str] = field(default_factory=dict, init=False)  # the node of each GPU seen
     _known: dict[Key, _Gpu] = field(default_factory=dict, init=False)
     _previous: float | None = field(default=None, init=False)
     _warned: set[str] = field(default_factory=set, init=False)
@@ -279,6 +282,7 @@ class ScrapeSource:
         self._warn_unsupported(list(scrape.gpus.values()))
         self._known.update(scrape.gpus)
         self.pods = scrape.pods
+        self.hosts.update({key: gpu.host for key, gpu in scrape.gpus.items() if gpu.host})
         batch = [gpu.sample(timestamp, window) for gpu in scrape.gpus.values()]
         gone = "no longer in the exporter's output"
         batch += [gpu.stale(timestamp, window, gone) for key, gpu in self._known.items() if key not in scrape.gpus]

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kernelfleet.catalog import Catalog
+from kernelfleet.fleet.agent import Agent
 from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.ofu import ofu
 from kernelfleet.telemetry.scrape import PodRef, ScrapeSource, pod_labels
@@ -94,6 +96,17 @@ def test_pods_come_with_each_batch_and_from_the_helper(fake_time):
     expected = {(H100_0, None): (PodRef("llm-train", "llama-8b-pretrain-worker-0", "trainer"),)}
     assert src.pods == expected  # GPU 1 carries no pod labels: no pod holds it
     assert pod_labels(body) == expected
+    assert set(src.hosts.values()) == {"gpu-h100-017"} and len(src.hosts) == 2
+
+
+def test_the_agent_files_scraped_gpus_under_their_node_and_pods(fake_time):
+    src = source(fake_time, text("h100x2-k8s.prom"))
+    agent = Agent(src, None, Catalog.load(), host="collector", pods=lambda: src.pods, hosts=lambda: src.hosts)
+    readings = agent.step(src.read())
+    assert {r.host for r in readings} == {"gpu-h100-017"}
+    busy = next(r for r in readings if r.jobs)
+    assert [(j.job, j.kind, j.share) for j in busy.jobs] == [("k8s:llm-train/llama-8b-pretrain-worker-0", "kubernetes", 1.0)]
+    assert busy.sku is not None and busy.sku.key == "h100-sxm" and busy.ofu.ofu_ratio is not None
 
 
 def test_shared_gpu_lists_every_pod_and_old_empty_labels_mean_none():
