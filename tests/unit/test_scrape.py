@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kernelfleet.catalog import Catalog
-from kernelfleet.fleet.agent import Agent
 from kernelfleet.errors import EnvironmentProblem, UsageError
+from kernelfleet.fleet.agent import Agent
 from kernelfleet.ofu import ofu
 from kernelfleet.telemetry.scrape import PodRef, ScrapeSource, pod_labels
 
