@@ -123,24 +123,41 @@ def test_triton_module_header_and_params(triton_ptx):
     assert store.operands[0].base == "%rd3" and store.operands[0].offset == 0
 
 
+# The *_nvcc*.ptx fixtures are nvcc 13.0 output of tests/data/ptx/cuda/*.cu (commands in each file).
+
+
 def test_nvcc_saxpy():
     module = parse((PTX / "saxpy_nvcc.ptx").read_text())
+    assert (module.version, module.target) == ("9.0", "sm_90")
     (access,) = analyze(module)
     # Scalars (n: u32, a: f32) cannot hold a pointer and are not reported.
     assert access.params == {"_Z5saxpyifPKfPf_param_2": "read", "_Z5saxpyifPKfPf_param_3": "readwrite"}
     assert not access.pinned
-    assert access.evidence == [(44, "_Z5saxpyifPKfPf_param_3", "read"),
-                               (45, "_Z5saxpyifPKfPf_param_2", "read"),
+    assert access.evidence == [(43, "_Z5saxpyifPKfPf_param_2", "read"),
+                               (45, "_Z5saxpyifPKfPf_param_3", "read"),
                                (47, "_Z5saxpyifPKfPf_param_3", "write")]
     assert module.entries[0].labels == {"$L__BB0_2": 19}
 
 
+def test_nvcc_pointer_chasing_on_sm80_is_pinned():
+    (access,) = analyze(parse((PTX / "chase_nvcc_sm80.ptx").read_text()))
+    assert access.pinned
+    assert access.reasons == ["line 34: ld.global.f32: address derives from a 64-bit value loaded from memory "
+                              "on line 32 (a pointer read from memory)"]
+
+
+def test_nvcc_shared_memory_reduction_with_an_atomic_output():
+    (access,) = analyze(parse((PTX / "block_sum_nvcc.ptx").read_text()))
+    assert not access.pinned  # shared-memory traffic is not global access
+    assert access.params == {"_Z9block_sumPKfPfi_param_0": "read", "_Z9block_sumPKfPfi_param_1": "readwrite"}
+
+
 def test_global_variable_pins_the_kernel():
     module = parse((PTX / "global_counter_nvcc.ptx").read_text())
-    assert [(g.name, g.space, g.line) for g in module.globals] == [("g_counter", "global", 10)]
+    assert [(g.name, g.space, g.line) for g in module.globals] == [("g_counter", "global", 14)]
     (access,) = analyze(module)
     assert access.pinned
-    assert access.reasons == ["line 32: atom.global.add.u32: address derives from global variable g_counter"]
+    assert access.reasons == ["line 40: atom.global.add.u32: address derives from global variable g_counter"]
     assert access.params == {"_Z5countPKfPf_param_0": "read", "_Z5countPKfPf_param_1": "write"}
 
 
