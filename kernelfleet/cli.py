@@ -249,6 +249,39 @@ def job(
         out.print(f"[red]{e['kind']}[/] {time.strftime('%H:%M:%S', time.localtime(e['ts']))}: {e['detail']}")
 
 
+@app.command()
+def ptx(
+    path: Path = typer.Argument(..., help="A PTX file (nvcc -ptx, or Triton's asm['ptx'])."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Which pointer parameters each kernel of a PTX file reads and writes, and what pins it."""
+    from rich.table import Table
+
+    from kernelfleet.ptx import analyze, parse
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
+    try:
+        results = analyze(parse(text))
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from exc
+    if as_json:
+        print(json.dumps([{"entry": r.entry, "params": r.params, "pinned": r.pinned, "reasons": r.reasons,
+                           "evidence": r.evidence} for r in results], indent=1))
+        return
+    out = Console()
+    for r in results:
+        t = Table("parameter", "access", title=f"{r.entry}" + (" [red](pinned)[/]" if r.pinned else ""),
+                  title_justify="left")
+        for name, kind in r.params.items():
+            t.add_row(name, kind)
+        out.print(t)
+        for reason in r.reasons:
+            out.print(f"  pinned: {reason}")
+
+
 bench_app = typer.Typer(help="Benchmarks (the GEMM sweep needs an NVIDIA GPU and torch).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 

@@ -101,3 +101,12 @@ def test_bench_ofu_report_on_a_missing_sweep(tmp_path):
 @pytest.mark.skipif(HAS_NVML, reason="this machine may have a GPU; CI checks the no-GPU path")
 def test_bench_ofu_without_a_gpu(tmp_path):
     one_line_error(kf("bench", "ofu", "--out", str(tmp_path)), 3, "needs an NVIDIA GPU")
+
+
+def test_ptx_census_of_an_nvcc_file_and_a_malformed_one(tmp_path):
+    ptx_file = Path(__file__).parents[1] / "data" / "ptx" / "chase_nvcc_sm80.ptx"
+    (entry,) = json.loads(kf("ptx", str(ptx_file), "--json").stdout)
+    assert entry["pinned"] and entry["params"]["_Z5chasePKPfS__param_1"] == "write"
+    bad = tmp_path / "bad.ptx"
+    bad.write_text(".version 8.0\n.target sm_90\n.visible .entry k(\n  .param .u64 p\n{\n}\n")
+    one_line_error(kf("ptx", str(bad)), 2, "bad.ptx: PTX line 5")

@@ -1,0 +1,181 @@
+"""Baseline plans and the latency policy, all as :class:`Plan` data so one executor runs them.
+
+* ``single:<device>`` — the whole program on one device (re-homed there).
+* ``replicas`` — request distribution: a full replica per device, load split by speed; the
+  control any kernel placement must beat (PAPERS.md, B).
+* ``pipeline`` — contiguous blocks of capture order (a layer pipeline), split so compute
+  balances, for every order of the devices; pinned launches stay home.
+* ``attention-ffn`` — attention launches (by name) on one device, the rest on another.
+* ``latency-greedy`` — the latency policy: in capture order, each launch to the device where
+  it would finish earliest (its predecessors' finish plus transfer, the device's free time).
+
+Every plan's objective comes from the independent validator, so baselines and the MILP are
+compared under one cost model; a baseline that breaks a pin or a memory limit is skipped
+with the reason, not returned.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from kernelfleet.kernels.ir import Launch
+from kernelfleet.plan.milp import zero_comm_bound
+from kernelfleet.plan.model import Plan, Problem
+from kernelfleet.plan.validate import evaluate, violations
+
+ATTENTION_MARKERS = ("attention", "attn", "flash", "sdpa", "fmha", "paged")
+
+
+def is_attention(launch: Launch) -> bool:
+    """Attention by name or by the ATen op that produced it."""
+    text = f"{launch.name} {launch.op or ''}".lower()
+    return any(m in text for m in ATTENTION_MARKERS)
+
+
+def baselines(problem: Problem) -> tuple[list[Plan], dict[str, str]]:
+    """All baseline plans that are valid for the problem, and why the others were skipped."""
+    bound_home = zero_comm_bound(problem)["lp"]
+    bound_any = zero_comm_bound(problem, home=None)["lp"]
+    candidates: list[Plan] = [single(problem, d) for d in problem.names]
+    candidates += [replicas(problem), pipeline(problem), latency_greedy(problem)]
+    if len(problem.names) > 1 and any(is_attention(launch) for launch in problem.program.launches):
+        candidates.append(attention_ffn(problem))
+    plans, skipped = [], {}
+    for plan in candidates:
+        found = violations(problem, plan)
+        if found:
+            skipped[plan.policy] = found[0]
+            continue
+        ev = evaluate(problem, plan)
+        plan.objective_seconds = ev.latency_seconds if plan.policy == "latency-greedy" else ev.throughput_seconds
+        plan.details.update(throughput_seconds=ev.throughput_seconds, latency_seconds=ev.latency_seconds)
+        rehomed = plan.policy == "replicas" or plan.details.get("home", problem.home) != problem.home
+        plan.lower_bound_seconds = bound_any if rehomed else bound_home
+        plans.append(plan)
+    return plans, skipped
+
+
+def single(problem: Problem, device: str) -> Plan:
+    """The whole program on ``device``, re-captured there (so its pins hold there)."""
+    return Plan(f"single:{device}", [device] * len(problem.program.launches), 0.0, details={"home": device})
+
+
+def replicas(problem: Problem) -> Plan:
+    """A full replica on every device that can hold one; requests split by speed."""
+    n = len(problem.program.launches)
+    able = [d for d in problem.names if all(problem.fits_alone(k, d) for k in range(n))]
+    alone = {d: sum(problem.cost(k, d) or 0.0 for k in range(n)) for d in able}
+    rate = sum(1.0 / t for t in alone.values() if t > 0)
+    share = {d: (1.0 / t) / rate for d, t in alone.items() if t > 0}
+    return Plan("replicas", [], 0.0, details={"replicas": able or list(problem.names), "share": share})
+
+
+def pipeline(problem: Problem) -> Plan:
+    """Contiguous blocks of capture order, one per device, balanced by compute (transfers are
+    left to the evaluation); the best over device orders (all of them for <= 5 devices)."""
+    n = len(problem.program.launches)
+    orders = itertools.permutations(problem.names) if len(problem.names) <= 5 else [tuple(problem.names)]
+    best: tuple[float, list[str]] | None = None
+    for order in orders:
+        assignment = _balanced_blocks(problem, list(order))
+        if assignment is None:
+            continue
+        busy = {d: 0.0 for d in problem.names}
+        for k, d in enumerate(assignment):
+            busy[d] += problem.cost(k, d) or 0.0
+        if best is None or max(busy.values()) < best[0]:
+            best = (max(busy.values()), assignment)
+    assignment = best[1] if best else [problem.home] * n
+    return Plan("pipeline", assignment, 0.0, details={"home": problem.home})
+
+
+def _balanced_blocks(problem: Problem, order: list[str]) -> list[str] | None:
+    """Binary search on the busiest device's compute T: greedily give each device in turn the
+    longest prefix that stays within T (optimal for a fixed order). Pinned launches go home
+    and count there; a launch a device cannot run ends that device's block."""
+    n = len(problem.program.launches)
+
+    def fill(limit: float) -> list[str] | None:
+        out: list[str] = []
+        busy = {d: 0.0 for d in order}
+        stage = 0
+        for k in range(n):
+            if problem.program.launches[k].pinned:
+                out.append(problem.home)
+                busy[problem.home] += problem.cost(k, problem.home) or 0.0
+                continue
+            while stage < len(order):
+                d = order[stage]
+                c = problem.cost(k, d)
+                if c is not None and problem.fits_alone(k, d) and busy[d] + c <= limit:
+                    break
+                stage += 1
+            if stage == len(order):
+                return None
+            out.append(order[stage])
+            busy[order[stage]] += problem.cost(k, order[stage]) or 0.0
+        return out if max(busy.values()) <= limit * (1 + 1e-9) else None
+
+    hi = sum(max(v for v in row.values() if v is not None) for row in problem.costs.seconds) + 1e-12
+    if fill(hi) is None:
+        return None
+    lo = 0.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if fill(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    return fill(hi)
+
+
+def attention_ffn(problem: Problem, attention: Callable[[Launch], bool] = is_attention) -> Plan:
+    """Attention launches on one device, everything else on another: the best ordered pair."""
+    launches = problem.program.launches
+    best: tuple[float, list[str]] | None = None
+    for a, f in itertools.permutations(problem.names, 2):
+        assignment = [problem.home if launch.pinned else (a if attention(launch) else f) for launch in launches]
+        plan = Plan("attention-ffn", assignment, 0.0, details={"home": problem.home})
+        if violations(problem, plan):
+            continue
+        t = evaluate(problem, plan).throughput_seconds
+        if best is None or t < best[0]:
+            best = (t, assignment)
+    return Plan("attention-ffn", best[1] if best else [problem.home] * len(launches), 0.0,
+                details={"home": problem.home})
+
+
+def latency_greedy(problem: Problem) -> Plan:
+    """The latency policy: each launch, in capture order, to the device where it finishes
+    earliest given where its RAW predecessors ran; pins and memory limits respected."""
+    preds: dict[int, dict[int, int]] = {}
+    for (src, dst), nbytes in problem.edge_bytes().items():
+        preds.setdefault(dst, {})[src] = nbytes
+    free = {d: 0.0 for d in problem.names}
+    held: dict[str, set[int]] = {d: set() for d in problem.names}
+    used = {d: 0 for d in problem.names}
+    finish: list[float] = []
+    assignment: list[str] = []
+    for k in range(len(problem.program.launches)):
+        best: tuple[float, str] | None = None
+        for d in problem.allowed(k):
+            extra = sum(problem.buffer_bytes[b] for b in problem.touches[k] if b not in held[d])
+            limit = problem.memory_limit(d)
+            if limit is not None and used[d] + extra > limit:
+                continue
+            ready = max([free[d]] + [finish[s] + problem.transfer_seconds(n, assignment[s], d)
+                                     for s, n in preds.get(k, {}).items()])
+            end = ready + (problem.cost(k, d) or 0.0)
+            if best is None or end < best[0]:
+                best = (end, d)
+        if best is None:  # no room anywhere: leave it home and let the validator say why
+            best = (free[problem.home], problem.home)
+        end, d = best
+        new = [b for b in problem.touches[k] if b not in held[d]]
+        used[d] += sum(problem.buffer_bytes[b] for b in new)
+        held[d].update(new)
+        free[d] = end
+        finish.append(end)
+        assignment.append(d)
+    return Plan("latency-greedy", assignment, 0.0, details={"home": problem.home})

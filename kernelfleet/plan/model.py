@@ -1,0 +1,216 @@
+"""The placement problem and its answer, as plain data.
+
+A :class:`Problem` bundles what the planners read: the kernel program, its RAW edges, the
+devices (with optional memory limits), the links between them and a :class:`CostTable`
+(seconds of each launch on each device). A :class:`Plan` is what they write: one device
+name per launch, the objective it reaches and a lower bound; it round-trips through JSON
+so the runtime (or a person) can read it without importing a solver.
+
+Cost model (shared by the MILP and the validator, implemented separately in each):
+
+* **Throughput** (steady state, many requests in flight, transfers overlapped with other
+  requests' compute): the time per request is the busiest device's time, where a device's
+  time is the compute of its launches plus the transfer seconds of every cut edge it sends
+  or receives (``bytes / link bytes_per_second``; both ends are charged, as in Tessera's
+  MILP, because a copy occupies both ends' copy engines and link ports).
+* **Latency** (one request alone): list scheduling in capture order, see ``validate.py``.
+* **Memory**: a device holds every buffer any of its launches touches, each buffer once per
+  device (so a weight read by five launches on one device costs its size once; an activation
+  written on one device and read on another is counted on both, the reader holding the
+  received copy). Whole buffers count, not the accessed range, since the allocation is what
+  must be resident. Tessera has no memory constraint (it replicates all weights).
+* **Pins**: a pinned launch reaches memory through pointers the analysis cannot see, so it
+  runs on the *home* device, the one the program was captured on (``Problem.home``, the
+  first device unless named). A plan that runs the whole program on one device (a single-
+  device baseline, each replica of request distribution) re-captures it there, so its home
+  is that device; such plans carry ``details["home"]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelfleet.errors import UsageError
+from kernelfleet.graph.deps import Edge, dependencies
+from kernelfleet.kernels.ir import Program
+
+PLAN_FORMAT = 1
+COSTS_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """A GPU (or a GPU profile, e.g. a green-context partition). ``memory_bytes=None``: no limit."""
+
+    name: str
+    memory_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A bidirectional link; a transfer of n bytes over it takes ``n / bytes_per_second``."""
+
+    a: str
+    b: str
+    bytes_per_second: float
+
+
+@dataclass
+class CostTable:
+    """Seconds of each launch on each device: ``seconds[launch index][device name]``.
+
+    ``None`` means the launch cannot run there (unsupported), never 0 (STYLE rule 5).
+    """
+
+    seconds: list[dict[str, float | None]]
+    source: str = "unknown"  # "measured on ...", "roofline model", "synthetic seed 3"
+
+    def to_json(self) -> str:
+        return json.dumps({"kernelfleet_costs": COSTS_FORMAT, "source": self.source, "seconds": self.seconds})
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "<costs>") -> CostTable:
+        try:
+            doc = json.loads(text)
+            if doc.get("kernelfleet_costs") != COSTS_FORMAT:
+                raise UsageError(f"expected kernelfleet_costs={COSTS_FORMAT}")
+            rows = [{str(k): (None if v is None else float(v)) for k, v in row.items()} for row in doc["seconds"]]
+            return cls(rows, str(doc.get("source", "unknown")))
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc}") from exc
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UsageError(f"{where}: not a cost table ({type(exc).__name__}: {exc})") from exc
+
+
+@dataclass
+class Plan:
+    """A placement: ``assignment[i]`` is the device name that runs launch ``i``.
+
+    ``objective_seconds`` is the policy's own objective (time per request in steady state for
+    throughput policies and baselines, one request's latency for the latency policy);
+    ``lower_bound_seconds`` bounds the best throughput time any plan could reach.
+    Request distribution ("replicas") has an empty assignment and lists its devices in
+    ``details["replicas"]``.
+    """
+
+    policy: str
+    assignment: list[str]
+    objective_seconds: float
+    lower_bound_seconds: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"kernelfleet_plan": PLAN_FORMAT, "policy": self.policy, "assignment": self.assignment,
+                           "objective_seconds": self.objective_seconds,
+                           "lower_bound_seconds": self.lower_bound_seconds, "details": self.details}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "<plan>") -> Plan:
+        try:
+            doc = json.loads(text)
+            if doc.get("kernelfleet_plan") != PLAN_FORMAT:
+                raise UsageError(f"expected kernelfleet_plan={PLAN_FORMAT}")
+            bound = doc.get("lower_bound_seconds")
+            return cls(str(doc["policy"]), [str(d) for d in doc["assignment"]], float(doc["objective_seconds"]),
+                       None if bound is None else float(bound), dict(doc.get("details", {})))
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc}") from exc
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UsageError(f"{where}: not a plan ({type(exc).__name__}: {exc})") from exc
+
+
+class Problem:
+    """Everything a planner reads, checked once so planners can trust it.
+
+    Raises UsageError for a malformed problem: a cost table of the wrong length, a cost for
+    an unknown device, a missing link between two devices, a launch that can run nowhere
+    (no cost, or too big for every device's memory), a pinned launch its home cannot run.
+    """
+
+    def __init__(self, program: Program, devices: list[Device], links: list[Link], costs: CostTable,
+                 edges: list[Edge] | None = None, home: str | None = None) -> None:
+        self.program = program
+        self.devices = list(devices)
+        self.names = [d.name for d in self.devices]
+        self.costs = costs
+        self.edges = dependencies(program) if edges is None else list(edges)
+        self.home = self.names[0] if home is None and self.names else home
+        _need(len(self.names) > 0, "a placement problem needs at least one device")
+        _need(len(set(self.names)) == len(self.names), f"device names must be unique, got {self.names}")
+        _need(self.home in self.names, f"home device {self.home!r} is not one of the devices {self.names}")
+        self.bandwidth: dict[tuple[str, str], float] = {}
+        for link in links:
+            _need(link.a in self.names and link.b in self.names and link.a != link.b,
+                  f"link {link.a}-{link.b}: both ends must be distinct known devices {self.names}")
+            _need(link.bytes_per_second > 0, f"link {link.a}-{link.b}: bytes_per_second must be positive")
+            self.bandwidth[link.a, link.b] = self.bandwidth[link.b, link.a] = float(link.bytes_per_second)
+        for i, a in enumerate(self.names):
+            for b in self.names[i + 1:]:
+                _need((a, b) in self.bandwidth, f"no link between devices {a} and {b}: give a Link for every pair")
+        n = len(program.launches)
+        _need(len(costs.seconds) == n, f"cost table has {len(costs.seconds)} rows, program has {n} launches")
+        for k, row in enumerate(costs.seconds):
+            unknown = set(row) - set(self.names)
+            _need(not unknown, f"launch {k}: cost for unknown device(s) {sorted(unknown)}")
+            for name, value in row.items():
+                _need(value is None or value >= 0, f"launch {k}: cost on {name} must be >= 0 or None, got {value}")
+        sizes = {b.id: b.size_bytes for b in program.buffers}
+        # buffers each launch touches (whole allocations: that is what must be resident)
+        self.touches: list[tuple[int, ...]] = [tuple(sorted({a.buffer for a in launch.accesses}))
+                                               for launch in program.launches]
+        self.buffer_bytes = sizes
+        for launch in program.launches:
+            self._check_runnable(launch.index)
+
+    # -- queries the planners and the validator share (pure look-ups, no cost model) --
+
+    def cost(self, launch: int, device: str) -> float | None:
+        return self.costs.seconds[launch].get(device)
+
+    def allowed(self, launch: int, home: str | None = None) -> list[str]:
+        """Devices that can run the launch by cost, pin and its own memory footprint."""
+        home = self.home if home is None else home
+        if self.program.launches[launch].pinned:
+            return [home] if self.fits_alone(launch, home) else []
+        return [d for d in self.names if self.fits_alone(launch, d)]
+
+    def transfer_seconds(self, nbytes: int, a: str, b: str) -> float:
+        return 0.0 if a == b else nbytes / self.bandwidth[a, b]
+
+    def footprint_bytes(self, launch: int) -> int:
+        return sum(self.buffer_bytes[b] for b in self.touches[launch])
+
+    def memory_limit(self, device: str) -> int | None:
+        return self.devices[self.names.index(device)].memory_bytes
+
+    def edge_bytes(self) -> dict[tuple[int, int], int]:
+        """Edges aggregated by (src, dst): the cost model is linear in bytes, so one term per pair."""
+        out: dict[tuple[int, int], int] = defaultdict(int)
+        for e in self.edges:
+            out[e.src, e.dst] += e.bytes
+        return dict(out)
+
+    def fits_alone(self, launch: int, device: str) -> bool:
+        """The device has a cost for the launch and room for the buffers it touches."""
+        limit = self.memory_limit(device)
+        return self.cost(launch, device) is not None and (limit is None or self.footprint_bytes(launch) <= limit)
+
+    def _check_runnable(self, k: int) -> None:
+        launch = self.program.launches[k]
+        if self.allowed(k):
+            return
+        if launch.pinned:
+            raise UsageError(f"launch {k} ({launch.name}) is pinned ({launch.pinned}) but its home device "
+                             f"{self.home} has no cost for it or too little memory "
+                             f"({self.footprint_bytes(k)} bytes needed)")
+        raise UsageError(f"launch {k} ({launch.name}) fits no device: it touches {self.footprint_bytes(k)} bytes; "
+                         f"memory limits {[(d.name, d.memory_bytes) for d in self.devices]}, costs "
+                         f"{self.costs.seconds[k]}")
+
+
+def _need(condition: bool, message: str) -> None:
+    if not condition:
+        raise UsageError(message)

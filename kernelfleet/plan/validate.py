@@ -1,0 +1,151 @@
+"""Check and evaluate a plan, independently of any planner.
+
+The runtime trusts only plans that pass :func:`check` (STYLE: torchtitan validates a plan as
+plain data before anything touches a device). Nothing here imports the planners or uses
+their aggregated edges: the throughput time is recomputed from the raw RAW edges, and the
+latency by an event-driven list schedule, so a test that compares a planner's reported
+objective with :func:`evaluate` compares two separate implementations of the cost model
+described in ``model.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernelfleet.errors import UsageError
+from kernelfleet.plan.model import Plan, Problem
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """A plan's figures under the shared cost model (seconds)."""
+
+    throughput_seconds: float  # time per request in steady state (the busiest device's time)
+    latency_seconds: float  # one request alone
+    busy_seconds: dict[str, float]  # per device: compute + transfers sent/received, per request
+    transfer_seconds: dict[str, float]  # the transfer part of busy_seconds
+    memory_bytes: dict[str, int]
+
+
+def violations(problem: Problem, plan: Plan) -> list[str]:
+    """Everything wrong with the plan, one line each; empty when it is valid."""
+    if plan.policy == "replicas":
+        return _replica_violations(problem, plan)
+    names = set(problem.names)
+    launches = problem.program.launches
+    out: list[str] = []
+    if len(plan.assignment) != len(launches):
+        return [f"plan assigns {len(plan.assignment)} launches, program has {len(launches)} "
+                "(each launch exactly once)"]
+    home = plan.details.get("home", problem.home)
+    if home not in names:
+        out.append(f"plan home {home!r} is not a known device")
+    for k, device in enumerate(plan.assignment):
+        if device not in names:
+            out.append(f"launch {k} assigned to unknown device {device!r}")
+            continue
+        if problem.costs.seconds[k].get(device) is None:
+            out.append(f"launch {k} assigned to {device}, which has no cost for it (cannot run it)")
+        if launches[k].pinned and device != home:
+            out.append(f"launch {k} is pinned ({launches[k].pinned}) but placed on {device}, not home {home}")
+    if out:
+        return out
+    for device, used in _memory(problem, plan.assignment).items():
+        limit = problem.devices[problem.names.index(device)].memory_bytes
+        if limit is not None and used > limit:
+            out.append(f"device {device} needs {used} bytes, limit {limit}")
+    return out
+
+
+def check(problem: Problem, plan: Plan) -> None:
+    """Raise UsageError naming the first violation (and how many there are)."""
+    found = violations(problem, plan)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise UsageError(f"invalid {plan.policy} plan: {found[0]}{more}")
+
+
+def evaluate(problem: Problem, plan: Plan) -> Evaluation:
+    """The plan's throughput time, latency, per-device busy time and memory. Checks it first."""
+    check(problem, plan)
+    if plan.policy == "replicas":
+        return _evaluate_replicas(problem, plan)
+    busy = {d: 0.0 for d in problem.names}
+    transfer = {d: 0.0 for d in problem.names}
+    for k, device in enumerate(plan.assignment):
+        busy[device] += problem.costs.seconds[k][device] or 0.0
+    for e in problem.edges:
+        a, b = plan.assignment[e.src], plan.assignment[e.dst]
+        if a != b:
+            seconds = e.bytes / problem.bandwidth[a, b]
+            for end in (a, b):
+                transfer[end] += seconds
+                busy[end] += seconds
+    return Evaluation(max(busy.values()), latency(problem, plan.assignment), busy, transfer,
+                      _memory(problem, plan.assignment))
+
+
+def latency(problem: Problem, assignment: list[str]) -> float:
+    """One request's makespan: each device runs its launches in capture order; a launch starts
+    when its device is free and every RAW predecessor has finished (plus the transfer, when
+    the predecessor ran elsewhere). Transfers are not serialised against each other."""
+    preds: dict[int, list[tuple[int, int]]] = {}
+    for e in problem.edges:
+        preds.setdefault(e.dst, []).append((e.src, e.bytes))
+    free = {d: 0.0 for d in problem.names}
+    finish: list[float] = []
+    for k, device in enumerate(assignment):
+        ready = free[device]
+        # bytes from one producer over several buffers travel as one transfer of their sum
+        incoming: dict[int, int] = {}
+        for src, nbytes in preds.get(k, ()):
+            incoming[src] = incoming.get(src, 0) + nbytes
+        for src, nbytes in incoming.items():
+            there = assignment[src]
+            arrive = finish[src] + (0.0 if there == device else nbytes / problem.bandwidth[there, device])
+            ready = max(ready, arrive)
+        finish.append(ready + (problem.costs.seconds[k][device] or 0.0))
+        free[device] = finish[-1]
+    return max(finish, default=0.0)
+
+
+def _memory(problem: Problem, assignment: list[str]) -> dict[str, int]:
+    held: dict[str, set[int]] = {d: set() for d in problem.names}
+    for launch, device in zip(problem.program.launches, assignment):
+        held[device].update(a.buffer for a in launch.accesses)
+    sizes = {b.id: b.size_bytes for b in problem.program.buffers}
+    return {d: sum(sizes[b] for b in ids) for d, ids in held.items()}
+
+
+def _replica_violations(problem: Problem, plan: Plan) -> list[str]:
+    replicas = plan.details.get("replicas")
+    if not isinstance(replicas, list) or not replicas:
+        return ["a replicas plan lists its devices in details['replicas']"]
+    out = [f"replica on unknown device {d!r}" for d in replicas if d not in problem.names]
+    if len(set(replicas)) != len(replicas):
+        out.append(f"a device holds two replicas: {replicas}")
+    for d in (d for d in replicas if d in problem.names):
+        missing = [k for k in range(len(problem.program.launches)) if problem.costs.seconds[k].get(d) is None]
+        if missing:
+            out.append(f"replica on {d} cannot run launch {missing[0]} (no cost)")
+            continue
+        used = _memory(problem, [d] * len(problem.program.launches))[d]
+        limit = problem.devices[problem.names.index(d)].memory_bytes
+        if limit is not None and used > limit:
+            out.append(f"replica on {d} needs {used} bytes, limit {limit}")
+    return out
+
+
+def _evaluate_replicas(problem: Problem, plan: Plan) -> Evaluation:
+    """Each device runs whole requests; the load is split by speed, so the fleet serves
+    sum(1 / T_d) requests per second and the time per request is 1 / sum(1 / T_d).
+    No transfers. Latency is that of the fastest replica (an idle fleet routes there)."""
+    alone = {d: sum(problem.costs.seconds[k][d] or 0.0 for k in range(len(problem.program.launches)))
+             for d in plan.details["replicas"]}
+    rate = sum(1.0 / t if t > 0 else float("inf") for t in alone.values())
+    per_request = 1.0 / rate if rate > 0 else 0.0
+    n = len(problem.program.launches)
+    fastest = min(alone, key=lambda d: alone[d])
+    busy = {d: (per_request if d in alone else 0.0) for d in problem.names}
+    memory = {d: (_memory(problem, [d] * n)[d] if d in alone else 0) for d in problem.names}
+    return Evaluation(per_request, latency(problem, [fastest] * n), busy, {d: 0.0 for d in problem.names}, memory)
