@@ -47,8 +47,7 @@ def signatures(problem: Problem) -> list[int]:
     seen: dict[tuple, int] = {}
     out = []
     for launch, row in zip(problem.program.launches, problem.costs.seconds):
-        key = (launch.kind, launch.name, launch.pinned, problem.footprint_bytes(launch.index),
-               tuple((d, row.get(d)) for d in problem.names))
+        key = (launch.kind, launch.name, launch.pinned, tuple((d, row.get(d)) for d in problem.names))
         out.append(seen.setdefault(key, len(seen)))
     return out
 

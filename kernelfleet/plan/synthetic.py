@@ -91,7 +91,7 @@ def random_dag(n_launches: int, n_devices: int, seed: int, *, pins: int = 0, mem
     for k in range(n_launches):
         out = len(buffers)
         buffers.append(Buffer(out, 0, (1 << 40) + (out << 32), rng.choice([1, 2, 4, 8]) << 20, "activation"))
-        earlier = list(range(0, out))
+        earlier = list(range(out))
         reads = {rng.choice(earlier[-4:])} | {rng.choice(earlier) for _ in range(rng.randint(0, 2))}
         accesses = tuple(_acc(b, "read", buffers[b].size_bytes) for b in sorted(reads)) + \
             (_acc(out, "write", buffers[out].size_bytes),)

@@ -35,8 +35,8 @@ def violations(problem: Problem, plan: Plan) -> list[str]:
     launches = problem.program.launches
     out: list[str] = []
     if len(plan.assignment) != len(launches):
-        return [f"plan assigns {len(plan.assignment)} launches, program has {len(launches)} "
-                "(each launch exactly once)"]
+        return [(f"plan assigns {len(plan.assignment)} launches, program has {len(launches)} "
+                 "(each launch exactly once)")]
     home = plan.details.get("home", problem.home)
     if home not in names:
         out.append(f"plan home {home!r} is not a known device")
