@@ -25,6 +25,7 @@ import shlex
 import sys
 import time
 
+from kernelfleet.errors import UsageError
 from kernelfleet.plan.baselines import baselines
 from kernelfleet.plan.milp import solve_throughput
 from kernelfleet.plan.policy import throughput
@@ -52,16 +53,29 @@ def main() -> None:
             plans, _ = baselines(problem)
             base = min(p.details["throughput_seconds"] for p in plans if p.policy != "replicas")
             reps = next(p.details["throughput_seconds"] for p in plans if p.policy == "replicas")
-            runs = [("full", solve_throughput(problem, time_limit_seconds=args.time_limit)),
-                    ("compress", solve_throughput(problem, time_limit_seconds=args.time_limit, compress=True)),
-                    (f"groups={devices}", solve_throughput(problem, time_limit_seconds=args.time_limit,
-                                                           compress=True, groups=devices)),
+            runs = [("full", lambda: solve_throughput(problem, time_limit_seconds=args.time_limit)),
+                    ("compress", lambda: solve_throughput(problem, time_limit_seconds=args.time_limit, compress=True)),
+                    (f"groups={devices}", lambda: solve_throughput(problem, time_limit_seconds=args.time_limit,
+                                                                   compress=True, groups=devices)),
                     # what `policy.throughput` does: baselines and a quick grouped solve, then the
                     # full MILP from the best of them, all within the same time limit
-                    ("staged", throughput(problem, time_limit_seconds=args.time_limit)[0])]
-            bound = max(runs[0][1].details["mip_dual_bound_seconds"], runs[0][1].details["zero_comm_lp_seconds"])
+                    ("staged", lambda: throughput(problem, time_limit_seconds=args.time_limit)[0])]
+            solved = []
+            for variant, solve in runs:
+                try:
+                    solved.append((variant, solve()))
+                except UsageError as exc:  # no feasible placement found within the limit
+                    solved.append((variant, str(exc)))
+            bounds = [plan.details["zero_comm_lp_seconds"] for _, plan in solved if not isinstance(plan, str)]
+            full = solved[0][1]
+            if not isinstance(full, str):
+                bounds.append(full.details["mip_dual_bound_seconds"])
+            bound = max(bounds)
             gurobi = GUROBI_SECONDS.get((round(n, -2), devices))
-            for variant, plan in runs:
+            for variant, plan in solved:
+                if isinstance(plan, str):
+                    print(f"{n:>7} {devices:>3} | {variant:<10} {'—':>8} {'no plan':>12} {'':>7} {plan[:40]}")
+                    continue
                 d = plan.details
                 gap = (plan.objective_seconds - bound) / plan.objective_seconds
                 lp = d["lp_relaxation_seconds"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 
+from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Access, Buffer, Launch, Program
 from kernelfleet.plan.model import CostTable, Device, Link, Problem
 
@@ -31,8 +32,12 @@ def _acc(buffer: int, mode: str, size: int) -> Access:
 def layered(n_layers: int, n_devices: int = 2, *, tokens: int = 256, hidden: int = 4096, ffn: int = 14336,
             context: int = 2048, link_bytes_per_second: float = 100e9,
             memory_bytes: int | None = None) -> Problem:
-    """A decode step of ``n_layers`` layers (10 launches each, plus embedding, final norm, head)."""
-    names = list(ORDER[:n_devices])
+    """A decode step of ``n_layers`` layers (10 launches each, plus embedding, final norm, head)
+    on ``n_devices`` devices taken in turn from ORDER (l40s, a100, rtxpro6000, h100, l40s-2, ...)."""
+    if n_devices < 1:
+        raise UsageError(f"need at least one device, got {n_devices}")
+    names = [ORDER[i % len(ORDER)] + (f"-{i // len(ORDER) + 1}" if i >= len(ORDER) else "") for i in range(n_devices)]
+    kind = {name: ORDER[i % len(ORDER)] for i, name in enumerate(names)}
     buffers: list[Buffer] = []
     launches: list[Launch] = []
     costs: list[dict[str, float | None]] = []
@@ -46,7 +51,8 @@ def layered(n_layers: int, n_devices: int = 2, *, tokens: int = 256, hidden: int
         accesses = tuple(_acc(b, "read", buffers[b].size_bytes) for b in reads) + \
             tuple(_acc(b, "write", buffers[b].size_bytes) for b in writes)
         launches.append(Launch(len(launches), "kernel", name, accesses))
-        costs.append({d: OVERHEAD_SECONDS + max(flops / PROFILES[d][0], moved / PROFILES[d][1]) for d in names})
+        costs.append({d: OVERHEAD_SECONDS + max(flops / PROFILES[kind[d]][0], moved / PROFILES[kind[d]][1])
+                      for d in names})
 
     act = tokens * hidden * 2
     tokens_in = buf(tokens * 8, "input")
