@@ -68,7 +68,7 @@ def watch(
     # A pipe or file gets the full table, not one squeezed to 80 columns.
     out = Console() if sys.stdout.isatty() else Console(width=160)
     title = "demo (H200 recording)" if demo else f"replay of {replay.name}" if replay else "live"
-    with _source(replay, demo, interval, clock_poll, None if once else speed, loop=not once) as source:
+    with _source(replay, demo, interval, clock_poll, None if once else speed, loop=demo and not once) as source:
         batches = source.batches(count=1 if once else None)
         if once or as_json:
             for batch in batches:
