@@ -9,6 +9,7 @@ out=${OUT:-/tmp/out}
 res=$out/results
 mkdir -p "$res"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$res/nvidia-smi.txt"
+python3 bench/gpm_cycles_probe.py 2>&1 | tee "$res/gpm_cycles.txt"
 python3 bench/nvml_calls.py 2>&1 | tee "$res/nvml_calls.txt"
 python3 bench/sampler_cost.py --windows 5 2>&1 | tee "$res/sampler_cost.txt"
 python3 bench/record_traces.py --out "$res" 2>&1 | tee "$res/record.log"

@@ -58,6 +58,7 @@ class TwinGpu:
     gpm: bool = True
     gpm_values: dict[int, float] = field(default_factory=lambda: dict(H200_GEMM_GPM))
     refused_metrics: set[int] = field(default_factory=set)
+    refuse_calls_with: set[int] = field(default_factory=set)  # a whole nvmlGpmMetricsGet fails if it asks for one
     power_watts: float = 691.0
     mig_instances: list[int] = field(default_factory=list)  # GPU instance ids
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, bytes)
@@ -165,6 +166,8 @@ class Twin:
 
     def nvmlGpmMetricsGet(self, request: Any) -> Any:
         gpu: TwinGpu = request.sample2.gpu
+        if {m.metricId for m in request.metrics[: request.numMetrics]} & gpu.refuse_calls_with:
+            raise NVMLError(2)  # NVML_ERROR_INVALID_ARGUMENT, as an older driver might answer
         for metric in request.metrics[: request.numMetrics]:
             if metric.metricId in gpu.refused_metrics:
                 metric.nvmlReturn = NVML_ERROR_NOT_SUPPORTED

@@ -45,6 +45,17 @@ GPM_METRICS: dict[int, tuple[str, float]] = {
 }
 
 
+# Cycle counters that newer NVML headers list for GPM (SM_CYCLES_ELAPSED = 248,
+# MMA_CYCLES_ACTIVE = 250, "since reboot"). Their difference over a window would give the
+# mean SM clock exactly, with no polling, and the tensor-busy cycles behind OFU. Not yet
+# seen answering on our H200 (driver 580): recorded raw, as NVML reports them, until a
+# GPU run settles what they mean (bench/gpm_cycles_probe.py).
+CYCLE_METRICS: dict[int, tuple[str, float]] = {
+    248: ("sm_cycles_elapsed_raw", 1.0),
+    250: ("mma_cycles_active_raw", 1.0),
+}
+
+
 @dataclass
 class _Target:
     """One thing GPM samples: a whole GPU, or one MIG instance of it."""
@@ -87,6 +98,7 @@ class NvmlSource:
     _warned: set[str] = field(default_factory=set, init=False)
     _handles: dict[int, Any] = field(default_factory=dict, init=False)
     _window_clocks: dict[int, ClockWindow] = field(default_factory=dict, init=False)
+    _cycle_counters: bool = field(default=True, init=False)  # off once the driver refuses them
 
     def __post_init__(self) -> None:
         if self.clock_poll_seconds <= 0:
@@ -280,17 +292,28 @@ class NvmlSource:
         return self._window_clocks.get(target.gpu_index)
 
     def _gpm_metrics(self, first: Any, second: Any) -> dict[str, float | None]:
+        values = self._metrics_get(first, second, GPM_METRICS)
+        if self._cycle_counters:
+            # A separate call, so a driver that refuses these cannot cost the metrics above.
+            try:
+                values.update(self._metrics_get(first, second, CYCLE_METRICS))
+            except KernelfleetError as exc:
+                self._cycle_counters = False
+                self._warn_once("gpm-cycles", f"GPM cycle counters unavailable ({exc}); not asked for again")
+        return values
+
+    def _metrics_get(self, first: Any, second: Any, wanted: dict[int, tuple[str, float]]) -> dict[str, float | None]:
         m = self.nvml.m
         request = m.c_nvmlGpmMetricsGet_t()
         request.version = m.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(GPM_METRICS)
+        request.numMetrics = len(wanted)
         request.sample1 = first
         request.sample2 = second
-        for slot, metric_id in enumerate(GPM_METRICS):
+        for slot, metric_id in enumerate(wanted):
             request.metrics[slot].metricId = metric_id
         self.nvml.call("nvmlGpmMetricsGet", request)
         values: dict[str, float | None] = {}
-        for slot, (metric_id, (name, scale)) in enumerate(GPM_METRICS.items()):
+        for slot, (metric_id, (name, scale)) in enumerate(wanted.items()):
             metric = request.metrics[slot]
             if metric.nvmlReturn != m.NVML_SUCCESS:
                 self._warn_once(f"gpm-{metric_id}", f"GPM metric {name} unavailable (NVML code {metric.nvmlReturn})")

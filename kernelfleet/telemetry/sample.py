@@ -57,6 +57,9 @@ class Sample:
     pcie_rx_bytes_per_second: float | None = None
     nvlink_tx_bytes_per_second: float | None = None
     nvlink_rx_bytes_per_second: float | None = None
+    # GPM cycle counters as NVML reports them, where the driver has them (see telemetry/nvml.py)
+    sm_cycles_elapsed_raw: float | None = None
+    mma_cycles_active_raw: float | None = None
     # SM clock: time-weighted mean of dense polls over exactly this window, the
     # last single read (what a once-per-window sampler would see), and the count.
     sm_clock_mean_hertz: float | None = None

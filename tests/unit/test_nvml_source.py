@@ -152,3 +152,24 @@ def test_batches_pace_by_interval_and_read_the_clock_between(fake_time):
     assert fake_time.now() - start == pytest.approx(3.0)
     # default: a read every 100 ms, the last one at the window's end
     assert [b[0].sm_clock_polls for b in batches] == [10, 10, 10]
+
+
+def test_cycle_counters_are_recorded_raw_when_the_driver_has_them(fake_time):
+    gpu = TwinGpu()
+    gpu.gpm_values.update({248: 2.5e12, 250: 1.1e12})
+    _, source = open_source([gpu], fake_time)
+    with source:
+        (s,) = tick(source, fake_time, [1400], gpu)
+    assert (s.sm_cycles_elapsed_raw, s.mma_cycles_active_raw) == (2.5e12, 1.1e12)
+
+
+def test_a_driver_refusing_the_cycle_counters_costs_nothing_else(fake_time):
+    gpu = TwinGpu(refuse_calls_with={248})
+    twin, source = open_source([gpu], fake_time)
+    with source:
+        (first,) = tick(source, fake_time, [1400], gpu)
+        (second,) = tick(source, fake_time, [1400], gpu)
+    for s in (first, second):
+        assert not s.stale and s.tensor_active_ratio == pytest.approx(0.9363)
+        assert s.sm_cycles_elapsed_raw is None
+    assert source._cycle_counters is False  # asked once, then not again
