@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernelfleet.documents import parse, reading
 from kernelfleet.errors import UsageError
 
 ROLES = ("weight", "input", "output", "activation", "workspace", "unknown")
@@ -112,10 +113,8 @@ class Program:
     @classmethod
     def from_json(cls, text: str, where: str = "<program>") -> Program:
         """Read ``to_json`` output; a malformed document is a UsageError naming what is wrong."""
-        try:
-            doc = json.loads(text)
-            if doc.get("kernelfleet_program") != FORMAT_VERSION:
-                raise UsageError(f"expected kernelfleet_program={FORMAT_VERSION}")
+        with reading(where, "kernel program"):
+            doc = parse(text, "kernelfleet_program", FORMAT_VERSION)
             buffers = [Buffer(**b) for b in doc["buffers"]]
             launches = []
             for raw in doc["launches"]:
@@ -126,10 +125,6 @@ class Program:
                     raw[key] = tuple(raw[key]) if raw.get(key) is not None else None
                 launches.append(Launch(**raw))
             return cls(buffers, launches)
-        except UsageError as exc:
-            raise UsageError(f"{where}: {exc}") from exc
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise UsageError(f"{where}: not a kernel program ({type(exc).__name__}: {exc})") from exc
 
     @classmethod
     def load(cls, path: str | Path) -> Program:

@@ -33,6 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelfleet.documents import parse, reading
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import Edge, dependencies
 from kernelfleet.kernels.ir import Program
@@ -73,16 +74,10 @@ class CostTable:
 
     @classmethod
     def from_json(cls, text: str, where: str = "<costs>") -> CostTable:
-        try:
-            doc = json.loads(text)
-            if doc.get("kernelfleet_costs") != COSTS_FORMAT:
-                raise UsageError(f"expected kernelfleet_costs={COSTS_FORMAT}")
+        with reading(where, "cost table"):
+            doc = parse(text, "kernelfleet_costs", COSTS_FORMAT)
             rows = [{str(k): (None if v is None else float(v)) for k, v in row.items()} for row in doc["seconds"]]
             return cls(rows, str(doc.get("source", "unknown")))
-        except UsageError as exc:
-            raise UsageError(f"{where}: {exc}") from exc
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise UsageError(f"{where}: not a cost table ({type(exc).__name__}: {exc})") from exc
 
 
 @dataclass
@@ -109,17 +104,11 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, where: str = "<plan>") -> Plan:
-        try:
-            doc = json.loads(text)
-            if doc.get("kernelfleet_plan") != PLAN_FORMAT:
-                raise UsageError(f"expected kernelfleet_plan={PLAN_FORMAT}")
+        with reading(where, "plan"):
+            doc = parse(text, "kernelfleet_plan", PLAN_FORMAT)
             bound = doc.get("lower_bound_seconds")
             return cls(str(doc["policy"]), [str(d) for d in doc["assignment"]], float(doc["objective_seconds"]),
                        None if bound is None else float(bound), dict(doc.get("details", {})))
-        except UsageError as exc:
-            raise UsageError(f"{where}: {exc}") from exc
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise UsageError(f"{where}: not a plan ({type(exc).__name__}: {exc})") from exc
 
 
 class Problem:

@@ -1,0 +1,32 @@
+"""Reading the JSON documents kernelfleet writes (programs, cost tables, plans).
+
+Every document names its kind and format version in one key; anything wrong while reading
+one — bad JSON, a missing or mistyped field — becomes one UsageError that names the file.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from kernelfleet.errors import UsageError
+
+
+@contextmanager
+def reading(where: str, what: str) -> Iterator[None]:
+    """Turn any error raised while reading a document into one line naming ``where``."""
+    try:
+        yield
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc}") from exc
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"{where}: not a {what} ({type(exc).__name__}: {exc})") from exc
+
+
+def parse(text: str, key: str, version: int) -> dict[str, Any]:
+    """The JSON object in ``text``, checked to carry ``key = version``."""
+    doc = json.loads(text)
+    if not isinstance(doc, dict) or doc.get(key) != version:
+        raise UsageError(f"expected {key}={version}")
+    return doc
