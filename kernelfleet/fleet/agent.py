@@ -7,7 +7,6 @@ import logging
 import socket
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
@@ -86,7 +85,6 @@ class Agent:
         self.pods = pods  # a dcgm-exporter source names pods instead of processes
         self.hosts = hosts  # ... and the node of each GPU, which is not this machine
         self.detector = detector if detector is not None else RegressionDetector()
-        self.events: deque[Event] = deque(maxlen=1000)  # the recent ones; the store keeps all
         self.hooks: dict[str, dict[str, object]] = {}  # the last hook report per job
         self.mfu_margin = 0.10
         self._pending: list[Event] = []
@@ -168,7 +166,6 @@ class Agent:
         if event is not None:
             log.warning("%s: %s", event.kind, event.describe())
             self._pending.append(event)
-            self.events.append(event)
 
     def hook(self, report: dict[str, object]) -> dict[str, object]:
         """A report from kernelfleet.hook: the job's useful FLOPs give its MFU; a job whose own
