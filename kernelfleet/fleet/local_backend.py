@@ -53,6 +53,9 @@ class LocalBackend:
             raise NotFound(f"no GPU with uuid {uuid!r}")
         return store.series(uuid, start, end, resolution, metrics)
 
+    def fleet_series(self, start: float, end: float) -> list[dict[str, Any]]:
+        return self._store().fleet_series(start, end)
+
     def jobs(self) -> list[str]:
         return self._store().jobs()
 

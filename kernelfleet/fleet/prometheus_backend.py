@@ -133,6 +133,16 @@ class PrometheusBackend:
             raise NotFound(f"no GPU with uuid {uuid!r}")
         return [points[t] for t in sorted(points)]
 
+    def fleet_series(self, start: float, end: float) -> list[dict[str, Any]]:
+        """Fleet OFU per minute: the mean over GPUs of each GPU's mean over the minute."""
+        def column(query: str) -> dict[float, float]:
+            result = self._get("/api/v1/query_range", query=query, start=start, end=end, step=60)["result"]
+            return {float(t): float(v) for t, v in (result[0]["values"] if result else [])}
+
+        ofu = column('avg(avg_over_time(kernelfleet_ofu_ratio{mig=""}[60s]))')
+        gpus = column('count(kernelfleet_ofu_ratio{mig=""})')
+        return [{"ts": t, "ofu": v, "gpus": gpus.get(t)} for t, v in sorted(ofu.items())]
+
     def jobs(self) -> list[str]:
         return sorted({s["metric"]["job_id"] for s in self._vector("kernelfleet_job_info")})
 

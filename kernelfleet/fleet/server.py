@@ -34,6 +34,7 @@ class Backend(Protocol):
     def fleet(self) -> dict[str, Any]: ...
     def gpus(self) -> list[dict[str, Any]]: ...
     def series(self, uuid: str, start: float, end: float, resolution: str, metrics: list[str]) -> list[dict[str, Any]]: ...
+    def fleet_series(self, start: float, end: float) -> list[dict[str, Any]]: ...
     def jobs(self) -> list[str]: ...
     def job_summaries(self, since: float) -> list[dict[str, Any]]: ...
     def job(self, job: str) -> dict[str, Any]: ...
@@ -96,6 +97,17 @@ def create_app(backend: Backend, token: str | None = None, metrics: Callable[[],
     @api.get("/api/fleet")
     def fleet() -> dict[str, Any]:
         return backend.fleet()
+
+    @api.get("/api/fleet/series")
+    def fleet_series(
+        start: float | None = Query(None, description="Unix seconds; default: a day ago"),
+        end: float | None = Query(None, description="Unix seconds; default: now"),
+    ) -> dict[str, Any]:
+        end = time.time() if end is None else end
+        start = end - 86400 if start is None else start
+        if start > end:
+            raise HTTPException(status_code=422, detail="start must not be after end")
+        return {"resolution": "1m", "points": backend.fleet_series(start, end)}
 
     @api.get("/api/gpus")
     def gpus() -> list[dict[str, Any]]:

@@ -71,6 +71,9 @@ def test_fleet_dashboard_reads_prometheus(agent, prometheus, tmp_path):
         points = json.loads(get(f"{base}/api/series?" + urllib.parse.urlencode(
             {"uuid": local["uuid"], "start": now - 300, "end": now + 60})))["points"]
         assert points and all(0 <= p["ofu"] <= 1.1 for p in points)
+        fleet_points = json.loads(get(f"{base}/api/fleet/series?" + urllib.parse.urlencode(
+            {"start": now - 300, "end": now + 60})))["points"]
+        assert fleet_points and all(p["gpus"] == 1 and 0 <= p["ofu"] <= 1.1 for p in fleet_points)
         (summary,) = json.loads(get(f"{base}/api/jobs/summary"))
         assert summary["job"] == local["jobs"][0]["job"] and summary["gpus"] == 1
         for path in ("/api/jobs/no-such-job", "/api/series?uuid=GPU-nope&start=0&end=1"):

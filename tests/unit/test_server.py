@@ -32,6 +32,13 @@ def test_metrics_and_gpus(served):
     assert gpu["uuid"] == UUID and gpu["bottleneck"] == "idle"  # the recording ends idle
 
 
+def test_fleet_series_serves_the_per_minute_fleet_rollup(served):
+    client = TestClient(agent_app(*served))
+    points = client.get("/api/fleet/series", params={"start": 0, "end": 2e9}).json()["points"]
+    assert points and all(p["gpus"] == 1 for p in points)
+    assert client.get("/api/fleet/series", params={"start": 5, "end": 1}).status_code == 422
+
+
 def test_series(served):
     client = TestClient(agent_app(*served))
     body = client.get("/api/series", params={"uuid": UUID, "start": 0, "end": 2e9, "metric": ["ofu", "power_watts"]}).json()
