@@ -275,3 +275,18 @@ def test_generators_reject_bad_arguments():
     with pytest.raises(UsageError, match="batch_size must be > 0"):
         next(offline_batches(1, 0, 4, 4, vocab_size=10))
     assert fixed(3)(random.Random(0)) == 3
+
+
+def test_moe_active_parameters():
+    from kernelfleet.workloads.config import MoEConfig
+    from kernelfleet.workloads.moe import active_param_count
+
+    cfg = MoEConfig.tiny()
+    model = build_preset("moe", "tiny", dtype=torch.float32)
+    # one expert's three matrices (w1, w3, w2 hold all experts stacked): what a token skips
+    # in each expert it is not routed to
+    stacked = [p for name, p in model.named_parameters() if name.startswith("layers.0.mlp.w")]
+    per_expert = sum(p[0].numel() for p in stacked)
+    total = sum(p.numel() for p in model.parameters())
+    assert active_param_count(cfg) == total - cfg.n_layers * (cfg.n_experts - cfg.top_k) * per_expert
+    assert round(active_param_count(MoEConfig.h200()) / 1e9, 2) == 4.19  # gpt-oss-20B quotes 3.6 B (MXFP4, tied heads)
