@@ -14,6 +14,7 @@ the label and the Kubernetes names are lost, cgroup-based attribution is not.
 
 from __future__ import annotations
 
+import functools
 import math
 import pwd
 import re
@@ -72,7 +73,10 @@ def clean(value: str, max_chars: int = LABEL_MAX_CHARS) -> str:
     return _UNSAFE.sub("_", value[:max_chars])
 
 
+@functools.lru_cache(maxsize=1024)
 def _passwd_name(uid: int) -> str | None:
+    # The agent asks for every GPU process every window; a getpwuid may read /etc/passwd or
+    # ask NSS (LDAP, sssd) each time, and a uid's name does not change under a running job.
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
