@@ -27,6 +27,9 @@ _NO_DEST = {"st", "red", "bar", "barrier", "bra", "ret", "exit", "trap", "membar
             "setmaxnreg", "mbarrier", "discard", "applypriority", "st.async", "red.async"}
 # Results that scale their inputs are offsets, not pointers: `mul.wide.s32 %rd, %r, 4`.
 _SCALING = {"mul", "shl", "div", "rem", "mul24"}
+# CUDA's own device functions that touch no user memory: the assert handler and printf read only
+# their format strings (constants) and argument buffers (local memory).
+_SYSTEM_CALLS = {"__assertfail", "vprintf"}
 _TEXTURE = {"tex", "tld4", "suld", "sust", "sured", "suq", "txq"}
 _WIDE = re.compile(r"[bsuf]64")
 
@@ -158,7 +161,8 @@ class _Analysis:
         if op in _TEXTURE:
             self._pin(ins, "texture/surface access cannot be followed to a parameter")
         elif op == "call":
-            self._pin(ins, f"calls {ops[0].text if ops else 'a function'}; arguments are not followed into it")
+            if not (ops and ops[0].text in _SYSTEM_CALLS):
+                self._pin(ins, f"calls {ops[0].text if ops else 'a function'}; arguments are not followed into it")
         elif op in ("ld", "ldu") and _space(ins) != "param":
             self._touch(ins, ops[1], "read")
         elif op == "st":
@@ -243,6 +247,8 @@ class _Analysis:
         globals_ = sorted(o[1] for o in origins if o[0] in ("global", "const"))
         loaded = sorted({int(o[1]) for o in origins if o[0] == "mem64"})
         params = sorted(o[1] for o in origins if o[0] == "param")
+        if globals_ and kind == "read" and not params and not loaded and self._module_tables(globals_):
+            return  # a constant table of the kernel's own module: it is loaded wherever the kernel is
         if globals_:
             self._pin(ins, f"address derives from global variable {', '.join(globals_)}")
         elif loaded:
@@ -253,6 +259,12 @@ class _Analysis:
         for p in params:
             self.access.setdefault(p, set()).add(kind)
             self.evidence.append((ins.line, p, kind))
+
+    def _module_tables(self, names: list[str]) -> bool:
+        """Globals defined by a one-kernel module (libdevice's sin/cos reduction table in Triton code):
+        only this kernel can reach them, and a write by it pins it anyway."""
+        defined = {v.name for v in self.module.globals if v.space == "global"}
+        return len(self.module.entries) == 1 and all(n in defined for n in names)
 
     def _pin(self, ins: Instruction, why: str) -> None:
         self.reasons.append(f"line {ins.line}: {ins.name}: {why}")

@@ -46,6 +46,7 @@ class Instruction:
     opcode: str  # first dotted part: "ld", "cp", "tensormap"
     modifiers: tuple[str, ...]  # the rest: ("global", "b32"), ("async", "bulk", "tensor", "2d", ...)
     operands: tuple[Operand, ...]
+    start: int = -1  # offset in the parsed text of the first token (`@` or the opcode)
 
     @property
     def name(self) -> str:
@@ -79,6 +80,10 @@ class Entry:
     instructions: list[Instruction] = field(default_factory=list)
     locals: list[Variable] = field(default_factory=list)
     labels: dict[str, int] = field(default_factory=dict)  # label -> index of the next instruction
+    # Offsets in the parsed text, for rewriters: where a parameter can be added (the `)` closing the
+    # list, or just past the name when there is no list) and just past the body's opening `{`.
+    params_end: int = -1
+    body_start: int = -1
 
 
 @dataclass
@@ -102,7 +107,7 @@ _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 # Directives that end at the end of their line instead of at a semicolon.
 _LINE_DIRECTIVES = {".version", ".target", ".address_size", ".loc", ".file", ".reqntid", ".maxntid",
                     ".minnctapersm", ".maxnctapersm", ".maxnreg", ".reqnctapercluster",
-                    ".explicitcluster", ".maxclusterrank", ".noreturn", ".abi_preserve",
+                    ".explicitcluster", ".maxclusterrank", ".abi_preserve",
                     ".abi_preserve_control", ".blocksareclusters"}
 _SPACES = {".global", ".shared", ".local", ".const"}
 _LINKAGE = {".visible", ".extern", ".weak", ".common"}
@@ -113,6 +118,7 @@ class _Tok:
     kind: str
     text: str
     line: int
+    pos: int  # offset in the text (comments are blanked to spaces, so offsets stay true)
 
 
 class _Parser:
@@ -134,7 +140,7 @@ class _Parser:
             if kind == "nl":
                 line += 1
             elif kind != "ws":
-                toks.append(_Tok(kind, m.group(), line))
+                toks.append(_Tok(kind, m.group(), line, m.start()))
             pos = m.end()
         return toks
 
@@ -245,14 +251,20 @@ class _Parser:
         name = self.next()
         if name.kind != "id":
             self.fail(name.line, f"expected a {head.text[1:]} name, found {name.text!r}")
-        params = self.param_list() if (tok := self.peek()) is not None and tok.text == "(" else []
+        params_end = name.pos + len(name.text)
+        params: list[Param] = []
+        if (tok := self.peek()) is not None and tok.text == "(":
+            params = self.param_list()
+            params_end = self.toks[self.i - 1].pos
         while (tok := self.peek()) is not None and tok.text in _LINE_DIRECTIVES:
             self.next()
             self.rest_of_line(tok.line)
+        if (tok := self.peek()) is not None and tok.text == ".noreturn":  # LLVM marks __assertfail so
+            self.next()
         if (tok := self.peek()) is not None and tok.text == ";":
             self.next()  # a prototype
             return None
-        entry = Entry(name.text, head.text[1:], params)
+        entry = Entry(name.text, head.text[1:], params, params_end=params_end)
         self.body(entry)
         return entry
 
@@ -293,6 +305,7 @@ class _Parser:
     # --- function body ------------------------------------------------------------------------
     def body(self, entry: Entry) -> None:
         open_ = self.expect("{")
+        entry.body_start = open_.pos + 1
         depth = 1
         while depth:
             tok = self.peek()
@@ -351,7 +364,7 @@ class _Parser:
         if groups == [[]]:
             groups = []
         operands = tuple(self.operand(g, op.line) for g in groups)
-        return Instruction(op.line, pred, parts[0], tuple(parts[1:]), operands)
+        return Instruction(op.line, pred, parts[0], tuple(parts[1:]), operands, first.pos)
 
     def operand(self, toks: list[_Tok], line: int) -> Operand:
         if not toks:
@@ -423,7 +436,7 @@ def _relabel(ins: Instruction, labels: set[str]) -> Instruction:
         return ins
     ops = tuple(Operand("label", op.text) if op.kind == "symbol" and op.text in labels else op
                 for op in ins.operands)
-    return Instruction(ins.line, ins.predicate, ins.opcode, ins.modifiers, ops)
+    return Instruction(ins.line, ins.predicate, ins.opcode, ins.modifiers, ops, ins.start)
 
 
 def parse(text: str) -> Module:
