@@ -22,7 +22,7 @@ from kernelfleet.telemetry.nvml_api import Nvml
 COUNTERS = {248: "SM_CYCLES_ELAPSED", 249: "SM_CYCLES_ACTIVE", 250: "MMA_CYCLES_ACTIVE", 251: "DMMA_CYCLES_ACTIVE",
             252: "HMMA_CYCLES_ACTIVE", 253: "IMMA_CYCLES_ACTIVE", 254: "DFMA_CYCLES_ACTIVE",
             257: "INTEGER_CYCLES_ACTIVE", 259: "FP32_CYCLES_ACTIVE", 5: "ANY_TENSOR_UTIL (%)", 2: "SM_UTIL (%)"}
-LOAD = "import sys; sys.path.insert(0, 'bench'); import loops; loops.gemm(6.0)"
+LOAD = "import sys; sys.path.insert(0, 'bench'); import loops; loops.gemm(16.0)"
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
     handle = nvml.call("nvmlDeviceGetHandleByIndex", 0)
     sms = nvml.optional("nvmlDeviceGetNumGpuCores", handle)
     child = subprocess.Popen([sys.executable, "-c", LOAD])
-    time.sleep(3.0)  # warm-up and clocks settling under load
+    time.sleep(8.0)  # torch import, CUDA start-up, warm-up and clocks settling under load
     first, second = nvml.call("nvmlGpmSampleAlloc"), nvml.call("nvmlGpmSampleAlloc")
     nvml.call("nvmlGpmSampleGet", handle, first)
     t0 = time.monotonic()

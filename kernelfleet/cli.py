@@ -7,7 +7,6 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -36,7 +35,7 @@ SpeedOption = typer.Option(1.0, help="Replay speed (1 = as recorded).")
 DEMO_TRACE = Path(__file__).parent / "data" / "demo-h200.jsonl.gz"
 
 
-def _source(replay: Optional[Path], demo: bool, interval: float, clock_poll: float, speed: Optional[float], loop: bool):
+def _source(replay: Path | None, demo: bool, interval: float, clock_poll: float, speed: float | None, loop: bool):
     from kernelfleet.telemetry.nvml import NvmlSource
     from kernelfleet.telemetry.replay import ReplaySource
 
@@ -51,14 +50,14 @@ def _source(replay: Optional[Path], demo: bool, interval: float, clock_poll: flo
 
 @app.command()
 def watch(
-    replay: Optional[Path] = ReplayOption,
+    replay: Path | None = ReplayOption,
     demo: bool = DemoOption,
     interval: float = IntervalOption,
     clock_poll: float = ClockPollOption,
     speed: float = SpeedOption,
     once: bool = typer.Option(False, "--once", help="Show one window and exit."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    catalog: Optional[Path] = CatalogOption,
+    catalog: Path | None = CatalogOption,
 ) -> None:
     """Live OFU for every GPU, refreshed every window."""
     from kernelfleet.catalog import Catalog
@@ -92,7 +91,7 @@ def record(
     output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.jsonl or .jsonl.gz)."),
     interval: float = IntervalOption,
     clock_poll: float = ClockPollOption,
-    duration: Optional[float] = typer.Option(None, help="Stop after this many seconds."),
+    duration: float | None = typer.Option(None, help="Stop after this many seconds."),
     note: str = typer.Option("", help="Free text stored in the trace header."),
 ) -> None:
     """Record samples from the GPUs to a trace file, as they are read."""
@@ -113,9 +112,9 @@ def record(
 
 @app.command()
 def agent(
-    replay: Optional[Path] = ReplayOption,
+    replay: Path | None = ReplayOption,
     demo: bool = DemoOption,
-    interval: Optional[float] = typer.Option(
+    interval: float | None = typer.Option(
         None, "--interval", help="Window length in seconds (default 1; 30 with --scrape)."
     ),
     clock_poll: float = ClockPollOption,
@@ -123,9 +122,9 @@ def agent(
     store_path: Path = typer.Option(Path("kernelfleet.db"), "--store", help="SQLite file of the embedded store."),
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT for /metrics and the API."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback listen address."),
-    token: Optional[str] = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
-    scrape: Optional[str] = typer.Option(None, "--scrape", help="Read a dcgm-exporter /metrics URL instead of NVML."),
-    catalog: Optional[Path] = CatalogOption,
+    token: str | None = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
+    scrape: str | None = typer.Option(None, "--scrape", help="Read a dcgm-exporter /metrics URL instead of NVML."),
+    catalog: Path | None = CatalogOption,
 ) -> None:
     """Sample every GPU each window, store it, and serve Prometheus metrics and the API."""
     import threading
@@ -190,7 +189,7 @@ def dashboard(
     prometheus: str = typer.Option(..., "--prometheus", help="URL of a Prometheus server that scrapes the agents."),
     listen: str = typer.Option("127.0.0.1:9401", help="HOST:PORT for the dashboard and its API."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback listen address."),
-    token: Optional[str] = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
+    token: str | None = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
 ) -> None:
     """The dashboard for a whole fleet, reading a Prometheus server instead of one agent's store."""
     import uvicorn
@@ -207,7 +206,7 @@ def dashboard(
 
 @app.command()
 def job(
-    name: Optional[str] = typer.Argument(None, help="The job id (omit to list the jobs in the store)."),
+    name: str | None = typer.Argument(None, help="The job id (omit to list the jobs in the store)."),
     store_path: Path = typer.Option(Path("kernelfleet.db"), "--store", help="The agent's SQLite store."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -282,6 +281,117 @@ def ptx(
             out.print(f"  pinned: {reason}")
 
 
+def _need_gpu(what: str, instead: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EnvironmentProblem(f"{what} runs on an NVIDIA GPU and none is visible here; {instead}")
+
+
+@app.command()
+def analyze(
+    target: str | None = typer.Argument(
+        None, help="MODULE:FACTORY returning a step, e.g. kernelfleet.workloads.steps:llama_decode."
+    ),
+    out: Path = typer.Option(Path("kernelfleet-analyze"), "--out", help="Folder for capture, program and graph."),
+    capture_file: Path | None = typer.Option(None, "--capture", help="Analyse a recorded raw capture (no GPU)."),
+    check: bool = typer.Option(True, "--check/--no-check", help="Replay node by node: memory-diff, PTX probe."),
+    ops: bool = typer.Option(True, "--ops/--no-ops", help="Record ATen ops (off for torch.compile'd steps)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Capture a model step's kernels and say what each reads and writes, how that is known, and why
+    any kernel must stay where it is."""
+    from rich.table import Table
+
+    from kernelfleet.kernels import analyze as analysis
+
+    if capture_file is not None:
+        numbers = analysis.analyze_capture(capture_file, out)
+    elif target is not None:
+        _need_gpu("capturing a step", "pass --capture FILE to analyse a recorded capture")
+        numbers = analysis.analyze_step(target, out, check=check, record_ops=ops)
+    else:
+        raise UsageError("give MODULE:FACTORY to capture, or --capture FILE to analyse a recorded capture")
+    if as_json:
+        print(json.dumps(numbers, indent=1))
+        return
+    t = Table("", "", title=f"kernelfleet analyze — {numbers.get('step', target)}", title_justify="left")
+    for key, value in numbers.items():
+        if key not in ("step", "pinned_reasons"):
+            t.add_row(key.replace("_", " "), str(value))
+    Console().print(t)
+    for reason, count in numbers["pinned_reasons"].items():
+        Console().print(f"  pinned x{count}: {reason}", markup=False, highlight=False)
+    err.print(f"wrote {out}/program.json, {out}/graph.dot")
+
+
+@app.command("calibrate")
+def calibrate_command(
+    profile: list[str] | None = typer.Option(
+        None, "--profile", help="NAME:SMS[+HOG] (green-context SMs, plus a hog's), repeatable; default: a sweep."
+    ),
+    against: str = typer.Option("l40s,a100-sxm-80gb", "--against", help="COMPUTE_SKU,BANDWIDTH_SKU to imitate."),
+    out: Path | None = typer.Option(None, "--out", help="Write the measured rates (JSON)."),
+) -> None:
+    """GEMM, GEMV and copy rates of device profiles, and the pair closest to a real pair of GPUs."""
+    from rich.table import Table
+
+    from kernelfleet.profile import run
+
+    pair = tuple(against.split(","))
+    if len(pair) != 2:
+        raise UsageError(f"--against wants COMPUTE_SKU,BANDWIDTH_SKU, got {against!r}")
+    run.targets(*pair)  # an unknown SKU fails before any GPU work
+    _need_gpu("calibration", "there is nothing to measure")
+    specs = [run.parse_profile(p) for p in profile] if profile else run.sweep_specs()
+    rows = run.calibrate_profiles(specs)
+    t = Table("profile", "SMs", "hog SMs", "GEMM TFLOP/s", "GEMV GB/s", "copy GB/s", title="kernelfleet calibrate")
+    for r in rows:
+        t.add_row(r["name"], str(r["granted_sms"] or "all"), str(r["hog_sms"] or "-"),
+                  f"{r['gemm_flops_per_second'] / 1e12:.0f}", f"{r['gemv_bytes_per_second'] / 1e9:.0f}",
+                  f"{r['copy_bytes_per_second'] / 1e9:.0f}")
+    Console().print(t)
+    try:
+        c = run.choose(rows, pair)
+        Console().print(f"closest to {pair[0]} + {pair[1]}: compute {c.compute['name']} / bandwidth "
+                        f"{c.bandwidth['name']}: GEMM ratio {c.gemm_ratio:.2f} (target {c.target_gemm_ratio:.2f}), "
+                        f"bandwidth ratio {c.bandwidth_ratio:.2f} (target {c.target_bandwidth_ratio:.2f})")
+    except UsageError as exc:
+        err.print(f"no pair: {exc}")
+    if out is not None:
+        out.write_text(json.dumps(rows, indent=1))
+        err.print(f"wrote {out}")
+
+
+@app.command("profile")
+def profile_command(
+    target: str = typer.Argument(..., help="MODULE:FACTORY returning a step."),
+    out: Path = typer.Option(Path("kernelfleet-profile"), "--out", help="Folder for capture, program and costs."),
+    profile: list[str] | None = typer.Option(
+        None, "--profile", help="NAME:SMS[+HOG], repeatable; default: calibrate and take the pair closest to "
+        "L40S + A100. The whole GPU is always timed too."
+    ),
+    trials: int = typer.Option(5, "--trials", help="Timed trials per launch (the median is kept)."),
+    ops: bool = typer.Option(True, "--ops/--no-ops", help="Record ATen ops (off for torch.compile'd steps)."),
+) -> None:
+    """Time every kernel of a captured step on each device profile: a cost table for `kernelfleet plan`."""
+    from rich.progress import Progress
+
+    from kernelfleet.kernels import analyze as analysis
+    from kernelfleet.profile import run
+    from kernelfleet.profile.devices import ProfileSpec
+
+    _need_gpu("profiling", "plan from a recorded cost table instead (kernelfleet plan)")
+    specs = [run.parse_profile(p) for p in profile] if profile else list(run.pair_specs(
+        run.choose(run.calibrate_profiles(run.sweep_specs()))))
+    captured, program = analysis.capture_step(target, record_ops=ops)
+    with Progress(transient=True) as bar:
+        task = bar.add_task("timing kernels", total=len(program.launches) * (len(specs) + 1))
+        seconds = run.time_on(captured, specs + [ProfileSpec("whole")], lambda n: bar.advance(task, n), trials)
+    done = analysis.write_profile(captured, program, seconds, out)
+    Console().print(done)
+
+
 bench_app = typer.Typer(help="Benchmarks (the GEMM sweep needs an NVIDIA GPU and torch).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
@@ -307,7 +417,7 @@ def bench_ofu(
 @bench_app.command("ofu-report")
 def bench_ofu_report(
     sweep_dir: Path = typer.Argument(..., help="A folder written by `kernelfleet bench ofu`."),
-    catalog: Optional[Path] = CatalogOption,
+    catalog: Path | None = CatalogOption,
 ) -> None:
     """The paper's Table II (raw and tile-corrected OFU against MFU) from a recorded sweep."""
     import gzip
@@ -340,9 +450,9 @@ def bench_ofu_report(
 
 @app.command("catalog")
 def catalog_command(
-    key: Optional[str] = typer.Argument(None, help="One SKU key (omit for all)."),
+    key: str | None = typer.Argument(None, help="One SKU key (omit for all)."),
     as_json: bool = typer.Option(False, "--json"),
-    catalog: Optional[Path] = CatalogOption,
+    catalog: Path | None = CatalogOption,
 ) -> None:
     """The GPU catalog: SKUs, reference clocks, dense peaks, prices."""
     from rich.table import Table
@@ -366,13 +476,65 @@ def catalog_command(
     Console().print(t)
 
 
+@app.command("plan")
+def plan_command(
+    program: Path = typer.Argument(..., help="The kernel program (JSON)."),
+    costs: Path = typer.Argument(..., help="The cost table (JSON): seconds of each launch on each device."),
+    device: list[str] | None = typer.Option(
+        None, "--device", help="NAME[:MEMORY_GB], repeatable (default: every device the cost table measured)."
+    ),
+    link: list[str] | None = typer.Option(
+        None, "--link", help="DEVICE:DEVICE:GBPS in gigabytes/s, repeatable."
+    ),
+    link_gbps: float = typer.Option(25.0, "--link-gbps", help="GB/s of every device pair --link leaves out."),
+    policy: str = typer.Option(
+        "throughput", "--policy", help="throughput|latency|single|replicas|pipeline|attention-ffn|all"
+    ),
+    predict: list[str] | None = typer.Option(
+        None, "--predict", help="A catalog SKU key to add through the roofline cost model, repeatable."
+    ),
+    profile: list[str] | None = typer.Option(
+        None, "--profile", help="NAME=SKU or NAME=CALIBRATION.json: what a measured device is, for --predict."
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Plan JSON to write (a folder for --policy all)."),
+    gantt: Path | None = typer.Option(
+        None, "--gantt", help="PNG Gantt chart of one request under the plan (for all: the throughput plan)."
+    ),
+    time_limit: float = typer.Option(30.0, "--time-limit", help="Seconds for the throughput MILP."),
+    catalog: Path | None = CatalogOption,
+) -> None:
+    """Place a kernel program on devices: the chosen policy's plan beside every baseline."""
+    from rich.table import Table
+
+    from kernelfleet.plan import command
+
+    done = command.setup(program, costs, device or [], link or [], link_gbps, predict or [], profile or [],
+                         catalog)
+    chosen, plans = command.make_plans(done.problem, policy, time_limit)
+    out_console = Console() if sys.stdout.isatty() else Console(width=200)
+    for note in done.notes:
+        out_console.print(note, markup=False, highlight=False)
+    header, rows = command.table(done.problem, plans, chosen)
+    t = Table(*header, title=f"kernelfleet plan — {policy} (* chosen)", title_justify="left")
+    for row in rows:
+        t.add_row(*row)
+    out_console.print(t)
+    if out is not None:
+        for path in command.write(plans, chosen, out):
+            err.print(f"wrote {path}")
+    if gantt is not None:
+        from kernelfleet.plan.gantt import draw
+
+        err.print(f"wrote {draw(done.problem, chosen or plans[0], gantt)}")
+
+
 def main() -> None:
     """Entry point: a user's mistake or a broken environment is one line, not a traceback."""
     logging.basicConfig(level=logging.WARNING, format="kernelfleet: %(message)s")
     try:
         app()
     except KernelfleetError as exc:
-        err.print(f"kernelfleet: error: {exc}", markup=False, highlight=False)
+        err.print(f"kernelfleet: error: {exc}", markup=False, highlight=False, emoji=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

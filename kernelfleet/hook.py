@@ -63,17 +63,28 @@ class FlopCount(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        packet = func._overloadpacket
-        if packet in flop_registry or packet in _EXTRA:
+        counted = op_flops(func, args, kwargs, out)
+        if counted is not None:
+            precision, flops = counted
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            dtype = tensors[0].dtype if tensors else torch.float32
-            if packet in flop_registry:
-                flops = flop_registry[packet](*args, **kwargs, out_val=out)
-            else:
-                flops = _EXTRA[packet](*args, **kwargs)
-            self.flops[precision_of(dtype)] += int(flops)
-            self.shapes[packet.__name__, tuple(tuple(t.shape) for t in tensors[:3]), str(dtype)] += 1
+            self.flops[precision] += flops
+            self.shapes[func._overloadpacket.__name__, tuple(tuple(t.shape) for t in tensors[:3]),
+                        str(tensors[0].dtype if tensors else torch.float32)] += 1
         return out
+
+
+def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[str, int] | None:
+    """(precision, useful FLOPs) of one ATen op call, or None for an op PyTorch counts no FLOPs for."""
+    packet = func._overloadpacket
+    if packet not in flop_registry and packet not in _EXTRA:
+        return None
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    dtype = tensors[0].dtype if tensors else torch.float32
+    if packet in flop_registry:
+        flops = flop_registry[packet](*args, **kwargs, out_val=out)
+    else:
+        flops = _EXTRA[packet](*args, **kwargs)
+    return precision_of(dtype), int(flops)
 
 
 def post_json(url: str, body: dict[str, Any], token: str | None) -> None:

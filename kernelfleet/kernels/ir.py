@@ -19,7 +19,7 @@ from kernelfleet.errors import UsageError
 
 ROLES = ("weight", "input", "output", "activation", "workspace", "unknown")
 MODES = ("read", "write", "readwrite")
-SOURCES = ("ptx-static", "ptx-dynamic", "schema", "memory-diff", "conservative")
+SOURCES = ("ptx-static", "ptx-dynamic", "schema", "memory-diff", "conservative", "graph-node")
 KINDS = ("kernel", "memcpy", "memset")
 FORMAT_VERSION = 1
 

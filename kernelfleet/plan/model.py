@@ -33,6 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelfleet.catalog.model import PRECISIONS
 from kernelfleet.documents import parse, reading
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import Edge, dependencies
@@ -64,20 +65,53 @@ class CostTable:
     """Seconds of each launch on each device: ``seconds[launch index][device name]``.
 
     ``None`` means the launch cannot run there (unsupported), never 0 (STYLE rule 5).
+    The optional per-launch lists feed the roofline cost model (``profile/costmodel.py``):
+    ``flops`` (useful FLOPs of the launch), ``bytes`` (bytes it moves to and from device
+    memory) and ``precision`` (a catalog precision name such as "bf16", "fp32"; None for
+    work without a tensor precision). Each entry may be None (unknown); a list that is
+    absent is None. Older documents without these keys read as None.
     """
 
     seconds: list[dict[str, float | None]]
-    source: str = "unknown"  # "measured on ...", "roofline model", "synthetic seed 3"
+    source: str = "unknown"  # "measured on ...", "roofline model fitted on ...", "synthetic seed 3"
+    flops: list[int | None] | None = None
+    bytes: list[int | None] | None = None
+    precision: list[str | None] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.seconds)
+        for name in ("flops", "bytes", "precision"):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            _need(len(values) == n, f"cost table: {name} has {len(values)} entries, seconds has {n} rows")
+            for k, value in enumerate(values):
+                if name == "precision":
+                    _need(value is None or value in PRECISIONS, f"cost table: launch {k} precision must be "
+                          f"one of {PRECISIONS} or null, got {value!r}")
+                else:
+                    _need(value is None or (isinstance(value, int | float) and not isinstance(value, bool)
+                                            and value >= 0),
+                          f"cost table: launch {k} {name} must be a number >= 0 or null, got {value!r}")
 
     def to_json(self) -> str:
-        return json.dumps({"kernelfleet_costs": COSTS_FORMAT, "source": self.source, "seconds": self.seconds})
+        doc: dict[str, Any] = {"kernelfleet_costs": COSTS_FORMAT, "source": self.source,
+                               "seconds": self.seconds}
+        for name in ("flops", "bytes", "precision"):
+            if getattr(self, name) is not None:
+                doc[name] = getattr(self, name)
+        return json.dumps(doc)
 
     @classmethod
     def from_json(cls, text: str, where: str = "<costs>") -> CostTable:
         with reading(where, "cost table"):
             doc = parse(text, "kernelfleet_costs", COSTS_FORMAT)
             rows = [{str(k): (None if v is None else float(v)) for k, v in row.items()} for row in doc["seconds"]]
-            return cls(rows, str(doc.get("source", "unknown")))
+            counts = {name: None if doc.get(name) is None else
+                      [None if v is None else int(v) for v in doc[name]] for name in ("flops", "bytes")}
+            precision = doc.get("precision")
+            precision = None if precision is None else [None if v is None else str(v) for v in precision]
+            return cls(rows, str(doc.get("source", "unknown")), counts["flops"], counts["bytes"], precision)
 
 
 @dataclass

@@ -85,15 +85,49 @@ def evaluate(problem: Problem, plan: Plan) -> Evaluation:
                       _memory(problem, plan.assignment))
 
 
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """A cut edge's bytes (summed over its buffers) moving for one request (seconds)."""
+
+    src: int  # the producing launch
+    dst: int  # the consuming launch
+    source: str  # device sending
+    target: str  # device receiving
+    nbytes: int
+    start_seconds: float
+    end_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """One request's list schedule: when each launch runs (capture order) and each transfer."""
+
+    device: list[str]
+    start_seconds: list[float]
+    end_seconds: list[float]
+    transfers: list[Transfer]
+
+    @property
+    def makespan_seconds(self) -> float:
+        return max(self.end_seconds, default=0.0)
+
+
 def latency(problem: Problem, assignment: list[str]) -> float:
-    """One request's makespan: each device runs its launches in capture order; a launch starts
+    """One request's makespan under :func:`schedule`."""
+    return schedule(problem, assignment).makespan_seconds
+
+
+def schedule(problem: Problem, assignment: list[str]) -> Schedule:
+    """One request alone: each device runs its launches in capture order; a launch starts
     when its device is free and every RAW predecessor has finished (plus the transfer, when
     the predecessor ran elsewhere). Transfers are not serialised against each other."""
     preds: dict[int, list[tuple[int, int]]] = {}
     for e in problem.edges:
         preds.setdefault(e.dst, []).append((e.src, e.bytes))
     free = {d: 0.0 for d in problem.names}
+    start: list[float] = []
     finish: list[float] = []
+    transfers: list[Transfer] = []
     for k, device in enumerate(assignment):
         ready = free[device]
         # bytes from one producer over several buffers travel as one transfer of their sum
@@ -103,10 +137,13 @@ def latency(problem: Problem, assignment: list[str]) -> float:
         for src, nbytes in incoming.items():
             there = assignment[src]
             arrive = finish[src] + (0.0 if there == device else nbytes / problem.bandwidth[there, device])
+            if there != device:
+                transfers.append(Transfer(src, k, there, device, nbytes, finish[src], arrive))
             ready = max(ready, arrive)
+        start.append(ready)
         finish.append(ready + (problem.costs.seconds[k][device] or 0.0))
         free[device] = finish[-1]
-    return max(finish, default=0.0)
+    return Schedule(list(assignment), start, finish, transfers)
 
 
 def _memory(problem: Problem, assignment: list[str]) -> dict[str, int]:

@@ -1,0 +1,179 @@
+"""Capture reference workloads on a GPU, check every access claim, time kernels on device profiles.
+
+    python3 bench/capture_run.py --out DIR [--steps llama-decode,...] [--profile-steps ...]
+
+For each step: capture it (kernelfleet.kernels.capture), save the raw capture (the CPU tests
+replay it), assemble the program, replay the step node by node with memory-diff and the dynamic
+range probe (kernelfleet.kernels.replay), check the node-by-node outputs equal the graph's, and
+write the findings. Then sweep candidate green-context profiles, pick the pair closest to L40S +
+A100 (kernelfleet.profile.run), and time every launch of the profile steps on it and on the whole GPU.
+Each part is guarded: a failure is printed with its traceback and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from kernelfleet.graph.deps import dependencies
+from kernelfleet.kernels import driver
+from kernelfleet.kernels.analyze import census
+from kernelfleet.kernels.assemble import assemble
+from kernelfleet.kernels.capture import capture
+from kernelfleet.kernels.checks import probe_disagreements, unsound_writes, with_observations
+from kernelfleet.kernels.replay import observe, stepwise_matches_graph
+from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
+from kernelfleet.profile.run import calibrate_profiles, choose, pair_specs, sweep_specs
+from kernelfleet.profile.timing import calibrate, time_launches
+from kernelfleet.workloads.steps import make
+
+STEPS = {
+    "llama-decode": dict(family="llama", phase="decode"),
+    "llama-prefill": dict(family="llama", phase="prefill"),
+    "llama-decode-compiled": dict(family="llama", phase="decode", compile=True),
+    "moe-decode": dict(family="moe", phase="decode"),
+    "mamba-decode": dict(family="mamba", phase="decode"),
+    "vlm-prefill": dict(family="vlm", phase="prefill"),
+    "dit-denoise": dict(family="dit", phase="denoise"),
+    "llama8b-decode": dict(family="llama", preset="h200", phase="decode"),
+    "llama8b-prefill": dict(family="llama", preset="h200", phase="prefill", batch=1, prompt_len=2048),
+}
+
+
+def guarded(label: str, fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    try:
+        result = fn(*args, **kwargs)
+        print(f"[ok] {label} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        return result
+    except Exception:  # a GPU run is one shot: report and go on
+        print(f"[FAILED] {label} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        traceback.print_exc()
+        sys.stdout.flush()
+        return None
+
+
+def node_order_is_topological(captured) -> dict:
+    index = {int(n): i for i, n in enumerate(captured.nodes)}
+    edges = driver.edges(captured.handle)
+    backwards = [(index[a], index[b]) for a, b in edges if index[a] >= index[b]]
+    return {"nodes": len(captured.nodes), "edges": len(edges), "backward_edges": backwards[:10]}
+
+
+def run_step(name: str, out: Path, profile: bool) -> None:
+    spec = dict(STEPS[name])
+    family, phase = spec.pop("family"), spec.pop("phase")
+    preset = spec.pop("preset", "tiny")
+    step = make(family, preset, phase, **spec)
+    captured = capture(step.fn, step.args, module=step.module, what=step.name,
+                       record_ops=not spec.get("compile", False))
+    report: dict = {"step": step.name}
+
+    def save() -> None:  # after every part: a GPU fault later must not lose what was measured
+        kind = "profile" if profile else "report"
+        (out / f"{name}.{kind}.json").write_text(json.dumps(report, indent=1, default=str))
+
+    captured.raw.save(out / f"{name}.{'profiled-' if profile else ''}capture.json.gz")
+    report["order"] = guarded(f"{name}: node order", node_order_is_topological, captured)
+    program = assemble(captured.raw)
+    report["census"] = census(program, dependencies(program))
+    print(json.dumps(report["census"])[:2000], flush=True)
+    save()
+    if profile:  # a process of its own (see main), so the checks never run after green contexts
+        report["profiles"] = {}
+        chosen = chosen_pair(out)
+        specs = chosen.pop("specs")
+        report["pair"] = chosen
+        for spec_ in specs + (ProfileSpec("whole"),):
+            with DeviceProfile(spec_) as device, device.active() as stream:
+                calib = guarded(f"{name}: calibrate {spec_.name}", calibrate, stream)
+                seconds = guarded(f"{name}: time {spec_.name}", time_launches, captured, stream,
+                                  context=device.context)
+            report["profiles"][spec_.name] = {"calibration": calib, "seconds": seconds, "sms": device.sms,
+                                              "hog_bytes_per_second": device.hog_bytes_per_second}
+            save()
+        return
+    same = guarded(f"{name}: node-by-node replay equals graph", stepwise_matches_graph, captured, program)
+    report["stepwise"] = {"bit_identical": same}
+    save()
+    seen = guarded(f"{name}: memory-diff + probe", observe, captured, program)
+    if seen is not None:
+        unsound = unsound_writes(program, seen.writes)
+        disagree = probe_disagreements(program, seen.probed)
+        report["observed"] = {"writes": {str(k): v for k, v in seen.writes.items()},
+                              "probed": {str(k): v for k, v in seen.probed.items()},
+                              "unprobed": {str(k): v for k, v in seen.unprobed.items()},
+                              "checked_bytes": seen.checked_bytes}
+        report["unsound_writes"] = [(f.launch, f.buffer, f.start, f.end, f.what) for f in unsound]
+        report["probe_disagreements"] = [(f.launch, f.buffer, f.start, f.end, f.what) for f in disagree]
+        print(f"{name}: {len(seen.writes)} launches wrote, {len(unsound)} unsound write ranges, "
+              f"{len(seen.probed)} kernels probed, {len(disagree)} probe disagreements, "
+              f"unprobed {len(seen.unprobed)}", flush=True)
+        grown = with_observations(program, seen.writes, seen.probed)
+        (out / f"{name}.program.json").write_text(grown.to_json())
+    save()
+
+
+def chosen_pair(out: Path) -> dict:
+    """The swept pair closest to L40S (compute-rich) + A100 (bandwidth-rich)."""
+    choice = choose(json.loads((out / "calibration_sweep.json").read_text()))
+    c, b = choice.compute, choice.bandwidth
+    print(f"pair: compute {c['sms']}+{c['hog_sms']}, bandwidth {b['sms']}: "
+          f"GEMM {choice.gemm_ratio:.2f} (L40S/A100 {choice.target_gemm_ratio:.2f}), "
+          f"GEMV bandwidth {choice.bandwidth_ratio:.2f} (A100/L40S {choice.target_bandwidth_ratio:.2f})", flush=True)
+    return {"compute": c, "bandwidth": b, "gemm_ratio": choice.gemm_ratio, "bandwidth_ratio": choice.bandwidth_ratio,
+            "target": [choice.target_gemm_ratio, choice.target_bandwidth_ratio], "specs": pair_specs(choice)}
+
+
+def calibration_sweep(out: Path) -> None:
+    """GEMM / GEMV / copy rates of candidate profiles, to pick the pair closest to a real one."""
+    def show(row: dict) -> None:
+        print(f"profile {row['name']:8} GEMM {row['gemm_flops_per_second'] / 1e12:6.0f} TFLOP/s  "
+              f"GEMV {row['gemv_bytes_per_second'] / 1e9:6.0f} GB/s  "
+              f"copy {row['copy_bytes_per_second'] / 1e9:6.0f} GB/s", flush=True)
+
+    (out / "calibration_sweep.json").write_text(json.dumps(calibrate_profiles(sweep_specs(), show), indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", default="llama-decode,llama-prefill,llama-decode-compiled,moe-decode,"
+                                           "mamba-decode,vlm-prefill,dit-denoise")
+    parser.add_argument("--profile-steps", default="llama-decode,llama8b-decode,llama8b-prefill")
+    parser.add_argument("--only", help="run this one step in this process (the parent runs each step so)")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--step-seconds", type=float, default=150.0)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.only:
+        if args.only == "calibration-sweep":
+            calibration_sweep(args.out)
+        else:
+            run_step(args.only, args.out, args.profile)
+        return
+    print(f"command: {' '.join([sys.executable] + sys.argv)}")
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
+    profiled = args.profile_steps.split(",") if args.profile_steps else []
+    names = args.steps.split(",") + [s for s in profiled if s not in args.steps.split(",")]
+    runs = [("calibration-sweep", False)] + [(n, False) for n in names] + [(n, True) for n in profiled]
+    for name, profile in runs:  # a process each: a GPU fault ends one step only
+        command = [sys.executable, __file__, "--out", str(args.out), "--only", name]
+        command += ["--profile"] if profile else []
+        t0 = time.perf_counter()
+        try:
+            code = subprocess.run(command, timeout=args.step_seconds).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+        print(f"== {name}: exit {code} after {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""``kernelfleet analyze``: capture a model step and say what is known about its kernels.
+
+:func:`census` is pure (a program and its edges in, a summary out); :func:`load_step` imports
+the user's factory; :func:`analyze_step` runs the capture on the GPU and writes the raw capture,
+the program (JSON) and the dependency graph (DOT).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from kernelfleet.errors import UsageError
+from kernelfleet.graph.deps import Edge, dependencies, kernel_kind, to_dot
+from kernelfleet.kernels.ir import Program
+
+
+def census(program: Program, edges: list[Edge]) -> dict[str, Any]:
+    """Launch kinds, how accesses are known, pinned kernels and why, edges and their bytes."""
+    kernels = [launch for launch in program.launches if launch.kind == "kernel"]
+    with_ptx = [k for k in kernels if any(a.source in ("ptx-static", "ptx-dynamic") for a in k.accesses)]
+    pinned = Counter(launch.pinned for launch in program.launches if launch.pinned)
+    return {
+        "launches": len(program.launches),
+        "kernels": len(kernels),
+        "copies": sum(launch.kind != "kernel" for launch in program.launches),
+        "distinct_kernels": len({k.name for k in kernels}),
+        "kernels_with_ptx": len(with_ptx),
+        "kinds": dict(Counter(kernel_kind(launch) for launch in program.launches)),
+        "access_sources": dict(Counter(a.source for launch in program.launches for a in launch.accesses)),
+        "launches_by_source": dict(Counter(_main_source(launch) for launch in program.launches)),
+        "pinned": sum(pinned.values()),
+        "pinned_reasons": dict(pinned),
+        "buffers": len(program.buffers),
+        "buffer_roles": dict(Counter(b.role for b in program.buffers)),
+        "edges": len(edges),
+        "edge_bytes": sum(e.bytes for e in edges),
+    }
+
+
+def _main_source(launch: Any) -> str:
+    sources = {a.source for a in launch.accesses}
+    for source in ("ptx-dynamic", "ptx-static", "schema", "graph-node", "memory-diff", "conservative"):
+        if source in sources:
+            return source
+    return "none"
+
+
+def load_step(target: str) -> Any:
+    """Call ``MODULE:FACTORY``; it returns a Step (fn, args, module, name) or (fn, args[, module])."""
+    module_name, _, factory_name = target.partition(":")
+    if not module_name or not factory_name:
+        raise UsageError(f"expected MODULE:FACTORY (e.g. kernelfleet.workloads.steps:llama_decode), got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {module_name!r}: {exc}") from exc
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise UsageError(f"{module_name} has no callable {factory_name!r}")
+    made = factory()
+    if hasattr(made, "fn") and hasattr(made, "args"):
+        return made.fn, tuple(made.args), getattr(made, "module", None), getattr(made, "name", target)
+    if isinstance(made, tuple) and len(made) in (2, 3) and callable(made[0]):
+        return made[0], tuple(made[1]), made[2] if len(made) == 3 else None, target
+    raise UsageError(f"{target} returned {type(made).__name__}; expected (fn, args[, module]) or a Step")
+
+
+def capture_step(target: str, *, record_ops: bool = True) -> tuple[Any, Program]:
+    """Capture the step of ``target`` on the GPU: the live capture and its assembled program."""
+    from kernelfleet.kernels.assemble import assemble
+    from kernelfleet.kernels.capture import capture
+
+    fn, args, module, name = load_step(target)
+    captured = capture(fn, args, module=module, what=name, record_ops=record_ops)
+    return captured, assemble(captured.raw)
+
+
+def write_analysis(raw: Any, program: Program, out: Path) -> dict[str, Any]:
+    """Write the raw capture, the program (JSON) and its graph (DOT) under ``out``; the census."""
+    edges = dependencies(program)
+    out.mkdir(parents=True, exist_ok=True)
+    raw.save(out / "capture.json.gz")
+    (out / "program.json").write_text(program.to_json())
+    (out / "graph.dot").write_text(to_dot(program, edges))
+    return {"step": raw.about.get("what", ""), **census(program, edges)}
+
+
+def analyze_capture(path: Path, out: Path) -> dict[str, Any]:
+    """The census of a recorded raw capture (no GPU), its program and graph written under ``out``."""
+    from kernelfleet.kernels.assemble import assemble
+    from kernelfleet.kernels.raw import RawCapture
+
+    raw = RawCapture.load(path)
+    return write_analysis(raw, assemble(raw), out)
+
+
+def analyze_step(target: str, out: Path, *, check: bool = True, record_ops: bool = True) -> dict[str, Any]:
+    """Capture ``target`` on the GPU, check its claims by replay, and write the analysis."""
+    from kernelfleet.kernels.checks import probe_disagreements, unsound_writes, with_observations
+    from kernelfleet.kernels.replay import observe, stepwise_matches_graph
+
+    captured, program = capture_step(target, record_ops=record_ops)
+    findings: dict[str, Any] = {}
+    if check:
+        seen = observe(captured, program)
+        findings = {"node_by_node_equals_graph": stepwise_matches_graph(captured, program),
+                    "unsound_writes": len(unsound_writes(program, seen.writes)),
+                    "probe_disagreements": len(probe_disagreements(program, seen.probed)),
+                    "probed_kernels": len(seen.probed)}
+        program = with_observations(program, seen.writes, seen.probed)
+    return {**write_analysis(captured.raw, program, out), **findings}
+
+
+def write_profile(captured: Any, program: Program, seconds: dict[str, list[float]], out: Path) -> str:
+    """Write capture, program and cost table under ``out``; say which device each kernel prefers."""
+    from kernelfleet.profile.table import cost_table, preference
+
+    write_analysis(captured.raw, program, out)
+    about = captured.raw.about
+    costs = cost_table(captured.raw, program, seconds, f"measured on {about.get('device')} profiles "
+                                                         f"{', '.join(seconds)} ({about.get('what')})")
+    (out / "costs.json").write_text(costs.to_json())
+    lines = [f"wrote {out}/costs.json: {len(program.launches)} launches x {', '.join(seconds)}"]
+    names = [n for n in seconds if n != "whole"]
+    if len(names) >= 2:
+        p = preference(costs, names[0], names[1])
+        lines.append(f"{p.weaker} is slower overall ({p.weaker_total_seconds * 1e3:.2f} ms vs "
+                     f"{p.stronger_total_seconds * 1e3:.2f} ms), yet {p.kernels_faster_on_weaker} of {p.kernels} "
+                     f"kernels ({p.share_of_kernels:.0%}; {p.share_of_time:.0%} of {p.stronger}'s time) run faster on it")
+    return "\n".join(lines)

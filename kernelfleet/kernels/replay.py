@@ -1,0 +1,175 @@
+"""Replay a captured step node by node on the GPU, and watch what each node does.
+
+The step's graph is instantiated once more with every node disabled; enabling one node at a
+time replays the step in order with its real state, so each launch sees exactly the bytes it
+saw in the captured run. Between nodes:
+
+* **memory-diff**: every candidate buffer is compared with a copy taken before the node; the
+  changed byte range per buffer is the node's observed write set (``checks.unsound_writes``).
+* **dynamic range probe**: a kernel whose PTX is known runs, in place of its node, as the
+  rewritten PTX of :mod:`kernelfleet.ptx.probe`, which records the lowest and highest address
+  each memory instruction touched. The probed kernel does the kernel's work, so the state
+  stays the real one.
+
+Candidates are all buffers but the weights when they total at most ``max_bytes``; above that,
+only the buffers a launch names or points at (a larger model then checks its claims, not
+every byte of memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from kernelfleet.kernels import driver
+from kernelfleet.kernels.assemble import fitting
+from kernelfleet.kernels.capture import Captured
+from kernelfleet.kernels.checks import Range
+from kernelfleet.kernels.ir import Program
+from kernelfleet.ptx import probe as ptx_probe
+
+PROGRAM_KINDS = ("kernel", "memcpy", "memset")
+RUN_GAP_BYTES = 64
+
+
+class _DeviceBytes:
+    """A zero-copy view of device memory for torch (``__cuda_array_interface__``)."""
+
+    def __init__(self, address: int, size: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (address, False),
+                                         "version": 3}
+
+
+def device_bytes(address: int, size: int) -> torch.Tensor:
+    return torch.as_tensor(_DeviceBytes(address, size), device="cuda")
+
+
+@dataclass
+class Observation:
+    writes: dict[int, list[Range]] = field(default_factory=dict)  # launch -> changed ranges
+    probed: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)  # launch -> (mode, lo, hi)
+    unprobed: dict[int, str] = field(default_factory=dict)  # launch with PTX -> why no probe ran
+    checked_bytes: int = 0
+
+
+def program_nodes(captured: Captured) -> list[int]:
+    """Graph node index of each launch of the assembled program."""
+    return [i for i, n in enumerate(captured.raw.nodes) if n.kind in PROGRAM_KINDS]
+
+
+def observe(captured: Captured, program: Program, *, max_bytes: int = 1 << 30, probe: bool = True,
+            progress: Callable[[int], None] | None = None) -> Observation:
+    """Replay the step node by node; memory-diff every launch, probe every kernel with PTX."""
+    seen = Observation()
+    buffers = {b.id: b for b in program.buffers}
+    candidates = [b.id for b in program.buffers if b.role != "weight"]
+    everything = sum(buffers[b].size_bytes for b in candidates) <= max_bytes
+    snapshots: dict[int, torch.Tensor] = {}
+    stream = torch.cuda.current_stream()
+    captured.replay()
+    torch.cuda.synchronize()
+
+    def snapshot(b: int) -> torch.Tensor:
+        if b not in snapshots:
+            snapshots[b] = device_bytes(buffers[b].address, buffers[b].size_bytes).clone()
+        return snapshots[b]
+
+    if everything:
+        for b in candidates:
+            snapshot(b)
+    runner = captured.replayer()
+    try:
+        for launch, node_index in enumerate(program_nodes(captured)):
+            node = captured.raw.nodes[node_index]
+            mine = {a.buffer for a in program.launches[launch].accesses}
+            watched = candidates if everything else sorted(mine)
+            for b in watched:
+                snapshot(b)
+            why = _run_probed(captured, node, seen, launch, stream) if probe and node.kind == "kernel" else "off"
+            if why is not None:
+                if why != "off" and captured.raw.ptx.get(node.name):
+                    seen.unprobed[launch] = why
+                runner.one(node_index, stream.cuda_stream)
+            try:
+                torch.cuda.synchronize()
+            except RuntimeError as exc:  # the context is lost; name the launch that did it
+                raise RuntimeError(f"launch {launch} ({node.kind} {node.name[:80]}) failed alone: {exc}") from exc
+            changed = []
+            for b in watched:
+                now = device_bytes(buffers[b].address, buffers[b].size_bytes)
+                seen.checked_bytes += buffers[b].size_bytes
+                if not torch.equal(now, snapshots[b]):
+                    changed += [(b, s, e) for s, e in changed_runs(now, snapshots[b])]
+                    snapshots[b].copy_(now)
+            if changed:
+                seen.writes[launch] = changed
+            if progress:
+                progress(1)
+    finally:
+        runner.close()
+    return seen
+
+
+def changed_runs(now: torch.Tensor, before: torch.Tensor, gap_bytes: int = RUN_GAP_BYTES) -> list[tuple[int, int]]:
+    """Byte ranges that differ, as runs; runs closer than ``gap_bytes`` are joined (a written value
+    may keep some of its bytes, which must not split one write into many)."""
+    where = (now != before).nonzero().flatten()
+    if where.numel() == 0:
+        return []
+    breaks = (where[1:] - where[:-1]) > gap_bytes
+    starts = torch.cat([where[:1], where[1:][breaks]])
+    ends = torch.cat([where[:-1][breaks], where[-1:]]) + 1
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+def stepwise_matches_graph(captured: Captured, program: Program) -> bool:
+    """Do the outputs of a node-by-node replay equal, bit for bit, those of the graph replay?
+
+    A decode step updates state in place (an SSM's state, a cache row), so each run starts from
+    the same state: every buffer that is not a weight is saved first and restored before each run.
+    """
+    state = [(b, device_bytes(b.address, b.size_bytes).clone()) for b in program.buffers if b.role != "weight"]
+
+    def restore() -> None:
+        for b, saved in state:
+            device_bytes(b.address, b.size_bytes).copy_(saved)
+
+    outputs = [t for t in tree_flatten(captured.outputs)[0] if isinstance(t, torch.Tensor)]
+    restore()
+    captured.replay()
+    torch.cuda.synchronize()
+    reference = [t.clone() for t in outputs]
+    restore()
+    runner = captured.replayer()
+    stream = torch.cuda.current_stream().cuda_stream
+    try:
+        for launch, node in enumerate(program_nodes(captured)):
+            runner.one(node, stream)
+            try:
+                torch.cuda.synchronize()
+            except RuntimeError as exc:  # the context is lost; name the launch that did it
+                raise RuntimeError(f"launch {launch} ({captured.raw.nodes[node].name[:80]}) failed alone: {exc}") from exc
+    finally:
+        runner.close()
+    return all(torch.equal(a, b) for a, b in zip(reference, outputs))
+
+
+def _run_probed(captured: Captured, node, seen: Observation, launch: int, stream) -> str | None:
+    """Run ``node`` as its probed PTX; None when it ran, else why it could not."""
+    variants = fitting(captured.raw.ptx.get(node.name, []), node)
+    texts = {v["ptx"] for v in variants}
+    if len(texts) != 1:
+        return "no PTX" if not texts else f"{len(texts)} PTX variants fit the launch"
+    kernel = ptx_probe.instrument(texts.pop(), node.name)
+    slots = torch.tensor(list(ptx_probe.initial_probe_bytes(kernel)), dtype=torch.uint8, device="cuda")
+    params = [bytes.fromhex(h) for _, _, h in node.params] + [slots.data_ptr().to_bytes(8, "little")]
+    driver.load_and_launch(kernel.ptx, node.name, node.grid, node.block, node.shared_bytes, params,
+                           stream.cuda_stream)
+    ranges = ptx_probe.decode(kernel, bytes(slots.cpu().numpy().tobytes()))
+    seen.probed[launch] = [(site.mode, lo, hi) for site, lo, hi in ranges if lo is not None]
+    if kernel.unprobed:
+        seen.unprobed[launch] = "; ".join(kernel.unprobed)
+    return None

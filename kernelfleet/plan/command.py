@@ -1,0 +1,250 @@
+"""What ``kernelfleet plan`` does, as functions on plain data (the CLI only parses and prints).
+
+:func:`setup` reads the program and cost table, adds catalog SKUs the table has not measured
+through the roofline cost model (``profile/costmodel.py``) and builds the :class:`Problem`;
+:func:`make_plans` runs the chosen policy with every baseline beside it; :func:`table` gives
+the rows to print and :func:`write` the plan files. Every plan written carries the cost
+table's source in ``details["costs_source"]``, so a plan made from predicted costs says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernelfleet.errors import UsageError
+from kernelfleet.graph.deps import kernel_kind
+from kernelfleet.kernels.ir import Program
+from kernelfleet.plan.baselines import baselines
+from kernelfleet.plan.model import CostTable, Device, Link, Plan, Problem
+from kernelfleet.plan.policy import throughput
+from kernelfleet.plan.validate import evaluate
+
+POLICIES = ("throughput", "latency", "single", "replicas", "pipeline", "attention-ffn", "all")
+GB = 1e9
+
+
+@dataclass
+class Setup:
+    problem: Problem
+    notes: list[str] = field(default_factory=list)  # lines to show above the table
+
+
+def parse_device(spec: str) -> Device:
+    """NAME or NAME:MEMORY_GB (decimal gigabytes)."""
+    name, sep, gb = spec.rpartition(":")
+    if not sep:
+        return Device(spec)
+    try:
+        memory = float(gb)
+    except ValueError:
+        raise UsageError(f"--device {spec!r}: expected NAME or NAME:MEMORY_GB, e.g. l40s:48") from None
+    if not name or memory <= 0:
+        raise UsageError(f"--device {spec!r}: expected NAME or NAME:MEMORY_GB with a positive size")
+    return Device(name, int(memory * GB))
+
+
+def parse_link(spec: str, names: list[str]) -> Link:
+    """DEVICE:DEVICE:GBPS (gigabytes per second), both ends known devices."""
+    parts = spec.split(":")
+    try:
+        a, b, gbps = parts[0], parts[1], float(parts[2])
+        if len(parts) != 3 or gbps <= 0:
+            raise ValueError
+    except (IndexError, ValueError):
+        raise UsageError(
+            f"--link {spec!r}: expected DEVICE:DEVICE:GBPS with a positive GB/s, e.g. l40s:a100:25"
+        ) from None
+    for end in (a, b):
+        if end not in names:
+            raise UsageError(f"--link {spec!r}: unknown device {end!r} (devices: {', '.join(names)})")
+    if a == b:
+        raise UsageError(f"--link {spec!r}: a link joins two different devices")
+    return Link(a, b, gbps * GB)
+
+
+def load_costs(path: Path) -> CostTable:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
+    return CostTable.from_json(text, str(path))
+
+
+def setup(
+    program_path: Path,
+    costs_path: Path,
+    devices: list[str],
+    links: list[str],
+    link_gbps: float,
+    predict: list[str],
+    profiles: list[str],
+    catalog_path: Path | None = None,
+) -> Setup:
+    """The problem the CLI plans: devices from ``--device`` (default: every measured device) plus
+    ``--predict`` SKUs, links from ``--link`` with ``link_gbps`` for every pair left out."""
+    program = Program.load(program_path)
+    costs = load_costs(costs_path)
+    measured = sorted({d for row in costs.seconds for d, v in row.items() if v is not None})
+    chosen = [parse_device(spec) for spec in devices] or [Device(d) for d in measured]
+    notes = [f"costs: {costs.source}"]
+    if predict:
+        costs, predicted, note = _predict(program, costs, measured, predict, profiles, catalog_path)
+        notes.append(note)
+        chosen += [d for d in predicted if d.name not in {c.name for c in chosen}]
+    names = [d.name for d in chosen]
+    have = {d for row in costs.seconds for d, v in row.items() if v is not None}
+    for name in names:
+        if name not in have:
+            raise UsageError(
+                f"device {name!r} has no costs in {costs_path} (measured: {', '.join(measured)}); "
+                f"add --predict {name} for a catalog SKU"
+            )
+    if link_gbps <= 0:
+        raise UsageError(f"--link-gbps must be positive, got {link_gbps}")
+    given = {frozenset((lk.a, lk.b)): lk for lk in (parse_link(spec, names) for spec in links)}
+    all_links = [
+        given.get(frozenset((a, b)), Link(a, b, link_gbps * GB))
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+    ]
+    kept = CostTable(
+        [{d: row.get(d) for d in names if d in row} for row in costs.seconds],
+        costs.source,
+        costs.flops,
+        costs.bytes,
+        costs.precision,
+    )
+    return Setup(Problem(program, chosen, all_links, kept), notes)
+
+
+def _predict(
+    program: Program,
+    costs: CostTable,
+    measured: list[str],
+    predict: list[str],
+    profiles: list[str],
+    catalog_path: Path | None,
+) -> tuple[CostTable, list[Device], str]:
+    import json
+
+    from kernelfleet.catalog import Catalog
+    from kernelfleet.profile.costmodel import Capability, predict_table
+
+    catalog = Catalog.load(catalog_path)
+    targets = {key: catalog.get(key) for key in predict}  # UsageError naming the known keys
+    devices = [Device(key, sku.memory_bytes) for key, sku in targets.items()]
+    targets = {key: sku for key, sku in targets.items() if key not in measured}
+    if not targets:
+        return costs, devices, f"--predict {', '.join(predict)}: measured already, nothing to predict"
+    capabilities: dict[str, Capability] = {}
+    for spec in profiles:
+        name, sep, what = spec.partition("=")
+        if not sep or not name or not what:
+            raise UsageError(f"--profile {spec!r}: expected NAME=SKU or NAME=CALIBRATION.json")
+        if what.endswith(".json"):
+            try:
+                capabilities[name] = Capability.from_dict(json.loads(Path(what).read_text()), what)
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"--profile {spec!r}: cannot read {what} ({exc})") from exc
+        else:
+            capabilities[name] = Capability.from_sku(catalog.get(what))
+    for name in measured:
+        if name not in capabilities:
+            if name not in catalog:
+                raise UsageError(
+                    f"--predict needs to know what measured device {name!r} is: "
+                    f"add --profile {name}=SKU (a catalog key) or --profile {name}=CALIBRATION.json"
+                )
+            capabilities[name] = Capability.from_sku(catalog.get(name))
+    kinds = [kernel_kind(launch) for launch in program.launches]
+    table, model, error = predict_table(
+        costs, kinds, capabilities, {key: Capability.from_sku(sku) for key, sku in targets.items()}
+    )
+    paths = ", ".join(f"{n} {path}" for path, n in sorted(model.paths().items()))
+    note = (
+        f"cost model: roofline fitted on {', '.join(model.devices)}, overhead "
+        f"{model.overhead_seconds * 1e6:.2f} µs, launches by path: {paths}; "
+        + (error.summary() if error else "no leave-one-device-out error (one measured device)")
+    )
+    return table, devices, note
+
+
+def make_plans(problem: Problem, policy: str, time_limit_seconds: float) -> tuple[Plan | None, list[Plan]]:
+    """The chosen plan (None for "all") and every plan evaluated, chosen first."""
+    if policy not in POLICIES:
+        raise UsageError(f"--policy {policy!r}: expected one of {', '.join(POLICIES)}")
+    if time_limit_seconds <= 0:
+        raise UsageError(f"--time-limit must be positive, got {time_limit_seconds}")
+    if policy in ("throughput", "all"):
+        milp, plans, skipped = throughput(problem, time_limit_seconds=time_limit_seconds)
+        plans = [milp] + plans
+    else:
+        plans, skipped = baselines(problem)
+    for plan in plans:
+        plan.details["costs_source"] = problem.costs.source
+    if policy == "all":
+        return None, plans
+    wanted = {"throughput": "throughput-milp", "latency": "latency-greedy"}.get(policy, policy)
+    found = [
+        p for p in plans if p.policy == wanted or (policy == "single" and p.policy.startswith("single:"))
+    ]
+    if not found:
+        why = skipped.get(wanted) or next((v for k, v in skipped.items() if k.startswith(wanted)), None)
+        raise UsageError(
+            f"no valid {policy} plan for this problem: {why or 'it does not apply to this program'}"
+        )
+    chosen = min(found, key=lambda p: p.details["throughput_seconds"])
+    return chosen, [chosen] + [p for p in plans if p is not chosen]
+
+
+def table(problem: Problem, plans: list[Plan], chosen: Plan | None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: every plan's figures under the validator's cost model."""
+    header = ["plan", "time/request", "latency", "lower bound", "gap", "cut edges", "cut MB"]
+    header += [f"{d} busy · mem" for d in problem.names]
+    rows = []
+    for plan in plans:
+        ev = evaluate(problem, plan)
+        cut = [
+            e for e in problem.edges if plan.assignment and plan.assignment[e.src] != plan.assignment[e.dst]
+        ]
+        bound = plan.lower_bound_seconds
+        gap = "—" if not bound else f"{100 * (ev.throughput_seconds / bound - 1):.1f}%"
+        rows.append(
+            [
+                ("* " if plan is chosen else "") + plan.policy,
+                seconds(ev.throughput_seconds),
+                seconds(ev.latency_seconds),
+                "—" if bound is None else seconds(bound),
+                gap,
+                str(len(cut)),
+                f"{sum(e.bytes for e in cut) / 1e6:.1f}",
+            ]
+            + [f"{seconds(ev.busy_seconds[d])} · {ev.memory_bytes[d] / GB:.2f} GB" for d in problem.names]
+        )
+    return header, rows
+
+
+def seconds(value: float) -> str:
+    return (
+        f"{value * 1e6:.1f} µs"
+        if value < 1e-3
+        else f"{value * 1e3:.2f} ms"
+        if value < 1
+        else f"{value:.2f} s"
+    )
+
+
+def write(plans: list[Plan], chosen: Plan | None, out: Path) -> list[Path]:
+    """The chosen plan to ``out``; with no chosen plan ("all"), every plan into the folder ``out``."""
+    try:
+        if chosen is not None:
+            out.write_text(chosen.to_json())
+            return [out]
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [out / (plan.policy.replace(":", "-") + ".json") for plan in plans]
+        for plan, path in zip(plans, paths):
+            path.write_text(plan.to_json())
+        return paths
+    except OSError as exc:
+        raise UsageError(f"{out}: cannot write ({exc.strerror})") from exc

@@ -1,0 +1,118 @@
+"""Device profiles: what a kernel runs on — a whole GPU, or a green-context partition of one.
+
+A partition (a CUDA green context) limits SMs only; memory bandwidth falls only because few SMs
+cannot pull it all. A *bandwidth-poor* device therefore needs a co-running bandwidth hog in a
+separate partition: copies in a loop, from a thread and stream of its own (a hog on another
+stream of the same partition just time-shares and changes nothing; DESIGN.md, Facts). The work
+and hog partitions are carved from one chain of splits (:func:`kernelfleet.kernels.driver.green_streams`)
+so they never share an SM; torch work runs on a partition through its stream. Clocks, power
+limits and MIG are never touched.
+
+Partitions live as long as the process: destroying a green context while PyTorch still caches
+things made on its stream faulted later, unrelated launches on the H200 ("unspecified launch
+failure" in the next graph replay), so each shape is made once and reused.
+
+The emulated complementary pair is chosen by calibration (``profile/calibration.py``): on an H200
+the closest to L40S + A100 was 56 SMs + a 64-SM hog against 32 SMs alone (tests/data/h200-capture).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from kernelfleet.errors import UsageError
+from kernelfleet.kernels import driver
+
+SM_GRANULE = 8  # Hopper hands out partitions in multiples of 8 SMs (DESIGN.md, Facts)
+HOG_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSpec:
+    """``sms=None``: the whole GPU. ``hog_sms``: SMs of a co-running copy loop, or None."""
+
+    name: str
+    sms: int | None = None
+    hog_sms: int | None = None
+    device: int = 0
+
+    def __post_init__(self) -> None:
+        for label, value in (("sms", self.sms), ("hog_sms", self.hog_sms)):
+            if value is not None and (value <= 0 or value % SM_GRANULE):
+                raise UsageError(f"profile {self.name}: {label} must be a positive multiple of {SM_GRANULE}, got {value}")
+        if self.hog_sms is not None and self.sms is None:
+            raise UsageError(f"profile {self.name}: a hog needs a work partition (give sms)")
+
+
+_PARTITIONS: dict[tuple[int, int, int], list[tuple[object, int, int]]] = {}
+
+
+def _partitions(spec: ProfileSpec) -> list[tuple[object, int, int]]:
+    key = (spec.device, spec.sms or 0, spec.hog_sms or 0)
+    if key not in _PARTITIONS:
+        total = torch.cuda.get_device_properties(spec.device).multi_processor_count
+        wanted = [n for n in (spec.sms, spec.hog_sms) if n]
+        if sum(wanted) > total:
+            raise UsageError(f"profile {spec.name}: {sum(wanted)} SMs asked, the GPU has {total}")
+        torch.cuda.init()
+        _PARTITIONS[key] = driver.green_streams(spec.device, wanted)
+    return _PARTITIONS[key]
+
+
+class DeviceProfile:
+    """A running profile: ``with DeviceProfile(spec) as p, p.active() as stream: ...``."""
+
+    def __init__(self, spec: ProfileSpec) -> None:
+        self.spec = spec
+        self.sms: int | None = None  # SMs the work partition actually got
+        self.context: object | None = None  # the work partition's CUcontext (None: the whole GPU)
+        self._streams: list[torch.cuda.Stream] = []
+        self._stop = threading.Event()
+        self._hog: threading.Thread | None = None
+        self.hog_bytes_per_second: float | None = None
+
+    def __enter__(self) -> DeviceProfile:
+        if self.spec.sms is None:
+            return self
+        parts = _partitions(self.spec)
+        self.context, self.sms = parts[0][0], parts[0][2]
+        self._streams = [torch.cuda.ExternalStream(stream, device=self.spec.device) for _, stream, _ in parts]
+        if self.spec.hog_sms:
+            self._hog = threading.Thread(target=self._run_hog, daemon=True, name=f"hog-{self.spec.name}")
+            self._hog.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._hog is not None:
+            self._hog.join()
+        torch.cuda.synchronize(self.spec.device)
+
+    @contextmanager
+    def active(self) -> Iterator[torch.cuda.Stream]:
+        """The stream work on this profile runs on, made current for torch."""
+        stream = self._streams[0] if self._streams else torch.cuda.current_stream(self.spec.device)
+        with torch.cuda.device(self.spec.device), torch.cuda.stream(stream):
+            yield stream
+
+    def _run_hog(self) -> None:
+        torch.cuda.set_device(self.spec.device)
+        stream = self._streams[1]
+        with torch.cuda.stream(stream):
+            src = torch.empty(HOG_BYTES, dtype=torch.uint8, device=f"cuda:{self.spec.device}")
+            dst = torch.empty_like(src)
+            start, end, copies = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), 0
+            start.record(stream)
+            while not self._stop.is_set():
+                for _ in range(4):
+                    dst.copy_(src)
+                copies += 4
+                stream.synchronize()
+            end.record(stream)
+            end.synchronize()
+        self.hog_bytes_per_second = 2 * HOG_BYTES * copies / (start.elapsed_time(end) / 1e3)

@@ -1,0 +1,71 @@
+"""Calibrate device profiles and time a captured step on them (runs on a GPU).
+
+``kernelfleet calibrate`` and ``kernelfleet profile`` are thin clients of this module, and so is
+``bench/capture_run.py``. Partitions are disjoint (``driver.green_streams``); on an H200 they add
+up to at most 120 of its 132 SMs (the driver splits it into 15 groups of 8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kernelfleet.errors import UsageError
+from kernelfleet.profile.calibration import PairChoice, pick_pair, targets
+from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
+
+# Candidate (work SMs, hog SMs) profiles; None: the whole GPU / no hog.
+SWEEP = ((None, None), (56, 64), (48, 72), (56, 48), (48, 64), (40, 80), (64, 56), (32, 88),
+         (32, None), (40, None), (48, None), (56, None))
+REAL_PAIR = ("l40s", "a100-sxm-80gb")  # compute-rich, bandwidth-rich: Tessera's A100 + L40S
+
+
+def parse_profile(text: str, device: int = 0) -> ProfileSpec:
+    """``NAME``, ``NAME:SMS`` or ``NAME:SMS+HOG`` (e.g. ``compute:56+64``, ``whole``)."""
+    name, _, shape = text.partition(":")
+    work, _, hog = shape.partition("+")
+    if not name or not all(part.isdigit() for part in (work, hog) if part):
+        raise UsageError(f"profile {text!r}: expected NAME[:SMS[+HOG]] with whole numbers, e.g. compute:56+64")
+    return ProfileSpec(name, int(work) if work else None, int(hog) if hog else None, device)
+
+
+def calibrate_profiles(specs: list[ProfileSpec], progress: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
+    """GEMM / GEMV / copy rates of each profile, with the SMs it got and the hog's own rate."""
+    from kernelfleet.profile.timing import calibrate
+
+    rows = []
+    for spec in specs:
+        with DeviceProfile(spec) as device, device.active() as stream:
+            rates = calibrate(stream, spec.device)
+        row = {"name": spec.name, "sms": spec.sms, "granted_sms": device.sms, "hog_sms": spec.hog_sms, **rates,
+               "hog_bytes_per_second": device.hog_bytes_per_second}
+        rows.append(row)
+        if progress:
+            progress(row)
+    return rows
+
+
+def sweep_specs(device: int = 0) -> list[ProfileSpec]:
+    return [ProfileSpec(f"{sms or 'all'}+{hog or 0}", sms, hog, device) for sms, hog in SWEEP]
+
+
+def choose(rows: list[dict[str, Any]], real_pair: tuple[str, str] = REAL_PAIR) -> PairChoice:
+    return pick_pair(rows, *targets(*real_pair))
+
+
+def pair_specs(choice: PairChoice, device: int = 0) -> tuple[ProfileSpec, ProfileSpec]:
+    return (ProfileSpec("compute", choice.compute["sms"], choice.compute["hog_sms"], device),
+            ProfileSpec("bandwidth", choice.bandwidth["sms"], None, device))
+
+
+def time_on(captured: Any, specs: list[ProfileSpec], progress: Callable[[int], None] | None = None,
+            trials: int = 5) -> dict[str, list[float]]:
+    """Seconds of every launch of a captured step on each profile: ``{profile: [seconds]}``."""
+    from kernelfleet.profile.timing import time_launches
+
+    out = {}
+    for spec in specs:
+        with DeviceProfile(spec) as device, device.active() as stream:
+            out[spec.name] = time_launches(captured, stream, context=device.context, trials=trials,
+                                           progress=progress)
+    return out

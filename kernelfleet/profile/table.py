@@ -1,0 +1,92 @@
+"""Measured per-kernel times as a cost table, and the census of which device each kernel prefers.
+
+:func:`cost_table` joins what a capture knows about each launch — useful FLOPs from its ATen op
+(PyTorch's formulas, given to the op's tensor-core kernel, or its first kernel), bytes from its
+exactly known accesses, the op's precision — with the seconds timed on each device profile.
+Bytes count only accesses whose extent is exact (schema, graph-node, ptx-dynamic): a pointer
+followed "to the end of its buffer" bounds what a kernel may touch, not what it moves.
+
+:func:`preference` is the census Tessera reports (PAPERS.md, section B): the share of kernels,
+and of time, that runs faster on the device that is slower overall.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernelfleet.catalog.model import PRECISIONS
+from kernelfleet.errors import UsageError
+from kernelfleet.graph.deps import kernel_kind
+from kernelfleet.kernels.ir import Program
+from kernelfleet.kernels.raw import RawCapture
+from kernelfleet.plan.model import CostTable
+
+EXACT = ("schema", "graph-node", "ptx-dynamic")
+PROGRAM_KINDS = ("kernel", "memcpy", "memset")
+
+
+def launch_flops(raw: RawCapture, program: Program) -> tuple[list[int | None], list[str | None]]:
+    """Useful FLOPs and precision per launch; None where the launch's op counts no FLOPs."""
+    launch_of = {node: i for i, node in enumerate(n for n, x in enumerate(raw.nodes) if x.kind in PROGRAM_KINDS)}
+    flops: list[int | None] = [None] * len(program.launches)
+    precision: list[str | None] = [None] * len(program.launches)
+    for op in raw.ops:
+        mine = [launch_of[n] for n in range(op.first, op.end) if n in launch_of]
+        if not mine or op.flops <= 0:
+            continue
+        tensor = [i for i in mine if kernel_kind(program.launches[i]) == "tensor-core"]
+        target = (tensor or mine)[0]
+        flops[target] = (flops[target] or 0) + op.flops
+        precision[target] = op.precision if op.precision in PRECISIONS else None
+    return flops, precision
+
+
+def launch_bytes(program: Program) -> list[int | None]:
+    """Bytes each launch reads and writes, from its exactly known accesses; None if it has none."""
+    out: list[int | None] = []
+    for launch in program.launches:
+        exact = [a for a in launch.accesses if a.source in EXACT]
+        out.append(sum(a.length_bytes * (2 if a.mode == "readwrite" else 1) for a in exact) if exact else None)
+    return out
+
+
+def cost_table(raw: RawCapture, program: Program, seconds: dict[str, list[float | None]], source: str) -> CostTable:
+    """A cost table of ``program`` from per-profile seconds (``seconds[profile][launch]``)."""
+    for name, values in seconds.items():
+        if len(values) != len(program.launches):
+            raise UsageError(f"profile {name}: {len(values)} times for a program of {len(program.launches)} launches")
+    flops, precision = launch_flops(raw, program)
+    rows = [{name: values[i] for name, values in seconds.items()} for i in range(len(program.launches))]
+    return CostTable(rows, source, flops, launch_bytes(program), precision)
+
+
+@dataclass(frozen=True, slots=True)
+class Preference:
+    weaker: str  # the device with the larger total time
+    stronger: str
+    weaker_total_seconds: float
+    stronger_total_seconds: float
+    kernels_faster_on_weaker: int
+    kernels: int
+    seconds_faster_on_weaker: float  # the stronger device's time of the kernels the weaker runs faster
+
+    @property
+    def share_of_kernels(self) -> float:
+        return self.kernels_faster_on_weaker / self.kernels
+
+    @property
+    def share_of_time(self) -> float:
+        return self.seconds_faster_on_weaker / self.stronger_total_seconds
+
+
+def preference(costs: CostTable, a: str, b: str) -> Preference:
+    """How many kernels (and how much time) run faster on the overall slower of ``a`` and ``b``."""
+    pairs = [(row[a], row[b]) for row in costs.seconds if row.get(a) is not None and row.get(b) is not None]
+    if not pairs:
+        raise UsageError(f"no launch has times on both {a} and {b}")
+    total_a, total_b = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    weaker, stronger = (a, b) if total_a >= total_b else (b, a)
+    w, s = (0, 1) if weaker == a else (1, 0)
+    faster = [p for p in pairs if p[w] < p[s]]
+    return Preference(weaker, stronger, max(total_a, total_b), min(total_a, total_b), len(faster), len(pairs),
+                      sum(p[s] for p in faster))

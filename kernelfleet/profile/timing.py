@@ -1,0 +1,84 @@
+"""Per-kernel timing on a device profile: each captured launch replayed alone (runs on a GPU).
+
+A launch is timed as a graph of ``count`` back-to-back copies of its node, between CUDA events,
+divided by ``count`` — so a 3-µs kernel is not buried under the launch cost of a graph per
+kernel, and it runs as it will in the executor's graph segments. ``count`` is chosen per launch
+so that a trial lasts at least ``trial_seconds``; the median of ``trials`` trials is kept.
+Replaying copies mutates buffers (an in-place kernel applied ``count`` times): the captured step
+is replayed afterwards, which recomputes every activation from the unchanged weights and inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kernelfleet.kernels import driver
+from kernelfleet.kernels.capture import Captured
+from kernelfleet.kernels.replay import program_nodes
+
+MAX_COPIES = 200
+
+
+def time_launches(captured: Captured, stream: torch.cuda.Stream, *, context: Any = None, trials: int = 5,
+                  trial_seconds: float = 200e-6, progress: Callable[[int], None] | None = None) -> list[float]:
+    """Median seconds of every launch of the program on ``stream``, its graphs built in ``context``
+    (a partition's: :attr:`DeviceProfile.context`; None: the capture's, the whole GPU)."""
+    runner = driver.NodeReplayer(captured.handle, captured.nodes, context or captured.context)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def trial(node: int, count: int) -> float:
+        start.record(stream)
+        runner.repeated(node, count, stream.cuda_stream)
+        end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / count
+
+    seconds = []
+    try:
+        for node in program_nodes(captured):
+            trial(node, 1)  # warm: module load, caches
+            first = trial(node, 1)
+            count = max(1, min(MAX_COPIES, math.ceil(trial_seconds / max(first, 1e-7))))
+            seconds.append(statistics.median(trial(node, count) for _ in range(trials)))
+            if progress:
+                progress(1)
+    finally:
+        runner.close()
+    captured.replay()
+    torch.cuda.synchronize()
+    return seconds
+
+
+def calibrate(stream: torch.cuda.Stream, device: int = 0, *, repeats: int = 10) -> dict[str, float]:
+    """bf16 8192³ GEMM FLOP/s, bf16 8192×8192 GEMV bytes/s and 1 GiB copy bytes/s on ``stream``.
+
+    GEMM FLOPs 2·n³; GEMV bytes: the matrix read once (n²·2 B) — the vector and result are
+    negligible; copy bytes: read plus write (2 × 1 GiB).
+    """
+    n, cuda = 8192, f"cuda:{device}"
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=cuda)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=cuda)
+    x = torch.randn(n, 1, dtype=torch.bfloat16, device=cuda)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=cuda)
+    dst = torch.empty_like(src)
+    work = {"gemm_flops_per_second": (lambda: a @ b, 2 * n ** 3),
+            "gemv_bytes_per_second": (lambda: a @ x, 2 * n * n),
+            "copy_bytes_per_second": (lambda: dst.copy_(src), 2 * src.numel())}
+    out = {}
+    with torch.cuda.stream(stream):
+        for key, (run, amount) in work.items():
+            for _ in range(3):
+                run()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            for _ in range(repeats):
+                run()
+            end.record(stream)
+            end.synchronize()
+            out[key] = amount * repeats / (start.elapsed_time(end) / 1e3)
+    return out

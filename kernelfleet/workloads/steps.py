@@ -1,0 +1,80 @@
+"""One step of a workload, ready to capture: the callable, its static inputs and its module.
+
+``kernelfleet analyze MODULE:FACTORY`` calls a factory with no arguments; the ones here build a
+reference workload on the current CUDA device, e.g. ``kernelfleet.workloads.steps:llama_decode``.
+Inputs are fixed tensors (a CUDA graph replays fixed addresses): tokens from a seeded generator,
+decode positions at the middle of the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernelfleet.errors import UsageError
+from kernelfleet.workloads import build_preset
+
+
+@dataclass
+class Step:
+    fn: Callable[..., Any]
+    args: tuple
+    module: torch.nn.Module
+    name: str
+
+
+def make(family: str, preset: str = "tiny", phase: str = "decode", *, device: str = "cuda", seed: int = 0,
+         compile: bool = False, batch: int | None = None, prompt_len: int | None = None) -> Step:
+    """``phase``: ``prefill`` or ``decode`` for language models, ``denoise`` for ``dit``."""
+    model = build_preset(family, preset, seed=seed, device=device)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    if family == "dit":
+        if phase != "denoise":
+            raise UsageError(f"dit has one step, denoise; got {phase!r}")
+        c = model.cfg
+        args = (torch.randn(c.batch, c.latent_channels, c.latent_size, c.latent_size, generator=g).to(device),
+                torch.full((c.batch,), 500.0, device=device))
+        fn = model.denoise_step
+    else:
+        llm = model.cfg.llm if family == "vlm" else model.cfg
+        b = batch or llm.max_batch
+        if phase == "prefill":
+            s = prompt_len or llm.max_seq_len // 2
+            tokens = torch.randint(0, llm.vocab_size, (b, s), generator=g).to(device)
+            if family == "vlm":
+                v = model.cfg.vision
+                images = torch.randn(b, v.channels, v.image_size, v.image_size, generator=g).to(device)
+                args, fn = (tokens, images), model.prefill
+            else:
+                args, fn = (tokens,), model.prefill
+        elif phase == "decode":
+            args = (torch.randint(0, llm.vocab_size, (b,), generator=g).to(device),
+                    torch.full((b,), llm.max_seq_len // 2, dtype=torch.long, device=device))
+            fn = model.decode
+        else:
+            raise UsageError(f"{family} steps are prefill or decode; got {phase!r}")
+    return Step(torch.compile(fn) if compile else fn, args, model,
+                f"{family}-{preset}-{phase}{'-compiled' if compile else ''}")
+
+
+def llama_decode() -> Step:
+    return make("llama", "tiny", "decode")
+
+
+def llama_prefill() -> Step:
+    return make("llama", "tiny", "prefill")
+
+
+def llama_decode_compiled() -> Step:
+    return make("llama", "tiny", "decode", compile=True)
+
+
+def llama8b_decode() -> Step:
+    return make("llama", "h200", "decode")
+
+
+def llama8b_prefill() -> Step:
+    return make("llama", "h200", "prefill", batch=1, prompt_len=2048)
