@@ -519,6 +519,8 @@ def plan_command(
     for row in rows:
         t.add_row(*row)
     out_console.print(t)
+    if (line := command.verdict(plans)) is not None:
+        out_console.print(line, markup=False, highlight=False)
     if out is not None:
         for path in command.write(plans, chosen, out):
             err.print(f"wrote {path}")

@@ -198,6 +198,18 @@ def make_plans(problem: Problem, policy: str, time_limit_seconds: float) -> tupl
     return chosen, [chosen] + [p for p in plans if p is not chosen]
 
 
+def verdict(plans: list[Plan]) -> str | None:
+    """One line comparing kernel placement with the strongest control, request distribution."""
+    by_policy = {p.policy: p.details["throughput_seconds"] for p in plans}
+    milp, replicas = by_policy.get("throughput-milp"), by_policy.get("replicas")
+    if milp is None or replicas is None:
+        return None
+    if milp < replicas:
+        return f"kernel placement serves {replicas / milp:.2f}x the requests of two independent replicas"
+    return (f"two independent replicas serve {milp / replicas:.2f}x the requests of the best kernel placement "
+            "found: run replicas on this pair")
+
+
 def table(problem: Problem, plans: list[Plan], chosen: Plan | None) -> tuple[list[str], list[list[str]]]:
     """Header and rows: every plan's figures under the validator's cost model."""
     header = ["plan", "time/request", "latency", "lower bound", "gap", "cut edges", "cut MB"]

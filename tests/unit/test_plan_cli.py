@@ -239,3 +239,13 @@ def test_missing_or_corrupt_files_are_one_line(files, monkeypatch, capsys, which
     code, err = run_main(monkeypatch, capsys, program, costs)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert ("none.json: cannot read" if which != "corrupt" else "costs.json: not a cost table") in err
+
+
+def test_verdict_names_the_stronger_of_placement_and_replicas():
+    def plan(policy: str, seconds: float) -> Plan:
+        return Plan(policy, [], seconds, 0.0, details={"throughput_seconds": seconds})
+
+    assert command.verdict([plan("throughput-milp", 0.5), plan("replicas", 0.6)]).startswith(
+        "kernel placement serves 1.20x")
+    assert "run replicas on this pair" in command.verdict([plan("throughput-milp", 0.7), plan("replicas", 0.5)])
+    assert command.verdict([plan("single:a", 1.0)]) is None
