@@ -32,6 +32,7 @@ from kernelfleet.kernels.replay import observe, stepwise_matches_graph
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.profile.run import calibrate_profiles, choose, pair_specs, sweep_specs
 from kernelfleet.profile.timing import calibrate, time_launches
+from kernelfleet.workloads import steps
 from kernelfleet.workloads.steps import make
 
 STEPS = {
@@ -44,6 +45,8 @@ STEPS = {
     "dit-denoise": dict(family="dit", phase="denoise"),
     "llama8b-decode": dict(family="llama", preset="h200", phase="decode"),
     "llama8b-prefill": dict(family="llama", preset="h200", phase="prefill", batch=1, prompt_len=2048),
+    "hf-llama-prefill": dict(factory="hf_llama_prefill"),
+    "hf-llama-prefill-compiled": dict(factory="hf_llama_prefill_compiled", compile=True),
 }
 
 
@@ -69,9 +72,11 @@ def node_order_is_topological(captured) -> dict:
 
 def run_step(name: str, out: Path, profile: bool) -> None:
     spec = dict(STEPS[name])
-    family, phase = spec.pop("family"), spec.pop("phase")
-    preset = spec.pop("preset", "tiny")
-    step = make(family, preset, phase, **spec)
+    if "factory" in spec:
+        step = getattr(steps, spec["factory"])()
+    else:
+        family, phase = spec.pop("family"), spec.pop("phase")
+        step = make(family, spec.pop("preset", "tiny"), phase, **spec)
     captured = capture(step.fn, step.args, module=step.module, what=step.name,
                        record_ops=not spec.get("compile", False))
     report: dict = {"step": step.name}
@@ -146,7 +151,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", default="llama-decode,llama-prefill,llama-decode-compiled,moe-decode,"
-                                           "mamba-decode,vlm-prefill,dit-denoise")
+                                           "mamba-decode,vlm-prefill,dit-denoise,hf-llama-prefill,"
+                                           "hf-llama-prefill-compiled")
     parser.add_argument("--profile-steps", default="llama-decode,llama8b-decode,llama8b-prefill")
     parser.add_argument("--only", help="run this one step in this process (the parent runs each step so)")
     parser.add_argument("--profile", action="store_true")

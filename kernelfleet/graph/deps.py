@@ -24,24 +24,40 @@ class Edge:
     bytes: int
 
 
-def dependencies(program: Program) -> list[Edge]:
-    """RAW edges, one per (writer, reader, buffer), in reader order."""
-    # buffer -> list of (start, end, writer), non-overlapping, sorted by start
-    written: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
-    edges: list[Edge] = []
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """Bytes [start, end) of ``buffer`` that ``dst`` reads as ``src`` last wrote them."""
+
+    src: int
+    dst: int
+    buffer: int
+    start: int
+    end: int
+
+
+def flows(program: Program) -> tuple[list[Flow], dict[int, list[tuple[int, int, int]]]]:
+    """Every read-after-write byte range, in reader order, and who last wrote each range at the end
+    (``{buffer: [(start, end, writer)]}``) — what an executor must copy between devices."""
+    written: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # non-overlapping, sorted
+    out: list[Flow] = []
     for launch in program.launches:
-        carried: dict[tuple[int, int], int] = defaultdict(int)
         for access in launch.accesses:
             if access.reads:
-                for start, end, writer in written[access.buffer]:
-                    overlap = min(end, access.end) - max(start, access.offset_bytes)
-                    if overlap > 0 and writer != launch.index:
-                        carried[writer, access.buffer] += overlap
-        edges += [Edge(w, launch.index, b, n) for (w, b), n in sorted(carried.items())]
+                out += [Flow(writer, launch.index, access.buffer, max(start, access.offset_bytes), min(end, access.end))
+                        for start, end, writer in written[access.buffer]
+                        if writer != launch.index and min(end, access.end) > max(start, access.offset_bytes)]
         for access in launch.accesses:
             if access.writes:
                 written[access.buffer] = _overwrite(written[access.buffer], access.offset_bytes, access.end, launch.index)
-    return edges
+    return out, dict(written)
+
+
+def dependencies(program: Program) -> list[Edge]:
+    """RAW edges, one per (writer, reader, buffer), in reader order."""
+    carried: dict[tuple[int, int, int], int] = defaultdict(int)
+    for f in flows(program)[0]:
+        carried[f.dst, f.src, f.buffer] += f.end - f.start
+    return [Edge(src, dst, buffer, n) for (dst, src, buffer), n in sorted(carried.items())]
 
 
 def _overwrite(segments: list[tuple[int, int, int]], start: int, end: int, writer: int) -> list[tuple[int, int, int]]:

@@ -201,46 +201,77 @@ class NodeReplayer:
                 self._graphs[key] = _repeat_graph(self.nodes[index], count, self.context)
             finally:
                 call("cuCtxPopCurrent")
-        call("cuGraphLaunch", self._graphs[key][1], stream_handle(stream))
+        launch(self._graphs[key][1], stream)
 
     def close(self) -> None:
         for graph, exe in self._graphs.values():
-            call("cuGraphExecDestroy", exe)
-            call("cuGraphDestroy", graph)
+            destroy(graph, exe)
         self._graphs.clear()
 
 
 def _repeat_graph(node: Any, count: int, ctx: Any) -> tuple[Any, Any]:
     """A graph of ``count`` copies of ``node`` in a chain, in context ``ctx``, and its instantiation."""
+    graph = create_graph()
+    previous: list[Any] = []
+    for _ in range(count):
+        previous = [add_copy_of(graph, node, previous, ctx)]
+    return graph, call("cuGraphInstantiate", graph, 0)
+
+
+def add_copy_of(graph: Any, node: Any, after: list[Any], ctx: Any) -> Any:
+    """Add to ``graph`` a node doing what ``node`` (of a captured graph) does, in context ``ctx``,
+    after the nodes ``after``: same kernel, launch shape, parameters and cluster shape."""
     cu = _cu()
     kind = node_kind(node)
-    graph = call("cuGraphCreate", 0)
-    previous: list[Any] = []
-    cluster = None
-    if kind == "kernel":
-        params = call("cuGraphKernelNodeGetParams", node)
-        params.ctx = ctx
-        try:
-            cluster = call("cuGraphKernelNodeGetAttribute", node,
-                           cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
-        except DriverError:
-            cluster = None
-    for _ in range(count):
-        if kind == "kernel":
-            new = call("cuGraphAddKernelNode", graph, previous, len(previous), params)
-            if cluster is not None and int(cluster.clusterDim.x) > 0:
-                call("cuGraphKernelNodeSetAttribute", new,
-                     cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, cluster)
-        elif kind == "memcpy":
-            new = call("cuGraphAddMemcpyNode", graph, previous, len(previous),
-                       call("cuGraphMemcpyNodeGetParams", node), ctx)
-        elif kind == "memset":
-            new = call("cuGraphAddMemsetNode", graph, previous, len(previous),
-                       call("cuGraphMemsetNodeGetParams", node), ctx)
-        else:
-            raise DriverError(f"cannot replay a graph node of type {kind}")
-        previous = [new]
-    return graph, call("cuGraphInstantiate", graph, 0)
+    if kind == "memcpy":
+        return call("cuGraphAddMemcpyNode", graph, after, len(after), call("cuGraphMemcpyNodeGetParams", node), ctx)
+    if kind == "memset":
+        return call("cuGraphAddMemsetNode", graph, after, len(after), call("cuGraphMemsetNodeGetParams", node), ctx)
+    if kind != "kernel":
+        raise DriverError(f"cannot replay a graph node of type {kind}")
+    params = call("cuGraphKernelNodeGetParams", node)
+    params.ctx = ctx
+    new = call("cuGraphAddKernelNode", graph, after, len(after), params)
+    cluster_id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    try:
+        cluster = call("cuGraphKernelNodeGetAttribute", node, cluster_id)
+    except DriverError:
+        return new
+    if int(cluster.clusterDim.x) > 0:
+        call("cuGraphKernelNodeSetAttribute", new, cluster_id, cluster)
+    return new
+
+
+def add_copy(graph: Any, after: list[Any], dst: int, src: int, length: int, ctx: Any) -> Any:
+    """Add a device-to-device copy of ``length`` bytes (peer copy when the devices differ)."""
+    cu = _cu()
+    p = cu.CUDA_MEMCPY3D()
+    # Unified addressing: the driver finds each pointer's device (a DEVICE-typed copy node given a
+    # context was refused on the H200 with CUDA_ERROR_INVALID_VALUE).
+    p.srcMemoryType = p.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_UNIFIED
+    p.srcDevice, p.dstDevice = src, dst
+    p.WidthInBytes, p.Height, p.Depth = length, 1, 1
+    try:
+        return call("cuGraphAddMemcpyNode", graph, after, len(after), p, ctx)
+    except DriverError:  # let the driver take the context from the pointers
+        return call("cuGraphAddMemcpyNode", graph, after or None, len(after), p, None)
+
+
+def create_graph() -> Any:
+    return call("cuGraphCreate", 0)
+
+
+def instantiate(graph: Any) -> Any:
+    return call("cuGraphInstantiate", graph, 0)
+
+
+def launch(executable: Any, stream: int) -> None:
+    call("cuGraphLaunch", executable, stream_handle(stream))
+
+
+def destroy(graph: Any, executable: Any) -> None:
+    call("cuGraphExecDestroy", executable)
+    call("cuGraphDestroy", graph)
 
 
 def green_streams(device: int, sm_counts: list[int], granule: int = 8) -> list[tuple[Any, int, int]]:

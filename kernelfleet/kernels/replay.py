@@ -125,18 +125,24 @@ def changed_runs(now: torch.Tensor, before: torch.Tensor, gap_bytes: int = RUN_G
     return list(zip(starts.tolist(), ends.tolist()))
 
 
-def stepwise_matches_graph(captured: Captured, program: Program) -> bool:
-    """Do the outputs of a node-by-node replay equal, bit for bit, those of the graph replay?
-
-    A decode step updates state in place (an SSM's state, a cache row), so each run starts from
-    the same state: every buffer that is not a weight is saved first and restored before each run.
-    """
+def saved_state(program: Program) -> Callable[[], None]:
+    """Copy every buffer that is not a weight now; the returned function puts those bytes back."""
     state = [(b, device_bytes(b.address, b.size_bytes).clone()) for b in program.buffers if b.role != "weight"]
 
     def restore() -> None:
         for b, saved in state:
             device_bytes(b.address, b.size_bytes).copy_(saved)
 
+    return restore
+
+
+def stepwise_matches_graph(captured: Captured, program: Program) -> bool:
+    """Do the outputs of a node-by-node replay equal, bit for bit, those of the graph replay?
+
+    A decode step updates state in place (an SSM's state, a cache row), so each run starts from
+    the same state: every buffer that is not a weight is saved first and restored before each run.
+    """
+    restore = saved_state(program)
     outputs = [t for t in tree_flatten(captured.outputs)[0] if isinstance(t, torch.Tensor)]
     restore()
     captured.replay()

@@ -78,3 +78,34 @@ def llama8b_decode() -> Step:
 
 def llama8b_prefill() -> Step:
     return make("llama", "h200", "prefill", batch=1, prompt_len=2048)
+
+
+def hf_llama(phase: str = "prefill", *, device: str = "cuda", seed: int = 0, compile: bool = False) -> Step:
+    """A small Llama built from a Hugging Face ``transformers`` config with random weights, its
+    forward pass over a fixed prompt without a cache (a decode step's growing cache would not fit
+    a static graph). Needs ``transformers``, which the place half does not otherwise depend on."""
+    if phase != "prefill":
+        raise UsageError(f"the transformers Llama step is prefill only; got {phase!r}")
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as exc:
+        raise UsageError(f"the transformers Llama step needs transformers ({exc}); pip install transformers") from exc
+    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval().requires_grad_(False)
+    tokens = torch.randint(0, config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(seed)).to(device)
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, use_cache=False).logits
+
+    return Step(torch.compile(forward) if compile else forward, (tokens,), model,
+                f"hf-llama-prefill{'-compiled' if compile else ''}")
+
+
+def hf_llama_prefill() -> Step:
+    return hf_llama("prefill")
+
+
+def hf_llama_prefill_compiled() -> Step:
+    return hf_llama("prefill", compile=True)

@@ -15,7 +15,7 @@ from kernelfleet.kernels.checks import probe_disagreements, unsound_writes, with
 from kernelfleet.kernels.driver import _extra_buffer
 from kernelfleet.kernels.raw import RawCapture, RawNode, RawOp, RawTensor, Region
 from kernelfleet.kernels.replay import changed_runs
-from kernelfleet.workloads.steps import make
+from kernelfleet.workloads.steps import hf_llama, make
 
 pytestmark = pytest.mark.unit
 
@@ -210,3 +210,15 @@ def test_extra_argument_buffer():
     extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(blob), 2, ctypes.addressof(size), 0)
     assert _extra_buffer(ctypes.addressof(extra)) == bytes(range(40))
     assert _extra_buffer(ctypes.addressof((ctypes.c_void_p * 1)(0))) == b""
+
+
+def test_op_recorder_on_a_transformers_llama():
+    step = hf_llama(device="cpu")
+    counter = itertools.count()
+    with OpRecorder(lambda: next(counter)) as recorder:
+        logits = step.fn(*step.args)
+    assert tuple(logits.shape) == (2, 64, 512)
+    weights = {p.untyped_storage().data_ptr() for p in step.module.parameters()}
+    read = {t.storage_address for op in recorder.ops for t in op.tensors if t.mode == "read"}
+    assert len(weights & read) >= len(weights) - 1  # every weight is read (the tied head may share one)
+    assert sum(op.flops for op in recorder.ops if op.name.startswith(("aten.mm", "aten.bmm"))) > 0

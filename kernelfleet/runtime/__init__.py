@@ -1,0 +1,1 @@
+"""The runtime: executes a validated plan across devices (DESIGN.md, the *place* half, step 6)."""

@@ -1,0 +1,130 @@
+"""What a plan must copy between devices, and where those bytes live in each device's capture.
+
+Pure functions on programs and plans (STYLE: plans are data; the runtime trusts validated ones).
+
+Every device holds a full replica of the step, captured there: the same kernels, at other
+addresses. A plan runs each launch on one device, so bytes must move whenever a launch reads what
+a launch on another device wrote (a *flow*, ``graph.deps.flows``):
+
+* before the step, the inputs, from the home device to every device that reads them;
+* during it, each cross-device flow's exact byte range, right before its reader — copied once per
+  (writer, range, device), since a later write to those bytes on the reader's device would make
+  that launch the last writer and so a flow of its own;
+* after it, every output and named state buffer (caches, SSM state) whose last writer ran away
+  from home, back to home, so home holds exactly what a single-device run would.
+
+Addresses are translated launch by launch (:class:`AddressMap`): the k-th exactly known access of
+launch i in one capture is the k-th of launch i in the other, at the same offset. Buffers are not
+matched as wholes — the allocator's reuse of memory can merge different tensors into one buffer in
+one capture and not in the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernelfleet.errors import UsageError
+from kernelfleet.graph.deps import flows
+from kernelfleet.kernels.ir import Access, Program
+
+START = -1  # Transfer.before for copies made before the first launch
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    before: int  # the launch it must precede; START, or len(launches) for after the last one
+    writer: int | None  # the launch that wrote the bytes (None: a step input)
+    reader: int | None  # the launch that reads them (None: copied home at the end)
+    address: int  # where the bytes are in the home capture
+    length_bytes: int
+    src: str  # device names
+    dst: str
+
+
+def transfers(program: Program, assignment: list[str], home: str) -> list[Transfer]:
+    """Every copy ``assignment`` needs, in execution order (see the module docstring)."""
+    if len(assignment) != len(program.launches):
+        raise UsageError(f"the plan places {len(assignment)} launches; the program has {len(program.launches)}")
+    buffers = {b.id: b for b in program.buffers}
+    out: list[Transfer] = []
+    first_reader: dict[tuple[int, str], int] = {}
+    for launch in program.launches:
+        for a in launch.accesses:
+            if a.reads and buffers[a.buffer].role == "input":
+                first_reader.setdefault((a.buffer, assignment[launch.index]), launch.index)
+    for (b, device), reader in sorted(first_reader.items()):
+        if device != home:
+            out.append(Transfer(START, None, reader, buffers[b].address, buffers[b].size_bytes, home, device))
+    moved: set[tuple[int, int, int, int, str]] = set()
+    found, final = flows(program)
+    for f in found:
+        src, dst = assignment[f.src], assignment[f.dst]
+        if src != dst and (f.src, f.buffer, f.start, f.end, dst) not in moved:
+            moved.add((f.src, f.buffer, f.start, f.end, dst))
+            out.append(Transfer(f.dst, f.src, f.dst, buffers[f.buffer].address + f.start, f.end - f.start, src, dst))
+    end = len(program.launches)
+    for b, segments in sorted(final.items()):
+        buffer = buffers[b]
+        if buffer.role == "output" or (buffer.name is not None and buffer.role != "weight"):
+            out += [Transfer(end, w, None, buffer.address + s, e - s, assignment[w], home)
+                    for s, e, w in segments if assignment[w] != home]
+    return out
+
+
+def _known(accesses: tuple[Access, ...]) -> list[Access]:
+    # Conservative accesses come from pointer-like words in parameter bytes, which may be stale
+    # struct padding that differs between captures: only exactly known accesses are paired.
+    return [a for a in accesses if a.source != "conservative"]
+
+
+class AddressMap:
+    """Translates home-capture addresses into another capture of the same step."""
+
+    def __init__(self, home: Program, other: Program) -> None:
+        if [(x.kind, x.name) for x in home.launches] != [(x.kind, x.name) for x in other.launches]:
+            raise UsageError("the two captures launch different kernels: not the same step")
+        self.home, self.other = home, other
+        self._home_at = {b.id: b.address for b in home.buffers}
+        self._other_at = {b.id: b.address for b in other.buffers}
+        self._home_size = {b.id: b.size_bytes for b in home.buffers}
+        self._other_size = {b.id: b.size_bytes for b in other.buffers}
+        self._inputs = {b.name: b for b in other.buffers if b.role == "input" and b.name}
+
+    def _pairs(self, launch: int) -> list[tuple[int, int, int]]:
+        """(home start, other start, length) ranges that launch ``launch`` addresses alike in both."""
+        a, b = self.home.launches[launch], self.other.launches[launch]
+        mine, theirs = _known(a.accesses), _known(b.accesses)
+        pairs = []
+        if len(mine) == len(theirs):
+            pairs += [(self._home_at[x.buffer] + x.offset_bytes, self._other_at[y.buffer] + y.offset_bytes,
+                       x.length_bytes) for x, y in zip(mine, theirs)
+                      if (x.offset_bytes, x.length_bytes) == (y.offset_bytes, y.length_bytes)]
+        # pointers found at the same parameter bytes in both captures: a workspace, say
+        theirs_at = {(p["index"], q["at"]): q for p in b.params for q in p["pointers"]}
+        for p in a.params:
+            for q in p["pointers"]:
+                other = theirs_at.get((p["index"], q["at"]))
+                if other is not None:
+                    here = self._home_at[q["buffer"]] + q["offset_bytes"]
+                    there = self._other_at[other["buffer"]] + other["offset_bytes"]
+                    room = min(self._home_size[q["buffer"]] - q["offset_bytes"],
+                               self._other_size[other["buffer"]] - other["offset_bytes"])
+                    pairs.append((here, there, room))
+        return pairs
+
+    def translate(self, launches: list[int | None], address: int, length: int) -> int:
+        """Where [address, address + length) of the home capture lives in the other capture, as the
+        first of ``launches`` that touches it alike in both sees it; UsageError if none does."""
+        for launch in launches:
+            if launch is None:
+                continue
+            for here, there, size in self._pairs(launch):
+                if here <= address and address + length <= here + size:
+                    return there + (address - here)
+        raise UsageError(f"[{address:#x}, +{length}) cannot be placed in the other capture: launches {launches} "
+                         "do not touch it alike in both captures (pin them together)")
+
+    def translate_input(self, name: str, address_in_buffer: int) -> int:
+        if name not in self._inputs:
+            raise UsageError(f"input {name!r} is not in the other capture")
+        return self._inputs[name].address + address_in_buffer
