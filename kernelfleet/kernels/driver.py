@@ -253,8 +253,26 @@ def add_copy(graph: Any, after: list[Any], dst: int, src: int, length: int, ctx:
     p.WidthInBytes, p.Height, p.Depth = length, 1, 1
     try:
         return call("cuGraphAddMemcpyNode", graph, after, len(after), p, ctx)
-    except DriverError:  # let the driver take the context from the pointers
-        return call("cuGraphAddMemcpyNode", graph, after or None, len(after), p, None)
+    except DriverError:
+        # Refused inside the executor on the H200 (CUDA_ERROR_INVALID_VALUE) although the same call
+        # succeeds in a fresh process: let the driver build the node from a captured cuMemcpyAsync.
+        return _captured_copy(graph, after, dst, src, length)
+
+
+def _captured_copy(graph: Any, after: list[Any], dst: int, src: int, length: int) -> Any:
+    """A child-graph node holding the copy node stream capture makes for ``cuMemcpyAsync``."""
+    cu = _cu()
+    stream = call("cuStreamCreate", cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+    try:
+        call("cuStreamBeginCapture", stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+        call("cuMemcpyAsync", dst, src, length, stream)
+        child = call("cuStreamEndCapture", stream)
+    finally:
+        call("cuStreamDestroy", stream)
+    try:
+        return call("cuGraphAddChildGraphNode", graph, after, len(after), child)  # the node clones it
+    finally:
+        call("cuGraphDestroy", child)
 
 
 def create_graph() -> Any:
