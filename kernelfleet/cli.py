@@ -372,6 +372,8 @@ def profile_command(
         "L40S + A100. The whole GPU is always timed too."
     ),
     trials: int = typer.Option(5, "--trials", help="Timed trials per launch (the median is kept)."),
+    flush_l2_mb: int = typer.Option(0, "--flush-l2-mb", help="Write this many MB before each trial (cold L2; "
+                                    "256 clears an H200's). 0: back-to-back copies, warm L2."),
     ops: bool = typer.Option(True, "--ops/--no-ops", help="Record ATen ops (off for torch.compile'd steps)."),
 ) -> None:
     """Time every kernel of a captured step on each device profile: a cost table for `kernelfleet plan`."""
@@ -381,13 +383,16 @@ def profile_command(
     from kernelfleet.profile import run
     from kernelfleet.profile.devices import ProfileSpec
 
+    if trials < 1 or flush_l2_mb < 0:
+        raise UsageError(f"--trials must be >= 1 and --flush-l2-mb >= 0, got {trials} and {flush_l2_mb}")
     _need_gpu("profiling", "plan from a recorded cost table instead (kernelfleet plan)")
     specs = [run.parse_profile(p) for p in profile] if profile else list(run.pair_specs(
         run.choose(run.calibrate_profiles(run.sweep_specs()))))
     captured, program = analysis.capture_step(target, record_ops=ops)
     with Progress(transient=True) as bar:
         task = bar.add_task("timing kernels", total=len(program.launches) * (len(specs) + 1))
-        seconds = run.time_on(captured, specs + [ProfileSpec("whole")], lambda n: bar.advance(task, n), trials)
+        seconds = run.time_on(captured, specs + [ProfileSpec("whole")], lambda n: bar.advance(task, n), trials,
+                              flush_l2_mb << 20)
     done = analysis.write_profile(captured, program, seconds, out)
     Console().print(done)
 

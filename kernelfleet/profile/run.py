@@ -59,7 +59,7 @@ def pair_specs(choice: PairChoice, device: int = 0) -> tuple[ProfileSpec, Profil
 
 
 def time_on(captured: Any, specs: list[ProfileSpec], progress: Callable[[int], None] | None = None,
-            trials: int = 5) -> dict[str, list[float]]:
+            trials: int = 5, flush_l2_bytes: int = 0) -> dict[str, list[float]]:
     """Seconds of every launch of a captured step on each profile: ``{profile: [seconds]}``."""
     from kernelfleet.profile.timing import time_launches
 
@@ -67,5 +67,5 @@ def time_on(captured: Any, specs: list[ProfileSpec], progress: Callable[[int], N
     for spec in specs:
         with DeviceProfile(spec) as device, device.active() as stream:
             out[spec.name] = time_launches(captured, stream, context=device.context, trials=trials,
-                                           progress=progress)
+                                           flush_l2_bytes=flush_l2_bytes, progress=progress)
     return out

@@ -25,13 +25,22 @@ MAX_COPIES = 200
 
 
 def time_launches(captured: Captured, stream: torch.cuda.Stream, *, context: Any = None, trials: int = 5,
-                  trial_seconds: float = 200e-6, progress: Callable[[int], None] | None = None) -> list[float]:
+                  trial_seconds: float = 200e-6, flush_l2_bytes: int = 0,
+                  progress: Callable[[int], None] | None = None) -> list[float]:
     """Median seconds of every launch of the program on ``stream``, its graphs built in ``context``
-    (a partition's: :attr:`DeviceProfile.context`; None: the capture's, the whole GPU)."""
+    (a partition's: :attr:`DeviceProfile.context`; None: the capture's, the whole GPU).
+
+    ``flush_l2_bytes`` > 0 writes a buffer that large before every trial and times one copy of the
+    launch (a cold L2, as when the kernel before it on its device touched other data; the H200's L2
+    is 60 MB, so 256 MB clears it); 0 times back-to-back copies (a warm L2)."""
     runner = driver.NodeReplayer(captured.handle, captured.nodes, context or captured.context)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    flush = torch.empty(flush_l2_bytes, dtype=torch.uint8, device=stream.device) if flush_l2_bytes else None
 
     def trial(node: int, count: int) -> float:
+        if flush is not None:
+            with torch.cuda.stream(stream):
+                flush.zero_()
         start.record(stream)
         runner.repeated(node, count, stream.cuda_stream)
         end.record(stream)
@@ -43,7 +52,7 @@ def time_launches(captured: Captured, stream: torch.cuda.Stream, *, context: Any
         for node in program_nodes(captured):
             trial(node, 1)  # warm: module load, caches
             first = trial(node, 1)
-            count = max(1, min(MAX_COPIES, math.ceil(trial_seconds / max(first, 1e-7))))
+            count = 1 if flush is not None else max(1, min(MAX_COPIES, math.ceil(trial_seconds / max(first, 1e-7))))
             seconds.append(statistics.median(trial(node, count) for _ in range(trials)))
             if progress:
                 progress(1)

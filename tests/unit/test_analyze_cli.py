@@ -53,3 +53,8 @@ def test_profile_specs():
     for bad in ("compute:5x", ":32", "odd:12"):
         with pytest.raises(UsageError):
             parse_profile(bad)
+
+
+def test_profile_options_are_checked_before_any_gpu_work():
+    done = kernelfleet("profile", "kernelfleet.workloads.steps:llama_decode", "--flush-l2-mb", "-1")
+    assert done.returncode == 2 and "--flush-l2-mb >= 0" in done.stderr
