@@ -192,3 +192,21 @@ def test_committed_fixture_replays_to_the_recorded_plan():
     plan = solve_throughput(problem)
     assert plan.objective_seconds == pytest.approx(recorded.objective_seconds, rel=1e-9)
     assert evaluate(problem, recorded).throughput_seconds == pytest.approx(recorded.objective_seconds, rel=1e-9)
+
+
+def test_staged_policy_survives_a_grouped_solve_that_finds_nothing(monkeypatch):
+    import kernelfleet.plan.policy as policy
+
+    problem = random_dag(40, 3, seed=5)
+    real = policy.solve_throughput
+
+    def grouped_fails(problem, **kw):
+        if kw.get("compress"):
+            raise UsageError("the MILP found no placement within 1 s (Time limit reached)")
+        return real(problem, **kw)
+
+    monkeypatch.setattr(policy, "solve_throughput", grouped_fails)
+    plan, plans, _ = throughput(problem, time_limit_seconds=5)
+    check(problem, plan)
+    best_start = min(p.details["throughput_seconds"] for p in plans if p.policy != "replicas")
+    assert plan.details["throughput_seconds"] <= best_start + 1e-12
