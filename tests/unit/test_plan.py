@@ -210,3 +210,18 @@ def test_staged_policy_survives_a_grouped_solve_that_finds_nothing(monkeypatch):
     check(problem, plan)
     best_start = min(p.details["throughput_seconds"] for p in plans if p.policy != "replicas")
     assert plan.details["throughput_seconds"] <= best_start + 1e-12
+
+
+def test_staged_policy_returns_its_start_when_the_milp_finds_nothing(monkeypatch):
+    import kernelfleet.plan.policy as policy
+
+    problem = random_dag(40, 3, seed=6)
+
+    def nothing(problem, **kw):
+        raise UsageError("the MILP found no placement within 1 s (Time limit reached)")
+
+    monkeypatch.setattr(policy, "solve_throughput", nothing)
+    plan, plans, _ = throughput(problem, time_limit_seconds=5)
+    check(problem, plan)
+    assert "the start is returned" in plan.details["status"]
+    assert plan.details["started_from"] != "grouped"

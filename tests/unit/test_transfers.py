@@ -15,6 +15,7 @@ from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import _overwrite, flows
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
+from kernelfleet.runtime.schedule import Node, races, schedule
 from kernelfleet.runtime.transfers import START, AddressMap, transfers
 
 pytestmark = pytest.mark.unit
@@ -126,3 +127,28 @@ def test_plan_length_must_match():
     prog = program("llama-decode")
     with pytest.raises(UsageError, match="places 3 launches"):
         transfers(prog, ["A"] * 3, "A")
+
+
+@pytest.mark.parametrize("step", ["llama-decode", "mamba-decode", "llama8b-decode"])
+def test_the_plan_graph_has_no_race(step):
+    prog = program(step)
+    n = len(prog.launches)
+    rng = random.Random(7)
+    for assignment in (["A"] * n, ["B"] * n, ["A"] * (n // 2) + ["B"] * (n - n // 2),
+                       [rng.choice("AB") for _ in range(n)]):
+        nodes = schedule(prog, assignment, "A")
+        assert races(prog, assignment, nodes) == []
+        assert sum(x.launch is not None for x in nodes) == n
+
+
+def test_a_missing_dependency_is_a_race():
+    prog = program("llama-decode")
+    rng = random.Random(3)
+    assignment = [rng.choice("AB") for _ in prog.launches]
+    nodes = schedule(prog, assignment, "A")
+    # cut the dependencies of the first launch that reads bytes a copy brought to its device
+    copied = next(x for x in nodes if x.copy is not None and x.copy.reader is not None)
+    victim = next(x for x in nodes if x.launch == copied.copy.reader)
+    broken = [Node(x.index, x.launch, x.copy, x.devices, () if x is victim else x.deps) for x in nodes]
+    found = races(prog, assignment, broken)
+    assert found and any(f"node {victim.index} " in line for line in found)
