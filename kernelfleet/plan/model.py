@@ -188,6 +188,14 @@ class Problem:
         for launch in program.launches:
             self._check_runnable(launch.index)
 
+    def restricted(self, names: list[str]) -> Problem:
+        """The same program on a subset of the devices (home: the first of them)."""
+        keep = [d for d in self.devices if d.name in names]
+        links = [Link(a, b, self.bandwidth[a, b]) for i, a in enumerate(names) for b in names[i + 1:]]
+        rows = [{d: row[d] for d in names if d in row} for row in self.costs.seconds]
+        costs = CostTable(rows, self.costs.source, self.costs.flops, self.costs.bytes, self.costs.precision)
+        return Problem(self.program, keep, links, costs, self.edges, home=names[0])
+
     # -- queries the planners and the validator share (pure look-ups, no cost model) --
 
     def cost(self, launch: int, device: str) -> float | None:

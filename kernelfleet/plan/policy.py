@@ -53,3 +53,29 @@ def throughput(problem: Problem, *, time_limit_seconds: float = 30.0, mip_rel_ga
     plan.details.update(throughput_seconds=ev.throughput_seconds, latency_seconds=ev.latency_seconds,
                         started_from=None if best is None else best[1], solve_seconds=time.perf_counter() - began)
     return plan, plans, skipped
+
+
+def group_replicas(problem: Problem, groups: list[list[str]], *, time_limit_seconds: float = 30.0) -> Plan:
+    """Replicas of a placement: each group of devices (a complementary pair, say) serves whole
+    requests with the throughput plan of its own sub-problem; requests are split by speed. Groups
+    whose devices have the same costs and links, position by position, share one solve."""
+    names = set(problem.names)
+    for g in groups:
+        unknown = [d for d in g if d not in names]
+        if unknown or not g:
+            raise UsageError(f"group {g}: unknown devices {unknown}" if unknown else "an empty group")
+    solved: dict[tuple, list[int]] = {}  # signature -> assignment as positions in the group
+    out = []
+    for g in groups:
+        key = tuple(tuple(row.get(d) for d in g) for row in problem.costs.seconds) + tuple(
+            problem.bandwidth[a, b] for a in g for b in g if a != b)
+        if key not in solved:
+            sub = problem.restricted(g)
+            plan, _, _ = throughput(sub, time_limit_seconds=time_limit_seconds)
+            solved[key] = [g.index(d) for d in plan.assignment]
+        out.append({"assignment": [g[i] for i in solved[key]], "home": g[0]})
+    plan = Plan("group-replicas", [], 0.0, zero_comm_bound(problem)["lp"], details={"groups": out})
+    ev = evaluate(problem, plan)
+    plan.objective_seconds = ev.throughput_seconds
+    plan.details.update(throughput_seconds=ev.throughput_seconds, latency_seconds=ev.latency_seconds)
+    return plan

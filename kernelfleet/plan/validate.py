@@ -31,6 +31,8 @@ def violations(problem: Problem, plan: Plan) -> list[str]:
     """Everything wrong with the plan, one line each; empty when it is valid."""
     if plan.policy == "replicas":
         return _replica_violations(problem, plan)
+    if plan.policy == "group-replicas":
+        return _group_violations(problem, plan)
     names = set(problem.names)
     launches = problem.program.launches
     out: list[str] = []
@@ -70,6 +72,8 @@ def evaluate(problem: Problem, plan: Plan) -> Evaluation:
     check(problem, plan)
     if plan.policy == "replicas":
         return _evaluate_replicas(problem, plan)
+    if plan.policy == "group-replicas":
+        return _evaluate_groups(problem, plan)
     busy = {d: 0.0 for d in problem.names}
     transfer = {d: 0.0 for d in problem.names}
     for k, device in enumerate(plan.assignment):
@@ -186,3 +190,41 @@ def _evaluate_replicas(problem: Problem, plan: Plan) -> Evaluation:
     busy = {d: (per_request if d in alone else 0.0) for d in problem.names}
     memory = {d: (_memory(problem, [d] * n)[d] if d in alone else 0) for d in problem.names}
     return Evaluation(per_request, latency(problem, [fastest] * n), busy, {d: 0.0 for d in problem.names}, memory)
+
+
+def _groups(plan: Plan) -> list[Plan]:
+    """A group-replicas plan's groups, each a placement of whole requests on its own devices."""
+    return [Plan("group", list(g["assignment"]), 0.0, details={"home": g["home"]}) for g in plan.details["groups"]]
+
+
+def _group_violations(problem: Problem, plan: Plan) -> list[str]:
+    groups = plan.details.get("groups")
+    if not isinstance(groups, list) or not groups or not all(
+            isinstance(g, dict) and "assignment" in g and "home" in g for g in groups):
+        return ["a group-replicas plan lists details['groups'] as {assignment, home} placements"]
+    out, used = [], set()
+    for i, group in enumerate(_groups(plan)):
+        mine = set(group.assignment) | {group.details["home"]}
+        if mine & used:
+            out.append(f"group {i} shares devices {sorted(mine & used)} with another group")
+        used |= mine
+        out += [f"group {i}: {v}" for v in violations(problem, group)]
+    return out
+
+
+def _evaluate_groups(problem: Problem, plan: Plan) -> Evaluation:
+    """Each group serves whole requests with its own placement; the load is split by speed, as for
+    replicas, so the time per request is 1 / sum(1 / T_g) and a device is busy its group's time
+    scaled by the group's share of requests."""
+    each = [evaluate(problem, g) for g in _groups(plan)]
+    rate = sum(1.0 / e.throughput_seconds for e in each)
+    busy = {d: 0.0 for d in problem.names}
+    transfer = {d: 0.0 for d in problem.names}
+    memory = {d: 0 for d in problem.names}
+    for e in each:
+        share = (1.0 / e.throughput_seconds) / rate
+        for d in problem.names:
+            busy[d] += share * e.busy_seconds[d]
+            transfer[d] += share * e.transfer_seconds[d]
+            memory[d] = max(memory[d], e.memory_bytes.get(d, 0))
+    return Evaluation(1.0 / rate, min(e.latency_seconds for e in each), busy, transfer, memory)

@@ -225,3 +225,26 @@ def test_staged_policy_returns_its_start_when_the_milp_finds_nothing(monkeypatch
     check(problem, plan)
     assert "the start is returned" in plan.details["status"]
     assert plan.details["started_from"] != "grouped"
+
+
+def test_replicas_of_a_pair_placement():
+    from kernelfleet.plan.policy import group_replicas
+
+    base = random_dag(60, 2, seed=11)
+    a, b = base.names
+    # four devices: two copies of the pair, same costs, every pair linked alike
+    names = [a, b, a + "2", b + "2"]
+    rows = [{**row, a + "2": row[a], b + "2": row[b]} for row in base.costs.seconds]
+    bw = base.bandwidth[a, b]
+    links = [Link(x, y, bw) for i, x in enumerate(names) for y in names[i + 1:]]
+    problem = Problem(base.program, [Device(n) for n in names], links, CostTable(rows, "copied"))
+    plan = group_replicas(problem, [[a, b], [a + "2", b + "2"]], time_limit_seconds=5)
+    check(problem, plan)
+    pair, _, _ = throughput(problem.restricted([a, b]), time_limit_seconds=5)
+    # two identical groups serve twice the requests of one: half the time per request
+    assert evaluate(problem, plan).throughput_seconds == pytest.approx(
+        evaluate(problem.restricted([a, b]), pair).throughput_seconds / 2, rel=1e-9)
+    assert [g["assignment"] for g in plan.details["groups"]][1] == [d + "2" for d in pair.assignment]
+    # groups may not share a device
+    bad = Plan("group-replicas", [], 0.0, details={"groups": [plan.details["groups"][0]] * 2})
+    assert any("shares devices" in v for v in violations(problem, bad))
