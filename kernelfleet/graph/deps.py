@@ -80,9 +80,12 @@ MEMORY_MARKERS = ("elementwise", "copy", "reduce", "softmax", "norm", "fill", "c
 
 
 def kernel_kind(launch: Launch) -> str:
-    """tensor-core, memory-bound or other, from what the name says (PTX-based kinds come later)."""
+    """tensor-core, memory-bound or other: from the kernel's PTX when the capture had it
+    (``ptx.kinds``), else from what its name says."""
     if launch.kind in ("memcpy", "memset"):
         return "memory-bound"
+    if launch.work is not None:
+        return launch.work
     name = launch.name.lower()
     if any(m in name for m in TENSOR_CORE_MARKERS):
         return "tensor-core"

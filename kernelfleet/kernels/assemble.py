@@ -33,6 +33,7 @@ from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Access, Buffer, Launch, Program
 from kernelfleet.kernels.raw import RawCapture, RawNode, RawOp
 from kernelfleet.ptx.access import KernelAccess, analyze_entry
+from kernelfleet.ptx.kinds import kind_of
 from kernelfleet.ptx.parser import PtxSyntaxError, parse
 
 ROLE_RANK = {"weight": 0, "input": 1, "output": 2, "activation": 3, "workspace": 4, "unknown": 5}
@@ -116,11 +117,12 @@ def assemble(raw: RawCapture, device: int = 0) -> Program:
             launches.append(Launch(len(launches), node.kind, node.kind, _copy_accesses(node, buffers),
                                    op=op.name if op else None))
             continue
-        accesses, pinned = _kernel_accesses(node, hits[index], op, ptx.lookup(node), buffers)
+        analysed = ptx.lookup(node)
+        accesses, pinned = _kernel_accesses(node, hits[index], op, analysed, buffers)
         accesses = list(dict.fromkeys(accesses))  # a struct may hold one pointer several times
         launches.append(Launch(len(launches), "kernel", node.name, tuple(accesses), node.grid, node.block,
                                node.shared_bytes, "".join(p[2] for p in node.params), _decoded(node, hits[index]),
-                               op.name if op else None, pinned))
+                               op.name if op else None, pinned, ptx.work(node)))
     return Program(sorted((_on(b, device) for b in buffers.buffers), key=lambda b: b.id), launches)
 
 
@@ -214,6 +216,17 @@ class _PtxIndex:
         if key not in self._cache:
             self._cache[key] = self._analyse(node)
         return self._cache[key]
+
+    def work(self, node: RawNode) -> str | None:
+        """What the kernel mostly does, by its PTX; None without PTX or when variants disagree."""
+        kinds = set()
+        for variant in fitting(self.variants.get(node.name, ()), node):
+            try:
+                module = parse(variant["ptx"])
+            except PtxSyntaxError:
+                continue
+            kinds |= {kind_of(e) for e in module.entries if e.name == node.name}
+        return kinds.pop() if len(kinds) == 1 else None
 
     def _analyse(self, node: RawNode) -> KernelAccess | None:
         results = []

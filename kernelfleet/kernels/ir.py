@@ -84,6 +84,7 @@ class Launch:
     params: tuple[dict[str, Any], ...] = ()  # decoded (name/offset/size/value/pointer-to-buffer)
     op: str | None = None  # the ATen op whose dispatch produced it
     pinned: str | None = None  # why this launch must stay on its original device
+    work: str | None = None  # tensor-core / memory-bound / other, when its PTX says (graph.deps.kernel_kind)
 
     def __post_init__(self) -> None:
         _check(self.kind in KINDS, f"launch {self.index}: kind must be one of {KINDS}, got {self.kind!r}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelfleet.graph.deps import dependencies
+from kernelfleet.graph.deps import dependencies, kernel_kind
 from kernelfleet.kernels.analyze import census
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.checks import probe_disagreements, unsound_writes
@@ -130,3 +130,11 @@ def test_calibration_picks_the_pair_closest_to_l40s_and_a100():
     assert (choice.compute["sms"], choice.compute["hog_sms"], choice.bandwidth["sms"]) == (56, 64, 32)
     assert abs(choice.gemm_ratio / choice.target_gemm_ratio - 1) < 0.05
     assert choice.bandwidth_ratio < choice.target_bandwidth_ratio  # the emulated pair is less complementary
+
+
+def test_ptx_tells_fused_pointwise_kernels_from_attention():
+    _, program, _ = load("llama-decode-compiled")
+    fused = [x for x in program.launches if x.name.startswith("triton_poi_fused__scaled_dot_product")]
+    # the name says attention; the PTX has no tensor-core instruction: it feeds the attention op
+    assert fused and all(kernel_kind(x) == "memory-bound" for x in fused)
+    assert all(kernel_kind(x) == "tensor-core" for x in program.launches if x.name.startswith("nvjet"))

@@ -232,3 +232,16 @@ comment */ .visible .entry k( // trailing
 """
     (entry,) = parse(ptx).entries
     assert [(i.line, i.name) for i in entry.instructions] == [(9, "ret")]
+
+
+def test_kernel_work_from_ptx(triton_ptx):
+    from kernelfleet.ptx.kinds import kind_of
+
+    def work(name, capability=90):
+        return kind_of(parse(triton_ptx(name, capability)).entries[0])
+
+    assert work("matmul") == "tensor-core"  # tl.dot: mma (sm_80) / wgmma (sm_90)
+    assert work("matmul", 80) == "tensor-core"
+    assert work("add") == "memory-bound" and work("row_sum") == "memory-bound"
+    empty = parse(".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry nothing()\n{\n ret;\n}\n")
+    assert kind_of(empty.entries[0]) == "other"
