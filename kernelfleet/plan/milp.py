@@ -20,8 +20,12 @@ not compressed. Tessera's MILP (Gurobi) has no memory rows.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import highspy
@@ -33,6 +37,19 @@ from kernelfleet.plan.compress import find_repeats
 from kernelfleet.plan.model import Plan, Problem
 
 INF = highspy.kHighsInf
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send what C code writes to stdout to stderr meanwhile, so a table on stdout stays clean."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @dataclass
@@ -55,7 +72,8 @@ class _Model:
         self.rows.append((lower, upper, terms))
 
     def to_highs(self, relax: bool, time_limit_seconds: float, mip_rel_gap: float) -> highspy.Highs:
-        h = highspy.Highs()
+        with _stdout_to_stderr():  # HiGHS prints its banner on the first construction, before any option
+            h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("time_limit", float(time_limit_seconds))
         h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
