@@ -41,6 +41,39 @@ def outputs(captured) -> list[torch.Tensor]:
     return [t for t in tree_flatten(captured.outputs)[0] if isinstance(t, torch.Tensor)]
 
 
+def copy_node_probe(home) -> None:
+    """cuGraphAddMemcpyNode was refused in this process on the H200 but not in a fresh one: try it
+    here on fresh tensors and on the home replica's own memory, directly and via the fallback."""
+    from kernelfleet.kernels import driver
+
+    a = torch.arange(256, dtype=torch.uint8, device="cuda")
+    b = torch.zeros_like(a)
+    out = outputs(home)[0]
+    for label, dst, src in (("fresh tensors", b.data_ptr(), a.data_ptr()),
+                            ("replica output", out.data_ptr(), a.data_ptr())):
+        for how in ("direct", "captured"):
+            graph = driver.create_graph()
+            try:
+                if how == "direct":
+                    driver.call("cuGraphAddMemcpyNode", graph, [], 0, _params(dst, src, 64), home.context)
+                else:
+                    driver._captured_copy(graph, [], dst, src, 64)
+                print(f"copy node probe, {label}, {how}: ok", flush=True)
+            except Exception as exc:
+                print(f"copy node probe, {label}, {how}: {exc}", flush=True)
+            driver.call("cuGraphDestroy", graph)
+
+
+def _params(dst: int, src: int, length: int):
+    from cuda.bindings import driver as cu
+
+    p = cu.CUDA_MEMCPY3D()
+    p.srcMemoryType = p.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_UNIFIED
+    p.srcDevice, p.dstDevice = src, dst
+    p.WidthInBytes, p.Height, p.Depth = length, 1, 1
+    return p
+
+
 def check_step(name: str, devices: list[int]) -> dict:
     family, preset, phase, extra = STEPS[name]
     replicas, restores = {}, []
@@ -58,6 +91,7 @@ def check_step(name: str, devices: list[int]) -> dict:
             restore()
         torch.cuda.synchronize()
 
+    copy_node_probe(home)
     reset()
     t0 = time.perf_counter()
     home.replay()
