@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
+from kernelfleet import cli_place
+from kernelfleet.cli_common import CatalogOption, err
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 
 app = typer.Typer(
@@ -20,14 +22,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-err = Console(stderr=True, soft_wrap=True)
 
 ReplayOption = typer.Option(None, "--replay", help="Read a recorded trace instead of the GPUs.")
 IntervalOption = typer.Option(1.0, "--interval", help="Window length in seconds (>= 0.1).")
 ClockPollOption = typer.Option(
     0.1, "--clock-poll", help="Seconds between SM clock reads inside a window (docs/telemetry.md: accuracy vs CPU)."
 )
-CatalogOption = typer.Option(None, "--catalog", help="A catalog override file (TOML).")
 DemoOption = typer.Option(False, "--demo", help="Use the bundled H200 recording, in a loop.")
 SpeedOption = typer.Option(1.0, help="Replay speed (1 = as recorded).")
 
@@ -248,155 +248,6 @@ def job(
         out.print(f"[red]{e['kind']}[/] {time.strftime('%H:%M:%S', time.localtime(e['ts']))}: {e['detail']}")
 
 
-@app.command()
-def ptx(
-    path: Path = typer.Argument(..., help="A PTX file (nvcc -ptx, or Triton's asm['ptx'])."),
-    as_json: bool = typer.Option(False, "--json"),
-) -> None:
-    """Which pointer parameters each kernel of a PTX file reads and writes, and what pins it."""
-    from rich.table import Table
-
-    from kernelfleet.ptx import analyze, parse
-
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
-    try:
-        results = analyze(parse(text))
-    except UsageError as exc:
-        raise UsageError(f"{path}: {exc}") from exc
-    if as_json:
-        print(json.dumps([{"entry": r.entry, "params": r.params, "pinned": r.pinned, "reasons": r.reasons,
-                           "evidence": r.evidence} for r in results], indent=1))
-        return
-    out = Console()
-    for r in results:
-        t = Table("parameter", "access", title=f"{r.entry}" + (" [red](pinned)[/]" if r.pinned else ""),
-                  title_justify="left")
-        for name, kind in r.params.items():
-            t.add_row(name, kind)
-        out.print(t)
-        for reason in r.reasons:
-            out.print(f"  pinned: {reason}")
-
-
-def _need_gpu(what: str, instead: str) -> None:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise EnvironmentProblem(f"{what} runs on an NVIDIA GPU and none is visible here; {instead}")
-
-
-@app.command()
-def analyze(
-    target: str | None = typer.Argument(
-        None, help="MODULE:FACTORY returning a step, e.g. kernelfleet.workloads.steps:llama_decode."
-    ),
-    out: Path = typer.Option(Path("kernelfleet-analyze"), "--out", help="Folder for capture, program and graph."),
-    capture_file: Path | None = typer.Option(None, "--capture", help="Analyse a recorded raw capture (no GPU)."),
-    check: bool = typer.Option(True, "--check/--no-check", help="Replay node by node: memory-diff, PTX probe."),
-    ops: bool = typer.Option(True, "--ops/--no-ops", help="Record ATen ops (off for torch.compile'd steps)."),
-    as_json: bool = typer.Option(False, "--json"),
-) -> None:
-    """Capture a model step's kernels and say what each reads and writes, how that is known, and why
-    any kernel must stay where it is."""
-    from rich.table import Table
-
-    from kernelfleet.kernels import analyze as analysis
-
-    if capture_file is not None:
-        numbers = analysis.analyze_capture(capture_file, out)
-    elif target is not None:
-        _need_gpu("capturing a step", "pass --capture FILE to analyse a recorded capture")
-        numbers = analysis.analyze_step(target, out, check=check, record_ops=ops)
-    else:
-        raise UsageError("give MODULE:FACTORY to capture, or --capture FILE to analyse a recorded capture")
-    if as_json:
-        print(json.dumps(numbers, indent=1))
-        return
-    t = Table("", "", title=f"kernelfleet analyze — {numbers.get('step', target)}", title_justify="left")
-    for key, value in numbers.items():
-        if key not in ("step", "pinned_reasons"):
-            t.add_row(key.replace("_", " "), str(value))
-    Console().print(t)
-    for reason, count in numbers["pinned_reasons"].items():
-        Console().print(f"  pinned x{count}: {reason}", markup=False, highlight=False)
-    err.print(f"wrote {out}/program.json, {out}/graph.dot")
-
-
-@app.command("calibrate")
-def calibrate_command(
-    profile: list[str] | None = typer.Option(
-        None, "--profile", help="NAME:SMS[+HOG] (green-context SMs, plus a hog's), repeatable; default: a sweep."
-    ),
-    against: str = typer.Option("l40s,a100-sxm-80gb", "--against", help="COMPUTE_SKU,BANDWIDTH_SKU to imitate."),
-    out: Path | None = typer.Option(None, "--out", help="Write the measured rates (JSON)."),
-) -> None:
-    """GEMM, GEMV and copy rates of device profiles, and the pair closest to a real pair of GPUs."""
-    from rich.table import Table
-
-    from kernelfleet.profile import run
-
-    pair = tuple(against.split(","))
-    if len(pair) != 2:
-        raise UsageError(f"--against wants COMPUTE_SKU,BANDWIDTH_SKU, got {against!r}")
-    run.targets(*pair)  # an unknown SKU fails before any GPU work
-    _need_gpu("calibration", "there is nothing to measure")
-    specs = [run.parse_profile(p) for p in profile] if profile else run.sweep_specs()
-    rows = run.calibrate_profiles(specs)
-    t = Table("profile", "SMs", "hog SMs", "GEMM TFLOP/s", "GEMV GB/s", "copy GB/s", title="kernelfleet calibrate")
-    for r in rows:
-        t.add_row(r["name"], str(r["granted_sms"] or "all"), str(r["hog_sms"] or "-"),
-                  f"{r['gemm_flops_per_second'] / 1e12:.0f}", f"{r['gemv_bytes_per_second'] / 1e9:.0f}",
-                  f"{r['copy_bytes_per_second'] / 1e9:.0f}")
-    Console().print(t)
-    try:
-        c = run.choose(rows, pair)
-        Console().print(f"closest to {pair[0]} + {pair[1]}: compute {c.compute['name']} / bandwidth "
-                        f"{c.bandwidth['name']}: GEMM ratio {c.gemm_ratio:.2f} (target {c.target_gemm_ratio:.2f}), "
-                        f"bandwidth ratio {c.bandwidth_ratio:.2f} (target {c.target_bandwidth_ratio:.2f})")
-    except UsageError as exc:
-        err.print(f"no pair: {exc}")
-    if out is not None:
-        out.write_text(json.dumps(rows, indent=1))
-        err.print(f"wrote {out}")
-
-
-@app.command("profile")
-def profile_command(
-    target: str = typer.Argument(..., help="MODULE:FACTORY returning a step."),
-    out: Path = typer.Option(Path("kernelfleet-profile"), "--out", help="Folder for capture, program and costs."),
-    profile: list[str] | None = typer.Option(
-        None, "--profile", help="NAME:SMS[+HOG], repeatable; default: calibrate and take the pair closest to "
-        "L40S + A100. The whole GPU is always timed too."
-    ),
-    trials: int = typer.Option(5, "--trials", help="Timed trials per launch (the median is kept)."),
-    flush_l2_mb: int = typer.Option(0, "--flush-l2-mb", help="Write this many MB before each trial (cold L2; "
-                                    "256 clears an H200's). 0: back-to-back copies, warm L2."),
-    ops: bool = typer.Option(True, "--ops/--no-ops", help="Record ATen ops (off for torch.compile'd steps)."),
-) -> None:
-    """Time every kernel of a captured step on each device profile: a cost table for `kernelfleet plan`."""
-    from rich.progress import Progress
-
-    from kernelfleet.kernels import analyze as analysis
-    from kernelfleet.profile import run
-    from kernelfleet.profile.devices import ProfileSpec
-
-    if trials < 1 or flush_l2_mb < 0:
-        raise UsageError(f"--trials must be >= 1 and --flush-l2-mb >= 0, got {trials} and {flush_l2_mb}")
-    _need_gpu("profiling", "plan from a recorded cost table instead (kernelfleet plan)")
-    specs = [run.parse_profile(p) for p in profile] if profile else list(run.pair_specs(
-        run.choose(run.calibrate_profiles(run.sweep_specs()))))
-    captured, program = analysis.capture_step(target, record_ops=ops)
-    with Progress(transient=True) as bar:
-        task = bar.add_task("timing kernels", total=len(program.launches) * (len(specs) + 1))
-        seconds = run.time_on(captured, specs + [ProfileSpec("whole")], lambda n: bar.advance(task, n), trials,
-                              flush_l2_mb << 20)
-    done = analysis.write_profile(captured, program, seconds, out)
-    Console().print(done)
-
-
 bench_app = typer.Typer(help="Benchmarks (the GEMM sweep needs an NVIDIA GPU and torch).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
@@ -481,58 +332,8 @@ def catalog_command(
     Console().print(t)
 
 
-@app.command("plan")
-def plan_command(
-    program: Path = typer.Argument(..., help="The kernel program (JSON)."),
-    costs: Path = typer.Argument(..., help="The cost table (JSON): seconds of each launch on each device."),
-    device: list[str] | None = typer.Option(
-        None, "--device", help="NAME[:MEMORY_GB], repeatable (default: every device the cost table measured)."
-    ),
-    link: list[str] | None = typer.Option(
-        None, "--link", help="DEVICE:DEVICE:GBPS in gigabytes/s, repeatable."
-    ),
-    link_gbps: float = typer.Option(25.0, "--link-gbps", help="GB/s of every device pair --link leaves out."),
-    policy: str = typer.Option(
-        "throughput", "--policy", help="throughput|latency|single|replicas|pipeline|attention-ffn|all"
-    ),
-    predict: list[str] | None = typer.Option(
-        None, "--predict", help="A catalog SKU key to add through the roofline cost model, repeatable."
-    ),
-    profile: list[str] | None = typer.Option(
-        None, "--profile", help="NAME=SKU or NAME=CALIBRATION.json: what a measured device is, for --predict."
-    ),
-    out: Path | None = typer.Option(None, "--out", help="Plan JSON to write (a folder for --policy all)."),
-    gantt: Path | None = typer.Option(
-        None, "--gantt", help="PNG Gantt chart of one request under the plan (for all: the throughput plan)."
-    ),
-    time_limit: float = typer.Option(30.0, "--time-limit", help="Seconds for the throughput MILP."),
-    catalog: Path | None = CatalogOption,
-) -> None:
-    """Place a kernel program on devices: the chosen policy's plan beside every baseline."""
-    from rich.table import Table
-
-    from kernelfleet.plan import command
-
-    done = command.setup(program, costs, device or [], link or [], link_gbps, predict or [], profile or [],
-                         catalog)
-    chosen, plans = command.make_plans(done.problem, policy, time_limit)
-    out_console = Console() if sys.stdout.isatty() else Console(width=200)
-    for note in done.notes:
-        out_console.print(note, markup=False, highlight=False)
-    header, rows = command.table(done.problem, plans, chosen)
-    t = Table(*header, title=f"kernelfleet plan — {policy} (* chosen)", title_justify="left")
-    for row in rows:
-        t.add_row(*row)
-    out_console.print(t)
-    if (line := command.verdict(plans)) is not None:
-        out_console.print(line, markup=False, highlight=False)
-    if out is not None:
-        for path in command.write(plans, chosen, out):
-            err.print(f"wrote {path}")
-    if gantt is not None:
-        from kernelfleet.plan.gantt import draw
-
-        err.print(f"wrote {draw(done.problem, chosen or plans[0], gantt)}")
+for _name, _function in cli_place.COMMANDS:
+    app.command(_name)(getattr(cli_place, _function))
 
 
 def main() -> None:
