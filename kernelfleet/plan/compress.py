@@ -1,8 +1,8 @@
 """Repeated-layer compression: find the repeating block, solve one block, replicate it.
 
 A transformer step is a prologue, the same block of kernels repeated once per layer, and an
-epilogue. :func:`find_repeats` finds the longest run of identical blocks (same launch names,
-same kind, same pin, same costs on every device, in the same order); :func:`classes` maps
+epilogue. :func:`find_repeats` finds the longest run of identical blocks (same kernels, launch
+shapes and pins, runnable on the same devices, in the same order); :func:`classes` maps
 every launch to a *class*: launches in the same position of every repeat share a class,
 prologue and epilogue launches are classes of their own.
 
@@ -43,11 +43,14 @@ class Repeats:
 
 
 def signatures(problem: Problem) -> list[int]:
-    """One integer per launch; equal integers mean interchangeable launches."""
+    """One integer per launch; equal integers mean launches of the same kernel, shape and pin that
+    can run on the same devices. Costs need not be equal: a class's cost is the exact sum of its
+    members' (measured costs differ a little from layer to layer)."""
     seen: dict[tuple, int] = {}
     out = []
     for launch, row in zip(problem.program.launches, problem.costs.seconds):
-        key = (launch.kind, launch.name, launch.pinned, tuple((d, row.get(d)) for d in problem.names))
+        key = (launch.kind, launch.name, launch.grid, launch.block, launch.pinned,
+               tuple(row.get(d) is None for d in problem.names))
         out.append(seen.setdefault(key, len(seen)))
     return out
 

@@ -1,6 +1,7 @@
 """Placement planning: MILP, baselines and the independent validator, on small exact cases,
 seeded random graphs and the committed fixture under tests/data/plan/."""
 
+import random
 from pathlib import Path
 
 import pytest
@@ -248,3 +249,13 @@ def test_replicas_of_a_pair_placement():
     # groups may not share a device
     bad = Plan("group-replicas", [], 0.0, details={"groups": [plan.details["groups"][0]] * 2})
     assert any("shares devices" in v for v in violations(problem, bad))
+
+
+def test_repeats_are_found_despite_measured_noise():
+    problem = layered(6, 2)
+    rng = random.Random(0)
+    noisy = [{d: (v * (1 + 0.01 * rng.random()) if v is not None else None) for d, v in row.items()}
+             for row in problem.costs.seconds]
+    problem.costs = CostTable(noisy, "noisy")
+    repeats = find_repeats(problem)
+    assert repeats is not None and repeats.count == 6
