@@ -66,11 +66,13 @@ class Buffers:
         self.buffers = [Buffer(i, 0, s, e - s, r, next(iter(n)) if len(n) == 1 else None)
                         for i, (s, e, r, n) in enumerate(merged)]
         self.segments = sorted(segments)
+        self._segment_starts = [s for s, _ in self.segments]
         self._reindex()
 
     def _reindex(self) -> None:
         self.buffers.sort(key=lambda b: b.address)
         self._starts = [b.address for b in self.buffers]
+        self.by_id = {b.id: b for b in self.buffers}
 
     def find(self, address: int) -> Buffer | None:
         i = bisect.bisect_right(self._starts, address) - 1
@@ -80,14 +82,14 @@ class Buffers:
 
     def add_workspace(self, address: int) -> Buffer | None:
         """A workspace buffer for an address inside a segment but outside every buffer."""
-        k = bisect.bisect_right([s for s, _ in self.segments], address) - 1
+        k = bisect.bisect_right(self._segment_starts, address) - 1
         if k < 0 or address >= self.segments[k][0] + self.segments[k][1]:
             return None
         seg_start, seg_end = self.segments[k][0], self.segments[k][0] + self.segments[k][1]
         i = bisect.bisect_right(self._starts, address)
         start = max([seg_start] + [b.address + b.size_bytes for b in self.buffers[:i] if b.address < address])
         end = min([seg_end] + [b.address for b in self.buffers[i:]])
-        buffer = Buffer(max(b.id for b in self.buffers) + 1 if self.buffers else 0, 0, start, end - start, "workspace")
+        buffer = Buffer(max(self.by_id) + 1 if self.by_id else 0, 0, start, end - start, "workspace")
         self.buffers.append(buffer)
         self._reindex()
         return buffer
@@ -117,12 +119,12 @@ def assemble(raw: RawCapture, device: int = 0) -> Program:
             launches.append(Launch(len(launches), node.kind, node.kind, _copy_accesses(node, buffers),
                                    op=op.name if op else None))
             continue
-        analysed = ptx.lookup(node)
+        analysed, work = ptx.lookup(node)
         accesses, pinned = _kernel_accesses(node, hits[index], op, analysed, buffers)
         accesses = list(dict.fromkeys(accesses))  # a struct may hold one pointer several times
         launches.append(Launch(len(launches), "kernel", node.name, tuple(accesses), node.grid, node.block,
                                node.shared_bytes, "".join(p[2] for p in node.params), _decoded(node, hits[index]),
-                               op.name if op else None, pinned, ptx.work(node)))
+                               op.name if op else None, pinned, work))
     return Program(sorted((_on(b, device) for b in buffers.buffers), key=lambda b: b.id), launches)
 
 
@@ -164,10 +166,9 @@ def _copy_accesses(node: RawNode, buffers: Buffers) -> tuple[Access, ...]:
 
 def _kernel_accesses(node: RawNode, hits: list[Hit], op: RawOp | None, kernel_ptx: KernelAccess | None,
                      buffers: Buffers) -> tuple[list[Access], str | None]:
-    by_id = {b.id: b for b in buffers.buffers}
-
     def to_end(hit: Hit, mode: str, source: str) -> Access:
-        return Access(hit.buffer, hit.offset_bytes, by_id[hit.buffer].size_bytes - hit.offset_bytes, mode, source)
+        size = buffers.by_id[hit.buffer].size_bytes
+        return Access(hit.buffer, hit.offset_bytes, size - hit.offset_bytes, mode, source)
 
     if kernel_ptx is not None:
         if kernel_ptx.pinned:
@@ -201,50 +202,43 @@ def _decoded(node: RawNode, hits: list[Hit]) -> tuple[dict, ...]:
 
 
 class _PtxIndex:
-    """Kernel name -> static access result, from the PTX variants the capture found for it.
+    """Kernel name -> (static access result, kind of work), from the PTX variants the capture found.
 
     Triton compiles one function to several variants (autotuning) under one entry name; those
     whose thread count and dynamic shared memory fit the launch are analysed and their parameter
-    modes joined (read + write = readwrite), pinned if any is.
+    modes joined (read + write = readwrite), pinned if any is. Each launch shape is analysed once.
     """
 
     def __init__(self, variants: dict[str, list[dict]]) -> None:
         self.variants, self._cache = variants, {}
 
-    def lookup(self, node: RawNode) -> KernelAccess | None:
+    def lookup(self, node: RawNode) -> tuple[KernelAccess | None, str | None]:
+        """The joined access result (None without PTX) and the kernel's work (None without PTX or
+        when the variants disagree)."""
         key = (node.name, node.block, node.shared_bytes)
         if key not in self._cache:
             self._cache[key] = self._analyse(node)
         return self._cache[key]
 
-    def work(self, node: RawNode) -> str | None:
-        """What the kernel mostly does, by its PTX; None without PTX or when variants disagree."""
-        kinds = set()
+    def _analyse(self, node: RawNode) -> tuple[KernelAccess | None, str | None]:
+        results, kinds = [], set()
         for variant in fitting(self.variants.get(node.name, ()), node):
             try:
                 module = parse(variant["ptx"])
             except PtxSyntaxError:
                 continue
-            kinds |= {kind_of(e) for e in module.entries if e.name == node.name}
-        return kinds.pop() if len(kinds) == 1 else None
-
-    def _analyse(self, node: RawNode) -> KernelAccess | None:
-        results = []
-        for variant in fitting(self.variants.get(node.name, ()), node):
-            try:
-                module = parse(variant["ptx"])
-            except PtxSyntaxError:
-                continue
-            results += [analyze_entry(module, e) for e in module.entries
-                        if e.name == node.name and len(e.params) == len(node.params)]
+            entries = [e for e in module.entries if e.name == node.name]
+            kinds |= {kind_of(e) for e in entries}
+            results += [analyze_entry(module, e) for e in entries if len(e.params) == len(node.params)]
+        work = kinds.pop() if len(kinds) == 1 else None
         if not results:
-            return None
+            return None, work
         params = {}
         for name in results[0].params:
             modes = {r.params.get(name, "unused") for r in results} - {"unused"}
             params[name] = "unused" if not modes else MERGE.get(frozenset(modes), "readwrite")
         return KernelAccess(node.name, params, any(r.pinned for r in results),
-                            [reason for r in results for reason in r.reasons])
+                            [reason for r in results for reason in r.reasons]), work
 
 
 def fitting(variants: list[dict], node: RawNode) -> list[dict]:

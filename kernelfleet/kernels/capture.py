@@ -13,6 +13,7 @@ alive, so the step can be replayed node by node (``replay.py``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +99,7 @@ class Captured:
         self.graph.replay()
 
     def replayer(self) -> driver.NodeReplayer:
-        return driver.NodeReplayer(self.handle, self.nodes, self.context)
+        return driver.NodeReplayer(self.nodes, self.context)
 
 
 def capture(step: Callable[..., Any], args: Sequence[Any], *, module: torch.nn.Module | None = None,
@@ -121,10 +122,7 @@ def capture(step: Callable[..., Any], args: Sequence[Any], *, module: torch.nn.M
     with history, torch.no_grad(), torch.cuda.graph(graph):
         stream = torch.cuda.current_stream().cuda_stream
         recorder = OpRecorder(lambda: driver.capturing_node_count(stream))
-        if record_ops:
-            with recorder:
-                outputs = step(*args)
-        else:
+        with recorder if record_ops else nullcontext():
             outputs = step(*args)
     handle = driver.graph_handle(graph.raw_cuda_graph())
     nodes = driver.nodes(handle)
@@ -172,16 +170,19 @@ def _raw_node(node: Any) -> RawNode:
 
 
 def _regions(module: torch.nn.Module | None, args: tuple, outputs: Any) -> list[Region]:
+    def region(t: torch.Tensor, role: str, name: str) -> Region:
+        storage = t.untyped_storage()
+        return Region(storage.data_ptr(), storage.nbytes(), role, name)
+
     regions = []
     if module is not None:
-        for name, p in module.named_parameters():
-            regions.append(Region(p.untyped_storage().data_ptr(), p.untyped_storage().nbytes(), "weight", name))
-        for name, b in module.named_buffers():  # caches and state: mutable, so not weights
-            regions.append(Region(b.untyped_storage().data_ptr(), b.untyped_storage().nbytes(), "activation", name))
+        regions += [region(p, "weight", name) for name, p in module.named_parameters()]
+        # caches and state: mutable, so not weights
+        regions += [region(b, "activation", name) for name, b in module.named_buffers()]
     for role, values in (("input", args), ("output", outputs)):
         tensors = [t for t in tree_flatten(values)[0] if isinstance(t, torch.Tensor) and t.is_cuda]
-        regions += [Region(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), role, f"{role}{i}")
-                    for i, t in enumerate(tensors) if t.untyped_storage().nbytes() > 0]
+        regions += [region(t, role, f"{role}{i}") for i, t in enumerate(tensors)
+                    if t.untyped_storage().nbytes() > 0]
     return regions
 
 

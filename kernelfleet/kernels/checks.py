@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kernelfleet.kernels.ir import Access, Buffer, Program
+from kernelfleet.kernels.ir import Access, Program
 
 Range = tuple[int, int, int]  # (buffer, start offset, end offset)
 
@@ -94,6 +94,3 @@ def with_observations(program: Program, writes: dict[int, list[Range]],
         launches.append(replace(launch, accesses=launch.accesses + tuple(extra)) if extra else launch)
     return Program(list(program.buffers), launches)
 
-
-def buffer_of(program: Program, buffer: int) -> Buffer:
-    return next(b for b in program.buffers if b.id == buffer)

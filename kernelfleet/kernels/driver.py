@@ -184,10 +184,10 @@ class NodeReplayer:
     not.) Every handle is released by ``close``.
     """
 
-    def __init__(self, graph: Any, graph_nodes: list[Any], context: Any) -> None:
+    def __init__(self, graph_nodes: list[Any], context: Any) -> None:
         """``context``: where the small graphs are built and so run — the capture's context, or a
         green context's, to run the nodes on that partition's SMs."""
-        self.graph, self.nodes, self.context = graph, graph_nodes, context
+        self.nodes, self.context = graph_nodes, context
         self._graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
 
     def one(self, index: int, stream: int) -> None:
@@ -215,7 +215,7 @@ def _repeat_graph(node: Any, count: int, ctx: Any) -> tuple[Any, Any]:
     previous: list[Any] = []
     for _ in range(count):
         previous = [add_copy_of(graph, node, previous, ctx)]
-    return graph, call("cuGraphInstantiate", graph, 0)
+    return graph, instantiate(graph)
 
 
 def add_copy_of(graph: Any, node: Any, after: list[Any], ctx: Any) -> Any:

@@ -29,6 +29,7 @@ from kernelfleet.kernels.assemble import fitting
 from kernelfleet.kernels.capture import Captured
 from kernelfleet.kernels.checks import Range
 from kernelfleet.kernels.ir import Program
+from kernelfleet.kernels.raw import RawNode
 from kernelfleet.ptx import probe as ptx_probe
 
 PROGRAM_KINDS = ("kernel", "memcpy", "memset")
@@ -88,15 +89,13 @@ def observe(captured: Captured, program: Program, *, max_bytes: int = 1 << 30, p
             watched = candidates if everything else sorted(mine)
             for b in watched:
                 snapshot(b)
-            why = _run_probed(captured, node, seen, launch, stream) if probe and node.kind == "kernel" else "off"
-            if why is not None:
-                if why != "off" and captured.raw.ptx.get(node.name):
+            asked = probe and node.kind == "kernel"
+            why = _run_probed(captured, node, seen, launch, stream) if asked else "not asked"
+            if why is not None:  # no probe ran: run the node itself
+                if captured.raw.ptx.get(node.name) and why != "not asked":
                     seen.unprobed[launch] = why
                 runner.one(node_index, stream.cuda_stream)
-            try:
-                torch.cuda.synchronize()
-            except RuntimeError as exc:  # the context is lost; name the launch that did it
-                raise RuntimeError(f"launch {launch} ({node.kind} {node.name[:80]}) failed alone: {exc}") from exc
+            _synchronize_after(launch, node)
             changed = []
             for b in watched:
                 now = device_bytes(buffers[b].address, buffers[b].size_bytes)
@@ -154,16 +153,22 @@ def stepwise_matches_graph(captured: Captured, program: Program) -> bool:
     try:
         for launch, node in enumerate(program_nodes(captured)):
             runner.one(node, stream)
-            try:
-                torch.cuda.synchronize()
-            except RuntimeError as exc:  # the context is lost; name the launch that did it
-                raise RuntimeError(f"launch {launch} ({captured.raw.nodes[node].name[:80]}) failed alone: {exc}") from exc
+            _synchronize_after(launch, captured.raw.nodes[node])
     finally:
         runner.close()
     return all(torch.equal(a, b) for a, b in zip(reference, outputs))
 
 
-def _run_probed(captured: Captured, node, seen: Observation, launch: int, stream) -> str | None:
+def _synchronize_after(launch: int, node: RawNode) -> None:
+    """Wait for the launch just replayed; if it lost the context, say which launch it was."""
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as exc:
+        raise RuntimeError(f"launch {launch} ({node.kind} {node.name[:80]}) failed alone: {exc}") from exc
+
+
+def _run_probed(captured: Captured, node: RawNode, seen: Observation, launch: int,
+                stream: torch.cuda.Stream) -> str | None:
     """Run ``node`` as its probed PTX; None when it ran, else why it could not."""
     variants = fitting(captured.raw.ptx.get(node.name, []), node)
     texts = {v["ptx"] for v in variants}

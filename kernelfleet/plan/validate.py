@@ -73,7 +73,7 @@ def evaluate(problem: Problem, plan: Plan) -> Evaluation:
     if plan.policy == "replicas":
         return _evaluate_replicas(problem, plan)
     if plan.policy == "group-replicas":
-        return _evaluate_groups(problem, plan)
+        return _evaluate_groups(problem, _groups(plan))
     busy = {d: 0.0 for d in problem.names}
     transfer = {d: 0.0 for d in problem.names}
     for k, device in enumerate(plan.assignment):
@@ -178,18 +178,10 @@ def _replica_violations(problem: Problem, plan: Plan) -> list[str]:
 
 
 def _evaluate_replicas(problem: Problem, plan: Plan) -> Evaluation:
-    """Each device runs whole requests; the load is split by speed, so the fleet serves
-    sum(1 / T_d) requests per second and the time per request is 1 / sum(1 / T_d).
-    No transfers. Latency is that of the fastest replica (an idle fleet routes there)."""
-    alone = {d: sum(problem.costs.seconds[k][d] or 0.0 for k in range(len(problem.program.launches)))
-             for d in plan.details["replicas"]}
-    rate = sum(1.0 / t if t > 0 else float("inf") for t in alone.values())
-    per_request = 1.0 / rate if rate > 0 else 0.0
+    """Each device runs whole requests: replicas of a one-device group each (``_evaluate_groups``)."""
     n = len(problem.program.launches)
-    fastest = min(alone, key=lambda d: alone[d])
-    busy = {d: (per_request if d in alone else 0.0) for d in problem.names}
-    memory = {d: (_memory(problem, [d] * n)[d] if d in alone else 0) for d in problem.names}
-    return Evaluation(per_request, latency(problem, [fastest] * n), busy, {d: 0.0 for d in problem.names}, memory)
+    return _evaluate_groups(problem, [Plan("group", [d] * n, 0.0, details={"home": d})
+                                      for d in plan.details["replicas"]])
 
 
 def _groups(plan: Plan) -> list[Plan]:
@@ -212,19 +204,20 @@ def _group_violations(problem: Problem, plan: Plan) -> list[str]:
     return out
 
 
-def _evaluate_groups(problem: Problem, plan: Plan) -> Evaluation:
-    """Each group serves whole requests with its own placement; the load is split by speed, as for
-    replicas, so the time per request is 1 / sum(1 / T_g) and a device is busy its group's time
-    scaled by the group's share of requests."""
-    each = [evaluate(problem, g) for g in _groups(plan)]
-    rate = sum(1.0 / e.throughput_seconds for e in each)
+def _evaluate_groups(problem: Problem, groups: list[Plan]) -> Evaluation:
+    """Each group serves whole requests with its own placement; the load is split by speed, so the
+    fleet serves sum(1 / T_g) requests per second and the time per request is 1 / sum(1 / T_g); a
+    device is busy its group's time scaled by the group's share of requests. No transfers between
+    groups. Latency is that of the fastest group (an idle fleet routes there)."""
+    each = [evaluate(problem, g) for g in groups]
+    rate = sum(1.0 / e.throughput_seconds if e.throughput_seconds > 0 else float("inf") for e in each)
     busy = {d: 0.0 for d in problem.names}
     transfer = {d: 0.0 for d in problem.names}
     memory = {d: 0 for d in problem.names}
     for e in each:
-        share = (1.0 / e.throughput_seconds) / rate
+        share = (1.0 / e.throughput_seconds) / rate if e.throughput_seconds > 0 else 0.0
         for d in problem.names:
             busy[d] += share * e.busy_seconds[d]
             transfer[d] += share * e.transfer_seconds[d]
             memory[d] = max(memory[d], e.memory_bytes.get(d, 0))
-    return Evaluation(1.0 / rate, min(e.latency_seconds for e in each), busy, transfer, memory)
+    return Evaluation(1.0 / rate if rate > 0 else 0.0, min(e.latency_seconds for e in each), busy, transfer, memory)

@@ -8,9 +8,10 @@ and hog partitions are carved from one chain of splits (:func:`kernelfleet.kerne
 so they never share an SM; torch work runs on a partition through its stream. Clocks, power
 limits and MIG are never touched.
 
-Partitions live as long as the process: destroying a green context while PyTorch still caches
-things made on its stream faulted later, unrelated launches on the H200 ("unspecified launch
-failure" in the next graph replay), so each shape is made once and reused.
+Partitions live as long as the process, each shape made once and reused: in one H200 run, a
+process that had dropped torch's green contexts after profiling hit an "unspecified launch
+failure" in its next graph replay (not reproduced in isolation; the checks now run in processes of
+their own anyway).
 
 The emulated complementary pair is chosen by calibration (``profile/calibration.py``): on an H200
 the closest to L40S + A100 was 56 SMs + a 64-SM hog against 32 SMs alone (tests/data/h200-capture).

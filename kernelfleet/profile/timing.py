@@ -33,19 +33,14 @@ def time_launches(captured: Captured, stream: torch.cuda.Stream, *, context: Any
     ``flush_l2_bytes`` > 0 writes a buffer that large before every trial and times one copy of the
     launch (a cold L2, as when the kernel before it on its device touched other data; the H200's L2
     is 60 MB, so 256 MB clears it); 0 times back-to-back copies (a warm L2)."""
-    runner = driver.NodeReplayer(captured.handle, captured.nodes, context or captured.context)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    runner = driver.NodeReplayer(captured.nodes, context or captured.context)
     flush = torch.empty(flush_l2_bytes, dtype=torch.uint8, device=stream.device) if flush_l2_bytes else None
 
     def trial(node: int, count: int) -> float:
         if flush is not None:
             with torch.cuda.stream(stream):
                 flush.zero_()
-        start.record(stream)
-        runner.repeated(node, count, stream.cuda_stream)
-        end.record(stream)
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / count
+        return _seconds(stream, lambda: runner.repeated(node, count, stream.cuda_stream)) / count
 
     seconds = []
     try:
@@ -83,11 +78,16 @@ def calibrate(stream: torch.cuda.Stream, device: int = 0, *, repeats: int = 10) 
         for key, (run, amount) in work.items():
             for _ in range(3):
                 run()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            for _ in range(repeats):
-                run()
-            end.record(stream)
-            end.synchronize()
-            out[key] = amount * repeats / (start.elapsed_time(end) / 1e3)
+            out[key] = amount * repeats / _seconds(stream, run, repeats)
     return out
+
+
+def _seconds(stream: torch.cuda.Stream, run: Callable[[], object], repeats: int = 1) -> float:
+    """GPU seconds of ``repeats`` calls of ``run`` on ``stream``, between two CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    for _ in range(repeats):
+        run()
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3

@@ -55,13 +55,15 @@ def build(replicas: dict[str, Replica], assignment: list[str], home: str) -> Bui
     order = schedule(base, assignment, home)
     nodes = {d: program_nodes(r.captured) for d, r in replicas.items()}
 
+    buffers = {b.id: b for b in base.buffers}
+
     def where(device: str, t: Transfer) -> int:
+        address = buffers[t.buffer].address + t.offset_bytes
         if device == home:
-            return t.address
+            return address
         if t.writer is None:  # a step input: same buffer name in every capture
-            buffer = next(b for b in base.buffers if b.address <= t.address < b.address + b.size_bytes)
-            return maps[device].translate_input(buffer.name, t.address - buffer.address)
-        return maps[device].translate([t.writer, t.reader], t.address, t.length_bytes)
+            return maps[device].translate_input(buffers[t.buffer].name, t.offset_bytes)
+        return maps[device].translate([t.writer, t.reader], address, t.length_bytes)
 
     graph = driver.create_graph()
     made: list = []

@@ -63,11 +63,10 @@ def races(program: Program, assignment: list[str], nodes: list[Node]) -> list[st
         for d in n.deps:
             bits |= ancestors[d] | (1 << d)
         ancestors.append(bits)
-    buffer_at = sorted((b.address, b.address + b.size_bytes, b.id) for b in program.buffers)
     seen: dict[tuple[str, int], list[tuple[int, int, int, bool]]] = defaultdict(list)  # (node, start, end, writes)
     found: list[str] = []
     for n in nodes:
-        touches = list(_touches(program, assignment, n, buffer_at))
+        touches = list(_touches(program, assignment, n))
         for device, buffer, start, end, writes in touches:
             for other, s, e, other_writes in seen[device, buffer]:
                 if (writes or other_writes) and s < end and start < e and not ancestors[n.index] >> other & 1:
@@ -78,16 +77,15 @@ def races(program: Program, assignment: list[str], nodes: list[Node]) -> list[st
     return found
 
 
-def _touches(program: Program, assignment: list[str], n: Node, buffer_at: list[tuple[int, int, int]]):
+def _touches(program: Program, assignment: list[str], n: Node):
     if n.launch is not None:
         device = assignment[n.launch]
         for a in program.launches[n.launch].accesses:
             yield device, a.buffer, a.offset_bytes, a.end, a.writes
         return
     t = n.copy
-    buffer, offset = next((b, t.address - lo) for lo, hi, b in buffer_at if lo <= t.address < hi)
-    yield t.src, buffer, offset, offset + t.length_bytes, False
-    yield t.dst, buffer, offset, offset + t.length_bytes, True
+    yield t.src, t.buffer, t.offset_bytes, t.offset_bytes + t.length_bytes, False
+    yield t.dst, t.buffer, t.offset_bytes, t.offset_bytes + t.length_bytes, True
 
 
 def _label(n: Node) -> str:

@@ -35,7 +35,8 @@ class Transfer:
     before: int  # the launch it must precede; START, or len(launches) for after the last one
     writer: int | None  # the launch that wrote the bytes (None: a step input)
     reader: int | None  # the launch that reads them (None: copied home at the end)
-    address: int  # where the bytes are in the home capture
+    buffer: int  # a buffer of the home capture's program, and the bytes in it
+    offset_bytes: int
     length_bytes: int
     src: str  # device names
     dst: str
@@ -54,19 +55,19 @@ def transfers(program: Program, assignment: list[str], home: str) -> list[Transf
                 first_reader.setdefault((a.buffer, assignment[launch.index]), launch.index)
     for (b, device), reader in sorted(first_reader.items()):
         if device != home:
-            out.append(Transfer(START, None, reader, buffers[b].address, buffers[b].size_bytes, home, device))
+            out.append(Transfer(START, None, reader, b, 0, buffers[b].size_bytes, home, device))
     moved: set[tuple[int, int, int, int, str]] = set()
     found, final = flows(program)
     for f in found:
         src, dst = assignment[f.src], assignment[f.dst]
         if src != dst and (f.src, f.buffer, f.start, f.end, dst) not in moved:
             moved.add((f.src, f.buffer, f.start, f.end, dst))
-            out.append(Transfer(f.dst, f.src, f.dst, buffers[f.buffer].address + f.start, f.end - f.start, src, dst))
+            out.append(Transfer(f.dst, f.src, f.dst, f.buffer, f.start, f.end - f.start, src, dst))
     end = len(program.launches)
     for b, segments in sorted(final.items()):
         buffer = buffers[b]
         if buffer.role == "output" or (buffer.name is not None and buffer.role != "weight"):
-            out += [Transfer(end, w, None, buffer.address + s, e - s, assignment[w], home)
+            out += [Transfer(end, w, None, b, s, e - s, assignment[w], home)
                     for s, e, w in segments if assignment[w] != home]
     return out
 

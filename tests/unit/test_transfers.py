@@ -34,8 +34,6 @@ def segments_in(memory, buffer, start, end):
 def simulate(prog, assignment, home, drop=None):
     """Replay the plan over writer stamps; return the reads that would see a wrong writer.
     ``drop``: the index of a copy to leave out (to show the simulation catches it)."""
-    by_address = {b.address: b.id for b in prog.buffers}
-    starts = sorted(by_address)
     buffers = {b.id: b for b in prog.buffers}
     devices = {d: {} for d in set(assignment) | {home}}
     copies = transfers(prog, assignment, home)
@@ -45,13 +43,8 @@ def simulate(prog, assignment, home, drop=None):
     for t in copies:
         at.setdefault(t.before, []).append(t)
 
-    def buffer_of(address):
-        import bisect
-        b = buffers[by_address[starts[bisect.bisect_right(starts, address) - 1]]]
-        return b.id, address - b.address
-
     def apply(t):
-        b, off = buffer_of(t.address)
+        b, off = t.buffer, t.offset_bytes
         for s, e, w in segments_in(devices[t.src], b, off, off + t.length_bytes):
             devices[t.dst][b] = _overwrite(devices[t.dst].get(b, []), s, e, w)
 
@@ -117,7 +110,8 @@ def test_addresses_translate_between_two_captures_of_a_step():
     assignment = [rng.choice("AB") for _ in home.launches]
     for t in transfers(home, assignment, "A"):
         if t.writer is not None:
-            there = amap.translate([t.writer, t.reader], t.address, t.length_bytes)
+            here = next(b.address for b in home.buffers if b.id == t.buffer) + t.offset_bytes
+            there = amap.translate([t.writer, t.reader], here, t.length_bytes)
             assert any(b.address <= there and there + t.length_bytes <= b.address + b.size_bytes for b in other.buffers)
     with pytest.raises(UsageError, match="different kernels"):
         AddressMap(home, program("llama-decode"))
