@@ -18,7 +18,9 @@ Each kernel's accesses then come from the best knowledge there is, and say which
   analysis cannot bound an access, the kernel is pinned and touches its buffers read-write.
 * ``schema``: a library kernel without PTX inside an ATen op; every kernel of the op reads the
   op's inputs and writes its outputs and mutated arguments over each tensor's byte extent (a
-  superset for an op of several kernels, never a subset).
+  superset for an op of several kernels, never a subset). Every kernel after an op's first also
+  reads its outputs: the op's kernels may pass results through them (``topk`` gathers candidates
+  into its outputs, then sorts them in place), and a plan that splits the op must copy them.
 * ``conservative``: a pointer to a buffer the op's schema does not name (a workspace): read-write
   from the pointer to the buffer's end. A kernel with neither PTX nor an op is also pinned.
 * ``graph-node``: memcpy and memset nodes state their exact ranges.
@@ -120,7 +122,8 @@ def assemble(raw: RawCapture, device: int = 0) -> Program:
                                    op=op.name if op else None))
             continue
         analysed, work = ptx.lookup(node)
-        accesses, pinned = _kernel_accesses(node, hits[index], op, analysed, buffers)
+        later = op is not None and index > op.first
+        accesses, pinned = _kernel_accesses(node, hits[index], op, later, analysed, buffers)
         accesses = list(dict.fromkeys(accesses))  # a struct may hold one pointer several times
         launches.append(Launch(len(launches), "kernel", node.name, tuple(accesses), node.grid, node.block,
                                node.shared_bytes, "".join(p[2] for p in node.params), _decoded(node, hits[index]),
@@ -164,8 +167,8 @@ def _copy_accesses(node: RawNode, buffers: Buffers) -> tuple[Access, ...]:
     return tuple(out)
 
 
-def _kernel_accesses(node: RawNode, hits: list[Hit], op: RawOp | None, kernel_ptx: KernelAccess | None,
-                     buffers: Buffers) -> tuple[list[Access], str | None]:
+def _kernel_accesses(node: RawNode, hits: list[Hit], op: RawOp | None, later: bool,
+                     kernel_ptx: KernelAccess | None, buffers: Buffers) -> tuple[list[Access], str | None]:
     def to_end(hit: Hit, mode: str, source: str) -> Access:
         size = buffers.by_id[hit.buffer].size_bytes
         return Access(hit.buffer, hit.offset_bytes, size - hit.offset_bytes, mode, source)
@@ -185,7 +188,8 @@ def _kernel_accesses(node: RawNode, hits: list[Hit], op: RawOp | None, kernel_pt
         if t.extent_bytes <= 0:
             continue
         buffer = buffers.find(t.address)
-        accesses.append(Access(buffer.id, t.address - buffer.address, t.extent_bytes, t.mode, "schema"))
+        mode = "readwrite" if later and t.mode == "write" else t.mode
+        accesses.append(Access(buffer.id, t.address - buffer.address, t.extent_bytes, mode, "schema"))
         spans.append((buffer.id, t.address - buffer.address, t.address - buffer.address + t.extent_bytes))
     # A pointer into no tensor of the op: a workspace the op allocated internally (cuDNN's, say).
     accesses += [to_end(h, "readwrite", "conservative") for h in hits

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.replay
 
 HERE = Path(__file__).parents[1] / "data" / "h200-capture"
 STEPS = ["llama-decode", "llama-prefill", "llama-decode-compiled", "moe-decode", "mamba-decode", "vlm-prefill",
-         "dit-denoise", "llama8b-decode", "llama8b-prefill"]
+         "dit-denoise", "llama8b-decode", "llama8b-prefill", "hf-llama-prefill", "hf-llama-prefill-compiled"]
 EAGER = [s for s in STEPS if "compiled" not in s]
 
 
@@ -63,8 +63,9 @@ def test_eager_steps_are_fully_known_from_schemas(step):
     assert nvjet and all(any(p["pointers"] for p in launch.params) for launch in nvjet)
 
 
-def test_compiled_step_uses_triton_ptx():
-    raw, program, observed = load("llama-decode-compiled")
+@pytest.mark.parametrize("step", [s for s in STEPS if "compiled" in s])
+def test_compiled_step_uses_triton_ptx(step):
+    raw, program, observed = load(step)
     triton = [launch for launch in program.launches if launch.name.startswith("triton_")]
     assert triton and all(raw.ptx.get(launch.name) for launch in triton), "every Triton kernel's PTX was found"
     static = [launch for launch in triton if {a.source for a in launch.accesses} == {"ptx-static"}]
@@ -138,3 +139,41 @@ def test_ptx_tells_fused_pointwise_kernels_from_attention():
     # the name says attention; the PTX has no tensor-core instruction: it feeds the attention op
     assert fused and all(kernel_kind(x) == "memory-bound" for x in fused)
     assert all(kernel_kind(x) == "tensor-core" for x in program.launches if x.name.startswith("nvjet"))
+
+
+def test_transformers_llama_capture_matches_its_config():
+    """The transformers-built Llama (workloads.steps.hf_llama): one weight buffer per parameter
+    tensor, and the GEMMs' recorded FLOPs equal 2 x tokens x the linear layers' weights."""
+    from kernelfleet.workloads.steps import hf_llama
+
+    config = hf_llama(device="meta").module.config
+    raw, program, _ = load("hf-llama-prefill")
+    numbers = census(program, dependencies(program))
+    layers, hidden, ffn = config.num_hidden_layers, config.hidden_size, config.intermediate_size
+    kv = hidden // config.num_attention_heads * config.num_key_value_heads
+    assert numbers["buffer_roles"]["weight"] == 9 * layers + 3  # + embedding, final norm, head
+    tokens = 2 * 64
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * ffn
+    expected = 2 * tokens * (layers * per_layer + hidden * config.vocab_size)
+    assert sum(op.flops for op in raw.ops if op.name == "aten.mm.default") == expected
+    _, fused, _ = load("hf-llama-prefill-compiled")
+    compiled = census(fused, dependencies(fused))
+    assert compiled["kinds"]["tensor-core"] == numbers["kinds"]["tensor-core"]  # the same GEMMs, under Inductor
+
+
+def test_a_plan_that_splits_an_op_copies_what_its_kernels_pass_each_other():
+    """topk on the H200 is gatherTopK (candidates into the outputs) then bitonicSortKV (sorts them
+    in place): a plan putting the two on different devices must copy the candidates. Missing that
+    copy is what a random MoE plan hit on the GPU (an index out of bounds in the next gather)."""
+    from kernelfleet.runtime.transfers import transfers
+
+    raw, program, _ = load("moe-decode")
+    topk = next(op for op in raw.ops if op.name == "aten.topk.default" and op.end - op.first == 2)
+    gather, sort = program.launches[topk.first], program.launches[topk.first + 1]
+    assert "gatherTopK" in gather.name and "bitonicSort" in sort.name
+    outputs = {(a.buffer, a.offset_bytes) for a in gather.accesses if a.writes}
+    assert outputs and outputs <= {(a.buffer, a.offset_bytes) for a in sort.accesses if a.reads}
+    assignment = ["A"] * len(program.launches)
+    assignment[sort.index] = "B"
+    moved = [t for t in transfers(program, assignment, "A") if t.reader == sort.index]
+    assert {(t.buffer, t.offset_bytes) for t in moved if t.writer == gather.index} == outputs
