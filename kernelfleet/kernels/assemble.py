@@ -21,8 +21,9 @@ Each kernel's accesses then come from the best knowledge there is, and say which
   superset for an op of several kernels, never a subset). Every kernel after an op's first also
   reads its outputs: the op's kernels may pass results through them (``topk`` gathers candidates
   into its outputs, then sorts them in place), and a plan that splits the op must copy them.
-* ``conservative``: a pointer to a buffer the op's schema does not name (a workspace): read-write
-  from the pointer to the buffer's end. A kernel with neither PTX nor an op is also pinned.
+* ``conservative``: an aligned pointer to a buffer the op's schema does not name (a workspace):
+  read-write from the pointer to the buffer's end. A kernel with neither PTX nor an op is also
+  pinned, and every pointer-like word of it counts.
 * ``graph-node``: memcpy and memset nodes state their exact ranges.
 """
 
@@ -40,6 +41,7 @@ from kernelfleet.ptx.parser import PtxSyntaxError, parse
 
 ROLE_RANK = {"weight": 0, "input": 1, "output": 2, "activation": 3, "workspace": 4, "unknown": 5}
 MERGE = {frozenset({"read"}): "read", frozenset({"write"}): "write"}
+WORKSPACE_ALIGNMENT = 16  # bytes; the caching allocator hands out 512-byte aligned blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,8 +194,13 @@ def _kernel_accesses(node: RawNode, hits: list[Hit], op: RawOp | None, later: bo
         accesses.append(Access(buffer.id, t.address - buffer.address, t.extent_bytes, mode, "schema"))
         spans.append((buffer.id, t.address - buffer.address, t.address - buffer.address + t.extent_bytes))
     # A pointer into no tensor of the op: a workspace the op allocated internally (cuDNN's, say).
+    # Workspaces are allocator blocks, so their pointers are aligned; a word that is not 16-byte
+    # aligned is a stale value in a by-value struct's padding (TensorIterator's elementwise kernels
+    # and cat's pointer array carry address+1, address+9, ... there, which would otherwise make
+    # every such kernel read and write to the end of some unrelated tensor).
     accesses += [to_end(h, "readwrite", "conservative") for h in hits
-                 if not any(b == h.buffer and s <= h.offset_bytes < e for b, s, e in spans)]
+                 if not any(b == h.buffer and s <= h.offset_bytes < e for b, s, e in spans)
+                 and (buffers.by_id[h.buffer].address + h.offset_bytes) % WORKSPACE_ALIGNMENT == 0]
     return accesses, None
 
 

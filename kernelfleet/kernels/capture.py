@@ -119,7 +119,9 @@ def capture(step: Callable[..., Any], args: Sequence[Any], *, module: torch.nn.M
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph(keep_graph=True)
     history = _AllocationHistory()
-    with history, torch.no_grad(), torch.cuda.graph(graph):
+    # A capture stream of this device: torch.cuda.graph's default one is made once, on the device
+    # current at its first use, and a later capture on another GPU then fails inside cuBLAS.
+    with history, torch.no_grad(), torch.cuda.graph(graph, stream=torch.cuda.Stream()):
         stream = torch.cuda.current_stream().cuda_stream
         recorder = OpRecorder(lambda: driver.capturing_node_count(stream))
         with recorder if record_ops else nullcontext():

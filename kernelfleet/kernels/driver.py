@@ -9,6 +9,8 @@ small graphs that replay chosen nodes — the only code of the place half that t
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +68,37 @@ class CopyNode:
 
 def current_context() -> Any:
     return call("cuCtxGetCurrent")
+
+
+def pointer_device(address: int) -> int:
+    """The ordinal of the GPU that holds device memory at ``address``."""
+    cu = _cu()
+    return int(call("cuPointerGetAttribute", cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address))
+
+
+@contextmanager
+def in_context(ctx: Any) -> Iterator[None]:
+    """Make ``ctx`` current on this thread for the block (nodes added to a graph run in the context
+    current when they were added: a green context's, to run on its partition)."""
+    call("cuCtxPushCurrent", ctx)
+    try:
+        yield
+    finally:
+        call("cuCtxPopCurrent")
+
+
+def priority_range() -> tuple[int, int]:
+    """(lowest, highest) launch priority of the current context; a larger number is lower."""
+    least, greatest = call("cuCtxGetStreamPriorityRange")
+    return int(least), int(greatest)
+
+
+def set_priority(node: Any, priority: int) -> None:
+    """Give a kernel node a launch priority (its blocks go first when SMs free up)."""
+    cu = _cu()
+    value = cu.CUkernelNodeAttrValue()
+    value.priority = priority
+    call("cuGraphKernelNodeSetAttribute", node, cu.CUkernelNodeAttrID.CU_LAUNCH_ATTRIBUTE_PRIORITY, value)
 
 
 def graph_handle(raw: int) -> Any:
@@ -196,11 +229,8 @@ class NodeReplayer:
     def repeated(self, index: int, count: int, stream: int) -> None:
         key = (index, count)
         if key not in self._graphs:  # built in the capture's context, whatever stream it then runs on
-            call("cuCtxPushCurrent", self.context)
-            try:
+            with in_context(self.context):
                 self._graphs[key] = _repeat_graph(self.nodes[index], count, self.context)
-            finally:
-                call("cuCtxPopCurrent")
         launch(self._graphs[key][1], stream)
 
     def close(self) -> None:
@@ -243,7 +273,7 @@ def add_copy_of(graph: Any, node: Any, after: list[Any], ctx: Any) -> Any:
 
 
 def add_copy(graph: Any, after: list[Any], dst: int, src: int, length: int, ctx: Any) -> Any:
-    """Add a device-to-device copy of ``length`` bytes (peer copy when the devices differ)."""
+    """Add a device-to-device memcpy node of ``length`` bytes (a peer copy when the devices differ)."""
     cu = _cu()
     p = cu.CUDA_MEMCPY3D()
     # Unified addressing: the driver finds each pointer's device (a DEVICE-typed copy node given a
@@ -251,15 +281,10 @@ def add_copy(graph: Any, after: list[Any], dst: int, src: int, length: int, ctx:
     p.srcMemoryType = p.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_UNIFIED
     p.srcDevice, p.dstDevice = src, dst
     p.WidthInBytes, p.Height, p.Depth = length, 1, 1
-    try:
-        return call("cuGraphAddMemcpyNode", graph, after, len(after), p, ctx)
-    except DriverError:
-        # Refused inside the executor on the H200 (CUDA_ERROR_INVALID_VALUE) although the same call
-        # succeeds in a fresh process: let the driver build the node from a captured cuMemcpyAsync.
-        return _captured_copy(graph, after, dst, src, length)
+    return call("cuGraphAddMemcpyNode", graph, after, len(after), p, ctx)
 
 
-def _captured_copy(graph: Any, after: list[Any], dst: int, src: int, length: int) -> Any:
+def add_captured_copy(graph: Any, after: list[Any], dst: int, src: int, length: int) -> Any:
     """A child-graph node holding the copy node stream capture makes for ``cuMemcpyAsync``."""
     cu = _cu()
     stream = call("cuStreamCreate", cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
@@ -273,6 +298,43 @@ def _captured_copy(graph: Any, after: list[Any], dst: int, src: int, length: int
         return call("cuGraphAddChildGraphNode", graph, after, len(after), child)  # the node clones it
     finally:
         call("cuGraphDestroy", child)
+
+
+def load_module(ptx: str, entries: list[str], ctx: Any) -> tuple[Any, dict[str, Any]]:
+    """Load a PTX module in context ``ctx``: (module, {entry: function}) for the named entries."""
+    with in_context(ctx):
+        module = call("cuModuleLoadData", ptx.encode() + b"\0")
+        return module, {name: call("cuModuleGetFunction", module, name.encode()) for name in entries}
+
+
+def enable_peer_access(ctx: Any, peer: Any) -> None:
+    """Let kernels of context ``ctx`` read and write memory of context ``peer`` (another GPU's)."""
+    cu = _cu()
+    with in_context(ctx):
+        status = cu.cuCtxEnablePeerAccess(peer, 0)[0]
+    if status not in (cu.CUresult.CUDA_SUCCESS, cu.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
+        _, name = cu.cuGetErrorName(status)
+        raise DriverError(f"cuCtxEnablePeerAccess failed: {name.decode() if isinstance(name, bytes) else name}")
+
+
+def unload_module(module: Any) -> None:
+    call("cuModuleUnload", module)
+
+
+def add_kernel(graph: Any, after: list[Any], function: Any, grid: tuple[int, int, int],
+               block: tuple[int, int, int], params: list[bytes], ctx: Any) -> Any:
+    """Add a kernel node launching ``function`` with raw parameter values ``params`` (copied by the
+    driver when the node is made), in context ``ctx``."""
+    cu = _cu()
+    buffers = [ctypes.create_string_buffer(value, len(value)) for value in params]
+    slots = (ctypes.c_void_p * len(buffers))(*[ctypes.addressof(b) for b in buffers])
+    p = cu.CUDA_KERNEL_NODE_PARAMS()
+    p.func, p.ctx = function, ctx
+    p.gridDimX, p.gridDimY, p.gridDimZ = grid
+    p.blockDimX, p.blockDimY, p.blockDimZ = block
+    p.sharedMemBytes = 0
+    p.kernelParams = ctypes.addressof(slots)
+    return call("cuGraphAddKernelNode", graph, after, len(after), p)
 
 
 def create_graph() -> Any:

@@ -45,7 +45,9 @@ class _DeviceBytes:
 
 
 def device_bytes(address: int, size: int) -> torch.Tensor:
-    return torch.as_tensor(_DeviceBytes(address, size), device="cuda")
+    """The bytes at ``address`` as a tensor on the GPU that holds them (not the current one: torch
+    would copy them there)."""
+    return torch.as_tensor(_DeviceBytes(address, size), device=f"cuda:{driver.pointer_device(address)}")
 
 
 @dataclass
@@ -125,14 +127,37 @@ def changed_runs(now: torch.Tensor, before: torch.Tensor, gap_bytes: int = RUN_G
 
 
 def saved_state(program: Program) -> Callable[[], None]:
-    """Copy every buffer that is not a weight now; the returned function puts those bytes back."""
-    state = [(b, device_bytes(b.address, b.size_bytes).clone()) for b in program.buffers if b.role != "weight"]
+    """Copy now every byte range some launch may write (the union of the program's write accesses,
+    weights included: a step that writes a weight has state there); the returned function puts
+    those bytes back. Bytes no launch writes cannot change, so a KV cache costs its written rows,
+    not its size."""
+    buffers = {b.id: b for b in program.buffers}
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for launch in program.launches:
+        for a in launch.accesses:
+            if a.writes:
+                spans.setdefault(a.buffer, []).append((a.offset_bytes, a.end))
+    state = []
+    for buffer, ranges in spans.items():
+        for start, end in _merged(ranges):
+            view = device_bytes(buffers[buffer].address + start, end - start)
+            state.append((view, view.clone()))
 
     def restore() -> None:
-        for b, saved in state:
-            device_bytes(b.address, b.size_bytes).copy_(saved)
+        for view, saved in state:
+            view.copy_(saved)
 
     return restore
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def stepwise_matches_graph(captured: Captured, program: Program) -> bool:

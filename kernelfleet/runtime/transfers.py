@@ -10,8 +10,11 @@ a launch on another device wrote (a *flow*, ``graph.deps.flows``):
 * during it, each cross-device flow's exact byte range, right before its reader — copied once per
   (writer, range, device), since a later write to those bytes on the reader's device would make
   that launch the last writer and so a flow of its own;
-* after it, every output and named state buffer (caches, SSM state) whose last writer ran away
-  from home, back to home, so home holds exactly what a single-device run would.
+* after it, every output whose last writer ran away from home, back to home; and each named state
+  buffer's (caches, SSM state) last-written bytes either back to home, so home holds exactly what a
+  single-device run would, or — with ``resident_state`` — to every other device that reads those
+  bytes in the plan, so the next step finds them wherever it reads them and a cache never travels
+  home (DESIGN: state is kept where the plan uses it).
 
 Addresses are translated launch by launch (:class:`AddressMap`): the k-th exactly known access of
 launch i in one capture is the k-th of launch i in the other, at the same offset. Buffers are not
@@ -42,7 +45,7 @@ class Transfer:
     dst: str
 
 
-def transfers(program: Program, assignment: list[str], home: str) -> list[Transfer]:
+def transfers(program: Program, assignment: list[str], home: str, resident_state: bool = False) -> list[Transfer]:
     """Every copy ``assignment`` needs, in execution order (see the module docstring)."""
     if len(assignment) != len(program.launches):
         raise UsageError(f"the plan places {len(assignment)} launches; the program has {len(program.launches)}")
@@ -64,12 +67,30 @@ def transfers(program: Program, assignment: list[str], home: str) -> list[Transf
             moved.add((f.src, f.buffer, f.start, f.end, dst))
             out.append(Transfer(f.dst, f.src, f.dst, f.buffer, f.start, f.end - f.start, src, dst))
     end = len(program.launches)
+    readers: dict[int, list[tuple[int, int, str]]] = {}
+    for launch in program.launches:
+        for a in launch.accesses:
+            if a.reads:
+                readers.setdefault(a.buffer, []).append((a.offset_bytes, a.end, assignment[launch.index]))
     for b, segments in sorted(final.items()):
         buffer = buffers[b]
-        if buffer.role == "output" or (buffer.name is not None and buffer.role != "weight"):
-            out += [Transfer(end, w, None, b, s, e - s, assignment[w], home)
-                    for s, e, w in segments if assignment[w] != home]
+        state = buffer.name is not None and buffer.role not in ("weight", "output")
+        if buffer.role != "output" and not state:
+            continue
+        for s, e, w in segments:
+            if buffer.role == "output" or not resident_state:
+                targets = {home}
+            else:
+                targets = {d for rs, re_, d in readers.get(b, []) if rs < e and s < re_}
+            out += [Transfer(end, w, None, b, s, e - s, assignment[w], d) for d in sorted(targets)
+                    if d != assignment[w] and not _delivered(moved, w, b, s, e, d)]
     return out
+
+
+def _delivered(moved: set[tuple[int, int, int, int, str]], writer: int, buffer: int, start: int, end: int,
+               device: str) -> bool:
+    """Did a flow already copy writer's bytes [start, end) of ``buffer`` to ``device``?"""
+    return any(w == writer and b == buffer and s <= start and end <= e and d == device for w, b, s, e, d in moved)
 
 
 def _known(accesses: tuple[Access, ...]) -> list[Access]:
@@ -85,41 +106,60 @@ class AddressMap:
         if [(x.kind, x.name) for x in home.launches] != [(x.kind, x.name) for x in other.launches]:
             raise UsageError("the two captures launch different kernels: not the same step")
         self.home, self.other = home, other
+        self._home_buffers = {b.id: b for b in home.buffers}
+        self._other_buffers = {b.id: b for b in other.buffers}
         self._home_at = {b.id: b.address for b in home.buffers}
         self._other_at = {b.id: b.address for b in other.buffers}
-        self._home_size = {b.id: b.size_bytes for b in home.buffers}
-        self._other_size = {b.id: b.size_bytes for b in other.buffers}
         self._inputs = {b.name: b for b in other.buffers if b.role == "input" and b.name}
 
-    def _pairs(self, launch: int) -> list[tuple[int, int, int]]:
-        """(home start, other start, length) ranges that launch ``launch`` addresses alike in both."""
+    def _exact_pairs(self, launch: int) -> list[tuple[int, int, int]]:
+        """(home start, other start, length) of the exactly known accesses ``launch`` makes alike in both."""
         a, b = self.home.launches[launch], self.other.launches[launch]
         mine, theirs = _known(a.accesses), _known(b.accesses)
-        pairs = []
-        if len(mine) == len(theirs):
-            pairs += [(self._home_at[x.buffer] + x.offset_bytes, self._other_at[y.buffer] + y.offset_bytes,
-                       x.length_bytes) for x, y in zip(mine, theirs)
-                      if (x.offset_bytes, x.length_bytes) == (y.offset_bytes, y.length_bytes)]
-        # pointers found at the same parameter bytes in both captures: a workspace, say
+        if len(mine) != len(theirs):
+            return []
+        # alike: the same extent and mode; offsets inside buffers may differ, as the allocator can
+        # merge a tensor with a neighbour in one capture and not in the other
+        return [(self._home_at[x.buffer] + x.offset_bytes, self._other_at[y.buffer] + y.offset_bytes, x.length_bytes)
+                for x, y in zip(mine, theirs) if (x.length_bytes, x.mode) == (y.length_bytes, y.mode)]
+
+    def _pointer_pairs(self, launch: int) -> list[tuple[int, int, int]]:
+        """Pointers found at the same parameter bytes of ``launch`` in both captures (a workspace,
+        say), each with the room to the end of its buffer — only where both point at the same
+        offset of buffers of the same size and role: a word that merely looks like a pointer (an
+        address plus a flag bit, say) lands anywhere, and bytes copied by it would overwrite
+        another tensor of the other capture."""
+        a, b = self.home.launches[launch], self.other.launches[launch]
         theirs_at = {(p["index"], q["at"]): q for p in b.params for q in p["pointers"]}
+        pairs = []
         for p in a.params:
             for q in p["pointers"]:
                 other = theirs_at.get((p["index"], q["at"]))
-                if other is not None:
-                    here = self._home_at[q["buffer"]] + q["offset_bytes"]
-                    there = self._other_at[other["buffer"]] + other["offset_bytes"]
-                    room = min(self._home_size[q["buffer"]] - q["offset_bytes"],
-                               self._other_size[other["buffer"]] - other["offset_bytes"])
-                    pairs.append((here, there, room))
+                if other is None or q["offset_bytes"] != other["offset_bytes"]:
+                    continue
+                mine, theirs = self._home_buffers[q["buffer"]], self._other_buffers[other["buffer"]]
+                if (mine.size_bytes, mine.role) == (theirs.size_bytes, theirs.role):
+                    pairs.append((mine.address + q["offset_bytes"], theirs.address + other["offset_bytes"],
+                                  mine.size_bytes - q["offset_bytes"]))
         return pairs
 
     def translate(self, launches: list[int | None], address: int, length: int) -> int:
-        """Where [address, address + length) of the home capture lives in the other capture, as the
-        first of ``launches`` that touches it alike in both sees it; UsageError if none does."""
-        for launch in launches:
-            if launch is None:
-                continue
-            for here, there, size in self._pairs(launch):
+        """Where [address, address + length) of the home capture lives in the other capture, as
+        ``launches`` (the first preferred) touch it alike in both: by exactly known accesses, else
+        by a pointer word. UsageError if none places it, or if two of them place it differently —
+        then the bytes flow between them only in the home capture's layout (an access's extent
+        overlapping another tensor there), and a copy into the other capture would overwrite
+        whatever that capture keeps there."""
+        known = [launch for launch in launches if launch is not None]
+        placed = [there + (address - here) for x in known for here, there, size in self._exact_pairs(x)
+                  if here <= address and address + length <= here + size]
+        if len(set(placed)) > 1:
+            raise UsageError(f"[{address:#x}, +{length}): launches {known} address it differently in the two "
+                             "captures, so it only flows between them in one capture's layout (pin them together)")
+        if placed:
+            return placed[0]
+        for x in known:
+            for here, there, size in self._pointer_pairs(x):
                 if here <= address and address + length <= here + size:
                     return there + (address - here)
         raise UsageError(f"[{address:#x}, +{length}) cannot be placed in the other capture: launches {launches} "

@@ -3,10 +3,8 @@ shipped with Triton, every global access gets a site (counted here by regex, not
 code), nothing of the original changes, and decode() reads a probe buffer back into byte ranges,
 including one recorded on an H200."""
 
-import os
 import re
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -32,29 +30,6 @@ GLOBAL_ACCESS = re.compile(r"""^[ \t]*(?:[$\w]+:[ \t]*)?(?:\{[ \t]*)?(?:@!?%\w+[
     | (?:ld|st|atom|red)(?:\.(?!global|shared|param|local|const)[\w:]+)+[ \t]
 )""", re.VERBOSE | re.MULTILINE)
 TENSOR_COPY = re.compile(r"^[ \t]*(?:@!?%\w+[ \t]+)?cp\.(?:reduce\.)?async\.bulk\.tensor", re.MULTILINE)
-
-
-@pytest.fixture(scope="session")
-def ptxas():
-    """Assemble PTX with the ptxas Triton ships, for the arch its `.target` names; return stderr.
-
-    Triton runs `ptxas-blackwell` (CUDA 13) for sm_90+ and plain `ptxas` (12.9, PTX <= 8.8) below;
-    the nvcc 13 fixtures are PTX 9.0 even for sm_80, so the newest one shipped assembles them all."""
-    triton = pytest.importorskip("triton")
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    tool = next((bin_dir / n for n in ("ptxas-blackwell", "ptxas") if (bin_dir / n).exists()), None)
-    if tool is None:
-        pytest.skip(f"no ptxas under {bin_dir}")
-
-    def assemble(text: str, tmp_path: Path) -> str:
-        arch = re.search(r"^\s*\.target\s+(sm_\w+)", text, re.MULTILINE)[1]
-        path = tmp_path / "k.ptx"
-        path.write_text(text)
-        done = subprocess.run([str(tool), f"-arch={arch}", str(path), "-o", os.devnull],
-                              check=False, capture_output=True, text=True)
-        return "" if done.returncode == 0 else done.stderr
-
-    return assemble
 
 
 @pytest.fixture(scope="session")
