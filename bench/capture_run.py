@@ -32,23 +32,7 @@ from kernelfleet.kernels.replay import observe, stepwise_matches_graph
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.profile.run import calibrate_profiles, choose, pair_specs, sweep_specs
 from kernelfleet.profile.timing import calibrate, time_launches
-from kernelfleet.workloads import steps
-from kernelfleet.workloads.steps import make
-
-STEPS = {
-    "llama-decode": dict(family="llama", phase="decode"),
-    "llama-prefill": dict(family="llama", phase="prefill"),
-    "llama-decode-compiled": dict(family="llama", phase="decode", compile=True),
-    "moe-decode": dict(family="moe", phase="decode"),
-    "mamba-decode": dict(family="mamba", phase="decode"),
-    "vlm-prefill": dict(family="vlm", phase="prefill"),
-    "dit-denoise": dict(family="dit", phase="denoise"),
-    "llama8b-decode": dict(family="llama", preset="h200", phase="decode"),
-    "llama8b-prefill": dict(family="llama", preset="h200", phase="prefill", batch=1, prompt_len=2048),
-    "hf-llama-prefill": dict(factory="hf_llama_prefill"),
-    "hf-llama-prefill-compiled": dict(factory="hf_llama_prefill_compiled", compile=True),
-}
-
+from kernelfleet.workloads.steps import REFERENCE, reference
 
 def guarded(label: str, fn, *args, **kwargs):
     t0 = time.perf_counter()
@@ -71,14 +55,9 @@ def node_order_is_topological(captured) -> dict:
 
 
 def run_step(name: str, out: Path, profile: bool) -> None:
-    spec = dict(STEPS[name])
-    if "factory" in spec:
-        step = getattr(steps, spec["factory"])()
-    else:
-        family, phase = spec.pop("family"), spec.pop("phase")
-        step = make(family, spec.pop("preset", "tiny"), phase, **spec)
+    step = reference(name)
     captured = capture(step.fn, step.args, module=step.module, what=step.name,
-                       record_ops=not spec.get("compile", False))
+                       record_ops=not REFERENCE[name].get("compile", False))
     report: dict = {"step": step.name}
 
     def save() -> None:  # after every part: a GPU fault later must not lose what was measured
@@ -169,7 +148,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
     profiled = args.profile_steps.split(",") if args.profile_steps else []
     names = args.steps.split(",") + [s for s in profiled if s not in args.steps.split(",")]
-    runs = [("calibration-sweep", False)] + [(n, False) for n in names] + [(n, True) for n in profiled]
+    runs = [("calibration-sweep", False)] if profiled else []  # the sweep picks the profiled pair
+    runs += [(n, False) for n in names] + [(n, True) for n in profiled]
     for name, profile in runs:  # a process each: a GPU fault ends one step only
         command = [sys.executable, __file__, "--out", str(args.out), "--only", name]
         command += ["--profile"] if profile else []

@@ -5,8 +5,12 @@
 Captures each step once per replica ("A" on the first device, "B" on the second; ``0,0`` puts
 both replicas on one GPU, at different addresses, which exercises every copy the same way), then
 runs it under several plans — all on A, all on B, first half A / second half B, and random
-placements — and checks that the home replica's outputs equal, bit for bit, those of A's own
-graph replay from the same state. Prints one line per plan with its copies and time.
+placements; on halves also each copy method (runtime/link.py), the conservative schedule and
+links paced to 200 and 25 Gbit/s — and checks that the home replica's outputs equal, bit for bit,
+those of A's own graph replay from the same state. A plan whose graph the CPU finds racy, or
+whose copies cannot be placed in B's capture, is refused before it runs. Prints one line per
+plan with its copies and time; each step runs in a process of its own (a device-side assert
+ends that step only). First it probes each copy method on fresh tensors and the replica's memory.
 """
 
 from __future__ import annotations
@@ -14,9 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import sys
-import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -25,89 +28,95 @@ from torch.utils._pytree import tree_flatten
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.capture import capture
 from kernelfleet.kernels.replay import saved_state
-from kernelfleet.runtime.executor import Replica, build, release, run
-from kernelfleet.workloads.steps import make
-
-STEPS = {
-    "llama-decode": ("llama", "tiny", "decode", {}),
-    "llama-prefill": ("llama", "tiny", "prefill", {}),
-    "mamba-decode": ("mamba", "tiny", "decode", {}),
-    "moe-decode": ("moe", "tiny", "decode", {}),
-    "llama8b-decode": ("llama", "h200", "decode", {}),
-}
-
+from kernelfleet.profile.timing import median_seconds
+from kernelfleet.runtime.executor import Replica, Slot, build, release, run
+from kernelfleet.runtime.link import METHODS, LinkKernels, Throttle, add_copy
+from kernelfleet.runtime.schedule import races, schedule
+from kernelfleet.workloads.steps import reference
 
 def outputs(captured) -> list[torch.Tensor]:
     return [t for t in tree_flatten(captured.outputs)[0] if isinstance(t, torch.Tensor)]
 
 
-def copy_node_probe(home) -> None:
-    """cuGraphAddMemcpyNode was refused in this process on the H200 but not in a fresh one: try it
-    here on fresh tensors and on the home replica's own memory, directly and via the fallback."""
+def copy_probe(home) -> dict:
+    """Each copy method (runtime/link.METHODS) on fresh tensors and into the home replica's own
+    memory: does the driver accept the node, and does the graph move the right bytes?"""
     from kernelfleet.kernels import driver
 
-    a = torch.arange(256, dtype=torch.uint8, device="cuda")
-    b = torch.zeros_like(a)
-    out = outputs(home)[0]
-    for label, dst, src in (("fresh tensors", b.data_ptr(), a.data_ptr()),
-                            ("replica output", out.data_ptr(), a.data_ptr())):
-        for how in ("direct", "captured"):
+    found = {}
+    src = torch.arange(256, dtype=torch.uint8, device="cuda")
+    kernels = LinkKernels(home.context)
+    for label, dst in (("fresh tensor", torch.zeros_like(src)), ("replica output", outputs(home)[0])):
+        for method in METHODS:
+            view = dst.view(torch.uint8).view(-1)[:100]
+            view.zero_()
+            torch.cuda.synchronize()
             graph = driver.create_graph()
             try:
-                if how == "direct":
-                    driver.call("cuGraphAddMemcpyNode", graph, [], 0, _params(dst, src, 64), home.context)
-                else:
-                    driver._captured_copy(graph, [], dst, src, 64)
-                print(f"copy node probe, {label}, {how}: ok", flush=True)
+                add_copy(method, graph, [], view.data_ptr() + 3, src.data_ptr() + 1, 64, kernels)
+                executable = driver.instantiate(graph)
+                driver.launch(executable, torch.cuda.current_stream().cuda_stream)
+                torch.cuda.synchronize()
+                driver.call("cuGraphExecDestroy", executable)
+                right = bool(torch.equal(view[3:67], src[1:65])) and int(view[:3].sum() + view[67:].sum()) == 0
+                found[f"{label}, {method}"] = "ok" if right else "WRONG BYTES"
             except Exception as exc:
-                print(f"copy node probe, {label}, {how}: {exc}", flush=True)
+                found[f"{label}, {method}"] = str(exc)
             driver.call("cuGraphDestroy", graph)
+            print(f"copy probe, {label}, {method}: {found[f'{label}, {method}']}", flush=True)
+    kernels.close()
+    return found
 
 
-def _params(dst: int, src: int, length: int):
-    from cuda.bindings import driver as cu
+def variants(n: int) -> dict[str, tuple[list[str], dict]]:
+    """Plans (all on A, all on B, halves, random) and, on halves, each copy method and two emulated links."""
+    halves = ["A"] * (n // 2) + ["B"] * (n - n // 2)
+    out = {"all-A": (["A"] * n, {}), "all-B": (["B"] * n, {}), "halves": (halves, {})}
+    for seed in range(3):
+        rng = random.Random(seed)
+        out[f"random-{seed}"] = ([rng.choice("AB") for _ in range(n)], {})
+    for method in METHODS:
+        out[f"halves/{method}"] = (halves, {"method": method})
+    out["halves/conservative"] = (halves, {"overlap": False})
+    for gbit in (200, 25):
+        out[f"halves/link-{gbit}Gbit"] = (halves, {"throttle": Throttle(gbit * 1e9 / 8, 5e-6)})
+    return out
 
-    p = cu.CUDA_MEMCPY3D()
-    p.srcMemoryType = p.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_UNIFIED
-    p.srcDevice, p.dstDevice = src, dst
-    p.WidthInBytes, p.Height, p.Depth = length, 1, 1
-    return p
 
-
-def check_step(name: str, devices: list[int]) -> dict:
-    family, preset, phase, extra = STEPS[name]
+def check_step(name: str, devices: list[int], out: Path) -> None:
     replicas, restores = {}, []
     for label, index in zip("AB", devices):
         torch.cuda.set_device(index)
-        step = make(family, preset, phase, device=f"cuda:{index}", **extra)
+        step = reference(name, device=f"cuda:{index}")
         captured = capture(step.fn, step.args, module=step.module, what=step.name)
         replicas[label] = Replica(captured, assemble(captured.raw))
         restores.append(saved_state(replicas[label].program))
     torch.cuda.set_device(devices[0])
     home = replicas["A"].captured
+    stream = torch.cuda.current_stream().cuda_stream
 
     def reset() -> None:
         for restore in restores:
             restore()
         torch.cuda.synchronize()
 
-    copy_node_probe(home)
+    results = {"step": name, "devices": devices, "copy_probe": copy_probe(home), "plans": {}}
     reset()
-    t0 = time.perf_counter()
     home.replay()
     torch.cuda.synchronize()
-    single_seconds = time.perf_counter() - t0
-    reference = [t.clone() for t in outputs(home)]
+    expected = [t.clone() for t in outputs(home)]
+    single_seconds = median_seconds(home.replay, torch.cuda.current_stream())
     n = len(replicas["A"].program.launches)
-    plans = {"all-A": ["A"] * n, "all-B": ["B"] * n, "halves": ["A"] * (n // 2) + ["B"] * (n - n // 2)}
-    for seed in range(3):
-        rng = random.Random(seed)
-        plans[f"random-{seed}"] = [rng.choice("AB") for _ in range(n)]
-    results = {"step": name, "launches": n, "devices": devices, "single_graph_seconds": single_seconds, "plans": {}}
-    stream = torch.cuda.current_stream().cuda_stream
-    for plan_name, assignment in plans.items():
+    results.update(launches=n, single_graph_seconds=single_seconds)
+    for plan_name, (assignment, options) in variants(n).items():
+        found = races(replicas["A"].program, assignment,
+                      schedule(replicas["A"].program, assignment, "A", options.get("overlap", True)))
+        if found:  # the CPU check of the plan graph comes first: a racy plan never runs
+            results["plans"][plan_name] = {"error": f"{len(found)} races: {found[0]}"}
+            print(f"{name} {plan_name}: RACES {found[0]}", flush=True)
+            continue
         try:
-            built = build(replicas, assignment, "A")
+            built = build([Slot(replicas, assignment, "A")], **options)
         except Exception as exc:  # a plan the replicas cannot run is reported, never benchmarked
             results["plans"][plan_name] = {"error": str(exc)}
             print(f"{name} {plan_name}: REFUSED {exc}", flush=True)
@@ -115,19 +124,23 @@ def check_step(name: str, devices: list[int]) -> dict:
         reset()
         for t in outputs(home):
             t.fill_(0)
-        t0 = time.perf_counter()
         run(built, stream)
         torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
-        same = all(torch.equal(a, b) for a, b in zip(reference, outputs(home)))
+        same = all(torch.equal(a, b) for a, b in zip(expected, outputs(home)))
+        seconds = median_seconds(lambda: run(built, stream), torch.cuda.current_stream()) if same else None  # a failing plan is never timed
         release(built)
-        results["plans"][plan_name] = {"bit_identical": same, "copies": len(built.copies),
+        throttle = options.get("throttle")
+        link_seconds = sum(throttle.seconds(t.length_bytes) for t in built.copies) if throttle else None
+        results["plans"][plan_name] = {"bit_identical": same, "copies": len(built.copies), "method": built.method,
                                        "copy_bytes": built.copy_bytes, "nodes": built.nodes, "seconds": seconds,
-                                       "on_B": assignment.count("B")}
-        print(f"{name} {plan_name:9}: {'identical' if same else 'DIFFERENT'} outputs, {assignment.count('B')}/{n} "
-              f"launches on B, {len(built.copies)} copies ({built.copy_bytes / 1e6:.1f} MB), "
-              f"{seconds * 1e3:.1f} ms (single graph {single_seconds * 1e3:.1f} ms)", flush=True)
-    return results
+                                       "on_B": assignment.count("B"), "emulated_link_seconds": link_seconds}
+        out.write_text(json.dumps(results, indent=1))  # after every plan: a later fault loses nothing
+        timing = f"{seconds * 1e3:.2f} ms" if same else "not timed"
+        link = f", emulated link total {link_seconds * 1e3:.2f} ms" if throttle else ""
+        print(f"{name} {plan_name:22}: {'identical' if same else 'DIFFERENT'} outputs, {assignment.count('B')}/{n} "
+              f"on B, {len(built.copies)} copies ({built.copy_bytes / 1e6:.2f} MB, {built.method}), {timing} "
+              f"(single graph {single_seconds * 1e3:.2f} ms){link}", flush=True)
+    out.write_text(json.dumps(results, indent=1))
 
 
 def main() -> None:
@@ -135,18 +148,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--devices", default="0,0")
     parser.add_argument("--steps", default="llama-decode,llama-prefill,mamba-decode,moe-decode,llama8b-decode")
+    parser.add_argument("--only", help="check this one step in this process (the parent runs each step so)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"command: {' '.join([sys.executable] + sys.argv)}", flush=True)
     devices = [int(d) for d in args.devices.split(",")]
-    for name in args.steps.split(","):
-        try:
-            result = check_step(name, devices)
-            (args.out / f"executor-{name}.json").write_text(json.dumps(result, indent=1))
-        except Exception:
-            print(f"[FAILED] {name}", flush=True)
-            traceback.print_exc()
-        torch.cuda.empty_cache()
+    if args.only:
+        check_step(args.only, devices, args.out / f"executor-{args.only}.json")
+        return
+    print(f"command: {' '.join([sys.executable] + sys.argv)}", flush=True)
+    for name in args.steps.split(","):  # a process each: a device-side assert ends one step only
+        command = [sys.executable, __file__, "--out", str(args.out), "--devices", args.devices, "--only", name]
+        print(f"== {name}: exit {subprocess.run(command).returncode}", flush=True)
 
 
 if __name__ == "__main__":

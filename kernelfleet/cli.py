@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.live import Live
 
 from kernelfleet import cli_place
-from kernelfleet.cli_common import CatalogOption, err
+from kernelfleet.cli_common import CatalogOption, err, out_console
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 
 app = typer.Typer(
@@ -65,7 +65,7 @@ def watch(
 
     cat = Catalog.load(catalog)
     # A pipe or file gets the full table, not one squeezed to 80 columns.
-    out = Console() if sys.stdout.isatty() else Console(width=160)
+    out = out_console()
     title = "demo (H200 recording)" if demo else f"replay of {replay.name}" if replay else "live"
     with _source(replay, demo, interval, clock_poll, None if once else speed, loop=demo and not once) as source:
         batches = source.batches(count=1 if once else None)
@@ -334,6 +334,7 @@ def catalog_command(
 
 for _name, _function in cli_place.COMMANDS:
     app.command(_name)(getattr(cli_place, _function))
+bench_app.command("disagg")(cli_place.disagg_command)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""The place half's commands: ``ptx``, ``analyze``, ``calibrate``, ``profile`` and ``plan``.
+"""The place half's commands: ``ptx``, ``analyze``, ``calibrate``, ``profile``, ``plan`` and
+``bench disagg``.
 
 Plain functions; ``cli.py`` registers them on the one ``kernelfleet`` command (see ``COMMANDS``).
 They parse and print only: the work is in ``ptx/``, ``kernels/``, ``profile/`` and ``plan/``.
@@ -7,13 +8,12 @@ They parse and print only: the work is in ``ptx/``, ``kernels/``, ``profile/`` a
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
-from kernelfleet.cli_common import CatalogOption, err
+from kernelfleet.cli_common import CatalogOption, err, out_console
 from kernelfleet.errors import EnvironmentProblem, UsageError
 
 
@@ -195,16 +195,16 @@ def plan_command(
     done = command.setup(program, costs, device or [], link or [], link_gbps, predict or [], profile or [],
                          catalog)
     chosen, plans = command.make_plans(done.problem, policy, time_limit)
-    out_console = Console() if sys.stdout.isatty() else Console(width=200)
+    console = out_console()
     for note in done.notes:
-        out_console.print(note, markup=False, highlight=False)
+        console.print(note, markup=False, highlight=False)
     header, rows = command.table(done.problem, plans, chosen)
     t = Table(*header, title=f"kernelfleet plan — {policy} (* chosen)", title_justify="left")
     for row in rows:
         t.add_row(*row)
-    out_console.print(t)
+    console.print(t)
     if (line := command.verdict(plans)) is not None:
-        out_console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False)
     if out is not None:
         for path in command.write(plans, chosen, out):
             err.print(f"wrote {path}")
@@ -217,3 +217,36 @@ def plan_command(
 # (command name, function), in the order `kernelfleet --help` lists them
 COMMANDS = [("ptx", "ptx"), ("analyze", "analyze"), ("calibrate", "calibrate_command"),
             ("profile", "profile_command"), ("plan", "plan_command")]
+
+
+def disagg_command(
+    step: str = typer.Argument(..., help="A reference step (kernelfleet.workloads.steps.REFERENCE), e.g. llama8b-decode."),
+    plans: Path = typer.Option(..., "--plans", help="A folder of plans for this step (kernelfleet plan --policy all --out)."),
+    device: list[str] = typer.Option(
+        ["compute:56+64@0", "bandwidth:32@1"], "--device",
+        help="NAME:SMS[+HOG]@GPU, twice: the pair, named as the plans name their devices."),
+    slots: int = typer.Option(4, "--slots", help="Micro-batches per graph, each with replicas of its own."),
+    repeats: int = typer.Option(10, "--repeats", help="Graph launches timed per strategy (median)."),
+    out: Path = typer.Option(Path("kernelfleet-disagg"), "--out", help="Folder for disagg.json."),
+) -> None:
+    """Every placement strategy for one step on the emulated pair, gated on identical outputs, in one run."""
+    from kernelfleet.profile.run import parse_profile
+    from kernelfleet.workloads.steps import REFERENCE
+
+    if step not in REFERENCE:
+        raise UsageError(f"unknown step {step!r}; expected one of {', '.join(REFERENCE)}")
+    if not plans.is_dir():
+        raise UsageError(f"{plans}: no such folder (write one with `kernelfleet plan PROGRAM COSTS --policy all --out {plans}`)")
+    profiles = {spec.name: spec for spec in map(parse_profile, device)}
+    if len(profiles) != 2:
+        raise UsageError(f"--device: give two profiles with different names, got {', '.join(device)}")
+    _need_gpu("the disaggregation benchmark", "its recorded results are in docs/place.md")
+    import torch
+
+    from kernelfleet.bench.disagg import disagg
+    from kernelfleet.workloads.steps import reference
+
+    missing = [s.device for s in profiles.values() if s.device >= torch.cuda.device_count()]
+    if missing:
+        raise EnvironmentProblem(f"--device names GPU {missing[0]}; this machine has {torch.cuda.device_count()}")
+    disagg(lambda where, seed: reference(step, device=where, seed=seed), profiles, plans, slots, repeats, out, out_console())

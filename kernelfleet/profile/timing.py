@@ -91,3 +91,8 @@ def _seconds(stream: torch.cuda.Stream, run: Callable[[], object], repeats: int 
     end.record(stream)
     end.synchronize()
     return start.elapsed_time(end) / 1e3
+
+
+def median_seconds(run: Callable[[], object], stream: torch.cuda.Stream, trials: int = 10) -> float:
+    """Median GPU seconds of one call of ``run``, which launches on ``stream``, over ``trials``."""
+    return statistics.median(_seconds(stream, run) for _ in range(trials))

@@ -109,3 +109,31 @@ def hf_llama_prefill() -> Step:
 
 def hf_llama_prefill_compiled() -> Step:
     return hf_llama("prefill", compile=True)
+
+
+# The steps the GPU scripts and `kernelfleet bench disagg` run, by name: make()'s arguments, or
+# another builder of this module (called with device and seed).
+REFERENCE: dict[str, dict[str, Any]] = {
+    "llama-decode": dict(family="llama", phase="decode"),
+    "llama-prefill": dict(family="llama", phase="prefill"),
+    "llama-decode-compiled": dict(family="llama", phase="decode", compile=True),
+    "moe-decode": dict(family="moe", phase="decode"),
+    "mamba-decode": dict(family="mamba", phase="decode"),
+    "vlm-prefill": dict(family="vlm", phase="prefill"),
+    "dit-denoise": dict(family="dit", phase="denoise"),
+    "llama8b-decode": dict(family="llama", preset="h200", phase="decode"),
+    "llama8b-prefill": dict(family="llama", preset="h200", phase="prefill", batch=1, prompt_len=2048),
+    "hf-llama-prefill": dict(builder="hf_llama", phase="prefill"),
+    "hf-llama-prefill-compiled": dict(builder="hf_llama", phase="prefill", compile=True),
+}
+
+
+def reference(name: str, *, device: str = "cuda", seed: int = 0) -> Step:
+    """The reference step ``name`` (a key of REFERENCE) on ``device``."""
+    if name not in REFERENCE:
+        raise UsageError(f"unknown step {name!r}; expected one of {', '.join(REFERENCE)}")
+    spec = dict(REFERENCE[name])
+    if "builder" in spec:
+        return globals()[spec.pop("builder")](spec.pop("phase"), device=device, seed=seed, **spec)
+    family, phase = spec.pop("family"), spec.pop("phase")
+    return make(family, spec.pop("preset", "tiny"), phase, device=device, seed=seed, **spec)

@@ -50,7 +50,8 @@ def test_profile_specs():
     assert parse_profile("compute:56+64").hog_sms == 64
     assert parse_profile("bandwidth:32").sms == 32 and parse_profile("bandwidth:32").hog_sms is None
     assert parse_profile("whole").sms is None
-    for bad in ("compute:5x", ":32", "odd:12"):
+    assert parse_profile("bandwidth:32@1").device == 1 and parse_profile("compute:56+64").device == 0
+    for bad in ("compute:5x", ":32", "odd:12", "bandwidth:32@x", "bandwidth:32@"):
         with pytest.raises(UsageError):
             parse_profile(bad)
 
@@ -58,3 +59,12 @@ def test_profile_specs():
 def test_profile_options_are_checked_before_any_gpu_work():
     done = kernelfleet("profile", "kernelfleet.workloads.steps:llama_decode", "--flush-l2-mb", "-1")
     assert done.returncode == 2 and "--flush-l2-mb >= 0" in done.stderr
+
+
+def test_disagg_checks_its_arguments_before_any_gpu_work(tmp_path):
+    done = kernelfleet("bench", "disagg", "llama-9000", "--plans", str(tmp_path))
+    assert done.returncode == 2 and "unknown step 'llama-9000'" in done.stderr
+    done = kernelfleet("bench", "disagg", "llama8b-decode", "--plans", str(tmp_path / "none"))
+    assert done.returncode == 2 and "no such folder" in done.stderr
+    done = kernelfleet("bench", "disagg", "llama8b-decode", "--plans", str(tmp_path), "--device", "a:32@0")
+    assert done.returncode == 2 and "two profiles" in done.stderr

@@ -290,3 +290,13 @@ def test_moe_active_parameters():
     total = sum(p.numel() for p in model.parameters())
     assert active_param_count(cfg) == total - cfg.n_layers * (cfg.n_experts - cfg.top_k) * per_expert
     assert round(active_param_count(MoEConfig.h200()) / 1e9, 2) == 4.19  # gpt-oss-20B quotes 3.6 B (MXFP4, tied heads)
+
+
+def test_reference_steps_by_name():
+    from kernelfleet.workloads.steps import REFERENCE, reference
+
+    assert {"llama8b-decode", "moe-decode", "hf-llama-prefill-compiled"} <= set(REFERENCE)
+    step = reference("llama-decode", device="cpu", seed=1)
+    assert step.name == "llama-tiny-decode" and step.args[0].device.type == "cpu"
+    with pytest.raises(UsageError, match="unknown step 'nope'"):
+        reference("nope")

@@ -1,0 +1,97 @@
+"""Find the launch that makes a plan fail the correctness gate (runs on two GPUs).
+
+    python3 bench/plan_bisect.py STEP PLAN.json [--devices 0,1]
+
+Captures STEP (a name of kernelfleet.workloads.steps.REFERENCE) on both GPUs, then runs plans that
+move only a prefix of the launches the failing plan moves away from home, and bisects for the
+shortest failing prefix: its last launch is the culprit. Prints that launch (name, ATen op,
+accesses) and whether moving it alone fails too, under both schedules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from kernelfleet.kernels.assemble import assemble
+from kernelfleet.kernels.capture import capture
+from kernelfleet.kernels.replay import saved_state
+from kernelfleet.runtime.executor import Replica, Slot, build, release, run
+from kernelfleet.workloads.steps import reference
+
+
+def outputs(captured) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(captured.outputs)[0] if isinstance(t, torch.Tensor)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("step")
+    parser.add_argument("plan")
+    parser.add_argument("--devices", default="0,1")
+    args = parser.parse_args()
+    plan = json.loads(open(args.plan).read())
+    assignment, home = plan["assignment"], plan["details"]["home"]
+    other = next(d for d in assignment if d != home)
+    replicas, restores = {}, []
+    for name, index in zip((home, other), map(int, args.devices.split(","))):
+        torch.cuda.set_device(index)
+        step = reference(args.step, device=f"cuda:{index}")
+        captured = capture(step.fn, step.args, module=step.module, what=step.name)
+        replicas[name] = Replica(captured, assemble(captured.raw))
+        restores.append(saved_state(replicas[name].program))
+    torch.cuda.set_device(int(args.devices.split(",")[0]))
+    program = replicas[home].program
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def reset() -> None:
+        for restore in restores:
+            restore()
+        torch.cuda.synchronize()
+
+    reset()
+    replicas[home].captured.replay()
+    torch.cuda.synchronize()
+    expected = [t.clone() for t in outputs(replicas[home].captured)]
+    reset()
+    replicas[home].captured.replay()
+    torch.cuda.synchronize()
+    print(f"graph replay deterministic: {all(torch.equal(a, b) for a, b in zip(expected, outputs(replicas[home].captured)))}")
+
+    def differs(moved: list[int], **options) -> int:
+        a = [home] * len(assignment)
+        for i in moved:
+            a[i] = other
+        built = build([Slot(replicas, a, home)], resident_state=True, **options)
+        try:
+            reset()
+            run(built, stream)
+            torch.cuda.synchronize()
+            return sum(int((x != y).sum()) for x, y in zip(expected, outputs(replicas[home].captured)))
+        finally:
+            release(built)
+
+    moved = [i for i, d in enumerate(assignment) if d != home]
+    print(f"{len(moved)} launches moved to {other}; whole plan: {differs(moved)} elements differ")
+    lo, hi = 0, len(moved)  # moving moved[:lo] passes (lo = 0 trivially), moved[:hi] fails
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if differs(moved[:mid]):
+            hi = mid
+        else:
+            lo = mid
+    culprit = moved[hi - 1]
+    launch = program.launches[culprit]
+    print(f"shortest failing prefix: {hi} launches; culprit launch {culprit}: {launch.name} (op {launch.op})")
+    for a in launch.accesses:
+        print(f"   {a.mode:9} buffer {a.buffer} [{a.offset_bytes}, +{a.length_bytes}) {a.source}")
+    for name, options in (("overlapping", {}), ("conservative", {"overlap": False})):
+        print(f"prefix, {name}: {differs(moved[:hi], **options)} differ; prefix without the culprit: "
+              f"{differs(moved[:hi - 1], **options)}; culprit alone: {differs([culprit], **options)}")
+
+
+if __name__ == "__main__":
+    main()

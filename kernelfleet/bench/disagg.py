@@ -1,0 +1,248 @@
+"""``kernelfleet bench disagg``: every placement strategy for one step on the emulated
+complementary pair, measured in one run, each behind the correctness gate (runs on GPUs).
+
+The two devices are device profiles (``profile/devices.py``) named as the plans name them —
+on two H200s, "compute" (56 SMs + a 64-SM copy hog, L40S-like) on one GPU and "bandwidth" (32 SMs,
+A100-like) on the other. Every strategy runs ``slots`` micro-batches of the step, each slot with
+replicas of its own, as one CUDA graph (``runtime/executor.py``); its time is the median of
+``repeats`` graph launches and its rate is slots per second. Strategies:
+
+* ``single:<device>``: every slot whole on one device;
+* ``replicas`` (request distribution): each slot whole on one device, slots split between the
+  devices in proportion to their measured single-device rates;
+* every plan of the folder ``kernelfleet plan --policy all --out PLANS`` wrote (the throughput
+  MILP, layer pipeline, attention/FFN split, latency plan), all slots under it;
+* the throughput plan, the layer pipeline and request distribution with the slots free (a device
+  runs kernels of several slots at once) as well as chained (each device runs slot after slot);
+* the pipelining ablation on the throughput plan: one slot with the conservative schedule (nothing
+  overlaps), chained slots with the conservative schedule, chained slots with the overlapping
+  schedule (the plan's own row), free slots, and free slots with priorities to earlier slots;
+* link sensitivity: the throughput plan, slots free, with every copy paced to 200, 100 and 25 Gbit/s.
+
+Before a strategy is timed, the CPU checks its plan graph has no race (``schedule.races``) and the
+GPU runs it once from the captured state: each slot's outputs must equal, bit for bit, its own
+capture's graph replay. A strategy failing either is reported, never timed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+from torch.utils._pytree import tree_flatten
+
+from kernelfleet.errors import UsageError
+from kernelfleet.kernels.assemble import assemble
+from kernelfleet.kernels.capture import capture
+from kernelfleet.kernels.ir import Program
+from kernelfleet.kernels.replay import saved_state
+from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
+from kernelfleet.profile.timing import median_seconds
+from kernelfleet.runtime.executor import Replica, Slot, build, release, run
+from kernelfleet.runtime.link import Throttle
+from kernelfleet.runtime.schedule import races, schedule
+from kernelfleet.workloads.steps import Step
+
+LINKS_GBIT = (200, 100, 25)
+
+
+@dataclass
+class Strategy:
+    name: str
+    assignments: list[list[str]]  # one per slot
+    homes: list[str]
+    options: dict = field(default_factory=dict)
+    model_seconds: float | None = None  # the planner's time per request, where a plan gives one
+
+
+def load_plans(folder: Path, program: Program, devices: list[str]) -> dict[str, dict]:
+    """The plan JSONs of ``folder`` that place every launch of ``program`` on ``devices``."""
+    plans = {}
+    for path in sorted(folder.glob("*.json")):
+        plan = json.loads(path.read_text())
+        if "kernelfleet_plan" not in plan:
+            continue
+        assignment = plan.get("assignment")
+        if not assignment:  # the replicas plan is a share of requests, measured as its own strategy
+            continue
+        if len(assignment) != len(program.launches):
+            raise UsageError(f"{path}: the plan places {len(assignment)} launches, the captured step has "
+                             f"{len(program.launches)}: it was made for another program")
+        unknown = sorted(set(assignment) - set(devices))
+        if unknown:
+            raise UsageError(f"{path}: the plan uses {', '.join(unknown)}, the pair is {', '.join(devices)}")
+        plans[plan["policy"]] = plan
+    return plans
+
+
+def strategies(plans: dict[str, dict], devices: list[str], slots: int, single_rates: dict[str, float] | None,
+               n: int) -> list[Strategy]:
+    """The strategies of the module docstring; ``replicas`` once the single-device rates are known."""
+    if single_rates is None:
+        return [Strategy(f"single:{d}", [[d] * n] * slots, [d] * slots) for d in devices]
+    total = sum(single_rates.values())
+    on_first = min(slots - 1, max(1, round(slots * single_rates[devices[0]] / total)))
+    split = [devices[0]] * on_first + [devices[1]] * (slots - on_first)
+    free = {"chain_slots": False}
+    out = [Strategy("replicas", [[d] * n for d in split], split),
+           Strategy("replicas, slots free", [[d] * n for d in split], split, free)]
+    for policy, plan in plans.items():
+        if policy.startswith("single"):
+            continue
+        home = plan["details"].get("home", devices[0])
+        out.append(Strategy(policy, [plan["assignment"]] * slots, [home] * slots,
+                            model_seconds=plan.get("objective_seconds")))
+        if policy in ("throughput-milp", "pipeline"):
+            out.append(Strategy(f"{policy}, slots free", [plan["assignment"]] * slots, [home] * slots, free,
+                                plan.get("objective_seconds")))
+            out.append(Strategy(f"{policy}, 1 slot", [plan["assignment"]], [home], {}, plan.get("objective_seconds")))
+    best = plans.get("throughput-milp")
+    if best is not None:
+        home = best["details"].get("home", devices[0])
+        every = [best["assignment"]] * slots
+        out.append(Strategy("ablation: 1 slot, conservative", [best["assignment"]], [home], {"overlap": False}))
+        out.append(Strategy("ablation: slots chained, conservative", every, [home] * slots, {"overlap": False}))
+        out.append(Strategy("ablation: slots free + priorities", every, [home] * slots,
+                            {**free, "priorities": True}))
+        for gbit in LINKS_GBIT:
+            out.append(Strategy(f"link {gbit} Gbit/s, slots free", every, [home] * slots,
+                                {**free, "throttle": Throttle(gbit * 1e9 / 8, 5e-6)}))
+    return out
+
+
+def outputs(replica: Replica) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(replica.captured.outputs)[0] if isinstance(t, torch.Tensor)]
+
+
+class Bench:
+    """Replicas of the step per slot and device, their references, and the gate-then-time loop."""
+
+    def __init__(self, make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], slots: int) -> None:
+        self.devices = list(profiles)
+        self.slots: list[dict[str, Replica]] = []
+        self.restores = []
+        for k in track(range(slots), description="capturing replicas"):
+            replicas = {}
+            for name, spec in profiles.items():
+                torch.cuda.set_device(spec.device)
+                step = make_step(f"cuda:{spec.device}", k)
+                captured = capture(step.fn, step.args, module=step.module, what=step.name)
+                replicas[name] = Replica(captured, assemble(captured.raw))
+                self.restores.append(saved_state(replicas[name].program))
+            self.slots.append(replicas)
+        self.reset()
+        self.references = []
+        for replicas in self.slots:  # each capture's own graph replay, whole GPU, from the captured state
+            for name, replica in replicas.items():
+                with torch.cuda.device(profiles[name].device):
+                    replica.captured.replay()
+            torch.cuda.synchronize()
+            self.references.append({d: [t.clone() for t in outputs(r)] for d, r in replicas.items()})
+        self.reset()
+        self.profiles = {name: DeviceProfile(spec) for name, spec in profiles.items()}
+
+    def reset(self) -> None:
+        for restore in self.restores:
+            restore()
+        torch.cuda.synchronize()
+
+    def __enter__(self) -> Bench:
+        for name, profile in self.profiles.items():
+            profile.__enter__()
+            for replicas in self.slots:
+                replicas[name].context = profile.context
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for profile in self.profiles.values():
+            profile.__exit__(*exc)
+
+    @property
+    def program(self) -> Program:
+        return self.slots[0][self.devices[0]].program
+
+    def measure(self, strategy: Strategy, repeats: int, stream: torch.cuda.Stream) -> dict:
+        used = self.slots[:len(strategy.assignments)]
+        options = {"resident_state": True, **strategy.options}
+        for replicas, assignment, home in zip(used, strategy.assignments, strategy.homes):
+            order = schedule(replicas[home].program, assignment, home, options.get("overlap", True), True)
+            found = races(replicas[home].program, assignment, order)
+            if found:
+                return {"gate": f"{len(found)} races in the plan graph, first: {found[0]}"}
+        built = build([Slot(r, a, h) for r, a, h in zip(used, strategy.assignments, strategy.homes)], **options)
+        try:
+            self.reset()
+            for replicas, home in zip(used, strategy.homes):
+                for t in outputs(replicas[home]):
+                    t.fill_(0)
+            run(built, stream.cuda_stream)
+            torch.cuda.synchronize()
+            wrong = {k: sum(int((a != b).sum()) for a, b in zip(self.references[k][home], outputs(replicas[home])))
+                     for k, (replicas, home) in enumerate(zip(used, strategy.homes))}
+            wrong = {k: n for k, n in wrong.items() if n}
+            if wrong:
+                return {"gate": f"outputs differ from the single-device run (slot: elements) {wrong}"}
+            seconds = median_seconds(lambda: run(built, stream.cuda_stream), stream, repeats)
+            return {"gate": "identical", "seconds": seconds, "slots": built.slots,
+                    "slots_per_second": built.slots / seconds, "copies": len(built.copies),
+                    "copy_bytes": built.copy_bytes, "method": built.method}
+        finally:
+            release(built)
+
+
+def disagg(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], plans: Path, slots: int,
+           repeats: int, out: Path, console: Console) -> dict:
+    """Run every strategy (module docstring); write and return the results."""
+    if slots < 2:
+        raise UsageError(f"--slots must be at least 2 (request distribution needs one per device), got {slots}")
+    out.mkdir(parents=True, exist_ok=True)
+    bench = Bench(make_step, profiles, slots)
+    loaded = load_plans(plans, bench.program, bench.devices)
+    results: dict = {"command": " ".join(sys.argv), "devices": {n: asdict(s) for n, s in profiles.items()},
+                     "slots": slots, "strategies": {}}
+    stream = torch.cuda.current_stream(profiles[bench.devices[0]].device)  # graphs launch and are timed here
+    for name, replica in bench.slots[0].items():  # what the CPU replays: both captures of one slot
+        replica.captured.raw.save(out / f"{name}.capture.json.gz")
+    with bench:
+        todo = strategies(loaded, bench.devices, slots, None, len(bench.program.launches))
+        for pass_ in range(2):  # the singles first: request distribution splits slots by their rates
+            for s in track(todo, description="gate and time", console=console):
+                try:
+                    found = bench.measure(s, repeats, stream)
+                except Exception as exc:  # a strategy the replicas cannot run is reported, never timed
+                    found = {"gate": f"refused: {exc}"}
+                found["model_seconds"] = s.model_seconds
+                results["strategies"][s.name] = found
+                (out / "disagg.json").write_text(json.dumps(results, indent=1, default=str))
+            if pass_ == 0:
+                rates = {d: results["strategies"][f"single:{d}"].get("slots_per_second") for d in bench.devices}
+                if None in rates.values():
+                    break
+                todo = strategies(loaded, bench.devices, slots, rates, len(bench.program.launches))
+    show(results, console)
+    return results
+
+
+def show(results: dict, console: Console) -> None:
+    found = results["strategies"]
+    rated = {n: r["slots_per_second"] for n, r in found.items() if "slots_per_second" in r}
+    baselines = [rated[n] for n in rated if n.startswith("single") or n in ("replicas", "pipeline", "attention-ffn")]
+    best = max(baselines) if baselines else None
+    table = Table(title=f"kernelfleet bench disagg — {results['slots']} slots per graph")
+    for column in ("strategy", "gate", "ms / graph", "slots/s", "vs best baseline", "copies", "copy MB", "model ms"):
+        table.add_column(column)
+    for name, r in found.items():
+        rate = r.get("slots_per_second")
+        table.add_row(name, r["gate"][:60], f"{r['seconds'] * 1e3:.2f}" if "seconds" in r else "-",
+                      f"{rate:.2f}" if rate else "-", f"{rate / best:.2f}x" if rate and best else "-",
+                      str(r.get("copies", "-")), f"{r['copy_bytes'] / 1e6:.1f}" if "copy_bytes" in r else "-",
+                      f"{r['model_seconds'] * 1e3:.1f}" if r.get("model_seconds") else "-")
+    console.print(table)
+    console.print(f"command: {results['command']}")

@@ -1,0 +1,112 @@
+"""`kernelfleet bench disagg` on two H200s (tests/data/h200x2-disagg), replayed on the CPU.
+
+The recorded runs: every placement strategy for the 8B Llama's decode and prefill steps on the
+emulated pair (compute: 56 SMs + a 64-SM copy hog on GPU 0; bandwidth: 32 SMs on GPU 1), three
+slots per graph. Beside them, both devices' captures of one slot, which the address translation
+between captures is checked on.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kernelfleet.bench.disagg import load_plans, strategies
+from kernelfleet.errors import UsageError
+from kernelfleet.kernels.assemble import assemble
+from kernelfleet.kernels.raw import RawCapture
+from kernelfleet.runtime.transfers import AddressMap, transfers
+
+pytestmark = pytest.mark.replay
+
+HERE = Path(__file__).parents[1] / "data"
+RUNS = HERE / "h200x2-disagg"
+DEVICES = ["compute", "bandwidth"]
+
+
+def recorded(step: str) -> dict:
+    return json.loads((RUNS / f"{step}.disagg.json").read_text())
+
+
+def pair(step: str):
+    return {d: assemble(RawCapture.load(RUNS / f"{step}.{d}.capture.json.gz")) for d in DEVICES}
+
+
+@pytest.mark.parametrize("step", ["llama8b-decode", "llama8b-prefill"])
+def test_only_strategies_that_passed_the_gate_were_timed(step):
+    found = recorded(step)["strategies"]
+    for name, r in found.items():
+        assert ("seconds" in r) == (r["gate"] == "identical"), name
+    assert all(found[f"single:{d}"]["gate"] == "identical" for d in DEVICES)
+    assert found["replicas"]["gate"] == found["throughput-milp"]["gate"] == "identical"
+
+
+def test_the_per_kernel_profile_predicts_the_executed_decode_graph():
+    """A decode slot's time on one device, run as the executor's graph, against the sum of its
+    kernels' times measured one by one on the same profile (tests/data/h200-capture): within 5 %.
+    (Prefill's graph ran 27 % and 37 % longer than its profile: docs/place.md.)"""
+    profile = json.loads((HERE / "h200-capture" / "llama8b-decode.profile.json").read_text())
+    for device in DEVICES:
+        run = recorded("llama8b-decode")["strategies"][f"single:{device}"]
+        predicted = sum(profile["profiles"][device]["seconds"])
+        assert run["seconds"] / run["slots"] == pytest.approx(predicted, rel=0.05), device
+
+
+def test_request_distribution_splits_slots_by_measured_rate():
+    rates = {"compute": 8.27, "bandwidth": 5.99}
+    found = {s.name: s for s in strategies({}, DEVICES, 3, rates, 5)}
+    assert found["replicas"].homes == ["compute", "compute", "bandwidth"]
+    assert found["replicas"].assignments[2] == ["bandwidth"] * 5
+    assert found["replicas, slots free"].options == {"chain_slots": False}
+    assert [s.name for s in strategies({}, DEVICES, 3, None, 5)] == ["single:compute", "single:bandwidth"]
+
+
+def test_plans_that_do_not_fit_the_captured_step_are_refused(tmp_path):
+    program = pair("llama8b-decode")["compute"]
+    n = len(program.launches)
+    (tmp_path / "short.json").write_text(json.dumps({"kernelfleet_plan": 1, "policy": "short", "assignment": ["compute"]}))
+    with pytest.raises(UsageError, match="made for another program"):
+        load_plans(tmp_path, program, DEVICES)
+    (tmp_path / "short.json").write_text(json.dumps({"kernelfleet_plan": 1, "policy": "odd", "assignment": ["gpu9"] * n}))
+    with pytest.raises(UsageError, match="uses gpu9"):
+        load_plans(tmp_path, program, DEVICES)
+    (tmp_path / "short.json").write_text(json.dumps({"kernelfleet_plan": 1, "policy": "halves",
+                                                     "assignment": ["compute"] * (n // 2) + ["bandwidth"] * (n - n // 2),
+                                                     "details": {"home": "compute"}}))
+    (tmp_path / "replicas.json").write_text(json.dumps({"kernelfleet_plan": 1, "policy": "replicas", "assignment": None}))
+    assert list(load_plans(tmp_path, program, DEVICES)) == ["halves"]
+
+
+def test_decode_flows_translate_alike_between_the_two_gpus_captures():
+    programs = pair("llama8b-decode")
+    home, other = programs["bandwidth"], programs["compute"]
+    amap = AddressMap(home, other)
+    n = len(home.launches)
+    assignment = ["bandwidth"] * (n // 2) + ["compute"] * (n - n // 2)
+    buffers = {b.id: b for b in home.buffers}
+    moved = [t for t in transfers(home, assignment, "bandwidth", resident_state=True) if t.writer is not None]
+    assert moved
+    for t in moved:
+        here = buffers[t.buffer].address + t.offset_bytes
+        assert amap.translate([t.writer, t.reader], here, t.length_bytes) == \
+            amap.translate([t.reader, t.writer], here, t.length_bytes)
+
+
+def test_a_flow_that_exists_in_one_layout_only_is_refused():
+    """Prefill's launch 28 writes bytes that cuDNN attention (46) reads only in the bandwidth GPU's
+    capture (an access's extent spans a neighbouring tensor there); in the compute GPU's capture the
+    two address different memory. Copying by either would overwrite the other capture's data, so
+    the plan is refused — as the GPU run reported for the attention/FFN and latency plans."""
+    programs = pair("llama8b-prefill")
+    home, other = programs["bandwidth"], programs["compute"]
+    amap = AddressMap(home, other)
+    n = len(home.launches)
+    assignment = ["bandwidth"] * n
+    assignment[46] = "compute"
+    flow = next(t for t in transfers(home, assignment, "bandwidth", resident_state=True)
+                if t.writer == 28 and t.reader == 46)
+    here = next(b.address for b in home.buffers if b.id == flow.buffer) + flow.offset_bytes
+    with pytest.raises(UsageError, match="address it differently in the two captures"):
+        amap.translate([flow.reader, flow.writer], here, flow.length_bytes)
+    gated = recorded("llama8b-prefill")["strategies"]
+    assert "launches [28, 46] address it differently" in gated["attention-ffn"]["gate"]
