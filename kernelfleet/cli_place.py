@@ -228,6 +228,8 @@ def disagg_command(
     slots: int = typer.Option(4, "--slots", help="Micro-batches per graph, each with replicas of its own."),
     repeats: int = typer.Option(10, "--repeats", help="Graph launches timed per strategy (median)."),
     out: Path = typer.Option(Path("kernelfleet-disagg"), "--out", help="Folder for disagg.json."),
+    costs: Path | None = typer.Option(None, "--costs", help="The cost table the plans were made from: adds "
+                                      "list-scheduled slots and each graph's predicted time."),
 ) -> None:
     """Every placement strategy for one step on the emulated pair, gated on identical outputs, in one run."""
     from kernelfleet.profile.run import parse_profile
@@ -237,6 +239,14 @@ def disagg_command(
         raise UsageError(f"unknown step {step!r}; expected one of {', '.join(REFERENCE)}")
     if not plans.is_dir():
         raise UsageError(f"{plans}: no such folder (write one with `kernelfleet plan PROGRAM COSTS --policy all --out {plans}`)")
+    table = None
+    if costs is not None:
+        from kernelfleet.plan.model import CostTable
+
+        try:
+            table = CostTable.from_json(costs.read_text(), str(costs))
+        except OSError as exc:
+            raise UsageError(f"{costs}: cannot read ({exc.strerror})") from exc
     profiles = {spec.name: spec for spec in map(parse_profile, device)}
     if len(profiles) != 2:
         raise UsageError(f"--device: give two profiles with different names, got {', '.join(device)}")
@@ -249,4 +259,5 @@ def disagg_command(
     missing = [s.device for s in profiles.values() if s.device >= torch.cuda.device_count()]
     if missing:
         raise EnvironmentProblem(f"--device names GPU {missing[0]}; this machine has {torch.cuda.device_count()}")
-    disagg(lambda where, seed: reference(step, device=where, seed=seed), profiles, plans, slots, repeats, out, out_console())
+    disagg(lambda where, seed: reference(step, device=where, seed=seed), profiles, plans, slots, repeats, out, out_console(),
+           table)

@@ -17,7 +17,10 @@ replicas of its own, as one CUDA graph (``runtime/executor.py``); its time is th
 * the pipelining ablation on the throughput plan: one slot with the conservative schedule (nothing
   overlaps), chained slots with the conservative schedule, chained slots with the overlapping
   schedule (the plan's own row), free slots, and free slots with priorities to earlier slots;
-* link sensitivity: the throughput plan, slots free, with every copy paced to 200, 100 and 25 Gbit/s.
+* link sensitivity: the throughput plan, slots free, with every copy paced to 200, 100 and 25 Gbit/s;
+* given the cost table the plans were made from (``--costs``): the throughput plan and the layer
+  pipeline with list-scheduled slots (``runtime/slots.py``), and beside every strategy the graph
+  time ``slots.makespan`` predicts.
 
 Before a strategy is timed, the CPU checks its plan graph has no race (``schedule.races``) and the
 GPU runs it once from the captured state: each slot's outputs must equal, bit for bit, its own
@@ -47,7 +50,9 @@ from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.profile.timing import median_seconds
 from kernelfleet.runtime.executor import Replica, Slot, build, release, run
 from kernelfleet.runtime.link import Throttle
-from kernelfleet.runtime.schedule import races, schedule
+from kernelfleet.plan.model import CostTable
+from kernelfleet.runtime.schedule import Node, races, schedule
+from kernelfleet.runtime.slots import estimate, makespan, pipeline
 from kernelfleet.workloads.steps import Step
 
 LINKS_GBIT = (200, 100, 25)
@@ -83,14 +88,15 @@ def load_plans(folder: Path, program: Program, devices: list[str]) -> dict[str, 
 
 
 def strategies(plans: dict[str, dict], devices: list[str], slots: int, single_rates: dict[str, float] | None,
-               n: int) -> list[Strategy]:
-    """The strategies of the module docstring; ``replicas`` once the single-device rates are known."""
+               n: int, seconds: Callable[[int, Node], float] | None = None) -> list[Strategy]:
+    """The strategies of the module docstring; ``replicas`` once the single-device rates are known;
+    list-scheduled slots where ``seconds`` estimates each node."""
     if single_rates is None:
         return [Strategy(f"single:{d}", [[d] * n] * slots, [d] * slots) for d in devices]
     total = sum(single_rates.values())
     on_first = min(slots - 1, max(1, round(slots * single_rates[devices[0]] / total)))
     split = [devices[0]] * on_first + [devices[1]] * (slots - on_first)
-    free = {"chain_slots": False}
+    free = {"slot_mode": "free"}
     out = [Strategy("replicas", [[d] * n for d in split], split),
            Strategy("replicas, slots free", [[d] * n for d in split], split, free)]
     for policy, plan in plans.items():
@@ -103,6 +109,9 @@ def strategies(plans: dict[str, dict], devices: list[str], slots: int, single_ra
             out.append(Strategy(f"{policy}, slots free", [plan["assignment"]] * slots, [home] * slots, free,
                                 plan.get("objective_seconds")))
             out.append(Strategy(f"{policy}, 1 slot", [plan["assignment"]], [home], {}, plan.get("objective_seconds")))
+            if seconds is not None:
+                out.append(Strategy(f"{policy}, slots scheduled", [plan["assignment"]] * slots, [home] * slots,
+                                    {"slot_mode": "scheduled", "seconds": seconds}, plan.get("objective_seconds")))
     best = plans.get("throughput-milp")
     if best is not None:
         home = best["details"].get("home", devices[0])
@@ -124,7 +133,8 @@ def outputs(replica: Replica) -> list[torch.Tensor]:
 class Bench:
     """Replicas of the step per slot and device, their references, and the gate-then-time loop."""
 
-    def __init__(self, make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], slots: int) -> None:
+    def __init__(self, make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], slots: int,
+                 costs: CostTable | None = None) -> None:
         self.devices = list(profiles)
         self.slots: list[dict[str, Replica]] = []
         self.restores = []
@@ -147,6 +157,10 @@ class Bench:
             self.references.append({d: [t.clone() for t in outputs(r)] for d, r in replicas.items()})
         self.reset()
         self.profiles = {name: DeviceProfile(spec) for name, spec in profiles.items()}
+        if costs is not None and len(costs.seconds) != len(self.program.launches):
+            raise UsageError(f"the cost table has {len(costs.seconds)} launches, the captured step "
+                             f"{len(self.program.launches)}: it was made for another program")
+        self.seconds = estimate(costs) if costs is not None else None
 
     def reset(self) -> None:
         for restore in self.restores:
@@ -171,11 +185,17 @@ class Bench:
     def measure(self, strategy: Strategy, repeats: int, stream: torch.cuda.Stream) -> dict:
         used = self.slots[:len(strategy.assignments)]
         options = {"resident_state": True, **strategy.options}
+        orders = []
         for replicas, assignment, home in zip(used, strategy.assignments, strategy.homes):
-            order = schedule(replicas[home].program, assignment, home, options.get("overlap", True), True)
-            found = races(replicas[home].program, assignment, order)
+            orders.append(schedule(replicas[home].program, assignment, home, options.get("overlap", True), True))
+            found = races(replicas[home].program, assignment, orders[-1])
             if found:
                 return {"gate": f"{len(found)} races in the plan graph, first: {found[0]}"}
+        predicted = None
+        if self.seconds is not None:  # the graph's time as runtime/slots.py predicts it
+            mode = options.get("slot_mode", "sequential")
+            combined = pipeline(orders, mode, self.seconds)
+            predicted = makespan(combined, lambda x: self.seconds(x.slot, x.node))
         built = build([Slot(r, a, h) for r, a, h in zip(used, strategy.assignments, strategy.homes)], **options)
         try:
             self.reset()
@@ -190,7 +210,7 @@ class Bench:
             if wrong:
                 return {"gate": f"outputs differ from the single-device run (slot: elements) {wrong}"}
             seconds = median_seconds(lambda: run(built, stream.cuda_stream), stream, repeats)
-            return {"gate": "identical", "seconds": seconds, "slots": built.slots,
+            return {"gate": "identical", "seconds": seconds, "predicted_seconds": predicted, "slots": built.slots,
                     "slots_per_second": built.slots / seconds, "copies": len(built.copies),
                     "copy_bytes": built.copy_bytes, "method": built.method}
         finally:
@@ -198,12 +218,13 @@ class Bench:
 
 
 def disagg(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], plans: Path, slots: int,
-           repeats: int, out: Path, console: Console) -> dict:
-    """Run every strategy (module docstring); write and return the results."""
+           repeats: int, out: Path, console: Console, costs: CostTable | None = None) -> dict:
+    """Run every strategy (module docstring); write and return the results. ``costs``: the cost
+    table the plans were made from, for list-scheduled slots and each graph's predicted time."""
     if slots < 2:
         raise UsageError(f"--slots must be at least 2 (request distribution needs one per device), got {slots}")
     out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(make_step, profiles, slots)
+    bench = Bench(make_step, profiles, slots, costs)
     loaded = load_plans(plans, bench.program, bench.devices)
     results: dict = {"command": " ".join(sys.argv), "devices": {n: asdict(s) for n, s in profiles.items()},
                      "slots": slots, "strategies": {}}
@@ -225,7 +246,7 @@ def disagg(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpe
                 rates = {d: results["strategies"][f"single:{d}"].get("slots_per_second") for d in bench.devices}
                 if None in rates.values():
                     break
-                todo = strategies(loaded, bench.devices, slots, rates, len(bench.program.launches))
+                todo = strategies(loaded, bench.devices, slots, rates, len(bench.program.launches), bench.seconds)
     show(results, console)
     return results
 
@@ -236,11 +257,13 @@ def show(results: dict, console: Console) -> None:
     baselines = [rated[n] for n in rated if n.startswith("single") or n in ("replicas", "pipeline", "attention-ffn")]
     best = max(baselines) if baselines else None
     table = Table(title=f"kernelfleet bench disagg — {results['slots']} slots per graph")
-    for column in ("strategy", "gate", "ms / graph", "slots/s", "vs best baseline", "copies", "copy MB", "model ms"):
+    for column in ("strategy", "gate", "ms / graph", "predicted ms", "slots/s", "vs best baseline", "copies", "copy MB",
+                   "plan's model ms / slot"):
         table.add_column(column)
     for name, r in found.items():
         rate = r.get("slots_per_second")
         table.add_row(name, r["gate"][:60], f"{r['seconds'] * 1e3:.2f}" if "seconds" in r else "-",
+                      f"{r['predicted_seconds'] * 1e3:.2f}" if r.get("predicted_seconds") else "-",
                       f"{rate:.2f}" if rate else "-", f"{rate / best:.2f}x" if rate and best else "-",
                       str(r.get("copies", "-")), f"{r['copy_bytes'] / 1e6:.1f}" if "copy_bytes" in r else "-",
                       f"{r['model_seconds'] * 1e3:.1f}" if r.get("model_seconds") else "-")

@@ -9,16 +9,16 @@ partition's SMs — and the copies of :func:`kernelfleet.runtime.transfers.trans
 
 Order comes from ``runtime/schedule.py`` (checked race-free on the CPU by ``schedule.races``):
 overlapping (a copy waits only for the bytes it moves) or conservative (a copy stalls both of its
-devices). Several *slots* (micro-batches, each with replicas of its own) make one graph. Chained,
-each stream — a device's compute, a link — runs slot after slot, so device A starts slot k+1 once
-its part of slot k is done; free, the slots only share the devices and a device runs kernels of
-several slots at once, which keeps both devices busy when a plan alternates between them within
-a step. Optionally earlier slots' kernels get a higher launch priority, so the pipeline drains in
-order instead of slots competing for SMs.
+devices). Several *slots* (micro-batches, each with replicas of its own) make one graph; how they
+share each device's and link's stream — one after another, freely, or in a list-scheduled order
+that lets a device start the next slot while the other works on this one — is
+``runtime/slots.py``'s, which also predicts the graph's time. Optionally earlier slots' kernels get
+a higher launch priority.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from kernelfleet.kernels.ir import Program
 from kernelfleet.kernels.replay import program_nodes
 from kernelfleet.runtime.link import METHODS, LinkKernels, Throttle, add_copy
 from kernelfleet.runtime.schedule import Node, schedule
+from kernelfleet.runtime.slots import pipeline
 from kernelfleet.runtime.transfers import AddressMap, Transfer
 
 
@@ -66,14 +67,14 @@ class Built:
 
 
 def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = None, overlap: bool = True,
-          priorities: bool = False, resident_state: bool = False, chain_slots: bool = True) -> Built:
+          priorities: bool = False, resident_state: bool = False, slot_mode: str = "sequential",
+          seconds: Callable[[int, Node], float] | None = None) -> Built:
     """One graph running every slot of a plan, instantiated; UsageError for a plan that does not
     fit its replicas. ``method``: a copy method of ``link.METHODS``, or "auto" for the first the
     driver accepts; ``throttle``: pace every copy to an emulated link; ``overlap``: the overlapping
     schedule, else the conservative one; ``priorities``: earlier slots first; ``resident_state``:
-    state stays where the plan reads it (``transfers``); ``chain_slots``: each stream runs its slots
-    one after another, else the slots only share the devices (kernels of several slots run at once
-    on a device, as from several CUDA streams)."""
+    state stays where the plan reads it (``transfers``); ``slot_mode``: how slots share streams
+    (``slots.MODES``; ``scheduled`` needs ``seconds(slot, node)``, an estimate of each node)."""
     if not slots:
         raise UsageError("a plan needs at least one slot of replicas")
     for slot in slots:
@@ -84,74 +85,68 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
             raise UsageError(f"the plan uses devices without a replica: {', '.join(missing)}")
     if method != "auto" and method not in METHODS:
         raise UsageError(f"unknown copy method {method!r}; expected auto or one of {', '.join(METHODS)}")
+    orders = [schedule(s.replicas[s.home].program, s.assignment, s.home, overlap, resident_state) for s in slots]
+    combined = pipeline(orders, slot_mode, seconds)
     graph = driver.create_graph()
     builder = _Builder(graph, method, throttle)
     try:
         least, greatest = driver.priority_range() if priorities else (0, 0)
-        last: dict[str, list[Any]] = {}  # per stream, the graph nodes of its latest node: slot k+1 follows slot k
-        orders = []
-        for k, slot in enumerate(slots):
-            priority = max(greatest, least - (len(slots) - 1 - k)) if priorities else None
-            order = schedule(slot.replicas[slot.home].program, slot.assignment, slot.home, overlap, resident_state)
-            last = builder.add_slot(slot.replicas, order, slot.home, last if chain_slots else {}, priority)
-            orders.append(order)
+        places = [_Places(slot) for slot in slots]
+        made: list[list[Any]] = []
+        for x in combined:
+            priority = max(greatest, least - (len(slots) - 1 - x.slot)) if priorities else None
+            after = [g for d in x.deps for g in made[d]]
+            made.append(builder.add(slots[x.slot], places[x.slot], x.node, after, priority))
         executable = driver.instantiate(graph)
     except Exception:
         driver.call("cuGraphDestroy", graph)
         builder.close()
         raise
     copies = [n.copy for order in orders for n in order if n.copy is not None]
-    return Built(graph, executable, copies, sum(t.length_bytes for t in copies), sum(map(len, orders)),
+    return Built(graph, executable, copies, sum(t.length_bytes for t in copies), len(combined),
                  len(slots), builder.method if copies else None, list(builder.kernels.values()))
 
 
+class _Places:
+    """Where a slot's launches and copied bytes are in each of its replicas."""
+
+    def __init__(self, slot: Slot) -> None:
+        self.home = slot.home
+        base = slot.replicas[slot.home].program
+        self.maps = {d: AddressMap(base, r.program) for d, r in slot.replicas.items() if d != slot.home}
+        self.nodes = {d: program_nodes(r.captured) for d, r in slot.replicas.items()}
+        self.buffers = {b.id: b for b in base.buffers}
+
+    def where(self, device: str, t: Transfer, seen_by: list[int | None]) -> int:
+        """The copy's bytes in ``device``'s capture, as the launches ``seen_by`` (first preferred)
+        address them there: the writer for the source, the reader for the destination."""
+        address = self.buffers[t.buffer].address + t.offset_bytes
+        if device == self.home:
+            return address
+        if t.writer is None:  # a step input: same buffer name in every capture
+            return self.maps[device].translate_input(self.buffers[t.buffer].name, t.offset_bytes)
+        return self.maps[device].translate(seen_by, address, t.length_bytes)
+
+
 class _Builder:
-    """Adds slots of a plan to one graph, remembering the copy method the driver took."""
+    """Adds the plan's nodes to one graph, remembering the copy method the driver took."""
 
     def __init__(self, graph: Any, method: str, throttle: Throttle | None) -> None:
         self.graph, self.method, self.throttle = graph, method, throttle
         self.kernels: dict[int, LinkKernels] = {}  # by id of the destination replica
 
-    def add_slot(self, replicas: dict[str, Replica], order: list[Node], home: str,
-                 previous: dict[str, list[Any]], priority: int | None) -> dict[str, list[Any]]:
-        base = replicas[home].program
-        maps = {d: AddressMap(base, r.program) for d, r in replicas.items() if d != home}
-        nodes = {d: program_nodes(r.captured) for d, r in replicas.items()}
-        buffers = {b.id: b for b in base.buffers}
-
-        def where(device: str, t: Transfer, seen_by: list[int | None]) -> int:
-            """The copy's bytes in ``device``'s capture, as the launches ``seen_by`` (first
-            preferred) address them there: the writer for the source, the reader for the
-            destination (a range both only overlap in one capture is where each of them looks)."""
-            address = buffers[t.buffer].address + t.offset_bytes
-            if device == home:
-                return address
-            if t.writer is None:  # a step input: same buffer name in every capture
-                return maps[device].translate_input(buffers[t.buffer].name, t.offset_bytes)
-            return maps[device].translate(seen_by, address, t.length_bytes)
-
-        made: list[list[Any]] = []
-        latest = dict(previous)
-        started: set[str] = set()
-        for n in order:
-            after = [g for d in n.deps for g in made[d]]
-            if n.stream not in started:  # the first of its stream in this slot follows the last slot's
-                after += previous.get(n.stream, [])
-                started.add(n.stream)
-            if n.launch is not None:
-                replica = replicas[n.devices[0]]
-                with driver.in_context(replica.run_context):
-                    node = driver.add_copy_of(self.graph, replica.captured.nodes[nodes[n.devices[0]][n.launch]],
-                                              after, replica.run_context)
-                if priority is not None and driver.node_kind(node) == "kernel":
-                    driver.set_priority(node, priority)
-                made.append([node])
-            else:
-                t = n.copy
-                made.append(self.copy(after, t, replicas[t.src], replicas[t.dst], where(t.dst, t, [t.reader, t.writer]),
-                                      where(t.src, t, [t.writer, t.reader])))
-            latest[n.stream] = made[-1]
-        return latest
+    def add(self, slot: Slot, places: _Places, n: Node, after: list[Any], priority: int | None) -> list[Any]:
+        if n.launch is not None:
+            replica = slot.replicas[n.devices[0]]
+            with driver.in_context(replica.run_context):
+                node = driver.add_copy_of(self.graph, replica.captured.nodes[places.nodes[n.devices[0]][n.launch]],
+                                          after, replica.run_context)
+            if priority is not None and driver.node_kind(node) == "kernel":
+                driver.set_priority(node, priority)
+            return [node]
+        t = n.copy
+        return self.copy(after, t, slot.replicas[t.src], slot.replicas[t.dst],
+                         places.where(t.dst, t, [t.reader, t.writer]), places.where(t.src, t, [t.writer, t.reader]))
 
     def copy(self, after: list[Any], t: Transfer, source: Replica, target: Replica, dst: int, src: int) -> list[Any]:
         if id(target) not in self.kernels:

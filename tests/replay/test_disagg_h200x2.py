@@ -57,7 +57,7 @@ def test_request_distribution_splits_slots_by_measured_rate():
     found = {s.name: s for s in strategies({}, DEVICES, 3, rates, 5)}
     assert found["replicas"].homes == ["compute", "compute", "bandwidth"]
     assert found["replicas"].assignments[2] == ["bandwidth"] * 5
-    assert found["replicas, slots free"].options == {"chain_slots": False}
+    assert found["replicas, slots free"].options == {"slot_mode": "free"}
     assert [s.name for s in strategies({}, DEVICES, 3, None, 5)] == ["single:compute", "single:bandwidth"]
 
 
@@ -110,3 +110,12 @@ def test_a_flow_that_exists_in_one_layout_only_is_refused():
         amap.translate([flow.reader, flow.writer], here, flow.length_bytes)
     gated = recorded("llama8b-prefill")["strategies"]
     assert "launches [28, 46] address it differently" in gated["attention-ffn"]["gate"]
+
+
+def test_list_scheduled_slots_are_a_strategy_once_costs_are_given():
+    plan = {"assignment": ["compute", "bandwidth"] * 2, "objective_seconds": 0.07, "details": {"home": "bandwidth"}}
+    rates = {"compute": 8.27, "bandwidth": 5.99}
+    without = {s.name for s in strategies({"throughput-milp": plan}, DEVICES, 3, rates, 4)}
+    found = {s.name: s for s in strategies({"throughput-milp": plan}, DEVICES, 3, rates, 4, lambda slot, n: 1e-3)}
+    assert set(found) - without == {"throughput-milp, slots scheduled"}
+    assert found["throughput-milp, slots scheduled"].options["slot_mode"] == "scheduled"
