@@ -185,12 +185,18 @@ def plan_command(
         None, "--gantt", help="PNG Gantt chart of one request under the plan (for all: the throughput plan)."
     ),
     time_limit: float = typer.Option(30.0, "--time-limit", help="Seconds for the throughput MILP."),
+    in_flight: int | None = typer.Option(
+        None, "--in-flight", help="Also predict each plan's time per request with this many requests in flight, "
+        "as the executor runs it (runtime/slots.py)."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """Place a kernel program on devices: the chosen policy's plan beside every baseline."""
     from rich.table import Table
 
     from kernelfleet.plan import command
+
+    if in_flight is not None and in_flight < 1:
+        raise UsageError(f"--in-flight must be at least 1, got {in_flight}")
 
     done = command.setup(program, costs, device or [], link or [], link_gbps, predict or [], profile or [],
                          catalog)
@@ -199,12 +205,23 @@ def plan_command(
     for note in done.notes:
         console.print(note, markup=False, highlight=False)
     header, rows = command.table(done.problem, plans, chosen)
+    if in_flight is not None:
+        from kernelfleet.runtime.slots import per_request
+
+        header.append(f"time/request, {in_flight} in flight")
+        predicted = {plan.policy: per_request(done.problem, plan, in_flight) for plan in plans}
+        for row, plan in zip(rows, plans):
+            row.append("—" if predicted[plan.policy] is None else command.seconds(predicted[plan.policy]))
+        best = min((v, k) for k, v in predicted.items() if v is not None)
     t = Table(*header, title=f"kernelfleet plan — {policy} (* chosen)", title_justify="left")
     for row in rows:
         t.add_row(*row)
     console.print(t)
     if (line := command.verdict(plans)) is not None:
         console.print(line, markup=False, highlight=False)
+    if in_flight is not None:
+        console.print(f"with {in_flight} requests in flight the fastest is {best[1]} ({command.seconds(best[0])} per "
+                      "request, predicted for the executor)", markup=False, highlight=False)
     if out is not None:
         for path in command.write(plans, chosen, out):
             err.print(f"wrote {path}")

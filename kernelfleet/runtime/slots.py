@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kernelfleet.errors import UsageError
-from kernelfleet.plan.model import CostTable
-from kernelfleet.runtime.schedule import Node
+from kernelfleet.plan.model import CostTable, Plan, Problem
+from kernelfleet.runtime.schedule import Node, schedule
 
 MODES = ("sequential", "free", "scheduled")
 
@@ -112,16 +112,44 @@ def makespan(combined: list[SlotNode], seconds: Callable[[SlotNode], float]) -> 
     return max(end, default=0.0)
 
 
-def estimate(costs: CostTable, link_bytes_per_second: float = 100e9,
-             copy_latency_seconds: float = 10e-6) -> Callable[[int, Node], float]:
+def estimate(costs: CostTable, transfer_seconds: Callable[[int, str, str], float] | None = None
+             ) -> Callable[[int, Node], float]:
     """``seconds(slot, node)`` from a cost table (a launch's seconds on its device) and a link
-    model (a copy's latency plus its bytes over the link's bandwidth)."""
+    model ``transfer_seconds(bytes, src, dst)`` (default: 10 µs plus the bytes at 100 GB/s)."""
+    def link(nbytes: int, src: str, dst: str) -> float:
+        return 10e-6 + nbytes / 100e9
+
+    transfer = transfer_seconds or link
+
     def seconds(slot: int, n: Node) -> float:
         if n.launch is None:
-            return copy_latency_seconds + n.copy.length_bytes / link_bytes_per_second
+            return transfer(n.copy.length_bytes, n.copy.src, n.copy.dst)
         value = costs.seconds[n.launch].get(n.devices[0])
         if value is None:
             raise UsageError(f"the cost table has no time for launch {n.launch} on {n.devices[0]}")
         return value
 
     return seconds
+
+
+def per_request(problem: Problem, plan: Plan, slots: int) -> float | None:
+    """Predicted seconds per request with ``slots`` requests in flight, as the executor would run
+    the plan (list-scheduled slots, resident state, the problem's costs and links). Request
+    distribution (a plan without an assignment, naming its ``replicas``) runs each request whole on
+    the device that would finish it first. None for a plan of another shape."""
+    if slots < 1:
+        raise UsageError(f"requests in flight must be at least 1, got {slots}")
+    if plan.assignment:
+        home = plan.details.get("home", problem.home)
+        order = schedule(problem.program, plan.assignment, home, resident_state=True)
+        seconds = estimate(problem.costs, problem.transfer_seconds)
+        return makespan(pipeline([order] * slots, "scheduled", seconds), lambda x: seconds(x.slot, x.node)) / slots
+    devices = plan.details.get("replicas")
+    if not devices:
+        return None
+    whole = {d: sum(problem.cost(k, d) or 0.0 for k in range(len(problem.program.launches))) for d in devices}
+    busy = dict.fromkeys(devices, 0.0)
+    for _ in range(slots):
+        d = min(devices, key=lambda x: busy[x] + whole[x])
+        busy[d] += whole[d]
+    return max(busy.values()) / slots

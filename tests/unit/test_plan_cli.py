@@ -215,6 +215,7 @@ def run_main(monkeypatch, capsys, *args):
         (["--device", "l40s:lots"], "expected NAME or NAME:MEMORY_GB"),
         (["--policy", "fastest"], "expected one of throughput, latency"),
         (["--device", "l40s:0.1", "--device", "a100:1.0", "--policy", "replicas"], "no valid replicas plan"),
+        (["--in-flight", "0"], "--in-flight must be at least 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(files, monkeypatch, capsys, extra, needle):
@@ -249,3 +250,10 @@ def test_verdict_names_the_stronger_of_placement_and_replicas():
         "kernel placement serves 1.20x")
     assert "run replicas on this pair" in command.verdict([plan("throughput-milp", 0.7), plan("replicas", 0.5)])
     assert command.verdict([plan("single:a", 1.0)]) is None
+
+
+def test_in_flight_predicts_each_plan_as_the_executor_runs_it(files):
+    done = plan_cli(files / "program.json", files / "costs.json", "--policy", "all", "--time-limit", 2,
+                    "--in-flight", 3)
+    assert "time/request, 3 in flight" in done.output
+    assert "with 3 requests in flight the fastest is" in done.output

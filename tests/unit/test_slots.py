@@ -93,3 +93,25 @@ def test_modes_are_checked(decode):
         pipeline([order], "round-robin")
     with pytest.raises(UsageError, match="estimated seconds"):
         pipeline([order], "scheduled")
+
+
+def test_requests_in_flight_under_single_device_and_replica_plans():
+    from kernelfleet.plan.baselines import baselines
+    from kernelfleet.plan.synthetic import layered
+    from kernelfleet.runtime.slots import per_request
+
+    problem = layered(2, 2)
+    plans = {p.policy: p for p in baselines(problem)[0]}
+    n = len(problem.program.launches)
+    whole = {d: sum(problem.cost(k, d) for k in range(n)) for d in problem.names}
+    for d in problem.names:  # one device, one chain: in flight or not, a request takes the whole step
+        assert per_request(problem, plans[f"single:{d}"], 1) == pytest.approx(whole[d])
+        assert per_request(problem, plans[f"single:{d}"], 4) == pytest.approx(whole[d])
+    fast, slow = sorted(problem.names, key=whole.get)
+    busy = {fast: 0.0, slow: 0.0}
+    for _ in range(5):  # each request whole on the device that frees first
+        d = min(busy, key=lambda x: busy[x] + whole[x])
+        busy[d] += whole[d]
+    assert per_request(problem, plans["replicas"], 5) == pytest.approx(max(busy.values()) / 5)
+    with pytest.raises(UsageError, match="at least 1"):
+        per_request(problem, plans["replicas"], 0)
