@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from kernelfleet.kernels.ir import Launch, Program
+from kernelfleet.kernels.ir import Access, Launch, Program
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,23 +33,50 @@ class Flow:
     buffer: int
     start: int
     end: int
+    scratch: bool = False  # through an op call's own workspace (see flows)
 
 
 def flows(program: Program) -> tuple[list[Flow], dict[int, list[tuple[int, int, int]]]]:
     """Every read-after-write byte range, in reader order, and who last wrote each range at the end
-    (``{buffer: [(start, end, writer)]}``) — what an executor must copy between devices."""
+    (``{buffer: [(start, end, writer)]}``) — what an executor must copy between devices.
+
+    A conservative access of a kernel inside an ATen op call (a pointer its schema does not name:
+    a workspace, or a stale word that only looks like a pointer) carries data only between that
+    call's own kernels: an ATen op reads and writes other calls' data only through its arguments,
+    and a library's workspace holds nothing from one call to the next. So such writes go to the
+    call's own scratch record, and such reads — like an ``own_reads`` access's — see only what the
+    call's own kernels wrote (``Flow.scratch`` when from its scratch record)."""
     written: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # non-overlapping, sorted
+    scratch: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)  # (op call, buffer) -> same
     out: list[Flow] = []
-    for launch in program.launches:
+    launches = program.launches
+    for launch in launches:
         for access in launch.accesses:
-            if access.reads:
-                out += [Flow(writer, launch.index, access.buffer, max(start, access.offset_bytes), min(end, access.end))
-                        for start, end, writer in written[access.buffer]
+            if not access.reads:
+                continue
+            if _scratch(launch, access) or (access.own_reads and launch.op_index is not None):
+                sources = [(scratch[launch.op_index, access.buffer], True),
+                           ([x for x in written[access.buffer] if launches[x[2]].op_index == launch.op_index], False)]
+            else:
+                sources = [(written[access.buffer], False)]
+            for segments, own in sources:
+                out += [Flow(writer, launch.index, access.buffer, max(start, access.offset_bytes),
+                             min(end, access.end), own)
+                        for start, end, writer in segments
                         if writer != launch.index and min(end, access.end) > max(start, access.offset_bytes)]
         for access in launch.accesses:
             if access.writes:
-                written[access.buffer] = _overwrite(written[access.buffer], access.offset_bytes, access.end, launch.index)
+                key = (launch.op_index, access.buffer)
+                if _scratch(launch, access):
+                    scratch[key] = _overwrite(scratch[key], access.offset_bytes, access.end, launch.index)
+                else:
+                    written[access.buffer] = _overwrite(written[access.buffer], access.offset_bytes, access.end,
+                                                        launch.index)
     return out, dict(written)
+
+
+def _scratch(launch: Launch, access: Access) -> bool:
+    return access.source == "conservative" and launch.op_index is not None
 
 
 def dependencies(program: Program) -> list[Edge]:

@@ -19,8 +19,9 @@ Each kernel's accesses then come from the best knowledge there is, and say which
 * ``schema``: a library kernel without PTX inside an ATen op; every kernel of the op reads the
   op's inputs and writes its outputs and mutated arguments over each tensor's byte extent (a
   superset for an op of several kernels, never a subset). Every kernel after an op's first also
-  reads its outputs: the op's kernels may pass results through them (``topk`` gathers candidates
-  into its outputs, then sorts them in place), and a plan that splits the op must copy them.
+  reads its fresh outputs, as its earlier kernels wrote them (``own_reads``): the op's kernels may
+  pass results through them (``topk`` gathers candidates into its outputs, then sorts them in
+  place), and a plan that splits the op must copy them.
 * ``conservative``: an aligned pointer to a buffer the op's schema does not name (a workspace):
   read-write from the pointer to the buffer's end. A kernel with neither PTX nor an op is also
   pinned, and every pointer-like word of it counts.
@@ -118,10 +119,11 @@ def assemble(raw: RawCapture, device: int = 0) -> Program:
     for index, node in enumerate(raw.nodes):
         if node.kind not in ("kernel", "memcpy", "memset"):
             continue  # event and empty nodes only order work; program order keeps that
-        op = op_of.get(index)
+        op_index = op_of.get(index)
+        op = raw.ops[op_index] if op_index is not None else None
         if node.kind != "kernel":
             launches.append(Launch(len(launches), node.kind, node.kind, _copy_accesses(node, buffers),
-                                   op=op.name if op else None))
+                                   op=op.name if op else None, op_index=op_index))
             continue
         analysed, work = ptx.lookup(node)
         later = op is not None and index > op.first
@@ -129,7 +131,7 @@ def assemble(raw: RawCapture, device: int = 0) -> Program:
         accesses = list(dict.fromkeys(accesses))  # a struct may hold one pointer several times
         launches.append(Launch(len(launches), "kernel", node.name, tuple(accesses), node.grid, node.block,
                                node.shared_bytes, "".join(p[2] for p in node.params), _decoded(node, hits[index]),
-                               op.name if op else None, pinned, work))
+                               op.name if op else None, pinned, work, op_index))
     return Program(sorted((_on(b, device) for b in buffers.buffers), key=lambda b: b.id), launches)
 
 
@@ -151,12 +153,13 @@ def _hits(node: RawNode, buffers: Buffers) -> list[Hit]:
     return found
 
 
-def _op_of_node(raw: RawCapture) -> dict[int, RawOp]:
-    owner: dict[int, RawOp] = {}
-    for op in raw.ops:
+def _op_of_node(raw: RawCapture) -> dict[int, int]:
+    """Node index -> index of the ATen op call (in raw.ops) that produced it."""
+    owner: dict[int, int] = {}
+    for k, op in enumerate(raw.ops):
         if not 0 <= op.first <= op.end <= len(raw.nodes):
             raise UsageError(f"op {op.name} claims nodes [{op.first}, {op.end}) of a {len(raw.nodes)}-node capture")
-        owner.update({i: op for i in range(op.first, op.end)})
+        owner.update({i: k for i in range(op.first, op.end)})
     return owner
 
 
@@ -190,8 +193,9 @@ def _kernel_accesses(node: RawNode, hits: list[Hit], op: RawOp | None, later: bo
         if t.extent_bytes <= 0:
             continue
         buffer = buffers.find(t.address)
-        mode = "readwrite" if later and t.mode == "write" else t.mode
-        accesses.append(Access(buffer.id, t.address - buffer.address, t.extent_bytes, mode, "schema"))
+        own = later and t.mode == "write"  # a fresh output, which only the op's earlier kernels wrote
+        accesses.append(Access(buffer.id, t.address - buffer.address, t.extent_bytes, "readwrite" if own else t.mode,
+                               "schema", own))
         spans.append((buffer.id, t.address - buffer.address, t.address - buffer.address + t.extent_bytes))
     # A pointer into no tensor of the op: a workspace the op allocated internally (cuDNN's, say).
     # Workspaces are allocator blocks, so their pointers are aligned; a word that is not 16-byte

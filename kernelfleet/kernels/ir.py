@@ -42,13 +42,17 @@ class Buffer:
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """``length_bytes`` bytes from ``offset_bytes`` into a buffer, read and/or written."""
+    """``length_bytes`` bytes from ``offset_bytes`` into a buffer, read and/or written.
+
+    ``own_reads``: it reads only what the same ATen op call's earlier kernels wrote there (an op of
+    several kernels reading back its fresh outputs), never the tensor that held those bytes before."""
 
     buffer: int
     offset_bytes: int
     length_bytes: int
     mode: str
     source: str
+    own_reads: bool = False
 
     def __post_init__(self) -> None:
         _check(self.mode in MODES, f"access to buffer {self.buffer}: mode must be one of {MODES}, got {self.mode!r}")
@@ -85,6 +89,7 @@ class Launch:
     op: str | None = None  # the ATen op whose dispatch produced it
     pinned: str | None = None  # why this launch must stay on its original device
     work: str | None = None  # tensor-core / memory-bound / other, when its PTX says (graph.deps.kernel_kind)
+    op_index: int | None = None  # which ATen op call (in capture order) produced it; None without one
 
     def __post_init__(self) -> None:
         _check(self.kind in KINDS, f"launch {self.index}: kind must be one of {KINDS}, got {self.kind!r}")

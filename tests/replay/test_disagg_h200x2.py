@@ -7,12 +7,14 @@ between captures is checked on.
 """
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
 from kernelfleet.bench.disagg import load_plans, strategies
 from kernelfleet.errors import UsageError
+from kernelfleet.graph.deps import flows
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.runtime.transfers import AddressMap, transfers
@@ -92,24 +94,37 @@ def test_decode_flows_translate_alike_between_the_two_gpus_captures():
             amap.translate([t.reader, t.writer], here, t.length_bytes)
 
 
-def test_a_flow_that_exists_in_one_layout_only_is_refused():
-    """Prefill's launch 28 writes bytes that cuDNN attention (46) reads only in the bandwidth GPU's
-    capture (an access's extent spans a neighbouring tensor there); in the compute GPU's capture the
-    two address different memory. Copying by either would overwrite the other capture's data, so
-    the plan is refused — as the GPU run reported for the attention/FFN and latency plans."""
+def test_every_flow_is_placed_alike_by_its_writer_and_its_reader_on_both_gpus():
+    """On both devices' captures of one prefill slot, for random plans, each copied range lands in
+    the same place of the other capture whether the writer's or the reader's accesses place it: the
+    flows are the step's dataflow, not artefacts of one capture's memory layout."""
     programs = pair("llama8b-prefill")
     home, other = programs["bandwidth"], programs["compute"]
     amap = AddressMap(home, other)
-    n = len(home.launches)
-    assignment = ["bandwidth"] * n
-    assignment[46] = "compute"
-    flow = next(t for t in transfers(home, assignment, "bandwidth", resident_state=True)
-                if t.writer == 28 and t.reader == 46)
-    here = next(b.address for b in home.buffers if b.id == flow.buffer) + flow.offset_bytes
+    buffers = {b.id: b for b in home.buffers}
+    rng = random.Random(0)
+    assignment = [rng.choice(DEVICES) for _ in home.launches]
+    moved = [t for t in transfers(home, assignment, "bandwidth", resident_state=True)
+             if t.writer is not None and t.reader is not None]
+    assert len(moved) > 500
+    for t in moved:
+        here = buffers[t.buffer].address + t.offset_bytes
+        assert amap.translate([t.writer, t.reader], here, t.length_bytes) == \
+            amap.translate([t.reader, t.writer], here, t.length_bytes)
+
+
+def test_launches_that_address_a_range_differently_are_refused():
+    """cuDNN attention (launch 46) writes its fresh output where launch 28's result lay in the
+    bandwidth GPU's capture, but not in the compute GPU's; placing those bytes by both is refused.
+    (The GPU run recorded here predates own_reads, when 46 seemed to read 28's bytes there.)"""
+    programs = pair("llama8b-prefill")
+    home, other = programs["bandwidth"], programs["compute"]
+    out = next(a for a in home.launches[46].accesses if a.own_reads)
+    here = next(b.address for b in home.buffers if b.id == out.buffer) + out.offset_bytes
     with pytest.raises(UsageError, match="address it differently in the two captures"):
-        amap.translate([flow.reader, flow.writer], here, flow.length_bytes)
-    gated = recorded("llama8b-prefill")["strategies"]
-    assert "launches [28, 46] address it differently" in gated["attention-ffn"]["gate"]
+        AddressMap(home, other).translate([28, 46], here, out.length_bytes)
+    assert not any(f.src == 28 and f.dst == 46 and f.buffer == out.buffer for f in flows(home)[0])
+    assert "launches [28, 46] address it differently" in recorded("llama8b-prefill")["strategies"]["attention-ffn"]["gate"]
 
 
 def test_list_scheduled_slots_are_a_strategy_once_costs_are_given():

@@ -58,13 +58,18 @@ def simulate(prog, assignment, home, nodes, seed, skip=None):
     buffers = {b.id: b for b in prog.buffers}
     devices = {d: {} for d in set(assignment) | {home}}
     truth = {}
-    for f in flows(prog)[0]:
-        truth.setdefault(f.dst, []).append((f.buffer, f.start, f.end, f.src))
 
-    def carry(t):
-        b, off = t.buffer, t.offset_bytes
-        for s, e, w in segments_in(devices[t.src], b, off, off + t.length_bytes):
-            devices[t.dst][b] = _overwrite(devices[t.dst].get(b, []), s, e, w)
+    def key(launch, buffer, scratch):  # an op call's workspace stamps are its own (graph.deps.flows)
+        return ("scratch", prog.launches[launch].op_index, buffer) if scratch else buffer
+
+    for f in flows(prog)[0]:
+        truth.setdefault(f.dst, []).append((key(f.dst, f.buffer, f.scratch), f.start, f.end, f.src))
+
+    def carry(t):  # a copy moves the bytes, whichever record (the step's, or its writer's call's) stamps them
+        off = t.offset_bytes
+        for b in {t.buffer} | ({key(t.writer, t.buffer, True)} if t.writer is not None else set()):
+            for s, e, w in segments_in(devices[t.src], b, off, off + t.length_bytes):
+                devices[t.dst][b] = _overwrite(devices[t.dst].get(b, []), s, e, w)
 
     wrong = []
     ran = 0
@@ -82,7 +87,8 @@ def simulate(prog, assignment, home, nodes, seed, skip=None):
                 wrong.append((launch.index, b, s, e, w, seen))
         for a in launch.accesses:
             if a.writes:
-                mine[a.buffer] = _overwrite(mine.get(a.buffer, []), a.offset_bytes, a.end, launch.index)
+                k = key(launch.index, a.buffer, a.source == "conservative" and launch.op_index is not None)
+                mine[k] = _overwrite(mine.get(k, []), a.offset_bytes, a.end, launch.index)
     assert ran == len(nodes), "the dependencies have a cycle"
     final = flows(prog)[1]
     for b, segs in final.items():
@@ -130,9 +136,10 @@ def exact_cover(launch, buffer, start, end) -> bool:
 
 
 def test_addresses_translate_between_two_captures_of_a_step():
-    """Bytes both ends of a flow address exactly are placed, alike by the writer and the reader;
-    bytes only a pointer-like word reaches (a stale value in a struct's unused slots, often) are
-    placed only where both captures point alike, else the plan is refused with a clear error."""
+    """Bytes both ends of a flow address exactly are placed, alike by the writer and the reader.
+    A range only a pointer-like word reaches is placed only where both captures point alike, else
+    the plan is refused with a clear error; since such words (often stale values in a struct's
+    unused slots) no longer carry data between op calls (graph.deps.flows), none is refused here."""
     home, other = program("llama8b-decode"), program("llama8b-decode", "profiled-capture")
     amap = AddressMap(home, other)
     rng = random.Random(1)
@@ -154,7 +161,7 @@ def test_addresses_translate_between_two_captures_of_a_step():
         assert amap.translate([t.reader, t.writer], here, t.length_bytes) == there
         assert any(b.address <= there and there + t.length_bytes <= b.address + b.size_bytes for b in other.buffers)
         placed += 1
-    assert placed > 10 * refused > 0
+    assert placed > 100 and refused == 0
     with pytest.raises(UsageError, match="different kernels"):
         AddressMap(home, program("llama-decode"))
 
