@@ -1,11 +1,13 @@
 """Find the launch that makes a plan fail the correctness gate (runs on two GPUs).
 
-    python3 bench/plan_bisect.py STEP PLAN.json [--devices 0,1]
+    python3 bench/plan_bisect.py STEP PLAN.json [--devices 0,1] [--profile compute:56+64@0 --profile bandwidth:32@1]
 
 Captures STEP (a name of kernelfleet.workloads.steps.REFERENCE) on both GPUs, then runs plans that
 move only a prefix of the launches the failing plan moves away from home, and bisects for the
 shortest failing prefix: its last launch is the culprit. Prints that launch (name, ATen op,
-accesses) and whether moving it alone fails too, under both schedules.
+accesses) and whether moving it alone fails too, under both schedules. With ``--profile`` (one per
+device, named as the plan names them) each replica runs on its device profile, as in
+``kernelfleet bench disagg``; without, on whole GPUs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from torch.utils._pytree import tree_flatten
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.capture import capture
 from kernelfleet.kernels.replay import saved_state
+from kernelfleet.profile.devices import DeviceProfile
+from kernelfleet.profile.run import parse_profile
 from kernelfleet.runtime.executor import Replica, Slot, build, release, run
 from kernelfleet.workloads.steps import reference
 
@@ -32,18 +36,26 @@ def main() -> None:
     parser.add_argument("step")
     parser.add_argument("plan")
     parser.add_argument("--devices", default="0,1")
+    parser.add_argument("--profile", action="append", default=[], help="NAME:SMS[+HOG]@GPU, per device")
     args = parser.parse_args()
     plan = json.loads(open(args.plan).read())
     assignment, home = plan["assignment"], plan["details"]["home"]
     other = next(d for d in assignment if d != home)
-    replicas, restores = {}, []
+    replicas, restores, gpu = {}, [], {}
     for name, index in zip((home, other), map(int, args.devices.split(","))):
+        gpu[name] = index
         torch.cuda.set_device(index)
         step = reference(args.step, device=f"cuda:{index}")
         captured = capture(step.fn, step.args, module=step.module, what=step.name)
         replicas[name] = Replica(captured, assemble(captured.raw))
         restores.append(saved_state(replicas[name].program))
     torch.cuda.set_device(int(args.devices.split(",")[0]))
+    for spec in map(parse_profile, args.profile):  # entered for the rest of the run (the hog keeps going)
+        if gpu.get(spec.name) != spec.device:
+            raise SystemExit(f"--profile {spec.name}@{spec.device}: the plan's devices are {home} on GPU "
+                             f"{gpu[home]} and {other} on GPU {gpu[other]} (--devices)")
+        replicas[spec.name].context = DeviceProfile(spec).__enter__().context
+    print(f"profiles: {args.profile or 'whole GPUs'}")
     program = replicas[home].program
     stream = torch.cuda.current_stream().cuda_stream
 

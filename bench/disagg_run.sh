@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The disaggregation benchmark for the 8B Llama steps, in two halves:
+#   bash bench/disagg_run.sh plans DIR   # CPU (needs HiGHS): programs, measured costs and every plan, into DIR
+#   bash bench/disagg_run.sh run DIR     # two GPUs: bench disagg on both steps with list-scheduled slots and
+#                                        # predicted times, then a bisect of prefill's layer pipeline on the profiles
+# Results of `run` under $OUT (default /tmp/kf-disagg). The plans travel to the GPU machine with DIR.
+set -u
+what=${1:?plans or run}
+DIR=${2:?a folder}
+export PYTHONPATH=$PWD
+PY=${PYTHON:-python3}  # PYTHON=.venv/bin/python here, where the venv holds the place extra
+STEPS="llama8b-decode llama8b-prefill"
+if [ "$what" = plans ]; then
+    set -e
+    $PY bench/plan_measured.py --out "$DIR/measured" --time-limit 20
+    for step in $STEPS; do
+        $PY -m kernelfleet plan "$DIR/measured/$step.program.json" "$DIR/measured/$step.costs.json" \
+            --policy all --time-limit 20 --in-flight 3 --out "$DIR/$step"
+        cp "$DIR/measured/$step.costs.json" "$DIR/$step.costs.json"
+    done
+    exit 0
+fi
+OUT=${OUT:-/tmp/kf-disagg}
+mkdir -p "$OUT"
+for step in $STEPS; do
+    timeout 240 $PY -m kernelfleet bench disagg "$step" --plans "$DIR/$step" --costs "$DIR/$step.costs.json" \
+        --slots 3 --out "$OUT/$step" > "$OUT/$step.txt" 2>&1
+    echo "$step exit $?" >> "$OUT/$step.txt"
+done
+# the pipeline plan's home is the bandwidth device: it goes on the first GPU here
+timeout 150 $PY bench/plan_bisect.py llama8b-prefill "$DIR/llama8b-prefill/pipeline.json" --devices 0,1 \
+    --profile bandwidth:32@0 --profile compute:56+64@1 > "$OUT/bisect.txt" 2>&1
+tail -n 40 "$OUT"/*.txt
