@@ -226,7 +226,7 @@ def disagg(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpe
     out.mkdir(parents=True, exist_ok=True)
     bench = Bench(make_step, profiles, slots, costs)
     loaded = load_plans(plans, bench.program, bench.devices)
-    results: dict = {"command": " ".join(sys.argv), "devices": {n: asdict(s) for n, s in profiles.items()},
+    results: dict = {"command": " ".join(["kernelfleet"] + sys.argv[1:]), "devices": {n: asdict(s) for n, s in profiles.items()},
                      "slots": slots, "strategies": {}}
     stream = torch.cuda.current_stream(profiles[bench.devices[0]].device)  # graphs launch and are timed here
     for name, replica in bench.slots[0].items():  # what the CPU replays: both captures of one slot
