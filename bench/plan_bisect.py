@@ -16,7 +16,6 @@ import argparse
 import json
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.capture import capture
@@ -25,10 +24,6 @@ from kernelfleet.profile.devices import DeviceProfile
 from kernelfleet.profile.run import parse_profile
 from kernelfleet.runtime.executor import Replica, Slot, build, release, run
 from kernelfleet.workloads.steps import reference
-
-
-def outputs(captured) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(captured.outputs)[0] if isinstance(t, torch.Tensor)]
 
 
 def main() -> None:
@@ -67,11 +62,11 @@ def main() -> None:
     reset()
     replicas[home].captured.replay()
     torch.cuda.synchronize()
-    expected = [t.clone() for t in outputs(replicas[home].captured)]
+    expected = [t.clone() for t in replicas[home].captured.output_tensors()]
     reset()
     replicas[home].captured.replay()
     torch.cuda.synchronize()
-    print(f"graph replay deterministic: {all(torch.equal(a, b) for a, b in zip(expected, outputs(replicas[home].captured)))}")
+    print(f"graph replay deterministic: {all(torch.equal(a, b) for a, b in zip(expected, replicas[home].captured.output_tensors()))}")
 
     def differs(moved: list[int], **options) -> int:
         a = [home] * len(assignment)
@@ -82,7 +77,7 @@ def main() -> None:
             reset()
             run(built, stream)
             torch.cuda.synchronize()
-            return sum(int((x != y).sum()) for x, y in zip(expected, outputs(replicas[home].captured)))
+            return sum(int((x != y).sum()) for x, y in zip(expected, replicas[home].captured.output_tensors()))
         finally:
             release(built)
 

@@ -22,7 +22,7 @@ replicas of its own, as one CUDA graph (``runtime/executor.py``); its time is th
   pipeline with list-scheduled slots (``runtime/slots.py``), and beside every strategy the graph
   time ``slots.makespan`` predicts.
 
-Before a strategy is timed, the CPU checks its plan graph has no race (``schedule.races``) and the
+Before a strategy is timed, the executor checks its plan graph has no race (``schedule.races``) and the
 GPU runs it once from the captured state: each slot's outputs must equal, bit for bit, its own
 capture's graph replay. A strategy failing either is reported, never timed.
 """
@@ -39,7 +39,6 @@ import torch
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
-from torch.utils._pytree import tree_flatten
 
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.assemble import assemble
@@ -50,9 +49,9 @@ from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.profile.timing import median_seconds
 from kernelfleet.runtime.executor import Replica, Slot, build, release, run
 from kernelfleet.runtime.link import Throttle
-from kernelfleet.plan.model import CostTable
-from kernelfleet.runtime.schedule import Node, races, schedule
-from kernelfleet.runtime.slots import estimate, makespan, pipeline
+from kernelfleet.plan.model import CostTable, Plan
+from kernelfleet.runtime.schedule import Node
+from kernelfleet.runtime.slots import estimate, makespan
 from kernelfleet.workloads.steps import Step
 
 LINKS_GBIT = (200, 100, 25)
@@ -67,14 +66,13 @@ class Strategy:
     model_seconds: float | None = None  # the planner's time per request, where a plan gives one
 
 
-def load_plans(folder: Path, program: Program, devices: list[str]) -> dict[str, dict]:
-    """The plan JSONs of ``folder`` that place every launch of ``program`` on ``devices``."""
+def load_plans(folder: Path, program: Program, devices: list[str]) -> dict[str, Plan]:
+    """The plans of ``folder`` (each JSON file a plan) that place every launch of ``program`` on
+    ``devices``, by policy."""
     plans = {}
     for path in sorted(folder.glob("*.json")):
-        plan = json.loads(path.read_text())
-        if "kernelfleet_plan" not in plan:
-            continue
-        assignment = plan.get("assignment")
+        plan = Plan.from_json(path.read_text(), str(path))
+        assignment = plan.assignment
         if not assignment:  # the replicas plan is a share of requests, measured as its own strategy
             continue
         if len(assignment) != len(program.launches):
@@ -83,11 +81,11 @@ def load_plans(folder: Path, program: Program, devices: list[str]) -> dict[str, 
         unknown = sorted(set(assignment) - set(devices))
         if unknown:
             raise UsageError(f"{path}: the plan uses {', '.join(unknown)}, the pair is {', '.join(devices)}")
-        plans[plan["policy"]] = plan
+        plans[plan.policy] = plan
     return plans
 
 
-def strategies(plans: dict[str, dict], devices: list[str], slots: int, single_rates: dict[str, float] | None,
+def strategies(plans: dict[str, Plan], devices: list[str], slots: int, single_rates: dict[str, float] | None,
                n: int, seconds: Callable[[int, Node], float] | None = None) -> list[Strategy]:
     """The strategies of the module docstring; ``replicas`` once the single-device rates are known;
     list-scheduled slots where ``seconds`` estimates each node."""
@@ -102,21 +100,19 @@ def strategies(plans: dict[str, dict], devices: list[str], slots: int, single_ra
     for policy, plan in plans.items():
         if policy.startswith("single"):
             continue
-        home = plan["details"].get("home", devices[0])
-        out.append(Strategy(policy, [plan["assignment"]] * slots, [home] * slots,
-                            model_seconds=plan.get("objective_seconds")))
+        home, model = plan.details.get("home", devices[0]), plan.objective_seconds
+        out.append(Strategy(policy, [plan.assignment] * slots, [home] * slots, model_seconds=model))
         if policy in ("throughput-milp", "pipeline"):
-            out.append(Strategy(f"{policy}, slots free", [plan["assignment"]] * slots, [home] * slots, free,
-                                plan.get("objective_seconds")))
-            out.append(Strategy(f"{policy}, 1 slot", [plan["assignment"]], [home], {}, plan.get("objective_seconds")))
+            out.append(Strategy(f"{policy}, slots free", [plan.assignment] * slots, [home] * slots, free, model))
+            out.append(Strategy(f"{policy}, 1 slot", [plan.assignment], [home], {}, model))
             if seconds is not None:
-                out.append(Strategy(f"{policy}, slots scheduled", [plan["assignment"]] * slots, [home] * slots,
-                                    {"slot_mode": "scheduled", "seconds": seconds}, plan.get("objective_seconds")))
+                out.append(Strategy(f"{policy}, slots scheduled", [plan.assignment] * slots, [home] * slots,
+                                    {"slot_mode": "scheduled", "seconds": seconds}, model))
     best = plans.get("throughput-milp")
     if best is not None:
-        home = best["details"].get("home", devices[0])
-        every = [best["assignment"]] * slots
-        out.append(Strategy("ablation: 1 slot, conservative", [best["assignment"]], [home], {"overlap": False}))
+        home = best.details.get("home", devices[0])
+        every = [best.assignment] * slots
+        out.append(Strategy("ablation: 1 slot, conservative", [best.assignment], [home], {"overlap": False}))
         out.append(Strategy("ablation: slots chained, conservative", every, [home] * slots, {"overlap": False}))
         out.append(Strategy("ablation: slots free + priorities", every, [home] * slots,
                             {**free, "priorities": True}))
@@ -124,10 +120,6 @@ def strategies(plans: dict[str, dict], devices: list[str], slots: int, single_ra
             out.append(Strategy(f"link {gbit} Gbit/s, slots free", every, [home] * slots,
                                 {**free, "throttle": Throttle(gbit * 1e9 / 8, 5e-6)}))
     return out
-
-
-def outputs(replica: Replica) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(replica.captured.outputs)[0] if isinstance(t, torch.Tensor)]
 
 
 class Bench:
@@ -154,7 +146,7 @@ class Bench:
                 with torch.cuda.device(profiles[name].device):
                     replica.captured.replay()
             torch.cuda.synchronize()
-            self.references.append({d: [t.clone() for t in outputs(r)] for d, r in replicas.items()})
+            self.references.append({d: [t.clone() for t in r.captured.output_tensors()] for d, r in replicas.items()})
         self.reset()
         self.profiles = {name: DeviceProfile(spec) for name, spec in profiles.items()}
         if costs is not None and len(costs.seconds) != len(self.program.launches):
@@ -185,26 +177,18 @@ class Bench:
     def measure(self, strategy: Strategy, repeats: int, stream: torch.cuda.Stream) -> dict:
         used = self.slots[:len(strategy.assignments)]
         options = {"resident_state": True, **strategy.options}
-        orders = []
-        for replicas, assignment, home in zip(used, strategy.assignments, strategy.homes):
-            orders.append(schedule(replicas[home].program, assignment, home, options.get("overlap", True), True))
-            found = races(replicas[home].program, assignment, orders[-1])
-            if found:
-                return {"gate": f"{len(found)} races in the plan graph, first: {found[0]}"}
-        predicted = None
-        if self.seconds is not None:  # the graph's time as runtime/slots.py predicts it
-            mode = options.get("slot_mode", "sequential")
-            combined = pipeline(orders, mode, self.seconds)
-            predicted = makespan(combined, lambda x: self.seconds(x.slot, x.node))
         built = build([Slot(r, a, h) for r, a, h in zip(used, strategy.assignments, strategy.homes)], **options)
+        predicted = None  # the graph's time as runtime/slots.py predicts it
+        if self.seconds is not None:
+            predicted = makespan(built.combined, lambda x: self.seconds(x.slot, x.node))
         try:
             self.reset()
             for replicas, home in zip(used, strategy.homes):
-                for t in outputs(replicas[home]):
+                for t in replicas[home].captured.output_tensors():
                     t.fill_(0)
             run(built, stream.cuda_stream)
             torch.cuda.synchronize()
-            wrong = {k: sum(int((a != b).sum()) for a, b in zip(self.references[k][home], outputs(replicas[home])))
+            wrong = {k: sum(int((a != b).sum()) for a, b in zip(self.references[k][home], replicas[home].captured.output_tensors()))
                      for k, (replicas, home) in enumerate(zip(used, strategy.homes))}
             wrong = {k: n for k, n in wrong.items() if n}
             if wrong:

@@ -98,6 +98,10 @@ class Captured:
     def replay(self) -> None:
         self.graph.replay()
 
+    def output_tensors(self) -> list[torch.Tensor]:
+        """The step's output tensors (graph replays write them in place)."""
+        return [t for t in tree_flatten(self.outputs)[0] if isinstance(t, torch.Tensor)]
+
     def replayer(self) -> driver.NodeReplayer:
         return driver.NodeReplayer(self.nodes, self.context)
 

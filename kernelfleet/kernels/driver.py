@@ -29,12 +29,13 @@ def _cu() -> Any:
     return driver
 
 
-def call(function: str, *args: Any) -> Any:
-    """``cuda.bindings.driver.<function>(*args)``; its results without the status (one → bare)."""
+def call(function: str, *args: Any, also_fine: tuple[str, ...] = ()) -> Any:
+    """``cuda.bindings.driver.<function>(*args)``; its results without the status (one → bare).
+    ``also_fine``: error names that mean the call has nothing to do (e.g. already enabled)."""
     cu = _cu()
     result = getattr(cu, function)(*args)
     status, rest = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
-    if status != cu.CUresult.CUDA_SUCCESS:
+    if status != cu.CUresult.CUDA_SUCCESS and status.name not in also_fine:
         _, name = cu.cuGetErrorName(status)
         raise DriverError(f"{function} failed: {name.decode() if isinstance(name, bytes) else name}")
     return rest[0] if len(rest) == 1 else rest
@@ -309,12 +310,8 @@ def load_module(ptx: str, entries: list[str], ctx: Any) -> tuple[Any, dict[str, 
 
 def enable_peer_access(ctx: Any, peer: Any) -> None:
     """Let kernels of context ``ctx`` read and write memory of context ``peer`` (another GPU's)."""
-    cu = _cu()
     with in_context(ctx):
-        status = cu.cuCtxEnablePeerAccess(peer, 0)[0]
-    if status not in (cu.CUresult.CUDA_SUCCESS, cu.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
-        _, name = cu.cuGetErrorName(status)
-        raise DriverError(f"cuCtxEnablePeerAccess failed: {name.decode() if isinstance(name, bytes) else name}")
+        call("cuCtxEnablePeerAccess", peer, 0, also_fine=("CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",))
 
 
 def unload_module(module: Any) -> None:
@@ -326,8 +323,7 @@ def add_kernel(graph: Any, after: list[Any], function: Any, grid: tuple[int, int
     """Add a kernel node launching ``function`` with raw parameter values ``params`` (copied by the
     driver when the node is made), in context ``ctx``."""
     cu = _cu()
-    buffers = [ctypes.create_string_buffer(value, len(value)) for value in params]
-    slots = (ctypes.c_void_p * len(buffers))(*[ctypes.addressof(b) for b in buffers])
+    values, slots = _kernel_params(params)  # the driver copies them while making the node
     p = cu.CUDA_KERNEL_NODE_PARAMS()
     p.func, p.ctx = function, ctx
     p.gridDimX, p.gridDimY, p.gridDimZ = grid
@@ -387,16 +383,22 @@ def load_and_launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tup
                     shared_bytes: int, params: list[bytes], stream: int) -> None:
     """Load a PTX module, launch ``entry`` once with the given raw parameter values, unload it."""
     cu = _cu()
-    module = call("cuModuleLoadData", ptx.encode() + b"\0")
+    module, functions = load_module(ptx, [entry], current_context())
     try:
-        function = call("cuModuleGetFunction", module, entry.encode())
+        function = functions[entry]
         if shared_bytes > 48 * 1024:
             call("cuFuncSetAttribute", function,
                  cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
-        buffers = [ctypes.create_string_buffer(value, len(value)) for value in params]
-        slots = (ctypes.c_void_p * len(buffers))(*[ctypes.addressof(b) for b in buffers])
+        values, slots = _kernel_params(params)
         call("cuLaunchKernel", function, *grid, *block, shared_bytes, stream_handle(stream),
              ctypes.addressof(slots), 0)
         call("cuStreamSynchronize", stream_handle(stream))
     finally:
-        call("cuModuleUnload", module)
+        unload_module(module)
+
+
+def _kernel_params(params: list[bytes]) -> tuple[list[Any], Any]:
+    """Raw parameter values as the driver's ``void**`` array: (the value buffers, the array); the
+    caller keeps both alive until the driver has read them."""
+    values = [ctypes.create_string_buffer(value, len(value)) for value in params]
+    return values, (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from kernelfleet.kernels import driver
 from kernelfleet.kernels.assemble import fitting
@@ -167,7 +166,7 @@ def stepwise_matches_graph(captured: Captured, program: Program) -> bool:
     the same state: every buffer that is not a weight is saved first and restored before each run.
     """
     restore = saved_state(program)
-    outputs = [t for t in tree_flatten(captured.outputs)[0] if isinstance(t, torch.Tensor)]
+    outputs = captured.output_tensors()
     restore()
     captured.replay()
     torch.cuda.synchronize()

@@ -7,7 +7,8 @@ parameters), added in the device's execution context — a green context's, to r
 partition's SMs — and the copies of :func:`kernelfleet.runtime.transfers.transfers` between them
 (``runtime/link.py``: memcpy nodes, optionally paced to an emulated link).
 
-Order comes from ``runtime/schedule.py`` (checked race-free on the CPU by ``schedule.races``):
+Order comes from ``runtime/schedule.py`` (checked race-free on the CPU by ``schedule.races``
+before the graph is built):
 overlapping (a copy waits only for the bytes it moves) or conservative (a copy stalls both of its
 devices). Several *slots* (micro-batches, each with replicas of its own) make one graph; how they
 share each device's and link's stream — one after another, freely, or in a list-scheduled order
@@ -28,8 +29,8 @@ from kernelfleet.kernels.capture import Captured
 from kernelfleet.kernels.ir import Program
 from kernelfleet.kernels.replay import program_nodes
 from kernelfleet.runtime.link import METHODS, LinkKernels, Throttle, add_copy
-from kernelfleet.runtime.schedule import Node, schedule
-from kernelfleet.runtime.slots import pipeline
+from kernelfleet.runtime.schedule import Node, races, schedule
+from kernelfleet.runtime.slots import SlotNode, pipeline
 from kernelfleet.runtime.transfers import AddressMap, Transfer
 
 
@@ -64,13 +65,15 @@ class Built:
     slots: int
     method: str | None  # how copies were made (link.METHODS); None when the plan copies nothing
     kernels: list[LinkKernels]
+    combined: list[SlotNode]  # the graph as data (runtime/slots.py), e.g. for slots.makespan
 
 
 def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = None, overlap: bool = True,
           priorities: bool = False, resident_state: bool = False, slot_mode: str = "sequential",
           seconds: Callable[[int, Node], float] | None = None) -> Built:
     """One graph running every slot of a plan, instantiated; UsageError for a plan that does not
-    fit its replicas. ``method``: a copy method of ``link.METHODS``, or "auto" for the first the
+    fit its replicas or whose graph has a data race (``schedule.races``, checked on the CPU before
+    anything reaches the driver). ``method``: a copy method of ``link.METHODS``, or "auto" for the first the
     driver accepts; ``throttle``: pace every copy to an emulated link; ``overlap``: the overlapping
     schedule, else the conservative one; ``priorities``: earlier slots first; ``resident_state``:
     state stays where the plan reads it (``transfers``); ``slot_mode``: how slots share streams
@@ -86,6 +89,10 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
     if method != "auto" and method not in METHODS:
         raise UsageError(f"unknown copy method {method!r}; expected auto or one of {', '.join(METHODS)}")
     orders = [schedule(s.replicas[s.home].program, s.assignment, s.home, overlap, resident_state) for s in slots]
+    for k, (slot, order) in enumerate(zip(slots, orders)):
+        found = races(slot.replicas[slot.home].program, slot.assignment, order)
+        if found:
+            raise UsageError(f"slot {k}: {len(found)} races in the plan graph, first: {found[0]}")
     combined = pipeline(orders, slot_mode, seconds)
     graph = driver.create_graph()
     builder = _Builder(graph, method, throttle)
@@ -104,7 +111,7 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
         raise
     copies = [n.copy for order in orders for n in order if n.copy is not None]
     return Built(graph, executable, copies, sum(t.length_bytes for t in copies), len(combined),
-                 len(slots), builder.method if copies else None, list(builder.kernels.values()))
+                 len(slots), builder.method if copies else None, list(builder.kernels.values()), combined)
 
 
 class _Places:

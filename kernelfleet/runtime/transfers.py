@@ -24,6 +24,7 @@ one capture and not in the other.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 from kernelfleet.errors import UsageError
@@ -59,19 +60,20 @@ def transfers(program: Program, assignment: list[str], home: str, resident_state
     for (b, device), reader in sorted(first_reader.items()):
         if device != home:
             out.append(Transfer(START, None, reader, b, 0, buffers[b].size_bytes, home, device))
-    moved: set[tuple[int, int, int, int, str]] = set()
+    moved: dict[tuple[int, int, str], set[tuple[int, int]]] = defaultdict(set)  # (writer, buffer, device) -> ranges
     found, final = flows(program)
     for f in found:
         src, dst = assignment[f.src], assignment[f.dst]
-        if src != dst and (f.src, f.buffer, f.start, f.end, dst) not in moved:
-            moved.add((f.src, f.buffer, f.start, f.end, dst))
+        if src != dst and (f.start, f.end) not in moved[f.src, f.buffer, dst]:
+            moved[f.src, f.buffer, dst].add((f.start, f.end))
             out.append(Transfer(f.dst, f.src, f.dst, f.buffer, f.start, f.end - f.start, src, dst))
     end = len(program.launches)
-    readers: dict[int, list[tuple[int, int, str]]] = {}
-    for launch in program.launches:
-        for a in launch.accesses:
-            if a.reads:
-                readers.setdefault(a.buffer, []).append((a.offset_bytes, a.end, assignment[launch.index]))
+    readers: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
+    if resident_state:
+        for launch in program.launches:
+            for a in launch.accesses:
+                if a.reads:
+                    readers[a.buffer].append((a.offset_bytes, a.end, assignment[launch.index]))
     for b, segments in sorted(final.items()):
         buffer = buffers[b]
         state = buffer.name is not None and buffer.role not in ("weight", "output")
@@ -81,16 +83,11 @@ def transfers(program: Program, assignment: list[str], home: str, resident_state
             if buffer.role == "output" or not resident_state:
                 targets = {home}
             else:
-                targets = {d for rs, re_, d in readers.get(b, []) if rs < e and s < re_}
+                targets = {d for rs, re_, d in readers[b] if rs < e and s < re_}
             out += [Transfer(end, w, None, b, s, e - s, assignment[w], d) for d in sorted(targets)
-                    if d != assignment[w] and not _delivered(moved, w, b, s, e, d)]
+                    # unless a flow already carried the writer's bytes there
+                    if d != assignment[w] and not any(x <= s and e <= y for x, y in moved[w, b, d])]
     return out
-
-
-def _delivered(moved: set[tuple[int, int, int, int, str]], writer: int, buffer: int, start: int, end: int,
-               device: str) -> bool:
-    """Did a flow already copy writer's bytes [start, end) of ``buffer`` to ``device``?"""
-    return any(w == writer and b == buffer and s <= start and end <= e and d == device for w, b, s, e, d in moved)
 
 
 def _known(accesses: tuple[Access, ...]) -> list[Access]:

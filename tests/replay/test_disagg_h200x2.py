@@ -17,6 +17,7 @@ from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import flows
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
+from kernelfleet.plan.model import Plan
 from kernelfleet.runtime.transfers import AddressMap, transfers
 
 pytestmark = pytest.mark.replay
@@ -66,16 +67,18 @@ def test_request_distribution_splits_slots_by_measured_rate():
 def test_plans_that_do_not_fit_the_captured_step_are_refused(tmp_path):
     program = pair("llama8b-decode")["compute"]
     n = len(program.launches)
-    (tmp_path / "short.json").write_text(json.dumps({"kernelfleet_plan": 1, "policy": "short", "assignment": ["compute"]}))
+
+    def write(name: str, policy: str, assignment: list[str], **details) -> None:
+        (tmp_path / name).write_text(Plan(policy, assignment, 0.07, details=details).to_json())
+
+    write("short.json", "short", ["compute"])
     with pytest.raises(UsageError, match="made for another program"):
         load_plans(tmp_path, program, DEVICES)
-    (tmp_path / "short.json").write_text(json.dumps({"kernelfleet_plan": 1, "policy": "odd", "assignment": ["gpu9"] * n}))
+    write("short.json", "odd", ["gpu9"] * n)
     with pytest.raises(UsageError, match="uses gpu9"):
         load_plans(tmp_path, program, DEVICES)
-    (tmp_path / "short.json").write_text(json.dumps({"kernelfleet_plan": 1, "policy": "halves",
-                                                     "assignment": ["compute"] * (n // 2) + ["bandwidth"] * (n - n // 2),
-                                                     "details": {"home": "compute"}}))
-    (tmp_path / "replicas.json").write_text(json.dumps({"kernelfleet_plan": 1, "policy": "replicas", "assignment": None}))
+    write("short.json", "halves", ["compute"] * (n // 2) + ["bandwidth"] * (n - n // 2), home="compute")
+    write("replicas.json", "replicas", [], replicas=DEVICES)
     assert list(load_plans(tmp_path, program, DEVICES)) == ["halves"]
 
 
@@ -128,7 +131,7 @@ def test_launches_that_address_a_range_differently_are_refused():
 
 
 def test_list_scheduled_slots_are_a_strategy_once_costs_are_given():
-    plan = {"assignment": ["compute", "bandwidth"] * 2, "objective_seconds": 0.07, "details": {"home": "bandwidth"}}
+    plan = Plan("throughput-milp", ["compute", "bandwidth"] * 2, 0.07, details={"home": "bandwidth"})
     rates = {"compute": 8.27, "bandwidth": 5.99}
     without = {s.name for s in strategies({"throughput-milp": plan}, DEVICES, 3, rates, 4)}
     found = {s.name: s for s in strategies({"throughput-milp": plan}, DEVICES, 3, rates, 4, lambda slot, n: 1e-3)}

@@ -102,3 +102,25 @@ def test_a_paced_link_adds_a_wait_beside_each_copy(monkeypatch):
     copies = [x for x in twin.nodes if x[0] == "copy"]
     assert [w[1] for w in waits] == ["kf_wait"] * len(built.copies)
     assert [w[2] for w in waits] == [c[2] for c in copies]  # each wait starts with its copy
+
+
+def test_a_racy_plan_graph_is_refused_before_the_driver_sees_it(monkeypatch):
+    from dataclasses import replace
+
+    from kernelfleet.errors import UsageError
+    from kernelfleet.runtime import executor
+
+    twin = Twin(monkeypatch)
+    real = executor.schedule
+
+    def broken(*args, **kwargs):  # the first copy forgets what it waits for
+        order = real(*args, **kwargs)
+        k = next(i for i, n in enumerate(order) if n.copy is not None and n.deps)
+        return order[:k] + [replace(order[k], deps=())] + order[k + 1:]
+
+    monkeypatch.setattr(executor, "schedule", broken)
+    mine = replicas()
+    n = len(mine["bandwidth"].program.launches)
+    with pytest.raises(UsageError, match="races in the plan graph"):
+        build([Slot(mine, ["bandwidth"] * (n // 2) + ["compute"] * (n - n // 2), "bandwidth")], resident_state=True)
+    assert twin.nodes == []
