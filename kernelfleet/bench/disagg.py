@@ -238,7 +238,8 @@ def disagg(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpe
 def show(results: dict, console: Console) -> None:
     found = results["strategies"]
     rated = {n: r["slots_per_second"] for n, r in found.items() if "slots_per_second" in r}
-    baselines = [rated[n] for n in rated if n.startswith("single") or n in ("replicas", "pipeline", "attention-ffn")]
+    baselines = [rate for n, rate in rated.items()  # in every slot mode ("replicas, slots free" too)
+                 if n.startswith("single") or n.split(",")[0] in ("replicas", "pipeline", "attention-ffn")]
     best = max(baselines) if baselines else None
     table = Table(title=f"kernelfleet bench disagg — {results['slots']} slots per graph")
     for column in ("strategy", "gate", "ms / graph", "predicted ms", "slots/s", "vs best baseline", "copies", "copy MB",

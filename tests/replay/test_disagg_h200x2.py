@@ -137,3 +137,14 @@ def test_list_scheduled_slots_are_a_strategy_once_costs_are_given():
     found = {s.name: s for s in strategies({"throughput-milp": plan}, DEVICES, 3, rates, 4, lambda slot, n: 1e-3)}
     assert set(found) - without == {"throughput-milp, slots scheduled"}
     assert found["throughput-milp, slots scheduled"].options["slot_mode"] == "scheduled"
+
+
+def test_the_table_compares_every_strategy_with_the_best_baseline_in_any_slot_mode():
+    from rich.console import Console
+
+    from kernelfleet.bench.disagg import show
+
+    console = Console(width=220, record=True)
+    show(recorded("llama8b-decode"), console)
+    rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines() if line.startswith("│")}
+    assert "1.00x" in rows["replicas, slots free"] and "0.58x" in rows["throughput-milp"]
