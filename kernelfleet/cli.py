@@ -28,6 +28,10 @@ IntervalOption = typer.Option(1.0, "--interval", help="Window length in seconds 
 ClockPollOption = typer.Option(
     0.1, "--clock-poll", help="Seconds between SM clock reads inside a window (docs/telemetry.md: accuracy vs CPU)."
 )
+DenseClockOption = typer.Option(
+    False, "--dense-clock", help="Read the SM clock every --clock-poll seconds even while every GPU's clock holds still "
+    "(default: then once a window)."
+)
 DemoOption = typer.Option(False, "--demo", help="Use the bundled H200 recording, in a loop.")
 SpeedOption = typer.Option(1.0, help="Replay speed (1 = as recorded).")
 
@@ -35,7 +39,8 @@ SpeedOption = typer.Option(1.0, help="Replay speed (1 = as recorded).")
 DEMO_TRACE = Path(__file__).parent / "data" / "demo-h200.jsonl.gz"
 
 
-def _source(replay: Path | None, demo: bool, interval: float, clock_poll: float, speed: float | None, loop: bool):
+def _source(replay: Path | None, demo: bool, interval: float, clock_poll: float, speed: float | None, loop: bool,
+            dense_clock: bool = False):
     from kernelfleet.telemetry.nvml import NvmlSource
     from kernelfleet.telemetry.replay import ReplaySource
 
@@ -45,7 +50,7 @@ def _source(replay: Path | None, demo: bool, interval: float, clock_poll: float,
         return ReplaySource(DEMO_TRACE, speed=speed, loop=loop, rebase_time=True)
     if replay is not None:
         return ReplaySource(replay, speed=speed, loop=loop)
-    return NvmlSource(interval_seconds=interval, clock_poll_seconds=clock_poll)
+    return NvmlSource(interval_seconds=interval, clock_poll_seconds=clock_poll, adaptive_clock_poll=not dense_clock)
 
 
 @app.command()
@@ -54,6 +59,7 @@ def watch(
     demo: bool = DemoOption,
     interval: float = IntervalOption,
     clock_poll: float = ClockPollOption,
+    dense_clock: bool = DenseClockOption,
     speed: float = SpeedOption,
     once: bool = typer.Option(False, "--once", help="Show one window and exit."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -67,7 +73,8 @@ def watch(
     # A pipe or file gets the full table, not one squeezed to 80 columns.
     out = out_console()
     title = "demo (H200 recording)" if demo else f"replay of {replay.name}" if replay else "live"
-    with _source(replay, demo, interval, clock_poll, None if once else speed, loop=demo and not once) as source:
+    with _source(replay, demo, interval, clock_poll, None if once else speed, loop=demo and not once,
+                 dense_clock=dense_clock) as source:
         batches = source.batches(count=1 if once else None)
         if once or as_json:
             for batch in batches:
@@ -91,15 +98,16 @@ def record(
     output: Path = typer.Option(..., "-o", "--output", help="Trace file to write (.jsonl or .jsonl.gz)."),
     interval: float = IntervalOption,
     clock_poll: float = ClockPollOption,
+    dense_clock: bool = DenseClockOption,
     duration: float | None = typer.Option(None, help="Stop after this many seconds."),
     note: str = typer.Option("", help="Free text stored in the trace header."),
 ) -> None:
     """Record samples from the GPUs to a trace file, as they are read."""
-    from kernelfleet.telemetry.nvml import NvmlSource
     from kernelfleet.telemetry.replay import TraceWriter
 
     count = None if duration is None else max(1, round(duration / interval))
-    with NvmlSource(interval_seconds=interval, clock_poll_seconds=clock_poll) as source, TraceWriter(output, note=note) as writer:
+    source = _source(None, False, interval, clock_poll, None, loop=False, dense_clock=dense_clock)
+    with source, TraceWriter(output, note=note) as writer:
         try:
             with err.status(f"recording to {output}") as status:
                 for batch in source.batches(count=count):
@@ -118,6 +126,7 @@ def agent(
         None, "--interval", help="Window length in seconds (default 1; 30 with --scrape)."
     ),
     clock_poll: float = ClockPollOption,
+    dense_clock: bool = DenseClockOption,
     speed: float = SpeedOption,
     store_path: Path = typer.Option(Path("kernelfleet.db"), "--store", help="SQLite file of the embedded store."),
     listen: str = typer.Option("127.0.0.1:9400", help="HOST:PORT for /metrics and the API."),
@@ -146,7 +155,7 @@ def agent(
         # dcgm-exporter refreshes its fields every 30 s by default: scraping faster reads the same values.
         source = ScrapeSource(scrape, interval_seconds=interval or 30.0)
     else:
-        source = _source(replay, demo, interval or 1.0, clock_poll, speed, loop=demo)
+        source = _source(replay, demo, interval or 1.0, clock_poll, speed, loop=demo, dense_clock=dense_clock)
     recorded = replay is not None or demo
     with source:
         the_agent = Agent(source, store, cat, identify=attribute_recorded if recorded else attribute_live,

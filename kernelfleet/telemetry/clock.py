@@ -23,6 +23,7 @@ class ClockWindow:
     mean: float | None
     last: float | None  # the last read at or before the window's end
     reads: int  # reads that fell inside the window
+    moved: bool = False  # some read differed from the value before it: the clock is not holding still
 
 
 def step_mean(
@@ -40,12 +41,14 @@ def step_mean(
     value = before if before is not None else reads[0][1]
     t = start
     area = 0.0
+    moved = False
     for when, reading in reads:
         when = min(max(when, start), end)
         area += value * (when - t)
+        moved = moved or reading != value
         t, value = when, reading
     area += value * (end - t)
-    return ClockWindow(area / (end - start), value, len(reads))
+    return ClockWindow(area / (end - start), value, len(reads), moved)
 
 
 class ClockPoller:

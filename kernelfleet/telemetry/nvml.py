@@ -70,6 +70,7 @@ class _Target:
     mig_instance: int | None = None
     gpm_supported: bool = True
     previous: Any = None  # last GPM sample buffer
+    spare: Any = None  # the buffer before it, reused for the next sample (no alloc/free per window)
     previous_time: float = 0.0
     previous_wall: float = 0.0
     previous_process_timestamp: int = 0
@@ -88,6 +89,10 @@ class NvmlSource:
     # SM clock reads: every 100 ms keeps a 1-s window's mean clock within 0.4 % (p95)
     # under a swinging clock, at ~160 µs of CPU a read on an H200 VM (docs/telemetry.md).
     clock_poll_seconds: float = 0.1
+    # Poll densely only while some GPU's clock moved in the last window; while every clock holds
+    # still (idle, or boosting steadily below the power cap), read once a window. A change is seen
+    # late by at most one window, whose mean then rests on the read at its end.
+    adaptive_clock_poll: bool = True
     nvml: Nvml = field(default_factory=Nvml)
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
@@ -143,7 +148,7 @@ class NvmlSource:
         next_tick = self.clock() + self.interval_seconds
         while count is None or emitted < count:
             while (left := next_tick - self.clock()) > 1e-6:
-                self.sleep(min(self.clock_poll_seconds, left))
+                self.sleep(min(self.clock_poll_seconds, left) if self._clocks_moving() else left)
                 self.poll_clocks()
             next_tick += self.interval_seconds
             yield self.read()
@@ -163,6 +168,12 @@ class NvmlSource:
             self._poller.poll_once()
 
     # -- internals -----------------------------------------------------------------
+    def _clocks_moving(self) -> bool:
+        """Whether the loop should poll densely: not adaptive, no window yet, or a clock moved."""
+        if not self.adaptive_clock_poll or len(self._window_clocks) < len(self._handles):
+            return True
+        return any(w.moved or w.reads == 0 for w in self._window_clocks.values())
+
     def _discover(self) -> None:
         call, m = self.nvml.call, self.nvml.m
         targets: list[_Target] = []
@@ -238,7 +249,9 @@ class NvmlSource:
     def _gpm_sample(self, target: _Target) -> Any:
         if not target.gpm_supported:
             return None
-        sample = self.nvml.call("nvmlGpmSampleAlloc")
+        sample, target.spare = target.spare, None
+        if sample is None:
+            sample = self.nvml.call("nvmlGpmSampleAlloc")
         try:
             if target.mig_instance is None:
                 self.nvml.call("nvmlGpmSampleGet", target.handle, sample)
@@ -266,8 +279,8 @@ class NvmlSource:
             target.failed = str(exc)
             log.warning("GPU %d: %s; re-initialising NVML", target.gpu_index, exc)
             return self._stale(target, str(exc), self.clock())
-        self._free(target)
-        target.previous, target.previous_time, target.previous_wall = current, end, end_wall
+        target.spare, target.previous = target.previous, current
+        target.previous_time, target.previous_wall = end, end_wall
         target.previous_process_timestamp = int(end_wall * 1e6)
         clock = self._clock_window(target, start, end)
         return Sample(
@@ -355,7 +368,7 @@ class NvmlSource:
     def _reinit(self) -> None:
         """After an NVML failure: start NVML again and open fresh windows."""
         for target in self._targets:
-            target.previous = None  # buffers died with the old NVML session
+            target.previous = target.spare = None  # buffers died with the old NVML session
         self.nvml.shutdown()
         try:
             self.nvml.init()
@@ -376,12 +389,13 @@ class NvmlSource:
         self._prime()
 
     def _free(self, target: _Target) -> None:
-        if target.previous is not None:
-            try:
-                self.nvml.call("nvmlGpmSampleFree", target.previous)
-            except KernelfleetError:
-                pass  # freeing a buffer of a lost GPU; nothing else to do
-            target.previous = None
+        for buffer in (target.previous, target.spare):
+            if buffer is not None:
+                try:
+                    self.nvml.call("nvmlGpmSampleFree", buffer)
+                except KernelfleetError:
+                    pass  # freeing a buffer of a lost GPU; nothing else to do
+        target.previous = target.spare = None
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

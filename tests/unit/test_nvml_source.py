@@ -145,13 +145,31 @@ def test_window_shorter_than_gpm_minimum_is_refused():
 def test_batches_pace_by_interval_and_read_the_clock_between(fake_time):
     gpu = TwinGpu()
     _, source = open_source([gpu], fake_time)
+    source.adaptive_clock_poll = False
     with source:
         start = fake_time.now()
         batches = list(source.batches(count=3))
     assert len(batches) == 3
     assert fake_time.now() - start == pytest.approx(3.0)
-    # default: a read every 100 ms, the last one at the window's end
+    # dense: a read every 100 ms, the last one at the window's end
     assert [b[0].sm_clock_polls for b in batches] == [10, 10, 10]
+
+
+def test_a_steady_clock_is_read_once_a_window_until_it_moves(fake_time):
+    gpu = TwinGpu(clock_mhz=1980)
+    _, source = open_source([gpu], fake_time)
+    polls, means = [], []
+    with source:
+        for i, batch in enumerate(source.batches(count=6)):
+            polls.append(batch[0].sm_clock_polls)
+            means.append(batch[0].sm_clock_mean_hertz / 1e6)
+            if i == 2:
+                gpu.clock_mhz = 1400  # load arrives and the clock drops
+    # the first window has nothing to go by: dense; then one read a window while the clock holds.
+    # The window holding the drop sees it only in its single read at the end (late by one window),
+    # so the next window is dense again, and the one after it, steady, is read once.
+    assert polls == [10, 1, 1, 1, 10, 1]
+    assert means == pytest.approx([1980, 1980, 1980, 1980, 1400, 1400])
 
 
 def test_cycle_counters_are_recorded_raw_when_the_driver_has_them(fake_time):
