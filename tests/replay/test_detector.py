@@ -1,5 +1,6 @@
 """The regression detector on H200 recordings (bench/record_detector_traces.py) and on noise."""
 
+import json
 import random
 from pathlib import Path
 
@@ -58,3 +59,34 @@ def test_steady_noise_raises_nothing_and_a_recovery_closes_a_regression():
     slow = [detector.observe("k", 400 + t, 0.3, 0.3) for t in range(40)]
     back = [detector.observe("k", 440 + t, 0.69, 0.97) for t in range(40)]
     assert [e.kind for e in slow + back if e] == ["regression", "recovery"]
+
+
+def test_a_data_parallel_slowdown_is_flagged_on_both_gpus_and_for_the_job(tmp_path):
+    """Two H200s, one DDP job (bench/record_ddp_regression.py): 40 s clean, then 40 s with a
+    per-step loss.item() and a 20-ms input stall on rank 1, which NCCL passes on to rank 0."""
+    from kernelfleet.fleet.agent import Agent
+    from kernelfleet.fleet.attribution import JobIdentity
+    from kernelfleet.fleet.store import Store
+
+    data = Path(__file__).parents[1] / "data" / "h200x2-detector"
+    phases = json.loads((data / "h200x2-ddp.phases.json").read_text())
+    ranks = {r["pid"]: r for r in phases["ranks"]}
+    slow_from = min(r["slow"]["start"] for r in ranks.values())
+    assert min(r["slow"]["step_ms"] / r["clean"]["step_ms"] for r in ranks.values()) > 2.5  # what the job itself saw
+
+    def identify(process):  # the recording's PIDs are the ranks' (KERNELFLEET_JOB was set on them)
+        job = phases["job"] if process.pid in ranks else None
+        return JobIdentity(process.pid, job, "label", None, None, None, None, None, None, None)
+
+    store = Store(tmp_path / "kf.db")
+    agent = Agent(ReplaySource(data / "h200x2-ddp.jsonl.gz"), store, Catalog.load(), identify=identify)
+    for batch in agent.source.batches():
+        assert len(batch) == 2
+        agent.step(batch)
+    events = store.events()
+    assert {e["kind"] for e in events} == {"regression"}
+    flagged = {e["uuid"] or e["job"]: e["ts"] for e in events}
+    assert len(flagged) == 3 and phases["job"] in flagged  # both GPUs and the job, once each
+    for ts in flagged.values():
+        assert 0 < ts - slow_from < 20  # within 20 windows of the stall starting, none before it
+    store.close()
