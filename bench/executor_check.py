@@ -87,7 +87,8 @@ def check_step(name: str, devices: list[int], out: Path) -> None:
         restores.append(saved_state(replicas[label].program))
     torch.cuda.set_device(devices[0])
     home = replicas["A"].captured
-    stream = torch.cuda.current_stream().cuda_stream
+    on = torch.cuda.Stream()  # the executor launches on a stream of its own
+    stream = on.cuda_stream
 
     def reset() -> None:
         for restore in restores:
@@ -115,7 +116,7 @@ def check_step(name: str, devices: list[int], out: Path) -> None:
         run(built, stream)
         torch.cuda.synchronize()
         same = all(torch.equal(a, b) for a, b in zip(expected, home.output_tensors()))
-        seconds = median_seconds(lambda: run(built, stream), torch.cuda.current_stream()) if same else None  # a failing plan is never timed
+        seconds = median_seconds(lambda: run(built, stream), on) if same else None  # a failing plan is never timed
         release(built)
         throttle = options.get("throttle")
         link_seconds = sum(throttle.seconds(t.length_bytes) for t in built.copies) if throttle else None

@@ -52,7 +52,8 @@ def main() -> None:
         replicas[spec.name].context = DeviceProfile(spec).__enter__().context
     print(f"profiles: {args.profile or 'whole GPUs'}")
     program = replicas[home].program
-    stream = torch.cuda.current_stream().cuda_stream
+    on = torch.cuda.Stream()  # the executor launches on a stream of its own
+    stream = on.cuda_stream
 
     def reset() -> None:
         for restore in restores:

@@ -187,7 +187,7 @@ class Bench:
                 for t in replicas[home].captured.output_tensors():
                     t.fill_(0)
             run(built, stream.cuda_stream)
-            torch.cuda.synchronize()
+            stream.synchronize()
             wrong = {k: sum(int((a != b).sum()) for a, b in zip(self.references[k][home], replicas[home].captured.output_tensors()))
                      for k, (replicas, home) in enumerate(zip(used, strategy.homes))}
             wrong = {k: n for k, n in wrong.items() if n}
@@ -212,7 +212,7 @@ def disagg(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpe
     loaded = load_plans(plans, bench.program, bench.devices)
     results: dict = {"command": " ".join(["kernelfleet"] + sys.argv[1:]), "devices": {n: asdict(s) for n, s in profiles.items()},
                      "slots": slots, "strategies": {}}
-    stream = torch.cuda.current_stream(profiles[bench.devices[0]].device)  # graphs launch and are timed here
+    stream = torch.cuda.Stream(device=profiles[bench.devices[0]].device)  # graphs launch and are timed here
     for name, replica in bench.slots[0].items():  # what the CPU replays: both captures of one slot
         replica.captured.raw.save(out / f"{name}.capture.json.gz")
     with bench:

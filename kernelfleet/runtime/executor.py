@@ -182,6 +182,14 @@ class _Builder:
 
 
 def run(built: Built, stream: int) -> None:
+    """Launch the graph on ``stream``, a stream of the home device's primary context.
+
+    Not the legacy default stream (handle 0): that is the stream of whichever context is current on
+    this thread, and the executor's green contexts come and go, so the graph could land on another
+    device than the events that time it (bench disagg once timed some graphs at 0.02 ms that way).
+    """
+    if not stream:
+        raise UsageError("the executor launches on a stream of its own, not the legacy default stream (0)")
     driver.launch(built.executable, stream)
 
 

@@ -13,7 +13,8 @@ from kernelfleet.kernels import driver
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.capture import Captured
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.runtime.executor import Replica, Slot, build
+from kernelfleet.errors import UsageError
+from kernelfleet.runtime.executor import Replica, Slot, build, run
 from kernelfleet.runtime.link import Throttle
 from kernelfleet.runtime.schedule import schedule
 from kernelfleet.runtime.slots import pipeline
@@ -107,7 +108,6 @@ def test_a_paced_link_adds_a_wait_beside_each_copy(monkeypatch):
 def test_a_racy_plan_graph_is_refused_before_the_driver_sees_it(monkeypatch):
     from dataclasses import replace
 
-    from kernelfleet.errors import UsageError
     from kernelfleet.runtime import executor
 
     twin = Twin(monkeypatch)
@@ -124,3 +124,10 @@ def test_a_racy_plan_graph_is_refused_before_the_driver_sees_it(monkeypatch):
     with pytest.raises(UsageError, match="races in the plan graph"):
         build([Slot(mine, ["bandwidth"] * (n // 2) + ["compute"] * (n - n // 2), "bandwidth")], resident_state=True)
     assert twin.nodes == []
+
+
+def test_the_executor_refuses_the_legacy_default_stream():
+    # handle 0 is the stream of whichever context is current: a graph launched there was once timed
+    # by events on another device (bench disagg read 0.02 ms for an 8B decode step)
+    with pytest.raises(UsageError, match="stream of its own"):
+        run(None, 0)
