@@ -147,9 +147,11 @@ def main() -> None:
     print(f"command: {' '.join([sys.executable] + sys.argv)}")
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
     profiled = args.profile_steps.split(",") if args.profile_steps else []
-    names = args.steps.split(",") + [s for s in profiled if s not in args.steps.split(",")]
+    checked = [s for s in args.steps.split(",") if s]
+    if checked:  # profiled steps are checked too; with --steps "" they are only profiled
+        checked += [s for s in profiled if s not in checked]
     runs = [("calibration-sweep", False)] if profiled else []  # the sweep picks the profiled pair
-    runs += [(n, False) for n in names] + [(n, True) for n in profiled]
+    runs += [(n, False) for n in checked] + [(n, True) for n in profiled]
     for name, profile in runs:  # a process each: a GPU fault ends one step only
         command = [sys.executable, __file__, "--out", str(args.out), "--only", name]
         command += ["--profile"] if profile else []

@@ -9,10 +9,10 @@ what=${1:?plans or run}
 DIR=${2:?a folder}
 export PYTHONPATH=$PWD
 PY=${PYTHON:-python3}  # PYTHON=.venv/bin/python here, where the venv holds the place extra
-STEPS="llama8b-decode llama8b-prefill"
+STEPS=${STEPS:-llama8b-decode llama8b-prefill}
 if [ "$what" = plans ]; then
     set -e
-    $PY bench/plan_measured.py --out "$DIR/measured" --time-limit 20
+    $PY bench/plan_measured.py --out "$DIR/measured" --time-limit 20 --steps "${STEPS// /,}"
     for step in $STEPS; do
         $PY -m kernelfleet plan "$DIR/measured/$step.program.json" "$DIR/measured/$step.costs.json" \
             --policy all --time-limit 20 --in-flight 3 --out "$DIR/$step"
@@ -23,11 +23,14 @@ fi
 OUT=${OUT:-/tmp/kf-disagg}
 mkdir -p "$OUT"
 for step in $STEPS; do
-    timeout 240 $PY -m kernelfleet bench disagg "$step" --plans "$DIR/$step" --costs "$DIR/$step.costs.json" \
-        --slots 3 --out "$OUT/$step" > "$OUT/$step.txt" 2>&1
+    timeout ${STEP_SECONDS:-240} $PY -m kernelfleet bench disagg "$step" --plans "$DIR/$step" --costs "$DIR/$step.costs.json" \
+        --slots ${SLOTS:-3} --out "$OUT/$step" > "$OUT/$step.txt" 2>&1
     echo "$step exit $?" >> "$OUT/$step.txt"
 done
-# the pipeline plan's home is the bandwidth device: it goes on the first GPU here
+# if prefill's layer pipeline fails the gate, find the launch that breaks it; its home is the
+# bandwidth device, which goes on the first GPU here
+$PY -c "import json, sys; gate = json.load(open(sys.argv[1]))['strategies'].get('pipeline', {}).get('gate', '')
+sys.exit(0 if gate.startswith('outputs differ') else 1)" "$OUT/llama8b-prefill/disagg.json" 2>/dev/null &&
 timeout 150 $PY bench/plan_bisect.py llama8b-prefill "$DIR/llama8b-prefill/pipeline.json" --devices 0,1 \
     --profile bandwidth:32@0 --profile compute:56+64@1 > "$OUT/bisect.txt" 2>&1
 tail -n 40 "$OUT"/*.txt

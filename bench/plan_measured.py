@@ -1,6 +1,6 @@
-"""Plans for the 8B Llama steps on costs measured on the emulated H200 pair (CPU only).
+"""Plans for the H200-sized steps on costs measured on the emulated H200 pair (CPU only).
 
-    python3 bench/plan_measured.py --out DIR [--link-gbps 25] [--time-limit 60]
+    python3 bench/plan_measured.py --out DIR [--steps llama8b-decode,...] [--link-gbps 25] [--time-limit 60]
 
 Builds each step's program from its committed capture (tests/data/h200-capture) and its cost
 table from the per-kernel times measured there on the "compute" (56 SMs + 64-SM hog) and
@@ -35,7 +35,7 @@ from kernelfleet.profile.table import cost_table, preference
 from kernelfleet.workloads import preset
 
 DATA = Path(__file__).parents[1] / "tests" / "data" / "h200-capture"
-STEPS = ("llama8b-decode", "llama8b-prefill")
+STEPS = "llama8b-decode,llama8b-prefill"  # also profiled: moe20b-decode, mamba7b-decode, vlm7b-prefill, dit-h200-denoise
 
 
 def model_error(raw: RawCapture, program, profile: dict) -> None:
@@ -58,13 +58,16 @@ def main() -> None:
     parser.add_argument("--link-gbps", type=float, default=25.0)
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--output-tokens", default="64,256,1024")
+    parser.add_argument("--steps", default=STEPS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"command: {' '.join([sys.executable] + sys.argv)}", flush=True)
     console = Console(width=160)
     phases = {}
-    for step in STEPS:
-        raw = RawCapture.load(DATA / f"{step}.capture.json.gz")
+    for step in args.steps.split(","):
+        # the checked capture where there is one; a step only profiled has the capture it was timed on
+        checked = DATA / f"{step}.capture.json.gz"
+        raw = RawCapture.load(checked if checked.exists() else DATA / f"{step}.profiled-capture.json.gz")
         program = assemble(raw)
         profile = json.loads((DATA / f"{step}.profile.json").read_text())
         seconds = {name: p["seconds"] for name, p in profile["profiles"].items() if name != "whole"}
@@ -91,7 +94,8 @@ def main() -> None:
         draw(done.problem, milp, args.out / f"{step}-gantt.png")
         single = {name: sum(v) for name, v in seconds.items()}
         phases[step] = (single, milp.details["throughput_seconds"])
-    serving_table(phases, args, console)
+    if {"llama8b-prefill", "llama8b-decode"} <= phases.keys():
+        serving_table(phases, args, console)
 
 
 def serving_table(phases: dict, args: argparse.Namespace, console: Console) -> None:

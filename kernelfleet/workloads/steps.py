@@ -123,6 +123,10 @@ REFERENCE: dict[str, dict[str, Any]] = {
     "dit-denoise": dict(family="dit", phase="denoise"),
     "llama8b-decode": dict(family="llama", preset="h200", phase="decode"),
     "llama8b-prefill": dict(family="llama", preset="h200", phase="prefill", batch=1, prompt_len=2048),
+    "moe20b-decode": dict(family="moe", preset="h200", phase="decode"),
+    "mamba7b-decode": dict(family="mamba", preset="h200", phase="decode"),
+    "vlm7b-prefill": dict(family="vlm", preset="h200", phase="prefill", batch=1, prompt_len=1024),
+    "dit-h200-denoise": dict(family="dit", preset="h200", phase="denoise"),
     "hf-llama-prefill": dict(builder="hf_llama", phase="prefill"),
     "hf-llama-prefill-compiled": dict(builder="hf_llama", phase="prefill", compile=True),
 }

@@ -1,9 +1,11 @@
 """`kernelfleet bench disagg` on two H200s (tests/data/h200x2-disagg), replayed on the CPU.
 
-The recorded runs: every placement strategy for the 8B Llama's decode and prefill steps on the
-emulated pair (compute: 56 SMs + a 64-SM copy hog on GPU 0; bandwidth: 32 SMs on GPU 1), three
-slots per graph. Beside them, both devices' captures of one slot, which the address translation
-between captures is checked on.
+The recorded runs: every placement strategy for five workloads' steps on the emulated pair
+(compute: 56 SMs + a 64-SM copy hog on GPU 0; bandwidth: 32 SMs on GPU 1), three slots per graph
+(two for the 20B MoE, whose three replicas would not fit beside each other), made by
+`bash bench/disagg_run.sh run DIR` (docs/place.md). The DiT run hit its time limit after the
+conservative 1-slot ablation. Beside them, both devices' captures of one slot of the 8B steps, from
+the session-3 run, which the address translation between captures is checked on.
 """
 
 import json
@@ -35,13 +37,37 @@ def pair(step: str):
     return {d: assemble(RawCapture.load(RUNS / f"{step}.{d}.capture.json.gz")) for d in DEVICES}
 
 
-@pytest.mark.parametrize("step", ["llama8b-decode", "llama8b-prefill"])
+STEPS = ["llama8b-decode", "llama8b-prefill", "moe20b-decode", "mamba7b-decode", "vlm7b-prefill", "dit-h200-denoise"]
+
+
+@pytest.mark.parametrize("step", STEPS)
 def test_only_strategies_that_passed_the_gate_were_timed(step):
     found = recorded(step)["strategies"]
     for name, r in found.items():
         assert ("seconds" in r) == (r["gate"] == "identical"), name
     assert all(found[f"single:{d}"]["gate"] == "identical" for d in DEVICES)
     assert found["replicas"]["gate"] == found["throughput-milp"]["gate"] == "identical"
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_every_plan_of_every_workload_gives_the_single_device_outputs(step):
+    """The issue's first target: identical outputs on every plan, bit for bit, on two GPUs."""
+    found = recorded(step)["strategies"]
+    assert len(found) >= 15
+    assert {name: r["gate"] for name, r in found.items() if r["gate"] != "identical"} == {}
+
+
+def test_on_this_pair_request_distribution_beats_every_kernel_placement():
+    """What the runs show (docs/place.md): on every workload two replicas with free slots serve the
+    most slots per second; kernelfleet's throughput plan, in its best slot mode, reaches 0.62-0.81x
+    of them, the layer pipeline 0.66-0.83x. The issue's 1.2x target is missed on all five."""
+    for step in STEPS:
+        found = recorded(step)["strategies"]
+        rate = {n: r["slots_per_second"] for n, r in found.items() if "slots_per_second" in r}
+        best = max(rate, key=rate.get)
+        assert best.startswith("replicas"), (step, best)
+        milp = max(v for n, v in rate.items() if n.startswith("throughput-milp"))
+        assert 0.6 < milp / rate[best] < 0.85, step
 
 
 def test_the_per_kernel_profile_predicts_the_executed_decode_graph():
@@ -119,7 +145,8 @@ def test_every_flow_is_placed_alike_by_its_writer_and_its_reader_on_both_gpus():
 def test_launches_that_address_a_range_differently_are_refused():
     """cuDNN attention (launch 46) writes its fresh output where launch 28's result lay in the
     bandwidth GPU's capture, but not in the compute GPU's; placing those bytes by both is refused.
-    (The GPU run recorded here predates own_reads, when 46 seemed to read 28's bytes there.)"""
+    The session-3 run, before own_reads, refused the attention/FFN plan for it, because 46 seemed to
+    read 28's bytes; since own_reads no flow joins them and the rerun ran that plan bit-exact."""
     programs = pair("llama8b-prefill")
     home, other = programs["bandwidth"], programs["compute"]
     out = next(a for a in home.launches[46].accesses if a.own_reads)
@@ -127,7 +154,7 @@ def test_launches_that_address_a_range_differently_are_refused():
     with pytest.raises(UsageError, match="address it differently in the two captures"):
         AddressMap(home, other).translate([28, 46], here, out.length_bytes)
     assert not any(f.src == 28 and f.dst == 46 and f.buffer == out.buffer for f in flows(home)[0])
-    assert "launches [28, 46] address it differently" in recorded("llama8b-prefill")["strategies"]["attention-ffn"]["gate"]
+    assert recorded("llama8b-prefill")["strategies"]["attention-ffn"]["gate"] == "identical"
 
 
 def test_list_scheduled_slots_are_a_strategy_once_costs_are_given():
