@@ -282,6 +282,8 @@ def bench_ofu(
 @bench_app.command("ofu-report")
 def bench_ofu_report(
     sweep_dir: Path = typer.Argument(..., help="A folder written by `kernelfleet bench ofu`."),
+    ncu: Path | None = typer.Option(None, "--ncu", help="A folder with ncu-sweep.csv[.gz] and "
+                                    "ncu-sweep-points.jsonl from bench/ncu_sweep.sh: adds the Nsight Compute check."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """The paper's Table II (raw and tile-corrected OFU against MFU) from a recorded sweep."""
@@ -311,6 +313,50 @@ def bench_ofu_report(
     for s in summarize_errors(gemm_points(points, samples, sku)):
         print(f"| {s.precision} | {s.points} | {s.raw_mae_pp:.2f} | {s.raw_within_2pp:.0%} | {s.raw_within_5pp:.0%} | "
               f"{s.corrected_mae_pp:.2f} | {s.corrected_within_2pp:.0%} | {s.corrected_within_5pp:.0%} |")
+    if ncu is not None:
+        _print_ncu_check(ncu, points, samples, sku)
+
+
+def _print_ncu_check(folder: Path, points: list[dict], samples: list, sku) -> None:
+    """The Nsight Compute section of `bench ofu-report` (docs/validation/ofu.md)."""
+    import gzip
+
+    from kernelfleet.ofu.ncu import clock_checks, ncu_points, parse_ncu_csv, summarize
+
+    csv_file = next((f for f in (folder / "ncu-sweep.csv.gz", folder / "ncu-sweep.csv") if f.exists()), None)
+    order_file = folder / "ncu-sweep-points.jsonl"
+    if csv_file is None or not order_file.exists():
+        raise UsageError(f"{folder}: expected ncu-sweep.csv[.gz] and ncu-sweep-points.jsonl (bash bench/ncu_sweep.sh)")
+    try:
+        raw = csv_file.read_bytes()
+        text = (gzip.decompress(raw) if csv_file.suffix == ".gz" else raw).decode()
+        order = [json.loads(line) for line in order_file.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{folder}: unreadable ncu output ({exc})") from exc
+    profiled = ncu_points(order, points, parse_ncu_csv(text), sku.sm_count)
+    checks = clock_checks(points, samples, sku, profiled)
+    mhz = lambda hz: f"{hz / 1e6:.0f}"  # noqa: E731
+    print(f"\nNsight Compute: {len(profiled)} of {len(order)} sweep kernels profiled")
+    print("| precision | profiled | executed ops = name model | FLOP per active cycle per SM | mean ncu active | "
+          "mean GPM active | f_true/f_nvml mean (min–max) | corrected MAE, counted ops (pp) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for s in summarize(profiled, checks, sku.sm_count):
+        same = (f"{s.ops_equal_name}/{s.ops_counted} ({s.ops_equal_cluster}/{s.ops_counted} with clusters)"
+                if s.ops_counted else "not counted")
+        rate = "—" if s.flops_per_active_cycle is None else f"{s.flops_per_active_cycle:.0f} {s.rate_basis}"
+        ratio = "—" if s.mean_clock_ratio is None else f"{s.mean_clock_ratio:.3f} ({s.min_clock_ratio:.3f}–{s.max_clock_ratio:.3f})"
+        gpm = "—" if s.mean_gpm_active_ratio is None else f"{s.mean_gpm_active_ratio:.3f}"
+        mae = "—" if s.corrected_mae_pp is None else f"{s.corrected_mae_pp:.2f}"
+        print(f"| {s.precision} | {s.profiled} | {same} | {rate} | {s.mean_ncu_active_ratio:.3f} | {gpm} | {ratio} | {mae} |")
+    print("\n| precision | M×N×K | ncu ops = name | ncu active | GPM active | NVML MHz | f_true MHz | f_true/f_nvml | "
+          "ncu clock MHz |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    by_shape = {(p.precision, p.m, p.n, p.k): p for p in profiled}
+    for c in checks:
+        p = by_shape[c.precision, c.m, c.n, c.k]
+        same = {None: "—", True: "yes", False: "no"}[p.ops_equal_name]
+        print(f"| {c.precision} | {c.m}×{c.n}×{c.k} | {same} | {c.ncu_active_ratio:.3f} | {c.gpm_tensor_active_ratio:.3f} | "
+              f"{mhz(c.nvml_sm_clock_hertz)} | {mhz(c.implied_sm_clock_hertz)} | {c.clock_ratio:.3f} | {mhz(p.sm_clock_hertz)} |")
 
 
 @app.command("catalog")
@@ -344,6 +390,7 @@ def catalog_command(
 for _name, _function in cli_place.COMMANDS:
     app.command(_name)(getattr(cli_place, _function))
 bench_app.command("disagg")(cli_place.disagg_command)
+bench_app.command("serve")(cli_place.serve_command)
 
 
 def main() -> None:

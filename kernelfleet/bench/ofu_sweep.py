@@ -100,12 +100,41 @@ def run_point(m: int, n: int, k: int, precision: str, seconds: float) -> dict | 
     }
 
 
+def points() -> list[tuple[int, int, int, str]]:
+    """Every (M, N, K, precision) of the sweep, in the order it runs."""
+    shapes = [(s, s, s) for s in SQUARE + UNALIGNED] + list(RECTANGULAR)
+    out = [(m, n, k, p) for p in ("bf16", "fp16", "tf32", "fp8") for (m, n, k) in shapes]
+    return out + [(s, s, s, "fp64") for s in (1024, 4096, 8192, 8200)]
+
+
+def each_point_once(order: Path) -> None:
+    """One GEMM launch per point inside the NVTX range "sweep", for Nsight Compute (bench/ncu_sweep.sh).
+
+    Warm-up launches run outside the range, so with ``--nvtx-include sweep/`` the n-th profiled GEMM
+    kernel is the n-th point written to ``order`` (one JSON line per point).
+    """
+    steps = []
+    for m, n, k, precision in points():
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        step = operands(m, n, k, precision)
+        if step is not None:
+            step()
+            steps.append(((m, n, k, precision), step))
+    torch.cuda.synchronize()
+    with order.open("w") as f:
+        torch.cuda.nvtx.range_push("sweep")
+        for (m, n, k, precision), step in steps:
+            torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"  # the kernel choice depends on it
+            step()
+            f.write(json.dumps({"m": m, "n": n, "k": k, "precision": precision}) + "\n")
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+
+
 def sweep(out: Path, seconds: float = 3.3, budget: float = 330.0) -> int:
     """Run the sweep into ``out``; returns the number of points run."""
     out.mkdir(parents=True, exist_ok=True)
-    shapes = [(s, s, s) for s in SQUARE + UNALIGNED] + list(RECTANGULAR)
-    points = [(m, n, k, p) for p in ("bf16", "fp16", "tf32", "fp8") for (m, n, k) in shapes]
-    points += [(s, s, s, "fp64") for s in (1024, 4096, 8192, 8200)]
+    points_ = points()
     recorder = subprocess.Popen(
         [sys.executable, "-m", "kernelfleet", "record", "-o", str(out / "sweep-trace.jsonl.gz"),
          "--note", "GEMM sweep (kernelfleet bench ofu)"],
@@ -113,9 +142,9 @@ def sweep(out: Path, seconds: float = 3.3, budget: float = 330.0) -> int:
     time.sleep(2.0)
     began = time.monotonic()
     done = 0
-    for m, n, k, precision in points:
+    for m, n, k, precision in points_:
         if time.monotonic() - began > budget:
-            print(f"budget reached: {done} of {len(points)} points run", flush=True)
+            print(f"budget reached: {done} of {len(points_)} points run", flush=True)
             break
         try:
             result = run_point(m, n, k, precision, seconds)

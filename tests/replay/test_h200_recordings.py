@@ -166,7 +166,8 @@ def test_gemm_sweep_table_ii_on_the_h200():
 
 def test_tile_model_equals_nsight_compute_executed_tensor_ops():
     """ncu (--clock-control none) counted the HGMMA math ops of bf16 GEMMs on the H200
-    (bench/ncu_probe.sh): they equal the padded-tile FLOPs predicted from the kernel name."""
+    (an early three-kernel run; bench/ncu_sweep.sh now profiles every sweep kernel, checked in
+    test_ncu_sweep.py): they equal the padded-tile FLOPs predicted from the kernel name."""
     path = Path(__file__).parents[1] / "data" / "h200-sweep" / "ncu-bf16-gemms.csv"
     with path.open() as f:
         rows = [r for r in csv.DictReader(f) if r["Metric Name"] == "sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32.sum"]

@@ -1,0 +1,181 @@
+"""Nsight Compute on every GEMM of the H200 OFU sweep (bench/ncu_sweep.sh, tests/data/h200-sweep).
+
+One launch per point under ``ncu --clock-control none``; 57 of the 60 kernels profiled. The
+counts are checked against the kernel-name model, and the sweep's counter trace against them
+(docs/validation/ofu.md, "Nsight Compute on every sweep kernel").
+"""
+
+import gzip
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelfleet.catalog import Catalog
+from kernelfleet.errors import UsageError
+from kernelfleet.ofu.ncu import (
+    align,
+    clock_checks,
+    flops_per_active_cycle,
+    names_match,
+    ncu_points,
+    parse_ncu_csv,
+    summarize,
+)
+from kernelfleet.telemetry.replay import ReplaySource
+
+pytestmark = pytest.mark.replay
+H200 = Catalog.load().get("h200-sxm")
+DATA = Path(__file__).parents[1] / "data" / "h200-sweep"
+FULL_RATE = {"bf16": 4096, "fp16": 4096, "tf32": 2048}  # dense FLOP/clk/SM: 989.4 TFLOP/s / 132 / 1830 MHz
+
+
+@pytest.fixture(scope="module")
+def run():
+    kernels = parse_ncu_csv(gzip.decompress((DATA / "ncu-sweep.csv.gz").read_bytes()).decode())
+    order = [json.loads(line) for line in (DATA / "ncu-sweep-points.jsonl").read_text().splitlines()]
+    with gzip.open(DATA / "sweep-points.jsonl.gz", "rt") as f:
+        sweep = [json.loads(line) for line in f]
+    return kernels, order, sweep
+
+
+@pytest.fixture(scope="module")
+def points(run):
+    kernels, order, sweep = run
+    return ncu_points(order, sweep, kernels, H200.sm_count)
+
+
+@pytest.fixture(scope="module")
+def checks(run, points):
+    samples = [b[0] for b in ReplaySource(DATA / "sweep-trace.jsonl.gz").batches()]
+    return clock_checks(run[2], samples, H200, points)
+
+
+def test_the_csv_holds_57_kernels_with_their_metrics(run):
+    kernels, order, _ = run
+    assert len(kernels) == 57 and len(order) == 60
+    first = kernels[0]
+    assert first.name == "nvjet_sm90_tst_64x8_64x16_1x2_h_bz_NNT" and first.grid == "(2, 64, 1)"
+    assert first.metrics["sm__cycles_elapsed.avg"] == 7508.62  # "7,508.62" in the CSV
+    assert first.metrics["sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32.sum"] == 33_554_432
+
+
+def test_alignment_by_name_skips_the_three_cutlass_tf32_kernels_ncu_did_not_match(run):
+    kernels, order, sweep = run
+    pairs = align(order, sweep, kernels)
+    assert len(pairs) == 60 and sum(k is not None for _, k in pairs) == 57
+    missing = [(p["precision"], p["m"], p["n"], p["k"]) for p, k in pairs if k is None]
+    assert missing == [("tf32", 256, 256, 256), ("tf32", 512, 512, 512), ("tf32", 200, 200, 200)]
+    # -k "regex:nvjet|gemm|cutlass" met the function base name "Kernel2" of these three
+    by_shape = {(p["precision"], p["m"], p["n"], p["k"]): p for p in sweep}
+    assert all("cutlass::Kernel2<cutlass_80_tensorop_s1688gemm" in by_shape[m]["kernels"][0] for m in missing)
+
+
+def test_alignment_refuses_kernels_left_over(run):
+    kernels, order, sweep = run
+    with pytest.raises(UsageError, match="match no sweep point"):
+        align(order[:10], sweep, kernels)
+
+
+def test_names_match_across_void_and_truncation():
+    assert names_match("void cutlass::Kernel2<x>(x::Params)", "cutlass::Kernel2<x>(x::Params)")
+    assert names_match("void cutlass::Kernel2<x>(x::Params)", "Kernel2")
+    assert not names_match("nvjet_sm90_tst_64x8_64x16_1x2_h_bz_NNT", "nvjet_sm90_tst_64x8_64x16_2x4_h_bz_NNT")
+
+
+# Counted ops differ from ofu/kernel_tiles.py's padded-tile FLOPs on five kernels, all because the
+# grid is rounded up further than the tile: whole thread-block clusters are launched.
+CLUSTER_ROUNDED = {
+    # nvjet 64x48 tile, 2x4 cluster: ceil(512/48) = 11 tiles along torch M, launched as 12
+    ("bf16", 512, 512, 512), ("fp16", 512, 512, 512),
+    # nvjet 64x8 tile, 2x4 cluster: ceil(200/8) = 25 tiles, launched as 28
+    ("bf16", 200, 200, 200), ("fp16", 200, 200, 200),
+}
+# sm90_xmma 128x256x32, no cluster in the name: ceil(8200/128) = 65 tiles along torch N, but the
+# counted ops are those of 66 (an even count, as a 2x1 cluster would give).
+TF32_8200 = ("tf32", 8200, 8200, 8200)
+
+
+def test_executed_tensor_ops_equal_the_name_model_except_where_clusters_round_the_grid(points):
+    gemms = [p for p in points if p.precision in FULL_RATE]
+    assert len(gemms) == 42 and all(p.executed_ops is not None for p in gemms)
+    unequal = {(p.precision, p.m, p.n, p.k) for p in gemms if not p.ops_equal_name}
+    assert unequal == CLUSTER_ROUNDED | {TF32_8200}
+    for p in gemms:
+        if (p.precision, p.m, p.n, p.k) != TF32_8200:
+            assert p.executed_ops == p.cluster_executed_flops  # exact, to the op
+    (tf32,) = [p for p in gemms if (p.precision, p.m, p.n, p.k) == TF32_8200]
+    assert tf32.executed_ops * 65 == tf32.name_executed_flops * 66
+    assert tf32.executed_ops == 2 * (66 * 128) * (33 * 256) * 8224
+
+
+def test_every_pipe_active_cycle_does_full_rate_math(points):
+    for p in points:
+        if p.precision in FULL_RATE:
+            assert p.flops_per_active_cycle(H200.sm_count) == pytest.approx(FULL_RATE[p.precision], rel=1e-3)
+    # small, short-K and large kernels alike: the pipe-active fraction spans two orders of magnitude
+    active = [p.active_ratio for p in points if p.precision in FULL_RATE]
+    assert min(active) < 0.01 and max(active) > 0.97
+
+
+def test_fp8_and_fp64_ops_were_not_counted_but_the_name_model_gives_a_constant_rate(points):
+    # No fp8/fp64 ops-path counter in this run; the cluster-aware name model over counted
+    # pipe-active (fp64: DMMA) cycles gives 8192 and 256 FLOP/clk/SM on every kernel.
+    for q, rate in (("fp8", 8192), ("fp64", 256)):
+        mine = [p for p in points if p.precision == q]
+        assert mine and all(p.executed_ops is None and p.ops_equal_name is None for p in mine)
+        assert all(p.derived_flops_per_active_cycle(H200.sm_count) == pytest.approx(rate, rel=1e-9) for p in mine)
+        assert flops_per_active_cycle(points, q, H200.sm_count) == (rate, "derived")
+
+
+def test_the_loop_needed_fewer_sm_cycles_than_nvml_reported_for_gmma_but_not_for_dmma(checks):
+    """f_true = executed FLOP/s / (GPM activity x 132 x FLOP per active cycle), against NVML's clock."""
+    assert len(checks) == 57
+    for q in ("bf16", "fp16", "tf32", "fp8"):
+        ratios = [c.clock_ratio for c in checks if c.precision == q]
+        assert 0.90 < statistics.median(ratios) < 0.915, q
+        assert all(0.88 < r < 0.96 for r in ratios), q
+    fp64 = [c.clock_ratio for c in checks if c.precision == "fp64"]
+    assert all(0.99 < r < 1.005 for r in fp64)  # DMMA: NVML's clock is the cycle rate, at 1570-1820 MHz
+
+
+def test_the_gap_is_not_a_power_cap_effect(checks):
+    """At 1980 MHz (small GEMMs, no cap) the GMMA ratio is as low as at 1240-1600 MHz under the cap."""
+    gmma = [c for c in checks if c.precision != "fp64"]
+    uncapped = [c.clock_ratio for c in gmma if c.nvml_sm_clock_hertz > 1.9e9]
+    capped = [c.clock_ratio for c in gmma if c.nvml_sm_clock_hertz < 1.6e9]
+    assert len(uncapped) >= 12 and len(capped) >= 30
+    assert statistics.median(uncapped) < 0.915 and statistics.median(capped) < 0.915
+    assert abs(statistics.median(uncapped) - statistics.median(capped)) < 0.015
+
+
+def test_gpm_activity_in_the_loop_equals_ncus_pipe_active_fraction_on_busy_kernels(checks):
+    busy = [c for c in checks if c.ncu_active_ratio >= 0.9]
+    assert len(busy) >= 20
+    assert all(abs(c.gpm_tensor_active_ratio - c.ncu_active_ratio) < 0.015 for c in busy)
+    # a 9 % gap in activity would be 0.08 at these levels: the ratio above is not an activity gap
+    assert statistics.mean(c.gpm_tensor_active_ratio - c.ncu_active_ratio for c in busy) < 0.005
+
+
+def test_summary_per_precision(points, checks):
+    rows = {s.precision: s for s in summarize(points, checks, H200.sm_count)}
+    assert {q: (s.profiled, s.ops_counted, s.ops_equal_name, s.ops_equal_cluster) for q, s in rows.items()} == {
+        "bf16": (15, 15, 13, 15), "fp16": (15, 15, 13, 15), "tf32": (12, 12, 11, 11),
+        "fp8": (11, 0, 0, 0), "fp64": (4, 0, 0, 0),
+    }
+    assert rows["bf16"].flops_per_active_cycle == 4096 and rows["bf16"].rate_basis == "counted"
+    assert rows["bf16"].mean_clock_ratio == pytest.approx(0.9086, abs=1e-4)
+    assert rows["fp64"].mean_clock_ratio == pytest.approx(0.9981, abs=1e-4)
+    # the tile correction with counted ops: bf16 1.01 -> 0.95 pp (the cluster-rounded 512^3 and 200^3)
+    assert rows["bf16"].corrected_mae_pp == pytest.approx(0.955, abs=1e-3)
+
+
+def test_ofu_report_prints_the_ncu_section():
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", "bench", "ofu-report", str(DATA), "--ncu", str(DATA)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| bf16 | 15 | 1.86 | 60% | 100% | 1.01 | 87% | 100% |" in done.stdout
+    assert "| bf16 | 15 | 13/15 (15/15 with clusters) | 4096 counted |" in done.stdout
