@@ -1,5 +1,5 @@
-"""The place half's commands: ``ptx``, ``analyze``, ``calibrate``, ``profile``, ``plan`` and
-``bench disagg``.
+"""The place half's commands: ``ptx``, ``analyze``, ``calibrate``, ``profile``, ``plan``,
+``bench disagg`` and ``bench serve``.
 
 Plain functions; ``cli.py`` registers them on the one ``kernelfleet`` command (see ``COMMANDS``).
 They parse and print only: the work is in ``ptx/``, ``kernels/``, ``profile/`` and ``plan/``.
@@ -236,12 +236,41 @@ COMMANDS = [("ptx", "ptx"), ("analyze", "analyze"), ("calibrate", "calibrate_com
             ("profile", "profile_command"), ("plan", "plan_command")]
 
 
+def _check_step_and_plans(step: str, plans: Path) -> None:
+    from kernelfleet.workloads.steps import REFERENCE
+
+    if step not in REFERENCE:
+        raise UsageError(f"unknown step {step!r}; expected one of {', '.join(REFERENCE)}")
+    if not plans.is_dir():
+        raise UsageError(f"{plans}: no such folder (write one with `kernelfleet plan PROGRAM COSTS --policy all --out {plans}`)")
+
+
+def _pair(device: list[str]) -> dict:
+    """The two device profiles of ``--device``, by name."""
+    from kernelfleet.profile.run import parse_profile
+
+    profiles = {spec.name: spec for spec in map(parse_profile, device)}
+    if len(profiles) != 2:
+        raise UsageError(f"--device: give two profiles with different names, got {', '.join(device)}")
+    return profiles
+
+
+def _gpus_present(profiles: dict) -> None:
+    import torch
+
+    missing = [s.device for s in profiles.values() if s.device >= torch.cuda.device_count()]
+    if missing:
+        raise EnvironmentProblem(f"--device names GPU {missing[0]}; this machine has {torch.cuda.device_count()}")
+
+
+PairOption = typer.Option(["compute:56+64@0", "bandwidth:32@1"], "--device",
+                          help="NAME:SMS[+HOG]@GPU, twice: the pair, named as the plans name their devices.")
+
+
 def disagg_command(
     step: str = typer.Argument(..., help="A reference step (kernelfleet.workloads.steps.REFERENCE), e.g. llama8b-decode."),
     plans: Path = typer.Option(..., "--plans", help="A folder of plans for this step (kernelfleet plan --policy all --out)."),
-    device: list[str] = typer.Option(
-        ["compute:56+64@0", "bandwidth:32@1"], "--device",
-        help="NAME:SMS[+HOG]@GPU, twice: the pair, named as the plans name their devices."),
+    device: list[str] = PairOption,
     slots: int = typer.Option(4, "--slots", help="Micro-batches per graph, each with replicas of its own."),
     repeats: int = typer.Option(10, "--repeats", help="Graph launches timed per strategy (median)."),
     out: Path = typer.Option(Path("kernelfleet-disagg"), "--out", help="Folder for disagg.json."),
@@ -249,13 +278,7 @@ def disagg_command(
                                       "list-scheduled slots and each graph's predicted time."),
 ) -> None:
     """Every placement strategy for one step on the emulated pair, gated on identical outputs, in one run."""
-    from kernelfleet.profile.run import parse_profile
-    from kernelfleet.workloads.steps import REFERENCE
-
-    if step not in REFERENCE:
-        raise UsageError(f"unknown step {step!r}; expected one of {', '.join(REFERENCE)}")
-    if not plans.is_dir():
-        raise UsageError(f"{plans}: no such folder (write one with `kernelfleet plan PROGRAM COSTS --policy all --out {plans}`)")
+    _check_step_and_plans(step, plans)
     table = None
     if costs is not None:
         from kernelfleet.plan.model import CostTable
@@ -264,17 +287,63 @@ def disagg_command(
             table = CostTable.from_json(costs.read_text(), str(costs))
         except OSError as exc:
             raise UsageError(f"{costs}: cannot read ({exc.strerror})") from exc
-    profiles = {spec.name: spec for spec in map(parse_profile, device)}
-    if len(profiles) != 2:
-        raise UsageError(f"--device: give two profiles with different names, got {', '.join(device)}")
+    profiles = _pair(device)
     _need_gpu("the disaggregation benchmark", "its recorded results are in docs/place.md")
-    import torch
-
     from kernelfleet.bench.disagg import disagg
     from kernelfleet.workloads.steps import reference
 
-    missing = [s.device for s in profiles.values() if s.device >= torch.cuda.device_count()]
-    if missing:
-        raise EnvironmentProblem(f"--device names GPU {missing[0]}; this machine has {torch.cuda.device_count()}")
+    _gpus_present(profiles)
     disagg(lambda where, seed: reference(step, device=where, seed=seed), profiles, plans, slots, repeats, out, out_console(),
            table)
+
+
+def serve_command(
+    step: str = typer.Argument(..., help="A reference step whose launches are idempotent, e.g. llama8b-prefill "
+                               "(one request = one step)."),
+    plans: Path = typer.Option(..., "--plans", help="A folder of plans for this step (kernelfleet plan --policy all "
+                               "--out): its latency-greedy and throughput-milp plans are served."),
+    device: list[str] = PairOption,
+    slots: int = typer.Option(3, "--slots", help="Requests per launch of the throughput and request-distribution "
+                              "graphs (K)."),
+    slo_ms: float = typer.Option(500.0, "--slo-ms", help="Latency target: SLO capacity is the highest rate whose p99 "
+                                 "is within it."),
+    rates: str = typer.Option("2,4,6,8,10", "--rates", help="Offered requests/s, comma-separated (Poisson)."),
+    seconds: float = typer.Option(8.0, "--seconds", help="Seconds of arrivals per rate and mode (then the queue drains)."),
+    window_ms: float = typer.Option(300.0, "--window-ms", help="The monitor's window W."),
+    beta: float = typer.Option(1.5, "--beta", help="The monitor's threshold on latency / execution time."),
+    repeats: int = typer.Option(10, "--repeats", help="Graph launches timed per graph (median)."),
+    throughput_slots: str = typer.Option("free", "--throughput-slots", help="How the throughput graph's slots share "
+                                         "each device: free or sequential (chained)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the arrivals (the same at every rate)."),
+    out: Path = typer.Option(Path("kernelfleet-serve"), "--out", help="Folder for serve.json."),
+) -> None:
+    """Online Poisson requests served by the latency plan, the throughput plan, request distribution and
+    the monitor switching between the first two: latency percentiles and SLO capacity, every output checked."""
+    from kernelfleet.bench.serve import PLANS, SLOT_MODES, parse_rates
+
+    _check_step_and_plans(step, plans)
+    missing = [f"{p}.json" for p in PLANS.values() if not (plans / f"{p}.json").is_file()]
+    if missing:
+        raise UsageError(f"{plans}: no {', '.join(missing)} (write them with `kernelfleet plan PROGRAM COSTS "
+                         f"--policy all --out {plans}`)")
+    offered = parse_rates(rates)
+    if slots < 2:
+        raise UsageError(f"--slots must be at least 2 (request distribution needs one per device), got {slots}")
+    if throughput_slots not in SLOT_MODES:
+        raise UsageError(f"--throughput-slots: expected {' or '.join(SLOT_MODES)}, got {throughput_slots!r}")
+    for name, value in (("--slo-ms", slo_ms), ("--seconds", seconds), ("--window-ms", window_ms), ("--beta", beta),
+                        ("--repeats", repeats)):
+        if not value > 0:
+            raise UsageError(f"{name} must be > 0, got {value:g}")
+    profiles = _pair(device)
+    _need_gpu("the serving benchmark", "the serving loop's tests run on the CPU (tests/unit/test_serve.py)")
+    from kernelfleet.bench.serve import bench_serve
+    from kernelfleet.errors import KernelfleetError
+    from kernelfleet.workloads.steps import reference
+
+    _gpus_present(profiles)
+    results = bench_serve(lambda where, k: reference(step, device=where, seed=k), profiles, plans, slots, offered,
+                          seconds, slo_ms, window_ms / 1e3, beta, repeats, out, out_console(), seed, throughput_slots)
+    if results["corrupted"]:
+        raise KernelfleetError(f"{results['corrupted']} served requests had outputs that differ from their "
+                               f"references: see {out / 'serve.json'}")

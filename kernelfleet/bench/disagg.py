@@ -47,7 +47,7 @@ from kernelfleet.kernels.ir import Program
 from kernelfleet.kernels.replay import saved_state
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.profile.timing import median_seconds
-from kernelfleet.runtime.executor import Replica, Slot, build, release, run
+from kernelfleet.runtime.executor import Built, Replica, Slot, build, release, run
 from kernelfleet.runtime.link import Throttle
 from kernelfleet.plan.model import CostTable, Plan
 from kernelfleet.runtime.schedule import Node
@@ -174,25 +174,45 @@ class Bench:
     def program(self) -> Program:
         return self.slots[0][self.devices[0]].program
 
-    def measure(self, strategy: Strategy, repeats: int, stream: torch.cuda.Stream) -> dict:
+    def graph(self, strategy: Strategy) -> Built:
+        """The strategy's graph over the first ``len(strategy.assignments)`` slots; ``release`` it."""
         used = self.slots[:len(strategy.assignments)]
         options = {"resident_state": True, **strategy.options}
-        built = build([Slot(r, a, h) for r, a, h in zip(used, strategy.assignments, strategy.homes)], **options)
+        return build([Slot(r, a, h) for r, a, h in zip(used, strategy.assignments, strategy.homes)], **options)
+
+    def clear_outputs(self, homes: list[str]) -> None:
+        """Zero the outputs of slot k at ``homes[k]``, so only a run that writes them can match."""
+        for replicas, home in zip(self.slots, homes):
+            for t in replicas[home].captured.output_tensors():
+                t.fill_(0)
+
+    def differing(self, homes: list[str]) -> dict[int, int]:
+        """Elements of slot k's outputs at ``homes[k]`` that differ from its reference, for the
+        slots where any does."""
+        wrong = {k: sum(int((a != b).sum()) for a, b in zip(self.references[k][home],
+                                                            replicas[home].captured.output_tensors()))
+                 for k, (replicas, home) in enumerate(zip(self.slots, homes))}
+        return {k: n for k, n in wrong.items() if n}
+
+    def gate(self, built: Built, homes: list[str], stream: torch.cuda.Stream) -> str:
+        """Run ``built`` once from the captured state, outputs zeroed: "identical" when every slot's
+        outputs equal its own single-device replay bit for bit, else what differs."""
+        self.reset()
+        self.clear_outputs(homes)
+        run(built, stream.cuda_stream)
+        stream.synchronize()
+        wrong = self.differing(homes)
+        return f"outputs differ from the single-device run (slot: elements) {wrong}" if wrong else "identical"
+
+    def measure(self, strategy: Strategy, repeats: int, stream: torch.cuda.Stream) -> dict:
+        built = self.graph(strategy)
         predicted = None  # the graph's time as runtime/slots.py predicts it
         if self.seconds is not None:
             predicted = makespan(built.combined, lambda x: self.seconds(x.slot, x.node))
         try:
-            self.reset()
-            for replicas, home in zip(used, strategy.homes):
-                for t in replicas[home].captured.output_tensors():
-                    t.fill_(0)
-            run(built, stream.cuda_stream)
-            stream.synchronize()
-            wrong = {k: sum(int((a != b).sum()) for a, b in zip(self.references[k][home], replicas[home].captured.output_tensors()))
-                     for k, (replicas, home) in enumerate(zip(used, strategy.homes))}
-            wrong = {k: n for k, n in wrong.items() if n}
-            if wrong:
-                return {"gate": f"outputs differ from the single-device run (slot: elements) {wrong}"}
+            gate = self.gate(built, strategy.homes, stream)
+            if gate != "identical":
+                return {"gate": gate}
             seconds = median_seconds(lambda: run(built, stream.cuda_stream), stream, repeats)
             return {"gate": "identical", "seconds": seconds, "predicted_seconds": predicted, "slots": built.slots,
                     "slots_per_second": built.slots / seconds, "copies": len(built.copies),

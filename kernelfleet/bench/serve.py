@@ -1,0 +1,347 @@
+"""``kernelfleet bench serve``: online requests at Poisson rates, served by the latency plan, the
+throughput plan, request distribution, or the online monitor choosing between the first two —
+each request's latency, the SLO capacity of each mode, and a check of every request's outputs.
+
+Three graphs, built and gated as ``bench disagg`` gates (``Bench.gate``: outputs bit-identical to
+each slot's single-device replay), then timed (median of ``repeats`` launches):
+
+* ``latency``: the latency plan (``latency-greedy``), one slot — one request per launch;
+* ``throughput``: the throughput plan (``throughput-milp``), ``slots`` slots, slots free (or
+  chained, ``throughput_slot_mode="sequential"``) — up to ``slots`` requests per launch;
+* ``replicas`` (request distribution, the baseline): ``slots`` slots, each whole on one device,
+  split between the devices by their measured single-device rates (as ``bench disagg`` splits
+  them), slots free.
+
+A graph that fails the gate is reported and every mode that needs it is not served.
+
+The serving loop (:func:`serve`) is one thread in real time: requests arrive at pre-drawn Poisson
+times; a FIFO queue; each turn admits what has arrived, sleeps to the next arrival if nothing
+waits, picks the graph (fixed, or the monitor's choice), takes one request (latency) or up to
+``slots`` (the others), launches, waits for the stream and stamps completion. A K-slot graph runs
+all K slots whatever the queue holds: slots without a request are wasted work, which ``slot use``
+reports. After every launch the served slots' outputs must still equal their references (the
+step must be idempotent, as a prefill is); a request whose outputs differ is counted corrupted,
+and the outputs are zeroed again so the next launch has to rewrite them. When the arrival window
+closes the queue is drained; ``dropped`` = arrivals − served, zero unless a request was lost.
+
+The loop takes ``now``, ``sleep``, ``launch`` and ``check`` as arguments, so it runs on the CPU
+with a simulated clock (tests/unit/test_serve.py); the GPU part is :func:`bench_serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from itertools import takewhile
+from pathlib import Path
+from typing import Any
+
+from kernelfleet.errors import UsageError
+from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT, Finished, Monitor
+from kernelfleet.workloads.requests import fixed, poisson_requests
+
+REPLICAS, MONITOR = "replicas", "monitor"
+MODES = (LATENCY, THROUGHPUT, REPLICAS, MONITOR)
+NEEDS = {LATENCY: (LATENCY,), THROUGHPUT: (THROUGHPUT,), REPLICAS: (REPLICAS,), MONITOR: (LATENCY, THROUGHPUT)}
+PLANS = {LATENCY: "latency-greedy", THROUGHPUT: "throughput-milp"}  # policy names `kernelfleet plan` writes
+SLOT_MODES = ("free", "sequential")  # for the throughput graph (runtime/slots.py; "scheduled" needs costs)
+
+
+def parse_rates(text: str) -> list[float]:
+    """``"2,4,6"`` → [2.0, 4.0, 6.0]: offered requests per second, each > 0."""
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--rates wants requests/s separated by commas, e.g. 2,4,6; got {text!r}") from None
+    if not rates or not all(r > 0 and math.isfinite(r) for r in rates):
+        raise UsageError(f"--rates wants one or more positive requests/s separated by commas, e.g. 2,4,6; got {text!r}")
+    return rates
+
+
+def arrival_times(rate_per_second: float, seconds: float, seed: int = 0) -> list[float]:
+    """Arrival times in [0, ``seconds``] of a Poisson process (``workloads.requests``). One seed
+    at every rate gives one pattern, compressed: the gaps are the same exponential draws divided by
+    the rate, so a higher rate never has fewer arrivals in the window."""
+    stream = poisson_requests(rate_per_second, sys.maxsize, fixed(1), fixed(1), 1, seed)
+    return [r.arrival_seconds for r in takewhile(lambda r: r.arrival_seconds <= seconds, stream)]
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    arrival_seconds: float
+    launch_seconds: float
+    done_seconds: float
+    graph: str
+
+    @property
+    def latency_seconds(self) -> float:
+        return self.done_seconds - self.arrival_seconds
+
+
+@dataclass
+class Run:
+    arrivals: int
+    served: list[Served] = field(default_factory=list)
+    launches: dict[str, int] = field(default_factory=dict)  # by graph
+    slots_run: int = 0  # slots launched, with a request or not
+    corrupted: int = 0
+    switches: int | None = None  # the monitor's; None for a fixed graph
+
+
+def serve(arrivals_seconds: Sequence[float], slots: dict[str, int], launch: Callable[[str, int], None],
+          check: Callable[[str, int], int], now: Callable[[], float], sleep: Callable[[float], None], *,
+          graph: str | None = None, monitor: Monitor | None = None) -> Run:
+    """Serve requests arriving at ``arrivals_seconds`` (sorted, from the call) one launch at a time.
+
+    ``slots[g]``: requests graph ``g`` serves per launch; ``launch(g, n)`` runs it for ``n`` queued
+    requests and returns when its outputs are ready; ``check(g, n)``: how many of those ``n``
+    requests' outputs are wrong. Either a fixed ``graph`` or a ``monitor`` picks the graph.
+    """
+    if (graph is None) == (monitor is None):
+        raise UsageError("serve: give a fixed graph or a monitor, not both or neither")
+    missing = ({graph} if monitor is None else {LATENCY, THROUGHPUT}) - set(slots)
+    if missing:
+        raise UsageError(f"serve: no graph for {', '.join(sorted(missing))}")
+    run = Run(len(arrivals_seconds))
+    queue: deque[float] = deque()
+    start, admitted, woken = now(), 0, 0.0
+    while admitted < len(arrivals_seconds) or queue:
+        # a clock read after sleeping to an arrival may round to just before it: admit it anyway
+        t = max(now() - start, woken)
+        while admitted < len(arrivals_seconds) and arrivals_seconds[admitted] <= t:
+            queue.append(arrivals_seconds[admitted])
+            admitted += 1
+        if not queue:
+            sleep(arrivals_seconds[admitted] - t)
+            woken = arrivals_seconds[admitted]
+            continue
+        chosen = graph if monitor is None else monitor.plan_for_next_step(t)
+        batch = [queue.popleft() for _ in range(min(slots[chosen], len(queue)))]
+        launched = max(now() - start, t)
+        launch(chosen, len(batch))
+        done = now() - start
+        run.corrupted += check(chosen, len(batch))
+        run.launches[chosen] = run.launches.get(chosen, 0) + 1
+        run.slots_run += slots[chosen]
+        for arrival in batch:
+            run.served.append(Served(arrival, launched, done, chosen))
+            if monitor is not None:
+                monitor.finished(Finished(done, done - arrival, done - launched))
+    if monitor is not None:
+        run.switches = monitor.switches
+    return run
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in (0, 100]): a value that occurred; the maximum for p99 of
+    fewer than 100 values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def summary(run: Run, rate_per_second: float, mode: str, arrival_window_seconds: float) -> dict:
+    """One row of the table: what happened to the requests of one (rate, mode) whose arrivals came
+    in the first ``arrival_window_seconds``."""
+    latencies = [s.latency_seconds for s in run.served]
+    last = max((s.done_seconds for s in run.served), default=None)
+    p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+    return {"rate_per_second": rate_per_second, "mode": mode, "arrivals": run.arrivals, "served": len(run.served),
+            "dropped": run.arrivals - len(run.served), "corrupted": run.corrupted,
+            "p50_ms": None if p50 is None else p50 * 1e3, "p99_ms": None if p99 is None else p99 * 1e3,
+            "requests_per_second": len(run.served) / last if last else None,  # from the window's start
+            "switches": run.switches, "launches": run.launches,
+            "slot_use_ratio": len(run.served) / run.slots_run if run.slots_run else None,
+            "drain_seconds": max(0.0, last - arrival_window_seconds) if last is not None else 0.0}
+
+
+def slo_capacity(rows: list[dict], slo_ms: float) -> dict[str, float | None]:
+    """Per mode, the highest offered rate whose p99 latency is within ``slo_ms`` with nothing
+    dropped or corrupted; None where no rate is."""
+    capacity: dict[str, float | None] = {}
+    for row in rows:
+        capacity.setdefault(row["mode"], None)
+        ok = (row.get("p99_ms") is not None and row["p99_ms"] <= slo_ms and row.get("dropped") == 0
+              and row.get("corrupted") == 0)
+        if ok and (capacity[row["mode"]] is None or row["rate_per_second"] > capacity[row["mode"]]):
+            capacity[row["mode"]] = row["rate_per_second"]
+    return capacity
+
+
+def sweep(rates: list[float], seconds: float, graphs: dict[str, int], run_mode: Callable[[str, list[float]], Run],
+          seed: int = 0, done: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
+    """Every mode at every rate, every mode of a rate on the same arrivals; a mode missing one of
+    its graphs (failed the gate) is a row that says so. ``done(rows)`` after every row."""
+    rows = []
+    for rate in rates:
+        arrivals = arrival_times(rate, seconds, seed)
+        for mode in MODES:
+            missing = [g for g in NEEDS[mode] if g not in graphs]
+            if missing:
+                rows.append({"rate_per_second": rate, "mode": mode, "arrivals": len(arrivals),
+                             "not_served": f"the {', '.join(missing)} graph failed the gate"})
+            else:
+                rows.append(summary(run_mode(mode, arrivals), rate, mode, seconds))
+            done(rows)
+    return rows
+
+
+def bench_serve(make_step: Callable[[str, int], Any], profiles: dict, plans: Path, slots: int, rates: list[float],
+                seconds: float, slo_ms: float, window_seconds: float, beta: float, repeats: int, out: Path,
+                console: Any, seed: int = 0, throughput_slot_mode: str = "free") -> dict:
+    """Capture, gate and time the three graphs, serve every rate in every mode, write serve.json;
+    return the results (module docstring). Runs on the GPUs of ``profiles``."""
+    import time
+
+    import torch
+
+    from kernelfleet.bench.disagg import Bench, Strategy, load_plans, strategies
+    from kernelfleet.profile.timing import median_seconds
+    from kernelfleet.runtime.executor import release, run
+
+    if slots < 2:
+        raise UsageError(f"--slots must be at least 2 (request distribution needs one per device), got {slots}")
+    if throughput_slot_mode not in SLOT_MODES:
+        raise UsageError(f"--throughput-slots: expected {' or '.join(SLOT_MODES)}, got {throughput_slot_mode!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    bench = Bench(make_step, profiles, slots)
+    loaded = load_plans(plans, bench.program, bench.devices)
+    for policy in PLANS.values():
+        if policy not in loaded:
+            raise UsageError(f"{plans}: no {policy} plan (write them with `kernelfleet plan PROGRAM COSTS "
+                             f"--policy all --out {plans}`)")
+    results: dict = {"command": shlex.join(["kernelfleet", *sys.argv[1:]]), "slots": slots, "rates": rates, "seed": seed,
+                     "seconds": seconds, "slo_ms": slo_ms, "window_ms": window_seconds * 1e3, "beta": beta,
+                     "devices": {name: asdict(spec) for name, spec in profiles.items()}, "graphs": {}}
+
+    def write() -> None:  # after every step, so a run cut short keeps what it measured
+        (out / "serve.json").write_text(json.dumps(results, indent=1, default=str))
+
+    stream = torch.cuda.Stream(device=profiles[bench.devices[0]].device)
+    n, built = len(bench.program.launches), {}
+    homes: dict[str, list[str]] = {}
+    try:
+        with bench:
+            singles = {s.name: bench.measure(s, repeats, stream) for s in strategies(loaded, bench.devices, slots, None, n)}
+            rates_single = {d: singles[f"single:{d}"].get("slots_per_second") for d in bench.devices}
+            results["single_devices"] = singles
+            split = "by the measured single-device rates"
+            if None in rates_single.values():
+                rates_single, split = {d: 1.0 for d in bench.devices}, "evenly (a single device failed the gate)"
+            latency, throughput = loaded[PLANS[LATENCY]], loaded[PLANS[THROUGHPUT]]
+            todo = {
+                LATENCY: Strategy("latency-greedy, 1 slot", [latency.assignment],
+                                  [latency.details.get("home", bench.devices[0])]),
+                THROUGHPUT: Strategy(f"throughput-milp, slots {throughput_slot_mode}", [throughput.assignment] * slots,
+                                     [throughput.details.get("home", bench.devices[0])] * slots,
+                                     {"slot_mode": throughput_slot_mode}),
+                REPLICAS: next(s for s in strategies(loaded, bench.devices, slots, rates_single, n)
+                               if s.name == "replicas, slots free"),
+            }
+            for g, s in todo.items():
+                found: dict = {"strategy": s.name, "homes": s.homes}
+                try:
+                    graph = bench.graph(s)
+                except Exception as exc:  # a plan the replicas cannot run is reported, never served
+                    found["gate"] = f"refused: {exc}"
+                else:
+                    try:
+                        found["gate"] = bench.gate(graph, s.homes, stream)
+                    except Exception as exc:
+                        found["gate"] = f"refused: {exc}"
+                    if found["gate"] == "identical":
+                        built[g], homes[g] = graph, s.homes
+                        found["seconds"] = median_seconds(lambda: run(graph, stream.cuda_stream), stream, repeats)
+                        found["requests_per_second"] = len(s.homes) / found["seconds"]
+                    else:
+                        release(graph)
+                if g == REPLICAS:
+                    found["split"] = split
+                results["graphs"][g] = found
+                write()
+            per_launch = {g: len(homes[g]) for g in built}
+
+            def launch(g: str, _: int) -> None:
+                run(built[g], stream.cuda_stream)
+                stream.synchronize()
+
+            def check(g: str, count: int) -> int:
+                served = homes[g][:count]
+                bad = sum(not all(torch.equal(a, b) for a, b in zip(bench.references[k][home],
+                                                                   bench.slots[k][home].captured.output_tensors()))
+                          for k, home in enumerate(served))
+                bench.clear_outputs(served)
+                return bad
+
+            def run_mode(mode: str, arrivals: list[float]) -> Run:
+                for h in homes.values():  # zeroed: the first launch of the run has to write them
+                    bench.clear_outputs(h)
+                capacity = results["graphs"][LATENCY].get("requests_per_second")
+                monitor = Monitor(window_seconds, beta, LATENCY, latency_capacity=capacity) if mode == MONITOR else None
+                return serve(arrivals, per_launch, launch, check, time.perf_counter, time.sleep,
+                             graph=None if monitor else mode, monitor=monitor)
+
+            def done(rows: list[dict]) -> None:
+                results["runs"] = rows
+                write()
+                r = rows[-1]
+                console.print(f"{r['rate_per_second']:g} req/s, {r['mode']}: " + (
+                    r["not_served"] if "not_served" in r else
+                    f"{r['served']}/{r['arrivals']} served, p99 {r['p99_ms'] or 0:.0f} ms, {r['corrupted']} corrupted"),
+                    markup=False, highlight=False)
+
+            results["runs"] = sweep(rates, seconds, per_launch, run_mode, seed, done)
+    finally:
+        for graph in built.values():
+            release(graph)
+    results["slo_capacity"] = slo_capacity([r for r in results["runs"] if "not_served" not in r], slo_ms)
+    results["corrupted"] = sum(r.get("corrupted", 0) for r in results["runs"])
+    write()
+    show(results, console)
+    return results
+
+
+def show(results: dict, console: Any) -> None:
+    """The table of every (rate, mode), each mode's SLO capacity, and the command."""
+    from rich.table import Table
+
+    table = Table(title=f"kernelfleet bench serve — {results['slots']} slots, SLO p99 ≤ {results['slo_ms']:g} ms, "
+                        f"{results['seconds']:g} s of arrivals per rate")
+    for column in ("req/s offered", "mode", "served", "dropped", "corrupted", "p50 ms", "p99 ms", "req/s achieved",
+                   "switches", "slot use", "drain s"):
+        table.add_column(column)
+
+    def number(value: float | None, form: str) -> str:
+        return "-" if value is None else format(value, form)
+
+    for r in results["runs"]:
+        if "not_served" in r:
+            table.add_row(f"{r['rate_per_second']:g}", r["mode"], "-", "-", "-", "-", "-", "-", "-", "-",
+                          r["not_served"])
+            continue
+        bad = r["corrupted"] or r["dropped"]
+        table.add_row(f"{r['rate_per_second']:g}", r["mode"], str(r["served"]),
+                      f"[red]{r['dropped']}[/]" if r["dropped"] else "0",
+                      f"[red]{r['corrupted']}[/]" if r["corrupted"] else "0",
+                      number(r["p50_ms"], ".1f"), number(r["p99_ms"], ".1f"), number(r["requests_per_second"], ".2f"),
+                      "-" if r["switches"] is None else str(r["switches"]), number(r["slot_use_ratio"], ".0%"),
+                      f"{r['drain_seconds']:.2f}", style="red" if bad else None)
+    console.print(table)
+    for g, found in results["graphs"].items():
+        rate = found.get("requests_per_second")
+        console.print(f"{g} graph ({found['strategy']}): {found['gate'][:80]}"
+                      + (f", {found['seconds'] * 1e3:.1f} ms per launch, {rate:.2f} requests/s" if rate else "")
+                      + (f"; slots split {found['split']}" if "split" in found else ""), markup=False, highlight=False)
+    console.print("SLO capacity (highest offered rate with p99 within the SLO, nothing dropped or corrupted): "
+                  + ", ".join(f"{m} {'-' if c is None else f'{c:g} req/s'}" for m, c in results["slo_capacity"].items()),
+                  markup=False, highlight=False)
+    if results["corrupted"]:
+        console.print(f"[red]{results['corrupted']} requests came back with outputs that differ from their "
+                      "references[/]")
+    console.print(f"command: {results['command']}", markup=False, highlight=False)
