@@ -341,7 +341,7 @@ def _print_ncu_check(folder: Path, points: list[dict], samples: list, sku) -> No
           "mean GPM active | f_true/f_nvml mean (min–max) | corrected MAE, counted ops (pp) |")
     print("|---|---|---|---|---|---|---|---|")
     for s in summarize(profiled, checks, sku.sm_count):
-        same = (f"{s.ops_equal_name}/{s.ops_counted} ({s.ops_equal_cluster}/{s.ops_counted} with clusters)"
+        same = (f"{s.ops_equal_name}/{s.ops_counted} ({s.ops_equal_tile_only}/{s.ops_counted} without clusters)"
                 if s.ops_counted else "not counted")
         rate = "—" if s.flops_per_active_cycle is None else f"{s.flops_per_active_cycle:.0f} {s.rate_basis}"
         ratio = "—" if s.mean_clock_ratio is None else f"{s.mean_clock_ratio:.3f} ({s.min_clock_ratio:.3f}–{s.max_clock_ratio:.3f})"

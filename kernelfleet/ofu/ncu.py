@@ -4,8 +4,9 @@
 locked). This module reads that CSV, aligns its kernels to the sweep points by name, and
 asks three questions of each point:
 
-* Does the tensor pipe execute the FLOPs the kernel name predicts (``ofu/kernel_tiles.py``)?
-  The ops-path counters count every math op the pipe executed, padded tiles included.
+* Does the tensor pipe execute the FLOPs the kernel name predicts (``ofu/kernel_tiles.py``:
+  tile padding, grid rounded to whole clusters)? The ops-path counters count every math op
+  the pipe executed, padded tiles included.
 * How many FLOPs does one pipe-active SM cycle do? If the answer is the full rate on every
   kernel (4096 bf16/fp16, 2048 tf32 per SM), no busy tensor cycle is an idle one.
 * What SM clock would the loop have needed? ``executed FLOP/s / (GPM tensor activity ×
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import io
-import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +25,7 @@ from typing import Any
 
 from kernelfleet.catalog import Sku
 from kernelfleet.errors import UsageError
-from kernelfleet.ofu.kernel_tiles import executed_flops_of_torch_mm, tile_from_kernel_name
+from kernelfleet.ofu.kernel_tiles import executed_flops_of_kernel, executed_flops_of_torch_mm, tile_from_kernel_name
 from kernelfleet.ofu.tiles import Tile, corrected_ofu, gemm_flops
 from kernelfleet.ofu.validation import PEAK_OF, gemm_points
 from kernelfleet.telemetry.sample import Sample
@@ -49,9 +49,6 @@ OPS_METRICS = {
 # The pipe-active cycles a precision's math runs in: fp64 runs on the DMMA sub-pipe.
 ACTIVE_CYCLES_METRIC = {"fp64": "sm__pipe_tensor_op_dmma_cycles_active.sum"}
 _PIPE_ACTIVE = "sm__pipe_tensor_cycles_active.sum"
-
-# nvjet_sm90_tst_64x48_64x15_2x4_h_bz_NNT: tile 64×48, K 64, 15 stages, thread-block cluster 2×4.
-_NVJET_CLUSTER = re.compile(r"nvjet_sm\d+_[a-z]+_\d+x\d+_\d+x\d+_(\d+)x(\d+)_")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,26 +122,6 @@ def align(order: Sequence[Mapping[str, Any]], sweep_points: Sequence[Mapping[str
     return out
 
 
-def cluster_from_kernel_name(name: str) -> tuple[int, int] | None:
-    """The thread-block cluster (along the tile's first and second side) an nvjet name states."""
-    found = _NVJET_CLUSTER.search(name)
-    return (int(found.group(1)), int(found.group(2))) if found else None
-
-
-def cluster_executed_flops(m: int, n: int, k: int, name: str) -> int | None:
-    """Executed FLOPs when the grid is also rounded up to whole clusters.
-
-    A cluster launches all its CTAs, so an nvjet kernel with a 2×4 cluster computes a whole
-    number of 2×4 tile groups: ceil(ceil(N / 64) / 2) · 2 · 64 = pad(N, 2 · 64). Equals the
-    name-based count when the name states no cluster.
-    """
-    tile = tile_from_kernel_name(name)
-    if tile is None:
-        return None
-    cm, cn = cluster_from_kernel_name(name) or (1, 1)
-    return executed_flops_of_torch_mm(m, n, k, Tile(tile.m * cm, tile.n * cn, tile.k))
-
-
 @dataclass(frozen=True, slots=True)
 class NcuPoint:
     """One profiled sweep GEMM: what ncu counted, next to what the kernel name predicts."""
@@ -156,8 +133,8 @@ class NcuPoint:
     kernel: str
     tile: Tile | None
     executed_ops: int | None  # ncu ops-path count; None where the metric was not collected
-    name_executed_flops: int | None  # ofu/kernel_tiles.py, as the OFU correction uses it
-    cluster_executed_flops: int | None  # the same, with the grid rounded to whole clusters
+    name_executed_flops: int | None  # ofu/kernel_tiles.py (tile and cluster), as the OFU correction uses it
+    tile_executed_flops: int | None  # the tile padding alone, without rounding to whole clusters
     active_cycles_per_sm: float  # pipe-active cycles (DMMA for fp64), per SM
     elapsed_cycles_per_sm: float
     sm_clock_hertz: float  # elapsed SM cycles / kernel duration, as ncu measured it
@@ -180,10 +157,10 @@ class NcuPoint:
         return self.executed_ops / sm_count / self.active_cycles_per_sm
 
     def derived_flops_per_active_cycle(self, sm_count: int) -> float | None:
-        """The same from the cluster-aware name model, for precisions whose ops were not counted."""
-        if self.cluster_executed_flops is None or not self.active_cycles_per_sm:
+        """The same from the name model, for precisions whose ops were not counted."""
+        if self.name_executed_flops is None or not self.active_cycles_per_sm:
             return None
-        return self.cluster_executed_flops / sm_count / self.active_cycles_per_sm
+        return self.name_executed_flops / sm_count / self.active_cycles_per_sm
 
 
 def ncu_point(point: Mapping[str, Any], kernel: NcuKernel, sm_count: int) -> NcuPoint:
@@ -201,8 +178,8 @@ def ncu_point(point: Mapping[str, Any], kernel: NcuKernel, sm_count: int) -> Ncu
     return NcuPoint(
         precision, m, n, k, kernel.name, tile,
         int(sum(counted)) if counted else None,
+        executed_flops_of_kernel(m, n, k, kernel.name),
         executed_flops_of_torch_mm(m, n, k, tile) if tile else None,
-        cluster_executed_flops(m, n, k, kernel.name),
         active / (SUB_PARTITIONS_PER_SM * sm_count), elapsed, clock,
     )
 
@@ -216,8 +193,8 @@ def ncu_points(order: Sequence[Mapping[str, Any]], sweep_points: Sequence[Mappin
 def flops_per_active_cycle(points: Sequence[NcuPoint], precision: str, sm_count: int) -> tuple[float, str] | None:
     """A precision's FLOPs per pipe-active SM cycle: the median over its kernels, and its basis.
 
-    Counted ops where ncu collected them; otherwise the cluster-aware name model over the
-    counted active cycles ("derived"). None when no kernel of the precision was profiled.
+    Counted ops where ncu collected them; otherwise the name model (tile and cluster) over
+    the counted active cycles ("derived"). None when no kernel of the precision was profiled.
     """
     mine = [p for p in points if p.precision == precision]
     counted = [r for p in mine if (r := p.flops_per_active_cycle(sm_count)) is not None]
@@ -238,7 +215,7 @@ class ClockCheck:
     windows: int
     mfu_ratio: float
     raw_ofu_ratio: float
-    executed_flops: int  # per GEMM: ncu-counted ops, else (fp8, fp64) the cluster-aware name model
+    executed_flops: int  # per GEMM: ncu-counted ops, else (fp8, fp64) the name model
     gpm_tensor_active_ratio: float  # mean over the point's windows
     nvml_sm_clock_hertz: float  # mean over the same windows
     executed_flops_per_second: float  # MFU × peak × executed / useful
@@ -290,7 +267,7 @@ def clock_checks(sweep_points: Sequence[Mapping[str, Any]], samples: Sequence[Sa
         ncu, rate, peak = by_shape.get(key), rates.get(precision), sku.peak_flops(PEAK_OF[precision])
         if "error" in point or ncu is None or rate is None or peak is None:
             continue
-        executed = ncu.executed_ops if ncu.executed_ops is not None else ncu.cluster_executed_flops
+        executed = ncu.executed_ops if ncu.executed_ops is not None else ncu.name_executed_flops
         windows = _windows(point, samples, sku)
         if not windows or executed is None:
             continue
@@ -309,8 +286,8 @@ class NcuSummary:
     precision: str
     profiled: int
     ops_counted: int  # kernels whose ops-path counter ncu collected
-    ops_equal_name: int  # of those, counted ops == ofu/kernel_tiles.py's executed FLOPs
-    ops_equal_cluster: int  # counted ops == the cluster-aware name model
+    ops_equal_name: int  # of those, counted ops == ofu/kernel_tiles.py's executed FLOPs (tile and cluster)
+    ops_equal_tile_only: int  # counted ops == the tile padding alone, without whole clusters
     flops_per_active_cycle: float | None  # per SM, median over kernels
     rate_basis: str | None  # "counted" or "derived" (name model / counted active cycles)
     mean_ncu_active_ratio: float
@@ -333,7 +310,7 @@ def summarize(points: Sequence[NcuPoint], checks: Sequence[ClockCheck], sm_count
         rate = flops_per_active_cycle(points, q, sm_count)
         out.append(NcuSummary(
             q, len(mine), len(counted), sum(p.executed_ops == p.name_executed_flops for p in counted),
-            sum(p.executed_ops == p.cluster_executed_flops for p in counted),
+            sum(p.executed_ops == p.tile_executed_flops for p in counted),
             rate[0] if rate else None, rate[1] if rate else None,
             statistics.mean(p.active_ratio for p in mine), statistics.mean(gpm) if gpm else None,
             statistics.mean(ratios) if ratios else None, min(ratios, default=None), max(ratios, default=None),

@@ -14,13 +14,18 @@ from typing import Sequence
 
 from kernelfleet.catalog import Sku
 from kernelfleet.errors import UsageError
-from kernelfleet.ofu.aggregate import resample
+from kernelfleet.ofu.aggregate import by_gpu, resample
 from kernelfleet.ofu.core import ofu, ofu_ratio
 from kernelfleet.telemetry.clock import step_mean
 from kernelfleet.telemetry.sample import Sample
 
 
 STEADY_SM_ACTIVE = 0.5
+# A window's mean clock is a reference only if it rests on reads inside the window. The
+# sampler's adaptive polling reads once a window while the clock held still through the last
+# one (docs/telemetry.md); such a window's mean *is* its one read, so the instant read would
+# match it by construction, not by measurement. Dense windows have 10 (100-ms polls) or more.
+DENSE_CLOCK_POLLS = 2
 
 
 def value_at(times: Sequence[float], values: Sequence[float], when: float) -> float:
@@ -60,25 +65,37 @@ def instant_clock_errors_pp(
     """OFU error, in percentage points, of one instantaneous clock read per window (the last,
     as a DCGM-style sampler takes it) against the window's dense mean clock.
 
-    Windows are ``samples`` merged to ``window_seconds``; idle and stale ones are left out.
-    With ``steady_only``, only whole windows inside runs where every sample kept the SMs
-    busy count: a long job's steady state, without its start, end and pauses.
+    Windows are each GPU's ``samples`` merged to ``window_seconds`` (GPUs are separate series);
+    idle and stale ones are left out, and so are samples whose clock was read fewer than
+    ``DENSE_CLOCK_POLLS`` times (no dense mean to compare with): they split the series as a
+    gap would. With ``steady_only``, only whole windows inside runs where every sample kept the
+    SMs busy count: a long job's steady state, without its start, end and pauses.
     """
-    if steady_only:
-        runs: list[list[Sample]] = [[]]
-        for sample in samples:
-            if sample.stale or (sample.sm_active_ratio or 0.0) < STEADY_SM_ACTIVE:
-                runs.append([])
-            else:
-                runs[-1].append(sample)
-        merged = [m for run in runs for m in resample(run, window_seconds) if m.window_seconds >= 0.999 * window_seconds]
-    else:
-        merged = resample(samples, window_seconds)
     errors = []
-    for window in merged:
-        dense = ofu(window, sku)
-        if dense.ofu_ratio is None or window.sm_clock_instant_hertz is None or (window.tensor_active_ratio or 0) < 0.01:
-            continue
-        instant = ofu_ratio(window.tensor_active_ratio, window.sm_clock_instant_hertz, dense.reference_clock_hertz)  # type: ignore[arg-type]
-        errors.append(100 * abs(instant - dense.ofu_ratio))
+    for series in by_gpu(samples).values():
+        for window in _windows(series, window_seconds, steady_only):
+            dense = ofu(window, sku)
+            if (dense.ofu_ratio is None or window.sm_clock_instant_hertz is None
+                    or (window.tensor_active_ratio or 0) < 0.01):
+                continue
+            instant = ofu_ratio(window.tensor_active_ratio, window.sm_clock_instant_hertz,  # type: ignore[arg-type]
+                                dense.reference_clock_hertz)
+            errors.append(100 * abs(instant - dense.ofu_ratio))
     return errors
+
+
+def _windows(series: Sequence[Sample], window_seconds: float, steady_only: bool) -> list[Sample]:
+    """One GPU's samples merged to ``window_seconds`` within runs that a sparse clock read
+    (and with ``steady_only`` a stale or not busy sample) breaks; steady runs keep whole windows only."""
+    runs: list[list[Sample]] = [[]]
+    for sample in series:
+        sparse = not sample.stale and sample.sm_clock_polls < DENSE_CLOCK_POLLS
+        unsteady = steady_only and (sample.stale or (sample.sm_active_ratio or 0.0) < STEADY_SM_ACTIVE)
+        if sparse or unsteady:
+            runs.append([])
+        else:
+            runs[-1].append(sample)
+    merged = [m for run in runs for m in resample(run, window_seconds)]
+    if steady_only:
+        merged = [m for m in merged if m.window_seconds >= 0.999 * window_seconds]
+    return merged

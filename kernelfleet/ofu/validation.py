@@ -5,7 +5,8 @@ points (shape, precision, kernel names, CUDA-event timeline) and the counter
 trace sampled alongside. For every window that lies wholly inside a point's
 timed run, MFU is the FLOPs the timeline completed in the window over the
 window and the precision's dense peak; raw OFU comes from the window's counters;
-corrected OFU removes the padded tile work of the kernel that ran.
+corrected OFU removes the padded tile work of the kernel that ran (its tile, and
+its thread-block cluster where the name states one: ``ofu/kernel_tiles.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 from kernelfleet.catalog import Sku
 from kernelfleet.ofu.core import ofu
-from kernelfleet.ofu.kernel_tiles import executed_flops_of_torch_mm, tile_from_kernel_name
+from kernelfleet.ofu.kernel_tiles import cluster_from_kernel_name, executed_flops_of_kernel, tile_from_kernel_name
 from kernelfleet.ofu.tiles import Tile, corrected_ofu, gemm_flops
 from kernelfleet.ofu.timeline import work_between
 from kernelfleet.telemetry.sample import Sample
@@ -39,6 +40,7 @@ class GemmPoint:
     mfu_ratio: float
     raw_ofu_ratio: float
     corrected_ofu_ratio: float | None  # None when the kernel's tile is unknown
+    cluster: tuple[int, int] | None = None  # thread-block cluster along the tile's sides (nvjet)
 
     @property
     def raw_error_pp(self) -> float:
@@ -73,12 +75,12 @@ def gemm_points(points: Iterable[dict[str, Any]], samples: Sequence[Sample], sku
         kernel = next((name for name in p["kernels"] if tile_from_kernel_name(name)), None)
         tile = tile_from_kernel_name(kernel) if kernel else None
         raw = statistics.mean(o for _, o in pairs)
-        corrected = None
-        if tile is not None:
-            m, n, k = p["m"], p["n"], p["k"]
-            corrected = corrected_ofu(raw, gemm_flops(m, n, k), executed_flops_of_torch_mm(m, n, k, tile))
+        m, n, k = p["m"], p["n"], p["k"]
+        executed = executed_flops_of_kernel(m, n, k, kernel) if kernel else None
+        corrected = None if executed is None else corrected_ofu(raw, gemm_flops(m, n, k), executed)
         out.append(GemmPoint(p["precision"], p["m"], p["n"], p["k"], kernel, tile, len(pairs),
-                             statistics.mean(m for m, _ in pairs), raw, corrected))
+                             statistics.mean(m for m, _ in pairs), raw, corrected,
+                             cluster_from_kernel_name(kernel) if kernel else None))
     return out
 
 

@@ -91,7 +91,7 @@ def test_agent_refuses_a_file_that_is_not_a_store(tmp_path):
 def test_bench_ofu_report_prints_table_ii_from_the_recorded_sweep():
     done = kf("bench", "ofu-report", str(Path(__file__).parents[1] / "data" / "h200-sweep"))
     assert done.returncode == 0, done.stderr
-    assert "| bf16 | 15 | 1.86 | 60% | 100% | 1.01 | 87% | 100% |" in done.stdout
+    assert "| bf16 | 15 | 1.86 | 60% | 100% | 0.95 | 87% | 100% |" in done.stdout
 
 
 def test_bench_ofu_report_on_a_missing_sweep(tmp_path):
