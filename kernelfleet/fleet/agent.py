@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from kernelfleet.catalog import Catalog, Sku
+from kernelfleet.errors import UsageError
 from kernelfleet.fleet.attribution import JobIdentity, attribute, clean, split_shared
 from kernelfleet.fleet.detect import Event, RegressionDetector
 from kernelfleet.fleet.store import GpuRow, JobRow, Store
-from kernelfleet.ofu import OfuReading, classify, ofu
+from kernelfleet.ofu import OfuReading, classify, corrected_ofu, ofu
 from kernelfleet.telemetry.sample import ProcessSample, Sample
 from kernelfleet.telemetry.scrape import PodRef
 
@@ -168,30 +169,48 @@ class Agent:
             self._pending.append(event)
 
     def hook(self, report: dict[str, object]) -> dict[str, object]:
-        """A report from kernelfleet.hook: the job's useful FLOPs give its MFU; a job whose own
-        MFU figure disagrees with its OFU by more than ``mfu_margin`` gets an event."""
+        """A report from kernelfleet.hook: the job's useful FLOPs give its MFU; with its profiled
+        step's executed FLOPs, its tile-corrected OFU (:func:`tile_corrected_ofu`).
+
+        A job whose own MFU figure disagrees with its OFU by more than ``mfu_margin`` gets an
+        ``mfu-mismatch`` event. The corrected OFU is the one compared when there is one: on
+        shapes that are not tile multiples the GEMM kernels compute padded tiles, which keep
+        the tensor pipes busy and so count in raw OFU but are rightly no part of the job's
+        FLOPs, so raw OFU exceeds a correct MFU and would flag an honest job.
+        """
         pid = int(report["pid"])  # type: ignore[arg-type]
         who = self.identify(ProcessSample(pid=pid))
         job = who.job or f"pid-{pid}"
         held = [(r, j.share) for r in self.latest() for j in r.jobs if j.job == job]
         gpus = sum(share for _, share in held)
         skus = {r.sku for r, _ in held}
+        sku = next(iter(skus)) if len(skus) == 1 else None
         mfu = None
         seconds = float(report["seconds"])  # type: ignore[arg-type]
-        if gpus > 0 and len(skus) == 1 and None not in skus and seconds > 0:
-            sku = skus.pop()
+        if gpus > 0 and sku is not None and seconds > 0:
             peaks = {p: sku.peak_flops(p) for p in report["useful_flops"]}  # type: ignore[union-attr, attr-defined]
             if all(peaks.values()):
                 mfu = sum(f / peaks[p] for p, f in report["useful_flops"].items()) / seconds / gpus  # type: ignore[union-attr, operator]
         ofus = [(r.ofu.ofu_ratio, share) for r, share in held if r.ofu.ofu_ratio is not None]
         ofu_now = sum(o * w for o, w in ofus) / sum(w for _, w in ofus) if ofus else None
+        useful, executed = report.get("profiled_useful_flops"), report.get("executed_flops")
+        corrected, note = None, report.get("correction_note")
+        if not executed or not useful:
+            note = note or "the report has no executed FLOPs (no profiled step)"
+        elif ofu_now is None or sku is None:
+            note = "no OFU for the job's GPUs (or they are not one known model) to correct"
+        else:
+            corrected, note = tile_corrected_ofu(ofu_now, useful, executed, sku)  # type: ignore[arg-type]
         reported = report.get("reported_mfu")
         result = {"job": job, "gpus": gpus, "hook_mfu_ratio": mfu, "ofu_ratio": ofu_now,
+                  "corrected_ofu_ratio": corrected, "correction_note": note,
                   "reported_mfu_ratio": reported, "gemms": report.get("gemms", [])}
         with self._lock:
             self.hooks[job] = result
-        if isinstance(reported, (int, float)) and ofu_now is not None and abs(reported - ofu_now) > self.mfu_margin:
-            detail = (f"job {job} reports MFU {reported:.3f} but its GPUs' OFU is {ofu_now:.3f}: "
+        measured = corrected if corrected is not None else ofu_now
+        if isinstance(reported, (int, float)) and measured is not None and abs(reported - measured) > self.mfu_margin:
+            which = "tile-corrected OFU" if corrected is not None else "OFU"
+            detail = (f"job {job} reports MFU {reported:.3f} but its GPUs' {which} is {measured:.3f}: "
                       "check the job's FLOP counting")
             log.warning(detail)
             if self.store is not None:
@@ -208,6 +227,36 @@ class Agent:
             self.step(batch)
             if stop.is_set():
                 break
+
+
+def tile_corrected_ofu(ofu_ratio: float, useful_flops: Mapping[str, float], executed_flops: Mapping[str, float],
+                       sku: Sku) -> tuple[float | None, str | None]:
+    """OFU with the tile padding of a job's GEMMs removed, and None or why there is none.
+
+    OFU × useful ÷ executed, from one profiled step of the job. With several precisions each
+    is weighted by the time the tensor pipes need for it, FLOPs ÷ its dense peak: OFU is a
+    share of pipe time, and an fp8 FLOP takes half the pipe time of a bf16 one.
+    """
+    precisions = set(useful_flops) | set(executed_flops)
+    peaks = {p: _peak(sku, p) for p in precisions}
+    missing = sorted(p for p, peak in peaks.items() if not peak)
+    if missing:
+        return None, f"{sku.key} has no dense peak for {', '.join(missing)}"
+    short = sorted(p for p in precisions if useful_flops.get(p, 0) > executed_flops.get(p, 0))
+    if short:
+        return None, f"executed FLOPs below useful ones for {', '.join(short)}: not a report from kernelfleet.hook"
+    useful = sum(useful_flops.get(p, 0) / peaks[p] for p in precisions)  # type: ignore[operator]
+    executed = sum(executed_flops.get(p, 0) / peaks[p] for p in precisions)  # type: ignore[operator]
+    if executed <= 0:
+        return None, "the profiled step executed no FLOPs"
+    return corrected_ofu(ofu_ratio, useful, executed), None
+
+
+def _peak(sku: Sku, precision: str) -> float | None:
+    try:
+        return sku.peak_flops(precision)
+    except UsageError:  # a precision the catalog does not know (the hook names any dtype)
+        return None
 
 
 def _row(r: Reading) -> GpuRow:

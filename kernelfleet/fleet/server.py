@@ -49,6 +49,11 @@ class HookReport(BaseModel):
     steps: int = Field(ge=1)
     seconds: float = Field(gt=0)
     useful_flops: dict[str, float]
+    # One profiled step's useful and executed (tile-padded) FLOPs, for the tile-corrected OFU,
+    # or why the hook has none.
+    profiled_useful_flops: dict[str, float] | None = None
+    executed_flops: dict[str, float] | None = None
+    correction_note: str | None = Field(None, max_length=500)
     gemms: list[dict[str, Any]] = []
     reported_mfu: float | None = Field(None, ge=0, le=2)
 
