@@ -55,19 +55,18 @@ class TimedNvml:
     def __getattr__(self, name):
         return getattr(self._nvml, name)
 
-    def call(self, function, *args):
+    def _timed(self, how, function, *args):
         t0 = time.thread_time()
         try:
-            return self._nvml.call(function, *args)
+            return how(function, *args)
         finally:
             self.cpu[function] += time.thread_time() - t0
 
+    def call(self, function, *args):
+        return self._timed(self._nvml.call, function, *args)
+
     def optional(self, function, *args):
-        t0 = time.thread_time()
-        try:
-            return self._nvml.optional(function, *args)
-        finally:
-            self.cpu[function] += time.thread_time() - t0
+        return self._timed(self._nvml.optional, function, *args)
 
 
 def measure(poll: float, adaptive: bool, windows: int, interval: float) -> dict:
