@@ -186,8 +186,9 @@ def plan_command(
     ),
     time_limit: float = typer.Option(30.0, "--time-limit", help="Seconds for the throughput MILP."),
     in_flight: int | None = typer.Option(
-        None, "--in-flight", help="Also predict each plan's time per request with this many requests in flight, "
-        "as the executor runs it (runtime/slots.py)."),
+        None, "--in-flight", help="Plan for this many requests in flight: the throughput policy picks the plan "
+        "(switch budgets, the best single cut, every baseline) fastest per request as the executor runs it "
+        "(runtime/slots.py), and every plan's time at K is printed."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """Place a kernel program on devices: the chosen policy's plan beside every baseline."""
@@ -200,7 +201,7 @@ def plan_command(
 
     done = command.setup(program, costs, device or [], link or [], link_gbps, predict or [], profile or [],
                          catalog)
-    chosen, plans = command.make_plans(done.problem, policy, time_limit)
+    chosen, plans = command.make_plans(done.problem, policy, time_limit, in_flight=in_flight)
     console = out_console()
     for note in done.notes:
         console.print(note, markup=False, highlight=False)

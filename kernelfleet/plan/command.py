@@ -170,14 +170,19 @@ def _predict(
     return table, devices, note
 
 
-def make_plans(problem: Problem, policy: str, time_limit_seconds: float) -> tuple[Plan | None, list[Plan]]:
-    """The chosen plan (None for "all") and every plan evaluated, chosen first."""
+def make_plans(problem: Problem, policy: str, time_limit_seconds: float,
+               in_flight: int | None = None) -> tuple[Plan | None, list[Plan]]:
+    """The chosen plan (None for "all") and every plan evaluated, chosen first. ``in_flight``
+    (requests in flight) makes the throughput plan the one predicted fastest per request at
+    that many (``policy.throughput``)."""
     if policy not in POLICIES:
         raise UsageError(f"--policy {policy!r}: expected one of {', '.join(POLICIES)}")
     if time_limit_seconds <= 0:
         raise UsageError(f"--time-limit must be positive, got {time_limit_seconds}")
+    if in_flight is not None and in_flight < 1:
+        raise UsageError(f"--in-flight must be at least 1, got {in_flight}")
     if policy in ("throughput", "all"):
-        milp, plans, skipped = throughput(problem, time_limit_seconds=time_limit_seconds)
+        milp, plans, skipped = throughput(problem, time_limit_seconds=time_limit_seconds, in_flight=in_flight)
         plans = [milp] + plans
     else:
         plans, skipped = baselines(problem)
@@ -199,11 +204,23 @@ def make_plans(problem: Problem, policy: str, time_limit_seconds: float) -> tupl
 
 
 def verdict(plans: list[Plan]) -> str | None:
-    """One line comparing kernel placement with the strongest control, request distribution."""
-    by_policy = {p.policy: p.details["throughput_seconds"] for p in plans}
-    milp, replicas = by_policy.get("throughput-milp"), by_policy.get("replicas")
-    if milp is None or replicas is None:
+    """One line comparing kernel placement with the strongest control, request distribution: in
+    steady state, or with the throughput plan's requests in flight where it was made for them."""
+    by_policy = {p.policy: p for p in plans}
+    if "throughput-milp" not in by_policy or "replicas" not in by_policy:
         return None
+    flight = by_policy["throughput-milp"].details.get("in_flight")
+    if flight is not None:
+        k, milp = flight["requests"], flight["per_request_seconds"]
+        replicas = next((c["per_request_seconds"] for c in flight["candidates"] if c["plan"] == "replicas"), None)
+        if replicas is None:
+            return None
+        if milp < replicas:
+            return (f"with {k} requests in flight, kernel placement ({flight['chosen']}) serves {replicas / milp:.2f}x "
+                    "the requests of two independent replicas (predicted)")
+        return (f"with {k} requests in flight, two independent replicas serve {milp / replicas:.2f}x the requests "
+                f"of the best kernel placement found ({flight['chosen']}, predicted): run replicas on this pair")
+    milp, replicas = (by_policy[p].details["throughput_seconds"] for p in ("throughput-milp", "replicas"))
     if milp < replicas:
         return f"kernel placement serves {replicas / milp:.2f}x the requests of two independent replicas"
     return (f"two independent replicas serve {milp / replicas:.2f}x the requests of the best kernel placement "

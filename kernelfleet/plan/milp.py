@@ -13,6 +13,18 @@ the charge depends on the pair of devices, so w[e,a,b] >= x[i,a] + x[j,b] - 1 pe
 under compression: see ``compress.py``), since the cost is linear in bytes and symmetric;
 edges whose two ends are fixed are constants.
 
+Switch budget (optional, ``max_switches=S``): along the launch order, leaving out launches that
+can run on one device only (pins), a *switch* is a launch on another device than the one before
+it; sum of switches <= S. With two devices one s >= |x[i,d] - x[i-1,d]| per consecutive pair; with
+more, u[i,d] >= x[i,d] - x[i-1,d] per device, whose sum is half the L1 distance between the two
+launches' placements (1 on a switch, like max_d, but tighter in the relaxation). s and u need
+not be integer: for binary x each can sit at its lower bound, 0 or 1. Under compression
+consecutive launches are counted by class pair (with how often the pair follows each other), so
+the budget counts the switches of the replicated plan exactly. S = 1 on two devices is a
+two-stage pipeline cut anywhere, chosen by compute and transfer cost. Why: the executor runs few
+requests in flight, and a plan that switches every few kernels makes each request one serial
+chain through both devices (``runtime/slots.py``); the policy tries several S (``policy.py``).
+
 Bounds: the LP relaxation of this model, and the zero-communication LP (same model without
 cut terms and memory). HiGHS's own dual bound at the end is also valid when the model was
 not compressed. Tessera's MILP (Gurobi) has no memory rows.
@@ -101,7 +113,35 @@ class _Built:
     members: list[list[int]]
 
 
-def _build(problem: Problem, cls: list[int], home: str | None, transfers: bool, memory: bool) -> _Built:
+def switches(problem: Problem, assignment: list[str], home: str | None = None) -> int:
+    """Device changes along the launch order of ``assignment``, launches that can run on one device
+    only left out (as the MILP's switch budget counts them)."""
+    previous, count = None, 0
+    for k, d in enumerate(assignment):
+        if len(problem.allowed(k, home)) < 2:
+            continue
+        if previous is not None and d != previous:
+            count += 1
+        previous = d
+    return count
+
+
+def _consecutive(cls: list[int], fixed: dict[int, str]) -> dict[tuple[int, int], int]:
+    """(class, next class) -> how often a launch of the first is followed by one of the second,
+    among the launches of free classes in launch order."""
+    out: dict[tuple[int, int], int] = defaultdict(int)
+    previous = None
+    for c in cls:
+        if c in fixed:
+            continue
+        if previous is not None and previous != c:
+            out[previous, c] += 1
+        previous = c
+    return out
+
+
+def _build(problem: Problem, cls: list[int], home: str | None, transfers: bool, memory: bool,
+           max_switches: int | None = None) -> _Built:
     names = problem.names
     n_cls = max(cls, default=-1) + 1
     members: list[list[int]] = [[] for _ in range(n_cls)]
@@ -193,6 +233,23 @@ def _build(problem: Problem, cls: list[int], home: str | None, transfers: bool, 
     for d in names:
         m.row(const[d], INF, load[d])
 
+    if max_switches is not None and len(names) > 1:
+        budget: dict[int, float] = {}
+        for (a, b), count in _consecutive(cls, fixed).items():
+            shared = m.col(0.0, 1.0) if len(names) == 2 else None
+            for d in names:
+                (ca, ka), (cb, kb) = on(a, d), on(b, d)
+                u = shared if shared is not None else m.col(0.0, 1.0)
+                terms = {u: 1.0}  # u >= x_b,d - x_a,d
+                if cb is not None:
+                    terms[cb] = -1.0
+                if ca is not None:
+                    terms[ca] = terms.get(ca, 0.0) + 1.0
+                m.row(kb - ka, INF, terms)
+                budget[u] = float(count)  # once per column: the shared one stands for every device
+        if budget:
+            m.row(-INF, float(max_switches), budget)
+
     if memory:
         touching: dict[int, list[int]] = defaultdict(list)
         for c, ks in enumerate(members):
@@ -233,25 +290,34 @@ def zero_comm_bound(problem: Problem, home: str | None = "problem") -> dict[str,
 
 
 def solve_throughput(problem: Problem, *, time_limit_seconds: float = 30.0, mip_rel_gap: float = 1e-4,
-                     compress: bool = False, groups: int = 1, start: list[str] | None = None) -> Plan:
+                     compress: bool = False, groups: int = 1, start: list[str] | None = None,
+                     max_switches: int | None = None) -> Plan:
     """The throughput plan: the MILP's best placement within the time limit.
 
     ``compress`` solves one repeated block (``groups`` runs of it, see ``compress.py``) and
     replicates it. ``start`` is an assignment to start from (e.g. the best baseline), so the
     result is never worse than it even when the time limit cuts the search short.
-    Raises UsageError when no placement satisfies pins and memory limits.
+    ``max_switches`` bounds the device changes along the launch order (module docstring); the
+    MILP's own bounds then hold for the budget only, so the plan's lower bound is the
+    zero-communication one. Raises UsageError when no placement satisfies pins, memory limits
+    and the budget.
     """
+    if max_switches is not None and max_switches < 0:
+        raise UsageError(f"max_switches must be >= 0 or None, got {max_switches}")
     began = time.perf_counter()
     repeats = find_repeats(problem) if compress else None
     cls = launch_classes(problem, repeats, groups)
-    built = _build(problem, cls, problem.home, transfers=True, memory=True)
-    h = built.model.to_highs(relax=True, time_limit_seconds=time_limit_seconds, mip_rel_gap=mip_rel_gap)
-    h.run()
-    relaxed = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
-    lp_bound = float(h.getInfo().objective_function_value) if relaxed else None
-    if h.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
-        raise UsageError("no placement satisfies the pins and memory limits (the relaxation is infeasible): "
-                         "raise a memory limit or add a device")
+    built = _build(problem, cls, problem.home, transfers=True, memory=True, max_switches=max_switches)
+    limits = "the pins and memory limits" + ("" if max_switches is None else f" within {max_switches} switches")
+    fix = "raise a memory limit or add a device" + ("" if max_switches is None else " or allow more switches")
+    lp_bound = None
+    if max_switches is None:  # a bound for the full problem; under a budget, time better spent on the MILP
+        h = built.model.to_highs(relax=True, time_limit_seconds=time_limit_seconds, mip_rel_gap=mip_rel_gap)
+        h.run()
+        if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+            lp_bound = float(h.getInfo().objective_function_value)
+        if h.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
+            raise UsageError(f"no placement satisfies {limits} (the relaxation is infeasible): {fix}")
     h = built.model.to_highs(relax=False, time_limit_seconds=max(0.1, time_limit_seconds - (time.perf_counter() - began)),
                              mip_rel_gap=mip_rel_gap)
     if start is not None and len(start) == len(cls):
@@ -262,7 +328,7 @@ def solve_throughput(problem: Problem, *, time_limit_seconds: float = 30.0, mip_
     info = h.getInfo()
     if info.primal_solution_status != 2:  # 2 = feasible
         if status == highspy.HighsModelStatus.kInfeasible:
-            raise UsageError("no placement satisfies the pins and memory limits: raise a memory limit or add a device")
+            raise UsageError(f"no placement satisfies {limits}: {fix}")
         raise UsageError(f"the MILP found no placement within {time_limit_seconds} s "
                          f"({h.modelStatusToString(status)}): raise the time limit or use compress=True")
     values = h.getSolution().col_value
@@ -275,7 +341,7 @@ def solve_throughput(problem: Problem, *, time_limit_seconds: float = 30.0, mip_
     dual = float(info.mip_dual_bound)
     bounds = zero_comm_bound(problem)
     # the MILP's own bounds hold for the full problem only when every launch was free
-    valid = [bounds["lp"]] + ([dual, lp_bound or 0.0] if repeats is None else [])
+    valid = [bounds["lp"]] + ([dual, lp_bound or 0.0] if repeats is None and max_switches is None else [])
     details = {
         "home": problem.home, "solve_seconds": time.perf_counter() - began,
         "status": h.modelStatusToString(status), "mip_gap": float(info.mip_gap),
@@ -284,5 +350,6 @@ def solve_throughput(problem: Problem, *, time_limit_seconds: float = 30.0, mip_
         "classes": max(cls, default=-1) + 1, "columns": len(built.model.cost), "rows": len(built.model.rows),
         "repeats": None if repeats is None else {"start": repeats.start, "period": repeats.period,
                                                  "count": repeats.count, "groups": groups},
+        "max_switches": max_switches, "switches": switches(problem, assignment),
     }
     return Plan("throughput-milp", assignment, objective, max(valid), details)

@@ -119,7 +119,8 @@ class Plan:
     """A placement: ``assignment[i]`` is the device name that runs launch ``i``.
 
     ``objective_seconds`` is the policy's own objective (time per request in steady state for
-    throughput policies and baselines, one request's latency for the latency policy);
+    throughput policies and baselines, or with K requests in flight for the throughput policy made
+    for K (``details["in_flight"]``); one request's latency for the latency policy);
     ``lower_bound_seconds`` bounds the best throughput time any plan could reach.
     Request distribution ("replicas") has an empty assignment and lists its devices in
     ``details["replicas"]``.
