@@ -10,9 +10,15 @@ Two guards against flapping, neither in Tessera's rule as published (``patience=
 ``latency_capacity``): with about ten requests a window, one burst of Poisson arrivals lifts a
 window's ratio past beta at light load, so a switch needs ``patience`` consecutive windows that
 agree (default 2); and under the throughput plan requests queue less than the latency plan would
-let them, so the ratio can dip below beta at a load the latency plan cannot carry — given the
-latency plan's capacity (requests/s), the monitor does not switch back while the last window's
-completion rate exceeds 90 % of it.
+let them, so the ratio can dip below beta at a load the latency plan cannot carry. Given the
+latency plan's capacity (requests/s), the monitor therefore does not switch back while the
+completion rate, over the last ``rate_seconds`` (default 2 s), exceeds the utilisation at which the
+latency plan would itself show a ratio of beta: with Poisson arrivals and a fixed service time
+(M/D/1) latency / execution = 1 + rho / (2 (1 - rho)), which is beta at rho = 2 (beta - 1) /
+(2 beta - 1), half its capacity for beta = 1.5. (The rate spans seconds, not one window, because a
+K-slot throughput graph finishes K requests at once: one 300-ms window reads 0 or 10 requests/s at
+3/s. With one window and a 90 % threshold the monitor flapped 14-25 times a minute at 3-6 req/s in
+tests/unit/test_serve.py's simulation of the H200 graphs; now 0-12, and once at 6 req/s and above.)
 
 The monitor only decides; the executor asks :meth:`Monitor.plan_for_next_step` between steps, so a
 switch never interrupts a step and no request is dropped or split across plans. Pure: times come
@@ -40,7 +46,7 @@ class Monitor:
     """Windowed latency / execution ratio with threshold ``beta``; counts switches."""
 
     def __init__(self, window_seconds: float = 0.3, beta: float = 1.5, start: str = LATENCY,
-                 patience: int = 2, latency_capacity: float | None = None) -> None:
+                 patience: int = 2, latency_capacity: float | None = None, rate_seconds: float = 2.0) -> None:
         if window_seconds <= 0 or beta <= 0 or patience < 1:
             raise UsageError(f"monitor: window and beta must be positive and patience >= 1, got "
                              f"{window_seconds}, {beta}, {patience}")
@@ -51,6 +57,10 @@ class Monitor:
         self.switches = 0
         self.patience = patience
         self.latency_capacity = latency_capacity
+        self.rate_seconds = max(rate_seconds, window_seconds)
+        # M/D/1: latency / execution = 1 + rho / (2 (1 - rho)) reaches beta at rho = 2 (beta - 1) / (2 beta - 1)
+        self.return_utilization = min(0.9, 2 * (beta - 1) / (2 * beta - 1)) if beta > 1 else 0.0
+        self._completions: deque[float] = deque()  # completion times over rate_seconds, for the guard
         self._agreeing = 0  # consecutive windows that wanted the other plan
         self._recent: deque[Finished] = deque()
         self._window_end: float | None = None
@@ -58,6 +68,7 @@ class Monitor:
     def finished(self, request: Finished) -> None:
         """Record a completed request."""
         self._recent.append(request)
+        self._completions.append(request.at_seconds)
 
     def ratio(self, now: float) -> float | None:
         """Mean latency over mean execution time of the requests finished in the last window."""
@@ -76,8 +87,10 @@ class Monitor:
             self._window_end = now + self.window_seconds
             ratio = self.ratio(now)
             wanted = self.policy if ratio is None else THROUGHPUT if ratio >= self.beta else LATENCY
-            rate = len(self._recent) / self.window_seconds
-            if wanted == LATENCY and self.latency_capacity is not None and rate > 0.9 * self.latency_capacity:
+            while self._completions and self._completions[0] < now - self.rate_seconds:
+                self._completions.popleft()
+            rate = len(self._completions) / self.rate_seconds
+            if wanted == LATENCY and self.latency_capacity is not None and rate > self.return_utilization * self.latency_capacity:
                 wanted = THROUGHPUT  # the latency plan could not carry this load
             self._agreeing = self._agreeing + 1 if wanted != self.policy else 0
             if self._agreeing >= self.patience:

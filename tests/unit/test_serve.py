@@ -293,3 +293,12 @@ def test_on_the_twin_a_graph_failing_the_gate_is_not_served_and_corruption_is_co
     assert by_mode[REPLICAS]["corrupted"] == 0 and written["corrupted"] == by_mode[THROUGHPUT]["served"]
     assert written["slo_capacity"] == {THROUGHPUT: None, REPLICAS: 20.0} and "differ from their" in table
     assert len(released) == 3  # the refused graph at once, the served two at the end
+
+
+def test_with_batched_throughput_graphs_the_monitor_does_not_flap_under_load():
+    """A K-slot graph finishes K requests at once, which a one-window completion rate reads as a
+    burst: the capacity guard measures the rate over seconds (runtime/monitor.py)."""
+    for rate in (6.0, 7.0, 8.0):
+        run, _ = simulate("monitor", arrival_times(rate, 60.0, seed=0),
+                          monitor=Monitor(latency_capacity=1 / SECONDS[LATENCY]))
+        assert run.switches <= 2, rate  # 17, 5 and 1 with a one-window rate and a 90 % threshold
