@@ -24,11 +24,9 @@ from pathlib import Path
 
 import torch
 
-from kernelfleet.kernels.assemble import assemble
-from kernelfleet.kernels.capture import capture
-from kernelfleet.kernels.replay import saved_state
+from kernelfleet.bench.disagg import capture_replicas, restore_all
 from kernelfleet.profile.timing import median_seconds
-from kernelfleet.runtime.executor import Replica, Slot, build, release, run
+from kernelfleet.runtime.executor import Slot, build, release, run
 from kernelfleet.runtime.link import METHODS, LinkKernels, Throttle, add_copy
 from kernelfleet.workloads.steps import reference
 
@@ -78,22 +76,15 @@ def variants(n: int) -> dict[str, tuple[list[str], dict]]:
 
 
 def check_step(name: str, devices: list[int], out: Path) -> None:
-    replicas, restores = {}, []
-    for label, index in zip("AB", devices):
-        torch.cuda.set_device(index)
-        step = reference(name, device=f"cuda:{index}")
-        captured = capture(step.fn, step.args, module=step.module, what=step.name)
-        replicas[label] = Replica(captured, assemble(captured.raw))
-        restores.append(saved_state(replicas[label].program))
+    replicas, restores = capture_replicas(lambda where, seed: reference(name, device=where, seed=seed),
+                                          dict(zip("AB", devices)))
     torch.cuda.set_device(devices[0])
     home = replicas["A"].captured
     on = torch.cuda.Stream()  # the executor launches on a stream of its own
     stream = on.cuda_stream
 
     def reset() -> None:
-        for restore in restores:
-            restore()
-        torch.cuda.synchronize()
+        restore_all(restores)
 
     results = {"step": name, "devices": devices, "copy_probe": copy_probe(home), "plans": {}}
     reset()

@@ -17,12 +17,10 @@ import json
 
 import torch
 
-from kernelfleet.kernels.assemble import assemble
-from kernelfleet.kernels.capture import capture
-from kernelfleet.kernels.replay import saved_state
+from kernelfleet.bench.disagg import capture_replicas, restore_all
 from kernelfleet.profile.devices import DeviceProfile
 from kernelfleet.profile.run import parse_profile
-from kernelfleet.runtime.executor import Replica, Slot, build, release, run
+from kernelfleet.runtime.executor import Slot, build, release, run
 from kernelfleet.workloads.steps import reference
 
 
@@ -36,14 +34,8 @@ def main() -> None:
     plan = json.loads(open(args.plan).read())
     assignment, home = plan["assignment"], plan["details"]["home"]
     other = next(d for d in assignment if d != home)
-    replicas, restores, gpu = {}, [], {}
-    for name, index in zip((home, other), map(int, args.devices.split(","))):
-        gpu[name] = index
-        torch.cuda.set_device(index)
-        step = reference(args.step, device=f"cuda:{index}")
-        captured = capture(step.fn, step.args, module=step.module, what=step.name)
-        replicas[name] = Replica(captured, assemble(captured.raw))
-        restores.append(saved_state(replicas[name].program))
+    gpu = dict(zip((home, other), map(int, args.devices.split(","))))
+    replicas, restores = capture_replicas(lambda where, seed: reference(args.step, device=where, seed=seed), gpu)
     torch.cuda.set_device(int(args.devices.split(",")[0]))
     for spec in map(parse_profile, args.profile):  # entered for the rest of the run (the hog keeps going)
         if gpu.get(spec.name) != spec.device:
@@ -56,9 +48,7 @@ def main() -> None:
     stream = on.cuda_stream
 
     def reset() -> None:
-        for restore in restores:
-            restore()
-        torch.cuda.synchronize()
+        restore_all(restores)
 
     reset()
     replicas[home].captured.replay()

@@ -122,6 +122,27 @@ def strategies(plans: dict[str, Plan], devices: list[str], slots: int, single_ra
     return out
 
 
+def capture_replicas(make_step: Callable[[str, int], Step], gpus: dict[str, int],
+                     seed: int = 0) -> tuple[dict[str, Replica], list[Callable[[], None]]]:
+    """One capture of the step per named device, on its GPU, and what restores each one's captured
+    state (bench disagg, bench serve, bench/executor_check.py and bench/plan_bisect.py replay them)."""
+    replicas, restores = {}, []
+    for name, gpu in gpus.items():
+        torch.cuda.set_device(gpu)
+        step = make_step(f"cuda:{gpu}", seed)
+        captured = capture(step.fn, step.args, module=step.module, what=step.name)
+        replicas[name] = Replica(captured, assemble(captured.raw))
+        restores.append(saved_state(replicas[name].program))
+    return replicas, restores
+
+
+def restore_all(restores: list[Callable[[], None]]) -> None:
+    """Put every replica back in its captured state, and wait for it."""
+    for restore in restores:
+        restore()
+    torch.cuda.synchronize()
+
+
 class Bench:
     """Replicas of the step per slot and device, their references, and the gate-then-time loop."""
 
@@ -129,16 +150,11 @@ class Bench:
                  costs: CostTable | None = None) -> None:
         self.devices = list(profiles)
         self.slots: list[dict[str, Replica]] = []
-        self.restores = []
+        self.restores: list[Callable[[], None]] = []
         for k in track(range(slots), description="capturing replicas"):
-            replicas = {}
-            for name, spec in profiles.items():
-                torch.cuda.set_device(spec.device)
-                step = make_step(f"cuda:{spec.device}", k)
-                captured = capture(step.fn, step.args, module=step.module, what=step.name)
-                replicas[name] = Replica(captured, assemble(captured.raw))
-                self.restores.append(saved_state(replicas[name].program))
+            replicas, restores = capture_replicas(make_step, {name: spec.device for name, spec in profiles.items()}, k)
             self.slots.append(replicas)
+            self.restores += restores
         self.reset()
         self.references = []
         for replicas in self.slots:  # each capture's own graph replay, whole GPU, from the captured state
@@ -155,9 +171,7 @@ class Bench:
         self.seconds = estimate(costs) if costs is not None else None
 
     def reset(self) -> None:
-        for restore in self.restores:
-            restore()
-        torch.cuda.synchronize()
+        restore_all(self.restores)
 
     def __enter__(self) -> Bench:
         for name, profile in self.profiles.items():

@@ -27,7 +27,7 @@ from kernelfleet.catalog import Sku
 from kernelfleet.errors import UsageError
 from kernelfleet.ofu.kernel_tiles import executed_flops_of_kernel, executed_flops_of_torch_mm, tile_from_kernel_name
 from kernelfleet.ofu.tiles import Tile, corrected_ofu, gemm_flops
-from kernelfleet.ofu.validation import PEAK_OF, gemm_points
+from kernelfleet.ofu.validation import PEAK_OF, point_windows
 from kernelfleet.telemetry.sample import Sample
 
 # A Hopper SM has four processing blocks (sub-partitions), each with its own tensor core
@@ -242,14 +242,9 @@ class ClockCheck:
 
 
 def _windows(point: Mapping[str, Any], samples: Sequence[Sample], sku: Sku) -> list[tuple[float, float, float, float]]:
-    """(MFU, raw OFU, GPM tensor activity, NVML SM clock) of each window ``validation.gemm_points``
-    matches to the point: the same windows as Table II, one at a time."""
-    out = []
-    for s in samples:
-        one = gemm_points([point], [s], sku)
-        if one and s.tensor_active_ratio is not None and s.sm_clock_mean_hertz is not None:
-            out.append((one[0].mfu_ratio, one[0].raw_ofu_ratio, s.tensor_active_ratio, s.sm_clock_mean_hertz))
-    return out
+    """(MFU, raw OFU, GPM tensor activity, NVML SM clock) of each window Table II matches to the point."""
+    return [(mfu, raw, s.tensor_active_ratio, s.sm_clock_mean_hertz) for s, mfu, raw in point_windows(point, samples, sku)
+            if s.tensor_active_ratio is not None and s.sm_clock_mean_hertz is not None]
 
 
 def clock_checks(sweep_points: Sequence[Mapping[str, Any]], samples: Sequence[Sample], sku: Sku,

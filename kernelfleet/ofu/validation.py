@@ -51,25 +51,29 @@ class GemmPoint:
         return None if self.corrected_ofu_ratio is None else 100 * (self.corrected_ofu_ratio - self.mfu_ratio)
 
 
+def point_windows(p: dict[str, Any], samples: Sequence[Sample], sku: Sku) -> list[tuple[Sample, float, float]]:
+    """The windows wholly inside a sweep point's timed run, each with its MFU and raw OFU."""
+    peak = sku.peak_flops(PEAK_OF[p["precision"]])
+    if "error" in p or peak is None:
+        return []
+    out = []
+    for s in samples:
+        start = s.timestamp_seconds - s.window_seconds
+        if not (start > p["start_wall"] and s.timestamp_seconds < p["ends_wall"][-1]):
+            continue
+        reading = ofu(s, sku)
+        if reading.ofu_ratio is None:
+            continue
+        work = work_between(p["start_wall"], p["ends_wall"], p["work_per_iteration"], start, s.timestamp_seconds)
+        out.append((s, work / s.window_seconds / peak, reading.ofu_ratio))
+    return out
+
+
 def gemm_points(points: Iterable[dict[str, Any]], samples: Sequence[Sample], sku: Sku) -> list[GemmPoint]:
     """Match windows to sweep points and compute MFU and OFU per point."""
     out = []
     for p in points:
-        if "error" in p:
-            continue
-        peak = sku.peak_flops(PEAK_OF[p["precision"]])
-        inside = [
-            s for s in samples
-            if s.timestamp_seconds - s.window_seconds > p["start_wall"] and s.timestamp_seconds < p["ends_wall"][-1]
-        ]
-        pairs = []
-        for s in inside:
-            reading = ofu(s, sku)
-            if reading.ofu_ratio is None or peak is None:
-                continue
-            work = work_between(p["start_wall"], p["ends_wall"], p["work_per_iteration"],
-                                s.timestamp_seconds - s.window_seconds, s.timestamp_seconds)
-            pairs.append((work / s.window_seconds / peak, reading.ofu_ratio))
+        pairs = [(mfu, raw) for _, mfu, raw in point_windows(p, samples, sku)]
         if not pairs:
             continue
         kernel = next((name for name in p["kernels"] if tile_from_kernel_name(name)), None)

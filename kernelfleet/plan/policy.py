@@ -125,6 +125,7 @@ def _in_flight(problem: Problem, plans: list[Plan], requests: int, began: float,
             consider("at most 1 switch", cut, 1, time.perf_counter() - cut_began)
             budgets.remove(1)
     for i, budget in enumerate(budgets):
+        name = f"at most {budget} switch{'es' if budget != 1 else ''}"
         left = LADDER_SHARE * limit - (time.perf_counter() - began)
         share = max(0.5, left / (len(budgets) - i))  # what an earlier solve left unused goes to the later ones
         # the best plan known within the budget starts the solve; smaller budgets' plans all are
@@ -135,12 +136,10 @@ def _in_flight(problem: Problem, plans: list[Plan], requests: int, began: float,
             plan = solve_throughput(problem, time_limit_seconds=share, mip_rel_gap=mip_rel_gap, compress=compress,
                                     groups=groups, start=min(within)[2] if within else None, max_switches=budget)
         except UsageError as exc:
-            rows.append({"plan": f"at most {budget} switch{'es' if budget != 1 else ''}", "max_switches": budget,
-                         "status": str(exc)})
+            rows.append({"plan": name, "max_switches": budget, "status": str(exc)})
             continue
         solved.append(plan)
-        consider(f"at most {budget} switch{'es' if budget != 1 else ''}", plan, budget,
-                 time.perf_counter() - solve_began)
+        consider(name, plan, budget, time.perf_counter() - solve_began)
     solve_began = time.perf_counter()
     unbounded = _staged(problem, plans, max(0.5, limit - (time.perf_counter() - began)), mip_rel_gap, compress, groups,
                         staged, solved)

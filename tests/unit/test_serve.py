@@ -14,6 +14,7 @@ import pytest
 
 from kernelfleet.bench.serve import (LATENCY, MODES, REPLICAS, THROUGHPUT, arrival_times, parse_rates, percentile,
                                      serve, slo_capacity, summary, sweep)
+from kernelfleet.bench import disagg as disagg_bench
 from kernelfleet.cli import main
 from kernelfleet.errors import UsageError
 from kernelfleet.runtime.monitor import Monitor
@@ -210,10 +211,9 @@ class TwinBench:
         twin_run(built, 1)
         return "outputs differ (twin)" if built.name.startswith("latency") and TWIN.gate_fails else "identical"
 
-    def clear_outputs(self, homes):
-        for replicas, home in zip(self.slots, homes):
-            for t in replicas[home].captured.output_tensors():
-                t.fill_(0)
+    # the real output bookkeeping, on the twin's slots and references
+    clear_outputs = disagg_bench.Bench.clear_outputs
+    differing = disagg_bench.Bench.differing
 
 
 TWIN = SimpleNamespace(gate_fails=False, corrupt=False, bench=None)  # what the twin does, and its bench
@@ -236,7 +236,6 @@ def twin_run(built, stream):
 def twin(monkeypatch, tmp_path):
     import torch
 
-    from kernelfleet.bench import disagg
     from kernelfleet.plan.model import Plan
     from kernelfleet.profile import timing
     from kernelfleet.profile.devices import ProfileSpec
@@ -249,8 +248,8 @@ def twin(monkeypatch, tmp_path):
     released = []
     plans = {"latency-greedy": Plan("latency-greedy", ["compute", "bandwidth"] * 2, 0.1, details={"home": "compute"}),
              "throughput-milp": Plan("throughput-milp", ["bandwidth"] * 4, 0.1, details={"home": "bandwidth"})}
-    monkeypatch.setattr(disagg, "Bench", bench)
-    monkeypatch.setattr(disagg, "load_plans", lambda folder, program, devices: plans)
+    monkeypatch.setattr(disagg_bench, "Bench", bench)
+    monkeypatch.setattr(disagg_bench, "load_plans", lambda folder, program, devices: plans)
     monkeypatch.setattr(executor, "run", twin_run)
     monkeypatch.setattr(executor, "release", released.append)
     monkeypatch.setattr(timing, "median_seconds", lambda run, stream, repeats: 0.005)
