@@ -1,6 +1,6 @@
 """Capture reference workloads on a GPU, check every access claim, time kernels on device profiles.
 
-    python3 bench/capture_run.py --out DIR [--steps llama-decode,...] [--profile-steps ...]
+    python3 bench/capture_run.py --out DIR [--steps llama-decode,...] [--profile-steps ...] [--flush-l2-mb 256]
 
 For each step: capture it (kernelfleet.kernels.capture), save the raw capture (the CPU tests
 replay it), assemble the program, replay the step node by node with memory-diff and the dynamic
@@ -8,6 +8,12 @@ range probe (kernelfleet.kernels.replay), check the node-by-node outputs equal t
 write the findings. Then sweep candidate green-context profiles, pick the pair closest to L40S +
 A100 (kernelfleet.profile.run), and time every launch of the profile steps on it and on the whole GPU.
 Each part is guarded: a failure is printed with its traceback and the run goes on.
+
+``--flush-l2-mb N`` (N > 0) times each launch after writing N MB (a cold L2; 256 clears an H200's
+60 MB) instead of as back-to-back copies, and also times one copy without the write (the same
+launch cost, a warm L2: ``warm_single_seconds``). It writes ``<step>.cold-l2.profile.json`` and
+``<step>.cold-l2.profiled-capture.json.gz``, so the warm files of an earlier run stay
+(``python3 -m kernelfleet.profile.graphtime`` compares both with measured graph times).
 """
 
 from __future__ import annotations
@@ -54,17 +60,20 @@ def node_order_is_topological(captured) -> dict:
     return {"nodes": len(captured.nodes), "edges": len(edges), "backward_edges": backwards[:10]}
 
 
-def run_step(name: str, out: Path, profile: bool) -> None:
+def run_step(name: str, out: Path, profile: bool, flush_l2_mb: int = 0) -> None:
     step = reference(name)
     captured = capture(step.fn, step.args, module=step.module, what=step.name,
                        record_ops=not REFERENCE[name].get("compile", False))
     report: dict = {"step": step.name}
+    cold = ".cold-l2" if profile and flush_l2_mb else ""  # the warm files of an earlier run stay
+    if cold:
+        report["flush_l2_bytes"] = flush_l2_mb << 20
 
     def save() -> None:  # after every part: a GPU fault later must not lose what was measured
         kind = "profile" if profile else "report"
-        (out / f"{name}.{kind}.json").write_text(json.dumps(report, indent=1, default=str))
+        (out / f"{name}{cold}.{kind}.json").write_text(json.dumps(report, indent=1, default=str))
 
-    captured.raw.save(out / f"{name}.{'profiled-' if profile else ''}capture.json.gz")
+    captured.raw.save(out / f"{name}{cold}.{'profiled-' if profile else ''}capture.json.gz")
     report["order"] = guarded(f"{name}: node order", node_order_is_topological, captured)
     program = assemble(captured.raw)
     report["census"] = census(program, dependencies(program))
@@ -78,10 +87,14 @@ def run_step(name: str, out: Path, profile: bool) -> None:
         for spec_ in specs + (ProfileSpec("whole"),):
             with DeviceProfile(spec_) as device, device.active() as stream:
                 calib = guarded(f"{name}: calibrate {spec_.name}", calibrate, stream)
-                seconds = guarded(f"{name}: time {spec_.name}", time_launches, captured, stream,
-                                  context=device.context)
+                seconds = guarded(f"{name}: time {spec_.name}{' (cold L2)' if cold else ''}", time_launches,
+                                  captured, stream, context=device.context, flush_l2_bytes=flush_l2_mb << 20)
+                single = guarded(f"{name}: time {spec_.name} (one copy, warm L2)", time_launches, captured,
+                                 stream, context=device.context, copies=1) if cold else None
             report["profiles"][spec_.name] = {"calibration": calib, "seconds": seconds, "sms": device.sms,
                                               "hog_bytes_per_second": device.hog_bytes_per_second}
+            if cold:
+                report["profiles"][spec_.name]["warm_single_seconds"] = single
             save()
         return
     same = guarded(f"{name}: node-by-node replay equals graph", stepwise_matches_graph, captured, program)
@@ -136,13 +149,17 @@ def main() -> None:
     parser.add_argument("--only", help="run this one step in this process (the parent runs each step so)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--step-seconds", type=float, default=150.0)
+    parser.add_argument("--flush-l2-mb", type=int, default=0, help="profile steps: write this many MB before "
+                        "each timed launch (cold L2; 256 clears an H200's) and name the files <step>.cold-l2.*")
     args = parser.parse_args()
+    if args.flush_l2_mb < 0:
+        parser.error(f"--flush-l2-mb must be >= 0, got {args.flush_l2_mb}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.only:
         if args.only == "calibration-sweep":
             calibration_sweep(args.out)
         else:
-            run_step(args.only, args.out, args.profile)
+            run_step(args.only, args.out, args.profile, args.flush_l2_mb)
         return
     print(f"command: {' '.join([sys.executable] + sys.argv)}")
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
@@ -154,7 +171,7 @@ def main() -> None:
     runs += [(n, False) for n in checked] + [(n, True) for n in profiled]
     for name, profile in runs:  # a process each: a GPU fault ends one step only
         command = [sys.executable, __file__, "--out", str(args.out), "--only", name]
-        command += ["--profile"] if profile else []
+        command += ["--profile", "--flush-l2-mb", str(args.flush_l2_mb)] if profile else []
         t0 = time.perf_counter()
         try:
             code = subprocess.run(command, timeout=args.step_seconds).returncode

@@ -3,6 +3,8 @@
 #   bash bench/disagg_run.sh plans DIR   # CPU (needs HiGHS): programs, measured costs and every plan, into DIR
 #   bash bench/disagg_run.sh run DIR     # two GPUs: bench disagg on both steps with list-scheduled slots and
 #                                        # predicted times, then a bisect of prefill's layer pipeline on the profiles
+#   bash bench/disagg_run.sh nccl DIR    # two GPUs: the same strategies with a process per GPU and NCCL between
+#                                        # them (torchrun; bench disagg-nccl)
 # Results of `run` under $OUT (default /tmp/kf-disagg). The plans travel to the GPU machine with DIR.
 set -u
 what=${1:?plans or run}
@@ -22,6 +24,15 @@ if [ "$what" = plans ]; then
 fi
 OUT=${OUT:-/tmp/kf-disagg}
 mkdir -p "$OUT"
+if [ "$what" = nccl ]; then
+    for step in $STEPS; do
+        timeout ${STEP_SECONDS:-240} torchrun --nproc-per-node 2 -m kernelfleet bench disagg-nccl "$step" \
+            --plans "$DIR/$step" --costs "$DIR/$step.costs.json" --slots ${SLOTS:-3} --out "$OUT/$step" > "$OUT/$step.nccl.txt" 2>&1
+        echo "$step exit $?" >> "$OUT/$step.nccl.txt"
+        tail -n 30 "$OUT/$step.nccl.txt"
+    done
+    exit 0
+fi
 for step in $STEPS; do
     timeout ${STEP_SECONDS:-240} $PY -m kernelfleet bench disagg "$step" --plans "$DIR/$step" --costs "$DIR/$step.costs.json" \
         --slots ${SLOTS:-3} --out "$OUT/$step" > "$OUT/$step.txt" 2>&1

@@ -1,4 +1,4 @@
-"""The place half's commands: ``ptx``, ``analyze``, ``calibrate``, ``profile``, ``plan``,
+"""The place half's commands: ``ptx``, ``analyze``, ``calibrate``, ``profile``, ``plan``, ``census``,
 ``bench disagg`` and ``bench serve``.
 
 Plain functions; ``cli.py`` registers them on the one ``kernelfleet`` command (see ``COMMANDS``).
@@ -232,9 +232,95 @@ def plan_command(
         err.print(f"wrote {draw(done.problem, chosen or plans[0], gantt)}")
 
 
+def census_command(
+    costs: Path = typer.Argument(..., help="Per-launch seconds on two device profiles: a cost table (costs.json) or "
+                                 "a bench/capture_run.py <step>.profile.json."),
+    between: str | None = typer.Option(None, "--between", help="A,B: the two profiles compared (default: the "
+                                       "table's two besides 'whole')."),
+    counters: Path | None = typer.Option(None, "--counters", help="ncu CSV of bench/profile_counters.sh: split the "
+                                         "census by each kernel's class (tensor, compute, memory, latency)."),
+    groups: Path | None = typer.Option(None, "--groups", help="Its groups file (default: <step>.groups.json beside "
+                                       "<step>.ncu.csv)."),
+    program: Path | None = typer.Option(None, "--program", help="The kernel program (JSON): check the groups name "
+                                        "its kernels."),
+    class_on: str | None = typer.Option(None, "--class-on", help="The profile whose counters class the kernels "
+                                        "(default: whole if ncu returned it, else the first it returned)."),
+) -> None:
+    """Which device each kernel prefers: the share of kernels and of time faster on the slower profile, by class."""
+    from rich.table import Table
+
+    from kernelfleet.profile.table import load_seconds, preference, preference_by_class
+
+    table = load_seconds(costs)
+    names = list(dict.fromkeys(k for row in table.seconds for k in row))
+    pair = between.split(",") if between else [n for n in names if n != "whole"]
+    if len(pair) != 2 or not set(pair) <= set(names):
+        raise UsageError(f"--between: need two of the table's profiles {names}, got {between or pair}")
+    console = out_console()
+    if counters is None:
+        p = preference(table, *pair)
+        console.print(_census_line(p), markup=False, highlight=False)
+        return
+    kinds, note = _classes(counters, groups, program, class_on, len(table.seconds))
+    overall, by_class = preference_by_class(table, *pair, kinds)
+    console.print(_census_line(overall), markup=False, highlight=False)
+    console.print(note, markup=False, highlight=False)
+    t = Table("class", "launches", f"share of {overall.stronger}'s time", f"faster on {overall.weaker}",
+              "share of the class's time", title=f"kernelfleet census — {costs.name}", title_justify="left")
+    for c in by_class:
+        share = c.share_faster_of_time
+        t.add_row(c.kind, str(c.kernels), f"{c.share_of_time(overall):.0%}",
+                  f"{c.kernels_faster_on_weaker} ({c.share_faster_of_kernels:.0%})", "—" if share is None else f"{share:.0%}")
+    console.print(t)
+
+
+def _census_line(p) -> str:
+    return (f"{p.weaker} is slower overall ({p.weaker_total_seconds * 1e3:.2f} ms vs {p.stronger_total_seconds * 1e3:.2f} "
+            f"ms), yet {p.kernels_faster_on_weaker} of {p.kernels} kernels ({p.share_of_kernels:.0%}; "
+            f"{p.share_of_time:.0%} of {p.stronger}'s time) run faster on it")
+
+
+def _classes(counters: Path, groups: Path | None, program: Path | None, class_on: str | None,
+             launches: int) -> tuple[list[str], str]:
+    """The class of every launch from a counters run, and a line saying what ncu returned per profile."""
+    from kernelfleet.kernels.ir import Program
+    from kernelfleet.profile.counters import launch_classes, parse_counters, seen
+    from kernelfleet.profile.groups import Groups
+
+    try:
+        text = counters.read_text()
+    except OSError as exc:
+        raise UsageError(f"{counters}: cannot read ({exc.strerror})") from exc
+    if groups is None:
+        if not counters.name.endswith(".ncu.csv"):
+            raise UsageError(f"--counters {counters}: give --groups too (the default is <step>.groups.json beside "
+                             "<step>.ncu.csv)")
+        groups = counters.with_name(counters.name.removesuffix(".ncu.csv") + ".groups.json")
+    mapping = Groups.load(groups)
+    if mapping.launches != launches:
+        raise UsageError(f"{groups}: groups of a program of {mapping.launches} launches, the cost table has "
+                         f"{launches}: not the same step")
+    if program is not None:
+        try:
+            mapping.check_program(Program.load(program))
+        except UsageError as exc:
+            raise UsageError(f"{groups}: {exc}") from exc
+    rows = parse_counters(text, mapping, str(counters))
+    got = seen(rows, mapping)
+    returned = [name for name, (n, _) in got.items() if n]
+    if not returned:
+        raise UsageError(f"{counters}: ncu returned no counters for any profile ({got})")
+    chosen = class_on or ("whole" if "whole" in returned else returned[0])
+    if chosen not in returned:
+        raise UsageError(f"--class-on {chosen}: ncu returned counters for {', '.join(returned)} only")
+    counts = ", ".join(f"{name} {n} of {launched}" for name, (n, launched) in got.items())
+    return launch_classes(rows, mapping, chosen), f"counters (groups returned / launched): {counts}; classes from {chosen}"
+
+
 # (command name, function), in the order `kernelfleet --help` lists them
 COMMANDS = [("ptx", "ptx"), ("analyze", "analyze"), ("calibrate", "calibrate_command"),
-            ("profile", "profile_command"), ("plan", "plan_command")]
+            ("profile", "profile_command"), ("plan", "plan_command"),
+            ("census", "census_command")]
 
 
 def _check_step_and_plans(step: str, plans: Path) -> None:
@@ -280,14 +366,7 @@ def disagg_command(
 ) -> None:
     """Every placement strategy for one step on the emulated pair, gated on identical outputs, in one run."""
     _check_step_and_plans(step, plans)
-    table = None
-    if costs is not None:
-        from kernelfleet.plan.model import CostTable
-
-        try:
-            table = CostTable.from_json(costs.read_text(), str(costs))
-        except OSError as exc:
-            raise UsageError(f"{costs}: cannot read ({exc.strerror})") from exc
+    table = _cost_table(costs)
     profiles = _pair(device)
     _need_gpu("the disaggregation benchmark", "its recorded results are in docs/place.md")
     from kernelfleet.bench.disagg import disagg
@@ -296,6 +375,41 @@ def disagg_command(
     _gpus_present(profiles)
     disagg(lambda where, seed: reference(step, device=where, seed=seed), profiles, plans, slots, repeats, out, out_console(),
            table)
+
+
+def disagg_nccl_command(
+    step: str = typer.Argument(..., help="A reference step (kernelfleet.workloads.steps.REFERENCE), e.g. llama8b-decode."),
+    plans: Path = typer.Option(..., "--plans", help="A folder of plans for this step (kernelfleet plan --policy all --out)."),
+    device: list[str] = PairOption,
+    slots: int = typer.Option(3, "--slots", help="Micro-batches per run, each with replicas of its own."),
+    repeats: int = typer.Option(10, "--repeats", help="Runs timed per strategy (median)."),
+    out: Path = typer.Option(Path("kernelfleet-disagg"), "--out", help="Folder for disagg-nccl.json (rank 0 writes it)."),
+    costs: Path | None = typer.Option(None, "--costs", help="The cost table the plans were made from: adds "
+                                      "list-scheduled slots."),
+) -> None:
+    """bench disagg with one process per device and NCCL between them; start it with
+    `torchrun --nproc-per-node 2 -m kernelfleet bench disagg-nccl STEP --plans PLANS`."""
+    _check_step_and_plans(step, plans)
+    table = _cost_table(costs)
+    profiles = _pair(device)
+    _need_gpu("the multi-process disaggregation benchmark", "its recorded results are in docs/place.md")
+    from kernelfleet.bench.disagg_nccl import disagg_nccl
+    from kernelfleet.workloads.steps import reference
+
+    _gpus_present(profiles)
+    disagg_nccl(lambda where, seed: reference(step, device=where, seed=seed), profiles, plans, slots, repeats, out,
+                out_console(), table)
+
+
+def _cost_table(costs: Path | None):
+    if costs is None:
+        return None
+    from kernelfleet.plan.model import CostTable
+
+    try:
+        return CostTable.from_json(costs.read_text(), str(costs))
+    except OSError as exc:
+        raise UsageError(f"{costs}: cannot read ({exc.strerror})") from exc
 
 
 def serve_command(

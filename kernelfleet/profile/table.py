@@ -7,12 +7,15 @@ Bytes count only accesses whose extent is exact (schema, graph-node, ptx-dynamic
 followed "to the end of its buffer" bounds what a kernel may touch, not what it moves.
 
 :func:`preference` is the census Tessera reports (PAPERS.md, section B): the share of kernels,
-and of time, that runs faster on the device that is slower overall.
+and of time, that runs faster on the device that is slower overall; :func:`preference_by_class`
+splits it by a class per launch (from hardware counters: ``profile/counters.py``).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from kernelfleet.catalog.model import PRECISIONS
 from kernelfleet.errors import UsageError
@@ -90,3 +93,73 @@ def preference(costs: CostTable, a: str, b: str) -> Preference:
     faster = [p for p in pairs if p[w] < p[s]]
     return Preference(weaker, stronger, max(total_a, total_b), min(total_a, total_b), len(faster), len(pairs),
                       sum(p[s] for p in faster))
+
+
+@dataclass(frozen=True, slots=True)
+class ClassPreference:
+    """One class of kernels in the census: its share of the time, and what of it the weaker device runs faster."""
+
+    kind: str
+    kernels: int
+    stronger_seconds: float  # the class's time on the stronger device
+    weaker_seconds: float
+    kernels_faster_on_weaker: int
+    seconds_faster_on_weaker: float  # the stronger device's time of those kernels
+
+    def share_of_time(self, overall: Preference) -> float:
+        return self.stronger_seconds / overall.stronger_total_seconds
+
+    @property
+    def share_faster_of_kernels(self) -> float:
+        return self.kernels_faster_on_weaker / self.kernels
+
+    @property
+    def share_faster_of_time(self) -> float | None:
+        return self.seconds_faster_on_weaker / self.stronger_seconds if self.stronger_seconds else None
+
+
+def preference_by_class(costs: CostTable, a: str, b: str, kinds: list[str]) -> tuple[Preference, list[ClassPreference]]:
+    """The census of :func:`preference`, split by ``kinds[launch]`` (e.g. ``profile.counters.launch_classes``).
+
+    The weaker device is the overall one in every class, so the classes add up to the whole."""
+    if len(kinds) != len(costs.seconds):
+        raise UsageError(f"{len(kinds)} classes for a cost table of {len(costs.seconds)} launches")
+    overall = preference(costs, a, b)
+    w, s = overall.weaker, overall.stronger
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for row, kind in zip(costs.seconds, kinds):
+        if row.get(a) is not None and row.get(b) is not None:
+            rows.setdefault(kind, []).append((row[w], row[s]))
+    out = []
+    for kind, pairs in rows.items():
+        faster = [(tw, ts) for tw, ts in pairs if tw < ts]
+        out.append(ClassPreference(kind, len(pairs), sum(p[1] for p in pairs), sum(p[0] for p in pairs), len(faster),
+                                   sum(p[1] for p in faster)))
+    return overall, sorted(out, key=lambda c: -c.stronger_seconds)
+
+
+def load_seconds(path: Path) -> CostTable:
+    """A cost table (``kernelfleet profile``'s costs.json) or the per-launch seconds of a
+    ``bench/capture_run.py`` profile (``<step>.profile.json``) as one."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{path}: not JSON ({exc})") from exc
+    if isinstance(doc, dict) and "kernelfleet_costs" in doc:
+        return CostTable.from_json(text, str(path))
+    profiles = doc.get("profiles") if isinstance(doc, dict) else None
+    if not isinstance(profiles, dict) or not profiles:
+        raise UsageError(f"{path}: neither a cost table (kernelfleet_costs) nor a capture_run profile (profiles)")
+    # a profile whose timing failed on the GPU has seconds null: it is left out
+    seconds = {name: p["seconds"] for name, p in profiles.items() if isinstance(p, dict) and isinstance(p.get("seconds"), list)}
+    lengths = {len(v) for v in seconds.values()}
+    if len(lengths) != 1:
+        raise UsageError(f"{path}: expected profiles with lists of seconds of one length, got "
+                         f"{ {k: len(v) for k, v in seconds.items()} or 'none'}")
+    n = lengths.pop()
+    return CostTable([{name: v[i] for name, v in seconds.items()} for i in range(n)],
+                     f"{doc.get('step', path.name)} ({path.name})")

@@ -25,14 +25,18 @@ MAX_COPIES = 200
 
 
 def time_launches(captured: Captured, stream: torch.cuda.Stream, *, context: Any = None, trials: int = 5,
-                  trial_seconds: float = 200e-6, flush_l2_bytes: int = 0,
+                  trial_seconds: float = 200e-6, flush_l2_bytes: int = 0, copies: int | None = None,
                   progress: Callable[[int], None] | None = None) -> list[float]:
     """Median seconds of every launch of the program on ``stream``, its graphs built in ``context``
     (a partition's: :attr:`DeviceProfile.context`; None: the capture's, the whole GPU).
 
     ``flush_l2_bytes`` > 0 writes a buffer that large before every trial and times one copy of the
     launch (a cold L2, as when the kernel before it on its device touched other data; the H200's L2
-    is 60 MB, so 256 MB clears it); 0 times back-to-back copies (a warm L2)."""
+    is 60 MB, so 256 MB clears it); 0 times back-to-back copies (a warm L2).
+
+    ``copies`` fixes the number of back-to-back copies per trial (None: enough for ``trial_seconds``;
+    always 1 with a flush). One copy without a flush is the cold run's control: it pays the same
+    graph-launch cost per trial with a warm L2, so cold minus it is the L2's share alone."""
     runner = driver.NodeReplayer(captured.nodes, context or captured.context)
     flush = torch.empty(flush_l2_bytes, dtype=torch.uint8, device=stream.device) if flush_l2_bytes else None
 
@@ -47,7 +51,12 @@ def time_launches(captured: Captured, stream: torch.cuda.Stream, *, context: Any
         for node in program_nodes(captured):
             trial(node, 1)  # warm: module load, caches
             first = trial(node, 1)
-            count = 1 if flush is not None else max(1, min(MAX_COPIES, math.ceil(trial_seconds / max(first, 1e-7))))
+            if flush is not None:
+                count = 1
+            elif copies is not None:
+                count = copies
+            else:
+                count = max(1, min(MAX_COPIES, math.ceil(trial_seconds / max(first, 1e-7))))
             seconds.append(statistics.median(trial(node, count) for _ in range(trials)))
             if progress:
                 progress(1)

@@ -98,12 +98,13 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
     builder = _Builder(graph, method, throttle)
     try:
         least, greatest = driver.priority_range() if priorities else (0, 0)
-        places = [_Places(slot) for slot in slots]
+        places = [Places(s.home, {d: r.program for d, r in s.replicas.items()}) for s in slots]
+        launch_nodes = [{d: program_nodes(r.captured) for d, r in s.replicas.items()} for s in slots]
         made: list[list[Any]] = []
         for x in combined:
             priority = max(greatest, least - (len(slots) - 1 - x.slot)) if priorities else None
             after = [g for d in x.deps for g in made[d]]
-            made.append(builder.add(slots[x.slot], places[x.slot], x.node, after, priority))
+            made.append(builder.add(slots[x.slot], places[x.slot], launch_nodes[x.slot], x.node, after, priority))
         executable = driver.instantiate(graph)
     except Exception:
         driver.call("cuGraphDestroy", graph)
@@ -114,14 +115,14 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
                  len(slots), builder.method if copies else None, list(builder.kernels.values()), combined)
 
 
-class _Places:
-    """Where a slot's launches and copied bytes are in each of its replicas."""
+class Places:
+    """Where a slot's copied bytes are in each device's capture, given every device's program of
+    the slot (the home one's buffers and launches define the copies)."""
 
-    def __init__(self, slot: Slot) -> None:
-        self.home = slot.home
-        base = slot.replicas[slot.home].program
-        self.maps = {d: AddressMap(base, r.program) for d, r in slot.replicas.items() if d != slot.home}
-        self.nodes = {d: program_nodes(r.captured) for d, r in slot.replicas.items()}
+    def __init__(self, home: str, programs: dict[str, Program]) -> None:
+        self.home = home
+        base = programs[home]
+        self.maps = {d: AddressMap(base, p) for d, p in programs.items() if d != home}
         self.buffers = {b.id: b for b in base.buffers}
 
     def where(self, device: str, t: Transfer, seen_by: list[int | None]) -> int:
@@ -135,6 +136,13 @@ class _Places:
         return self.maps[device].translate(seen_by, address, t.length_bytes)
 
 
+def add_launch(graph: Any, replica: Replica, node_of_launch: list[int], launch: int, after: list[Any]) -> Any:
+    """A copy of ``replica``'s captured node of ``launch`` (``node_of_launch``: ``program_nodes``
+    of its capture), added to ``graph`` in the replica's execution context after ``after``."""
+    with driver.in_context(replica.run_context):
+        return driver.add_copy_of(graph, replica.captured.nodes[node_of_launch[launch]], after, replica.run_context)
+
+
 class _Builder:
     """Adds the plan's nodes to one graph, remembering the copy method the driver took."""
 
@@ -142,12 +150,11 @@ class _Builder:
         self.graph, self.method, self.throttle = graph, method, throttle
         self.kernels: dict[int, LinkKernels] = {}  # by id of the destination replica
 
-    def add(self, slot: Slot, places: _Places, n: Node, after: list[Any], priority: int | None) -> list[Any]:
+    def add(self, slot: Slot, places: Places, launch_nodes: dict[str, list[int]], n: Node, after: list[Any],
+            priority: int | None) -> list[Any]:
         if n.launch is not None:
-            replica = slot.replicas[n.devices[0]]
-            with driver.in_context(replica.run_context):
-                node = driver.add_copy_of(self.graph, replica.captured.nodes[places.nodes[n.devices[0]][n.launch]],
-                                          after, replica.run_context)
+            device = n.devices[0]
+            node = add_launch(self.graph, slot.replicas[device], launch_nodes[device], n.launch, after)
             if priority is not None and driver.node_kind(node) == "kernel":
                 driver.set_priority(node, priority)
             return [node]

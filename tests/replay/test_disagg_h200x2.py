@@ -175,3 +175,39 @@ def test_the_table_compares_every_strategy_with_the_best_baseline_in_any_slot_mo
     show(recorded("llama8b-decode"), console)
     rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines() if line.startswith("│")}
     assert "1.00x" in rows["replicas, slots free"] and "0.58x" in rows["throughput-milp"]
+
+
+NCCL_STEPS = ["llama8b-decode", "llama8b-prefill"]
+
+
+@pytest.mark.parametrize("step", NCCL_STEPS)
+def test_across_processes_every_plan_gives_the_single_device_outputs(step):
+    """The same strategies with a process per GPU and NCCL between them (torchrun; bench
+    disagg-nccl): every one run is bit-identical; only link pacing and priorities are left to
+    bench disagg, and say so."""
+    found = json.loads((RUNS / f"{step}.disagg-nccl.json").read_text())
+    assert found["processes"] == 2
+    ran = {name: r for name, r in found["strategies"].items() if not r["gate"].startswith("not run")}
+    assert len(ran) >= 15
+    assert {name: r["gate"] for name, r in ran.items() if r["gate"] != "identical"} == {}
+    assert all("priorities" in r["gate"] or "throttle" in r["gate"]
+               for r in found["strategies"].values() if r["gate"].startswith("not run"))
+    assert {r["method"] for r in ran.values()} == {"nccl"}
+
+
+@pytest.mark.parametrize("step", NCCL_STEPS)
+def test_across_processes_a_plan_costs_what_it_issues(step):
+    """Against the one-graph executor of the same strategies: without copies the two run within
+    2 % (one graph per slot either way, plus the processes' two barriers); each op a rank issues
+    costs host time, so the plans that switch devices hundreds of times per slot fall behind."""
+    one = recorded(step)["strategies"]
+    many = json.loads((RUNS / f"{step}.disagg-nccl.json").read_text())["strategies"]
+    for name in ("single:compute", "single:bandwidth", "replicas"):
+        assert many[name]["seconds"] == pytest.approx(one[name]["seconds"], rel=0.02)
+    timed = {name: r for name, r in many.items() if "seconds" in r}
+    for name, r in timed.items():
+        if r["segments"] > 500:  # the device-alternating plans: issuing is a third or more of the time
+            assert r["issue_seconds"] > 0.3 * r["seconds"], name
+        if r["segments"] < 20:
+            assert r["issue_seconds"] < 0.02 * r["seconds"], name
+    assert any(r["segments"] > 500 for r in timed.values()) and any(r["segments"] < 20 for r in timed.values())

@@ -1,0 +1,178 @@
+"""``kernelfleet bench disagg-nccl``: bench disagg's strategies with one process per device and
+NCCL between them (``runtime/distributed.py``), started by torchrun (runs on GPUs):
+
+    torchrun --nproc-per-node 2 -m kernelfleet bench disagg-nccl llama8b-decode --plans PLANS
+
+Rank r runs the r-th profile of ``--device``; each rank captures ``slots`` replicas of the step on
+its own GPU, and the ranks swap their programs (the home one defines every copy). A strategy is
+gated as in bench disagg — each slot's outputs at its home equal, bit for bit, that capture's own
+replay — before it is timed, and a failing one is reported, never timed. Its time is the median
+over ``repeats`` of: a host barrier, every rank issuing its ops, every rank synchronising, a host
+barrier (rank 0's clock; the two barriers alone, measured the same way, are reported beside it).
+Strategies that pace copies to an emulated link or give slots priorities are bench disagg's only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+
+from kernelfleet.bench.disagg import Strategy, capture_replicas, load_plans, restore_all, show, strategies
+from kernelfleet.errors import UsageError
+from kernelfleet.plan.model import CostTable
+from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
+from kernelfleet.runtime.distributed import RankSlot, alias, build_rank, release_rank, run_rank
+from kernelfleet.runtime.slots import estimate
+from kernelfleet.workloads.steps import Step
+
+ONLY_IN_ONE_PROCESS = ("throttle", "priorities")
+
+
+class Rank:
+    """This process's device, its replicas and references, and the gate-then-time loop."""
+
+    def __init__(self, make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], slots: int) -> None:
+        self.devices = list(profiles)
+        world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+        if world != len(self.devices):
+            raise UsageError(f"torchrun started {world} processes for {len(self.devices)} devices: give "
+                             f"--nproc-per-node {len(self.devices)}")
+        self.rank, self.device = rank, self.devices[rank]
+        self.spec = profiles[self.device]
+        torch.cuda.set_device(self.spec.device)
+        dist.init_process_group("nccl", device_id=torch.device(f"cuda:{self.spec.device}"))
+        self.host = dist.new_group(backend="gloo")  # barriers and small results, off the GPUs
+        self.rank_of = {d: k for k, d in enumerate(self.devices)}
+        self.replicas, self.restores = [], []
+        for k in range(slots):
+            replicas, restores = capture_replicas(make_step, {self.device: self.spec.device}, k)
+            self.replicas.append(replicas[self.device])
+            self.restores += restores
+        restore_all(self.restores)
+        for replica in self.replicas:
+            replica.captured.replay()
+        torch.cuda.synchronize()
+        self.references = [[t.clone() for t in r.captured.output_tensors()] for r in self.replicas]
+        restore_all(self.restores)
+        gathered: list = [None] * len(self.devices)
+        dist.all_gather_object(gathered, [r.program for r in self.replicas], group=self.host)
+        self.programs = [{d: gathered[j][k] for j, d in enumerate(self.devices)} for k in range(slots)]
+        self.profile = DeviceProfile(self.spec)
+        self.compute = {k: torch.cuda.Stream() for k in range(slots)}
+        self.copy = torch.cuda.Stream()
+
+    def __enter__(self) -> Rank:
+        self.profile.__enter__()
+        for replica in self.replicas:
+            replica.context = self.profile.context
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.profile.__exit__(*exc)
+
+    def gathered(self, value: object) -> list:
+        out: list = [None] * len(self.devices)
+        dist.all_gather_object(out, value, group=self.host)
+        return out
+
+    def round(self, built=None) -> tuple[float, float]:
+        """(seconds from barrier to barrier, seconds issuing ops) for one run of ``built`` (None: nothing)."""
+        dist.barrier(group=self.host)
+        start = time.perf_counter()
+        if built is not None:
+            run_rank(built, self.compute, self.copy, self.rank_of)
+        issued = time.perf_counter() - start
+        torch.cuda.synchronize()
+        dist.barrier(group=self.host)
+        return time.perf_counter() - start, issued
+
+    def measure(self, strategy: Strategy, repeats: int) -> dict:
+        skipped = [o for o in ONLY_IN_ONE_PROCESS if strategy.options.get(o)]
+        if skipped:
+            return {"gate": f"not run: {', '.join(skipped)} only in one process (bench disagg)"}
+        used = len(strategy.assignments)
+        slots = [RankSlot(self.programs[k], self.replicas[k], a, h)
+                 for k, (a, h) in enumerate(zip(strategy.assignments, strategy.homes))]
+        options = {"overlap": strategy.options.get("overlap", True),
+                   "slot_mode": strategy.options.get("slot_mode", "sequential"), "seconds": strategy.options.get("seconds")}
+        try:
+            built = build_rank(slots, self.device, alias, **options)
+        except Exception as exc:  # every rank builds the same list, so all refuse alike
+            return {"gate": f"refused: {exc}"}
+        try:
+            restore_all(self.restores)
+            mine = [k for k in range(used) if strategy.homes[k] == self.device]
+            for k in mine:
+                for t in self.replicas[k].captured.output_tensors():
+                    t.fill_(0)
+            self.round(built)
+            wrong = {k: sum(int((a != b).sum()) for a, b in zip(self.references[k], self.replicas[k].captured.output_tensors()))
+                     for k in mine}
+            wrong = {k: n for part in self.gathered(wrong) for k, n in part.items() if n}
+            if wrong:
+                return {"gate": f"outputs differ from the single-device run (slot: elements) {wrong}"}
+            rounds = [self.round(built) for _ in range(repeats)]
+            idle = statistics.median(self.round()[0] for _ in range(repeats))
+            median = statistics.median(r[0] for r in rounds)
+            return {"gate": "identical", "seconds": median, "slots": used, "slots_per_second": used / median,
+                    "barrier_seconds": idle, "issue_seconds": statistics.median(r[1] for r in rounds),
+                    "segments": sum(op.kind == "segment" for op in built.ops),
+                    "copies": sum(op.kind == "send" for op in built.ops), "copy_bytes": built.copy_bytes,
+                    "method": "nccl"}
+        finally:
+            torch.cuda.synchronize()
+            release_rank(built)
+
+
+def disagg_nccl(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], plans: Path, slots: int,
+                repeats: int, out: Path, console: Console, costs: CostTable | None = None) -> dict | None:
+    """Every strategy (module docstring) across processes; rank 0 writes ``out/disagg-nccl.json``
+    and returns the results (other ranks None)."""
+    if slots < 2:
+        raise UsageError(f"--slots must be at least 2 (request distribution needs one per device), got {slots}")
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise UsageError("run it under torchrun, one process per device: torchrun --nproc-per-node 2 -m kernelfleet "
+                         "bench disagg-nccl STEP --plans PLANS")
+    rank = Rank(make_step, profiles, slots)
+    program = rank.replicas[0].program
+    loaded = load_plans(plans, program, rank.devices)
+    if costs is not None and len(costs.seconds) != len(program.launches):
+        raise UsageError(f"the cost table has {len(costs.seconds)} launches, the captured step "
+                         f"{len(program.launches)}: it was made for another program")
+    seconds = estimate(costs) if costs is not None else None
+    results: dict = {"command": " ".join(["torchrun ... kernelfleet"] + sys.argv[1:]), "processes": len(rank.devices),
+                     "devices": {n: asdict(s) for n, s in profiles.items()}, "slots": slots, "strategies": {}}
+    if rank.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    with rank:
+        todo = strategies(loaded, rank.devices, slots, None, len(program.launches))
+        for pass_ in range(2):  # the singles first: request distribution splits slots by their rates
+            for s in todo:
+                found = rank.measure(s, repeats)
+                found["model_seconds"] = s.model_seconds
+                results["strategies"][s.name] = found
+                if rank.rank == 0:
+                    console.print(f"{s.name}: {found['gate'][:80]}"
+                                  + (f", {found['seconds'] * 1e3:.2f} ms" if "seconds" in found else ""))
+                    (out / "disagg-nccl.json").write_text(json.dumps(results, indent=1, default=str))
+            if pass_ == 0:
+                rates = {d: results["strategies"][f"single:{d}"].get("slots_per_second") for d in rank.devices}
+                if None in rates.values():
+                    break
+                todo = strategies(loaded, rank.devices, slots, rates, len(program.launches), seconds)
+    dist.barrier(group=rank.host)
+    dist.destroy_process_group()
+    if rank.rank != 0:
+        return None
+    show(results, console)
+    return results

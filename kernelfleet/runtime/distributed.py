@@ -1,0 +1,198 @@
+"""Run a plan across processes, one per device, with NCCL between them (runs on GPUs; torchrun).
+
+The single-process executor (``runtime/executor.py``) builds one CUDA graph over every device and
+moves bytes with peer copies. Between processes (and so between hosts) each rank holds only its
+own device's replicas and runs only its own part of the plan's graph (``slots.pipeline``, the
+same list on every rank, since every rank computes it from the same home programs and plan):
+
+* its launches, grouped into *segments* — runs of consecutive launches of one slot with no copy
+  of this rank between them — each instantiated as a CUDA graph of copies of its captured nodes,
+  in the device profile's execution context, on the slot's compute stream;
+* each copy it takes part in, as an NCCL ``send`` (its source) or ``recv`` (its destination) of
+  the exact byte range, on one copy stream, through tensors aliasing the capture's memory.
+
+:func:`rank_ops` is that part as plain data. A node's dependencies that live on this rank become
+waits on the CUDA events of earlier ops; those on another rank need no wait here, since only a
+copy depends on another rank's node, and NCCL's rendezvous holds the transfer until both ranks have
+reached it, each after its own dependencies. Every rank issues its ops in the list's order, so the
+k-th copy between two ranks is the k-th on both: sends and receives match, and as every op waits
+only for ops earlier in the list, no rank can wait on one that waits on it (``tests/unit/
+test_distributed.py`` simulates every rank of real plans to check both).
+
+Against the single graph this pays a host launch per segment and per copy, and NCCL serialises a
+pair's copies on one stream in each direction's common order; it is what crosses hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelfleet.errors import UsageError
+from kernelfleet.kernels import driver
+from kernelfleet.kernels.ir import Program
+from kernelfleet.kernels.replay import program_nodes
+from kernelfleet.runtime.executor import Places, Replica, add_launch
+from kernelfleet.runtime.schedule import Node, races, schedule
+from kernelfleet.runtime.slots import SlotNode, pipeline
+
+
+@dataclass(frozen=True, slots=True)
+class RankOp:
+    """One thing a rank issues: a segment of launches, or its side of one copy."""
+
+    kind: str  # "segment", "send" or "recv"
+    slot: int
+    items: tuple[int, ...]  # indices into the combined list: a segment's launches, a copy's one node
+    peer: str | None  # the other device of a copy
+    waits: tuple[int, ...]  # earlier ops of this rank, on other streams, whose end it waits for
+
+    @property
+    def stream(self) -> str:
+        return f"compute:{self.slot}" if self.kind == "segment" else "copy"
+
+
+def local(node: Node, device: str) -> bool:
+    """Whether ``device``'s rank takes part in ``node``: a launch on it, or a copy from or to it."""
+    return device in node.devices
+
+
+def rank_ops(combined: list[SlotNode], device: str) -> list[RankOp]:
+    """``device``'s part of the plan's graph, in list order (module docstring)."""
+    op_of: dict[int, int] = {}  # combined index -> op index, for this rank's nodes
+    ops: list[dict] = []
+    for k, x in enumerate(combined):
+        n = x.node
+        if not local(n, device):
+            continue
+        if n.launch is not None:
+            last = ops[-1] if ops else None
+            if last is None or last["kind"] != "segment" or last["slot"] != x.slot:
+                ops.append({"kind": "segment", "slot": x.slot, "items": [], "peer": None, "deps": set()})
+        else:
+            src, dst = n.copy.src, n.copy.dst
+            ops.append({"kind": "send" if src == device else "recv", "slot": x.slot, "items": [],
+                        "peer": dst if src == device else src, "deps": set()})
+        op = ops[-1]
+        op["items"].append(k)
+        op["deps"].update(op_of[d] for d in x.deps if local(combined[d].node, device))
+        op_of[k] = len(ops) - 1
+    out: list[RankOp] = []
+    for i, op in enumerate(ops):
+        stream = RankOp(op["kind"], op["slot"], (), None, ()).stream
+        waits = tuple(sorted(w for w in op["deps"] if w != i and out[w].stream != stream))  # a stream keeps its order
+        out.append(RankOp(op["kind"], op["slot"], tuple(op["items"]), op["peer"], waits))
+    return out
+
+
+@dataclass
+class RankSlot:
+    """One micro-batch as one rank sees it: every device's program of the slot (gathered from the
+    ranks; the home one defines the copies), this rank's replica, where each launch runs, and the
+    device that holds the step's inputs and gets its outputs."""
+
+    programs: dict[str, Program]
+    replica: Replica
+    assignment: list[str]
+    home: str
+
+
+@dataclass
+class RankBuilt:
+    device: str
+    ops: list[RankOp]
+    graphs: dict[int, tuple[Any, Any]]  # op index -> (graph, executable), for segments
+    buffers: dict[int, Any] = field(default_factory=dict)  # op index -> tensor aliasing the copied bytes
+    copy_bytes: int = 0
+    combined: list[SlotNode] = field(default_factory=list)
+
+
+def plan_graph(slots: list[RankSlot], overlap: bool = True, resident_state: bool = True, slot_mode: str = "sequential",
+               seconds: Callable[[int, Node], float] | None = None) -> list[SlotNode]:
+    """The combined list every rank computes alike; UsageError where a slot's graph has a race."""
+    orders = [schedule(s.programs[s.home], s.assignment, s.home, overlap, resident_state) for s in slots]
+    for k, (slot, order) in enumerate(zip(slots, orders)):
+        found = races(slot.programs[slot.home], slot.assignment, order)
+        if found:
+            raise UsageError(f"slot {k}: {len(found)} races in the plan graph, first: {found[0]}")
+    return pipeline(orders, slot_mode, seconds)
+
+
+def build_rank(slots: list[RankSlot], device: str, alias: Callable[[int, int], Any], **options: Any) -> RankBuilt:
+    """This rank's ops, with a CUDA graph per segment and an aliasing tensor per copy
+    (``alias(address, length)``, on this rank's GPU); ``options`` as for :func:`plan_graph`."""
+    combined = plan_graph(slots, **options)
+    ops = rank_ops(combined, device)
+    built = RankBuilt(device, ops, {}, combined=combined)
+    places = [Places(s.home, s.programs) for s in slots]
+    launch_nodes: dict[int, list[int]] = {}
+    try:
+        for i, op in enumerate(ops):
+            slot = slots[op.slot]
+            if op.kind == "segment":
+                if op.slot not in launch_nodes:
+                    launch_nodes[op.slot] = program_nodes(slot.replica.captured)
+                graph = driver.create_graph()
+                built.graphs[i] = (graph, None)
+                made: dict[int, Any] = {}
+                for k in op.items:
+                    after = [made[d] for d in combined[k].deps if d in made]
+                    made[k] = add_launch(graph, slot.replica, launch_nodes[op.slot], combined[k].node.launch, after)
+                built.graphs[i] = (graph, driver.instantiate(graph))
+                continue
+            t = combined[op.items[0]].node.copy
+            seen_by = [t.writer, t.reader] if op.kind == "send" else [t.reader, t.writer]
+            built.buffers[i] = alias(places[op.slot].where(device, t, seen_by), t.length_bytes)
+            built.copy_bytes += t.length_bytes
+    except Exception:
+        release_rank(built)
+        raise
+    return built
+
+
+def release_rank(built: RankBuilt) -> None:
+    for graph, executable in built.graphs.values():
+        if executable is None:
+            driver.call("cuGraphDestroy", graph)
+        else:
+            driver.destroy(graph, executable)
+    built.graphs.clear()
+
+
+def run_rank(built: RankBuilt, compute: dict[int, Any], copy: Any, rank_of: dict[str, int]) -> None:
+    """Issue this rank's ops: segments on their slot's stream of ``compute`` (torch streams of this
+    rank's GPU, by slot), copies through NCCL on ``copy``; ``rank_of``: each device's rank.
+    Returns once all is enqueued; the caller synchronises."""
+    import torch
+    import torch.distributed as dist
+
+    waited = {w for op in built.ops for w in op.waits}
+    events: dict[int, Any] = {}
+    for i, op in enumerate(built.ops):
+        stream = compute[op.slot] if op.kind == "segment" else copy
+        for w in op.waits:
+            stream.wait_event(events[w])
+        if op.kind == "segment":
+            driver.launch(built.graphs[i][1], stream.cuda_stream)
+        else:
+            with torch.cuda.stream(stream):  # NCCL waits for this stream, and .wait() makes it wait for NCCL
+                (dist.isend if op.kind == "send" else dist.irecv)(built.buffers[i], rank_of[op.peer]).wait()
+        if i in waited:
+            events[i] = torch.cuda.Event()
+            events[i].record(stream)
+
+
+class _Bytes:
+    """``length`` bytes of device memory at ``address``, for ``torch.as_tensor`` to alias."""
+
+    def __init__(self, address: int, length: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (length,), "typestr": "|u1", "data": (address, False),
+                                         "strides": None, "version": 3}
+
+
+def alias(address: int, length: int) -> Any:
+    """A uint8 tensor over device memory the capture owns (no copy), for NCCL to send or fill."""
+    import torch
+
+    return torch.as_tensor(_Bytes(address, length))
