@@ -284,6 +284,8 @@ def bench_ofu_report(
     sweep_dir: Path = typer.Argument(..., help="A folder written by `kernelfleet bench ofu`."),
     ncu: Path | None = typer.Option(None, "--ncu", help="A folder with ncu-sweep.csv[.gz] and "
                                     "ncu-sweep-points.jsonl from bench/ncu_sweep.sh: adds the Nsight Compute check."),
+    clock: Path | None = typer.Option(None, "--clock", help="A folder from bench/ofu_clock_check.py: adds the "
+                                      "clock check and its verdict on the 0.908 (docs/validation/ofu.md)."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """The paper's Table II (raw and tile-corrected OFU against MFU) from a recorded sweep."""
@@ -315,6 +317,8 @@ def bench_ofu_report(
               f"{s.corrected_mae_pp:.2f} | {s.corrected_within_2pp:.0%} | {s.corrected_within_5pp:.0%} |")
     if ncu is not None:
         _print_ncu_check(ncu, points, samples, sku)
+    if clock is not None:
+        _print_clock_check(clock, cat)
 
 
 def _print_ncu_check(folder: Path, points: list[dict], samples: list, sku) -> None:
@@ -359,6 +363,67 @@ def _print_ncu_check(folder: Path, points: list[dict], samples: list, sku) -> No
               f"{mhz(c.nvml_sm_clock_hertz)} | {mhz(c.implied_sm_clock_hertz)} | {c.clock_ratio:.3f} | {mhz(p.sm_clock_hertz)} |")
 
 
+def _read_jsonl(path: Path) -> list:
+    import gzip
+
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _print_clock_check(folder: Path, cat) -> None:
+    """The clock section of `bench ofu-report` (bench/ofu_clock_check.py; docs/validation/ofu.md)."""
+    from kernelfleet.ofu.ncu import clock_verdict, loop_cycle_ratios, ncu_clocks, parse_ncu_csv
+    from kernelfleet.ofu.validation import idle_probe_over_nvml, loop_clocks
+    from kernelfleet.telemetry.replay import ReplaySource
+
+    need = [folder / name for name in ("clock-loop.jsonl.gz", "clock-trace.jsonl.gz", "nvml-clock-loop.jsonl.gz")]
+    if not all(f.exists() for f in need):
+        raise UsageError(f"{folder}: expected {', '.join(f.name for f in need)} (python3 bench/ofu_clock_check.py loop)")
+    try:
+        lines, reads = _read_jsonl(need[0]), _read_jsonl(need[2])
+        samples = [b[0] for b in ReplaySource(need[1]).batches()]
+        launches_file, csv_file = folder / "ncu-clock-launches.jsonl", folder / "ncu-clock.csv"
+        launches = _read_jsonl(launches_file) if launches_file.exists() else []
+        kernels = parse_ncu_csv(csv_file.read_text()) if launches and csv_file.exists() else []
+        ncu_reads = _read_jsonl(folder / "nvml-clock-ncu.jsonl.gz") if launches else []
+    except (OSError, ValueError, EOFError) as exc:  # EOFError: a .gz cut short by a killed writer
+        raise UsageError(f"{folder}: unreadable clock-check output ({exc})") from exc
+    if not samples:
+        raise UsageError(f"{need[1]}: the counter trace has no windows")
+    sku = cat.lookup(samples[0].name, samples[0].pci_device_id)
+    if sku is None:
+        raise UsageError(f"{samples[0].name} is not in the catalog: no peak to measure FLOP/s against")
+    loops = loop_clocks(lines, samples, reads, sku)
+    try:
+        ncu = ncu_clocks(launches, kernels, ncu_reads) if launches else []
+    except UsageError as exc:  # the loops still decide with the probe
+        print(f"\nClock check: the ncu half is left out: {exc}")
+        ncu = []
+    ratios = loop_cycle_ratios(loops, ncu)
+    mhz = lambda hz: "—" if hz is None else f"{hz / 1e6:.0f}"  # noqa: E731
+    r3 = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
+    share = lambda x: "—" if x is None else f"{x:.0%}"  # noqa: E731
+    print(f"\nClock check: {len(loops)} loops, {len(ncu)} launches under ncu")
+    print("| precision | M×N×K | path | windows | MFU | GPM active | NVML MHz | f_true MHz | probe MHz | f_true/NVML | "
+          "probe/NVML | GPM/math | ncu cycles ÷ loop time ÷ NVML | power-capped | HW slowdown |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in loops:
+        print(f"| {c.precision} | {c.m}×{c.n}×{c.k} | {c.path} | {c.windows} | {c.mfu_ratio:.3f} | "
+              f"{c.gpm_tensor_active_ratio:.3f} | {mhz(c.nvml_sm_clock_hertz)} | {mhz(c.implied_sm_clock_hertz)} | "
+              f"{mhz(c.probe_sm_clock_hertz)} | {c.true_over_nvml:.3f} | {r3(c.probe_over_nvml)} | {r3(c.gpm_over_math)} | "
+              f"{r3(ratios.get((c.precision, c.m, c.n, c.k)))} | {share(c.power_capped_ratio)} | "
+              f"{share(c.hw_slowdown_ratio)} |")
+    if ncu:
+        print("\n| precision | M×N×K | path | duration µs | ncu MHz | NVML MHz (reads) | NVML min MHz | ncu/NVML |")
+        print("|---|---|---|---|---|---|---|---|")
+        for n in ncu:
+            print(f"| {n.precision} | {n.m}×{n.n}×{n.k} | {n.path} | {n.duration_seconds * 1e6:.1f} | "
+                  f"{mhz(n.ncu_sm_clock_hertz)} | {mhz(n.nvml_sm_clock_hertz)} ({n.nvml_reads}) | {mhz(n.nvml_min_hertz)} | "
+                  f"{r3(n.ncu_over_nvml)} |")
+    verdict = clock_verdict(loops, ncu, idle_probe_over_nvml(lines, reads))
+    print(f"\nverdict: {verdict.finding}: {verdict.describe()}")
+
+
 @app.command("catalog")
 def catalog_command(
     key: str | None = typer.Argument(None, help="One SKU key (omit for all)."),
@@ -390,6 +455,7 @@ def catalog_command(
 for _name, _function in cli_place.COMMANDS:
     app.command(_name)(getattr(cli_place, _function))
 bench_app.command("disagg")(cli_place.disagg_command)
+bench_app.command("disagg-nccl")(cli_place.disagg_nccl_command)
 bench_app.command("serve")(cli_place.serve_command)
 
 

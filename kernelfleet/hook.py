@@ -27,7 +27,9 @@ useful ones. That step is not timed: the profiler slows it.
 
 from __future__ import annotations
 
+import http.client
 import json
+import math
 import os
 import time
 import urllib.request
@@ -332,12 +334,22 @@ class Tracker:
             "correction_note": self.correction_note[:300] if self.correction_note else None,
             "gemms": [{"op": op, "shapes": [list(s) for s in shapes], "dtype": dtype, "count": n}
                       for (op, shapes, dtype), n in pending["shapes"].most_common(32)],
-            "reported_mfu": self.reported_mfu() if self.reported_mfu else None,
+            "reported_mfu": self._reported_mfu(),
         }
         try:
             self.send(self.url, body, self.token)
-        except OSError:
-            pass  # the agent is down or unreachable: the job goes on
+        except (OSError, http.client.HTTPException):
+            pass  # the agent is down, unreachable or dropped the connection: the job goes on
+
+    def _reported_mfu(self) -> float | None:
+        """The job's own MFU as a finite float, or None. Trainers keep it as a tensor or NumPy scalar,
+        which ``json.dumps`` refuses: the report would raise into the job instead of going out."""
+        value = self.reported_mfu() if self.reported_mfu else None
+        try:
+            value = None if value is None else float(value)
+        except (TypeError, ValueError):
+            return None
+        return value if value is not None and math.isfinite(value) else None
 
 
 def _synchronize() -> None:

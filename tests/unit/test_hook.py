@@ -3,6 +3,7 @@ MFU from them, the tile correction (matmuls paired with the GEMM kernels an H200
 the mismatch event when a job's own MFU disagrees with its (corrected) OFU."""
 
 import gzip
+import http.client
 import json
 from contextlib import contextmanager
 from pathlib import Path
@@ -129,6 +130,32 @@ def test_an_unreachable_agent_never_breaks_the_job():
     with tracker.step():
         torch.randn(8, 8) @ torch.randn(8, 8)  # flush runs at the end of the step and fails quietly
     assert tracker.steps == 1
+
+
+def test_an_agent_that_drops_the_connection_never_breaks_the_job():
+    def dropped(url, body, token):
+        raise http.client.IncompleteRead(b"")  # an HTTPException, not an OSError
+
+    tracker = Tracker(every=1, report_seconds=0.0, send=dropped, profile_every=None)
+    with tracker.step():
+        torch.randn(8, 8) @ torch.randn(8, 8)
+    assert tracker.steps == 1
+
+
+@pytest.mark.parametrize("given, sent", [(torch.tensor(0.42), 0.42), (0.5, 0.5), (float("nan"), None),
+                                         ("n/a", None), (None, None)])
+def test_the_jobs_own_mfu_goes_out_as_a_plain_float(given, sent):
+    """A trainer's MFU is often a tensor or NumPy scalar, which json.dumps refuses."""
+    bodies = []
+    tracker = Tracker(every=1, report_seconds=1e9, reported_mfu=lambda: given, profile_every=None,
+                      send=lambda url, body, token: bodies.append(json.loads(json.dumps(body))))
+    with tracker.step():
+        torch.randn(8, 8) @ torch.randn(8, 8)
+    tracker.flush()
+    if sent is None:
+        assert bodies[0]["reported_mfu"] is None
+    else:
+        assert bodies[0]["reported_mfu"] == pytest.approx(sent)
 
 
 # --- the tile correction ------------------------------------------------------------------------
