@@ -5,7 +5,9 @@
 Reads tests/data/h200x2-disagg/*.disagg.json (written by `kernelfleet bench disagg` on two H200s)
 and writes docs/img/place-disagg-h200x2.png: per workload, each strategy's slots per second in its
 best slot mode, relative to the best baseline's (every strategy passed the correctness gate), with
-the throughput plan's own model beside it. Prints the same as a Markdown table.
+the throughput plan's own model beside it; and, from the second run (*.inflight.disagg.json), the
+throughput plan `kernelfleet plan --in-flight 3` chose, relative to that run's request
+distribution. Prints the same as a Markdown table.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ STRATEGIES = {
     "latency plan": ("latency-greedy",),
     "kernelfleet throughput": ("throughput-milp", "throughput-milp, slots free", "throughput-milp, slots scheduled"),
 }
+IN_FLIGHT = "kernelfleet throughput, planned for 3 in flight"
 
 
 def best(found: dict, rows: tuple[str, ...]) -> float | None:
@@ -47,11 +50,15 @@ def main() -> None:
         baseline = max(v for name, v in rates.items() if v is not None and name != "kernelfleet throughput")
         model = 1 / found["throughput-milp"]["model_seconds"]
         table[step] = ({name: None if v is None else v / baseline for name, v in rates.items()}, model / baseline, baseline)
+        second = json.loads((RUNS / f"{step}.inflight.disagg.json").read_text())["strategies"]
+        table[step][0][IN_FLIGHT] = (best(second, STRATEGIES["kernelfleet throughput"])
+                                     / best(second, STRATEGIES["request distribution"]))
+    columns = [*STRATEGIES, IN_FLIGHT]
     fig, ax = plt.subplots(figsize=(13, 5.5))
-    width = 0.8 / len(STRATEGIES)
+    width = 0.8 / len(columns)
     colors = plt.cm.tab10.colors
-    for i, name in enumerate(STRATEGIES):
-        xs = [s + (i - len(STRATEGIES) / 2 + 0.5) * width for s in range(len(STEPS))]
+    for i, name in enumerate(columns):
+        xs = [s + (i - len(columns) / 2 + 0.5) * width for s in range(len(STEPS))]
         ys = [table[step][0][name] or 0.0 for step in STEPS]
         ax.bar(xs, ys, width, label=name, color=colors[i])
         if name == "kernelfleet throughput":
@@ -68,11 +75,11 @@ def main() -> None:
     fig.tight_layout()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(OUT, dpi=110)
-    print("| workload | " + " | ".join(STRATEGIES) + " | throughput plan's model |")
-    print("|---|" + "---|" * (len(STRATEGIES) + 1))
+    print("| workload | " + " | ".join(columns) + " | throughput plan's model |")
+    print("|---|" + "---|" * (len(columns) + 1))
     for step in STEPS:
         rel, model, _ = table[step]
-        cells = ["—" if rel[n] is None else f"{rel[n]:.2f}" for n in STRATEGIES]
+        cells = ["—" if rel[n] is None else f"{rel[n]:.2f}" for n in columns]
         print(f"| {step} | " + " | ".join(cells) + f" | {model:.2f} |")
     print(f"wrote {OUT.relative_to(ROOT)}")
 
