@@ -10,6 +10,11 @@ replay — before it is timed, and a failing one is reported, never timed. Its t
 over ``repeats`` of: a host barrier, every rank issuing its ops, every rank synchronising, a host
 barrier (rank 0's clock; the two barriers alone, measured the same way, are reported beside it).
 Strategies that pace copies to an emulated link or give slots priorities are bench disagg's only.
+
+With ``place_weights`` (a plan's policy), only that plan runs, twice: with every weight on every
+GPU, then after each rank freed the weights its own launches never read (``runtime/distributed.py:
+weights_read``); beside each its memory per rank, so the second row shows a plan's weights held
+where it places them, behind the same gate.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ from rich.console import Console
 
 from kernelfleet.bench.disagg import Strategy, capture_replicas, load_plans, restore_all, show, strategies
 from kernelfleet.errors import UsageError
+from kernelfleet.kernels.replay import saved_state
 from kernelfleet.plan.model import CostTable
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
-from kernelfleet.runtime.distributed import RankSlot, alias, build_rank, release_rank, run_rank
+from kernelfleet.runtime.distributed import RankSlot, alias, build_rank, release_rank, run_rank, weights_read
 from kernelfleet.runtime.slots import estimate
 from kernelfleet.workloads.steps import Step
 
@@ -79,6 +85,40 @@ class Rank:
 
     def __exit__(self, *exc: object) -> None:
         self.profile.__exit__(*exc)
+
+    def place_weights(self, strategy: Strategy) -> int:
+        """Free, in each slot's capture, the weight tensors none of this rank's launches of
+        ``strategy`` read, and save the captured state again without them; returns the bytes
+        freed. The gate then shows nothing needed went."""
+        restore_all(self.restores)
+        freed = 0
+        self.restores = []
+        for replica, assignment in zip(self.replicas, strategy.assignments):
+            released: list[tuple[int, int]] = []
+            weights = [(b.address, b.address + b.size_bytes) for b in replica.program.buffers if b.role == "weight"]
+            keep = weights_read(replica.program, assignment, self.device)
+            module = replica.captured.keep[1]
+            seen: set[int] = set()
+            for _, t in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+                start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+                if end == start or not any(s < end and start < e for s, e in weights) \
+                        or any(s < end and start < e for s, e in keep):
+                    continue
+                if start not in seen:
+                    seen.add(start)
+                    freed += end - start
+                    released.append((start, end))
+                t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+            self.restores.append(saved_state(replica.program, released))
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return freed
+
+    def memory(self) -> dict:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        return {"allocated_bytes": torch.cuda.memory_allocated(), "device_used_bytes": total - free}
 
     def gathered(self, value: object) -> list:
         out: list = [None] * len(self.devices)
@@ -135,9 +175,11 @@ class Rank:
 
 
 def disagg_nccl(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], plans: Path, slots: int,
-                repeats: int, out: Path, console: Console, costs: CostTable | None = None) -> dict | None:
-    """Every strategy (module docstring) across processes; rank 0 writes ``out/disagg-nccl.json``
-    and returns the results (other ranks None)."""
+                repeats: int, out: Path, console: Console, costs: CostTable | None = None,
+                place_weights: str | None = None) -> dict | None:
+    """Every strategy (module docstring) across processes, or with ``place_weights`` that plan
+    before and after placing its weights; rank 0 writes ``out/disagg-nccl.json`` and returns the
+    results (other ranks None)."""
     if slots < 2:
         raise UsageError(f"--slots must be at least 2 (request distribution needs one per device), got {slots}")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -152,27 +194,55 @@ def disagg_nccl(make_step: Callable[[str, int], Step], profiles: dict[str, Profi
     seconds = estimate(costs) if costs is not None else None
     results: dict = {"command": " ".join(["torchrun ... kernelfleet"] + sys.argv[1:]), "processes": len(rank.devices),
                      "devices": {n: asdict(s) for n, s in profiles.items()}, "slots": slots, "strategies": {}}
+    if place_weights is not None and place_weights not in loaded:
+        raise UsageError(f"--place-weights {place_weights}: {plans} has no such plan (it has {', '.join(loaded)})")
     if rank.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     with rank:
-        todo = strategies(loaded, rank.devices, slots, None, len(program.launches))
-        for pass_ in range(2):  # the singles first: request distribution splits slots by their rates
-            for s in todo:
-                found = rank.measure(s, repeats)
-                found["model_seconds"] = s.model_seconds
-                results["strategies"][s.name] = found
-                if rank.rank == 0:
-                    console.print(f"{s.name}: {found['gate'][:80]}"
-                                  + (f", {found['seconds'] * 1e3:.2f} ms" if "seconds" in found else ""))
-                    (out / "disagg-nccl.json").write_text(json.dumps(results, indent=1, default=str))
-            if pass_ == 0:
-                rates = {d: results["strategies"][f"single:{d}"].get("slots_per_second") for d in rank.devices}
-                if None in rates.values():
-                    break
-                todo = strategies(loaded, rank.devices, slots, rates, len(program.launches), seconds)
+        if place_weights is not None:
+            _placed(rank, loaded[place_weights], slots, repeats, results, console)
+        else:
+            _every_strategy(rank, loaded, slots, repeats, seconds, results, out, console)
+    if rank.rank == 0:
+        (out / "disagg-nccl.json").write_text(json.dumps(results, indent=1, default=str))
     dist.barrier(group=rank.host)
     dist.destroy_process_group()
     if rank.rank != 0:
         return None
     show(results, console)
     return results
+
+
+def _placed(rank: Rank, plan, slots: int, repeats: int, results: dict, console: Console) -> None:
+    """The plan with every weight on every GPU, then with its weights placed (module docstring)."""
+    home = plan.details.get("home", rank.devices[0])
+    strategy = Strategy(plan.policy, [plan.assignment] * slots, [home] * slots, model_seconds=plan.objective_seconds)
+    for label, place in ((f"{plan.policy}, every weight everywhere", False), (f"{plan.policy}, weights placed", True)):
+        memory = {"freed_bytes": rank.place_weights(strategy) if place else 0}
+        memory.update(rank.memory())
+        found = rank.measure(strategy, repeats)
+        found["memory"] = dict(zip(rank.devices, rank.gathered(memory)))
+        results["strategies"][label] = found
+        if rank.rank == 0:
+            used = ", ".join(f"{d} {m['device_used_bytes'] / 1e9:.1f} GB" for d, m in found["memory"].items())
+            console.print(f"{label}: {found['gate'][:80]}; GPU memory in use: {used}")
+
+
+def _every_strategy(rank: Rank, loaded: dict, slots: int, repeats: int, seconds, results: dict, out: Path,
+                    console: Console) -> None:
+    n = len(rank.replicas[0].program.launches)
+    todo = strategies(loaded, rank.devices, slots, None, n)
+    for pass_ in range(2):  # the singles first: request distribution splits slots by their rates
+        for s in todo:
+            found = rank.measure(s, repeats)
+            found["model_seconds"] = s.model_seconds
+            results["strategies"][s.name] = found
+            if rank.rank == 0:
+                console.print(f"{s.name}: {found['gate'][:80]}"
+                              + (f", {found['seconds'] * 1e3:.2f} ms" if "seconds" in found else ""))
+                (out / "disagg-nccl.json").write_text(json.dumps(results, indent=1, default=str))
+        if pass_ == 0:
+            rates = {d: results["strategies"][f"single:{d}"].get("slots_per_second") for d in rank.devices}
+            if None in rates.values():
+                break
+            todo = strategies(loaded, rank.devices, slots, rates, n, seconds)

@@ -125,11 +125,11 @@ def changed_runs(now: torch.Tensor, before: torch.Tensor, gap_bytes: int = RUN_G
     return list(zip(starts.tolist(), ends.tolist()))
 
 
-def saved_state(program: Program) -> Callable[[], None]:
+def saved_state(program: Program, released: list[tuple[int, int]] = ()) -> Callable[[], None]:
     """Copy now every byte range some launch may write (the union of the program's write accesses,
     weights included: a step that writes a weight has state there); the returned function puts
     those bytes back. Bytes no launch writes cannot change, so a KV cache costs its written rows,
-    not its size."""
+    not its size. ``released``: [start, end) addresses freed since the capture, left alone."""
     buffers = {b.id: b for b in program.buffers}
     spans: dict[int, list[tuple[int, int]]] = {}
     for launch in program.launches:
@@ -139,7 +139,10 @@ def saved_state(program: Program) -> Callable[[], None]:
     state = []
     for buffer, ranges in spans.items():
         for start, end in _merged(ranges):
-            view = device_bytes(buffers[buffer].address + start, end - start)
+            at = buffers[buffer].address
+            if any(s < at + end and at + start < e for s, e in released):
+                continue
+            view = device_bytes(at + start, end - start)
             state.append((view, view.clone()))
 
     def restore() -> None:

@@ -21,6 +21,10 @@ test_distributed.py`` simulates every rank of real plans to check both).
 
 Against the single graph this pays a host launch per segment and per copy, and NCCL serialises a
 pair's copies on one stream in each direction's common order; it is what crosses hosts.
+
+Weights can be placed where the plan puts them (:func:`weights_read`): a rank then keeps only the
+weights its own launches read and frees the rest after capture (the capture itself needs the whole
+step on each GPU; placement lowers what a rank holds while it serves, not its peak).
 """
 
 from __future__ import annotations
@@ -84,6 +88,22 @@ def rank_ops(combined: list[SlotNode], device: str) -> list[RankOp]:
         waits = tuple(sorted(w for w in op["deps"] if w != i and out[w].stream != stream))  # a stream keeps its order
         out.append(RankOp(op["kind"], op["slot"], tuple(op["items"]), op["peer"], waits))
     return out
+
+
+def weights_read(program: Program, assignment: list[str], device: str) -> list[tuple[int, int]]:
+    """[start, end) address ranges, in ``program``'s capture, of the weight buffers that the
+    launches ``assignment`` puts on ``device`` read (merged, sorted): what that device must hold."""
+    buffers = {b.id: b for b in program.buffers}
+    spans = sorted({(buffers[a.buffer].address, buffers[a.buffer].address + buffers[a.buffer].size_bytes)
+                    for launch in program.launches if assignment[launch.index] == device
+                    for a in launch.accesses if buffers[a.buffer].role == "weight"})
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 @dataclass

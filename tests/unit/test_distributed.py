@@ -10,7 +10,7 @@ import pytest
 
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.runtime.distributed import RankSlot, local, plan_graph, rank_ops
+from kernelfleet.runtime.distributed import RankSlot, local, plan_graph, rank_ops, weights_read
 from kernelfleet.runtime.executor import Places
 from kernelfleet.runtime.schedule import schedule
 from kernelfleet.runtime.slots import pipeline
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 
 HERE = Path(__file__).parents[1] / "data" / "h200-capture"
 STEPS = ["llama-decode", "moe-decode", "mamba-decode", "llama8b-prefill"]
-DEVICES = ["A", "B", "C"]
+DEVICES = ["A", "B", "C", "D", "E", "F", "G", "H"]
 
 
 def combined(step: str, plan: str, slots: int, mode: str, devices: int = 2):
@@ -82,7 +82,8 @@ def simulate(graph, names):
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("plan,slots,mode,devices", [("halves", 1, "sequential", 2), ("random-0", 1, "sequential", 2),
                                                     ("random-1", 3, "sequential", 2), ("random-2", 3, "free", 2),
-                                                    ("random-3", 2, "free", 3), ("halves", 3, "sequential", 3)])
+                                                    ("random-3", 2, "free", 3), ("halves", 3, "sequential", 3),
+                                                    ("random-4", 2, "sequential", 4), ("random-6", 2, "free", 8)])
 def test_every_rank_together_runs_the_plan_in_dependency_order(step, plan, slots, mode, devices):
     graph, names = combined(step, plan, slots, mode, devices)
     ended, ops = simulate(graph, names)
@@ -145,3 +146,25 @@ def test_each_rank_finds_every_copied_byte_range_in_its_own_capture():
             at = places[op.slot].where(device, t, [t.writer, t.reader] if op.kind == "send" else [t.reader, t.writer])
             assert any(b.address <= at and at + t.length_bytes <= b.address + b.size_bytes for b in buffers.values())
     assert sum(op.kind == "send" for d in programs for op in rank_ops(graph, d)) >= 4  # inputs, the cut, outputs
+
+
+def test_a_device_holds_only_the_weights_its_launches_read():
+    """On the 8B decode capture cut in two, each half reads about half the weight bytes, every
+    weight some launch reads is held by one side or the other, and one device alone holds them all."""
+    program = assemble(RawCapture.load(HERE / "llama8b-decode.capture.json.gz"))
+    n = len(program.launches)
+    weights = [b for b in program.buffers if b.role == "weight"]
+    total = sum(b.size_bytes for b in weights)
+    halves = ["A"] * (n // 2) + ["B"] * (n - n // 2)
+    held = {d: weights_read(program, halves, d) for d in "AB"}
+    size = {d: sum(e - s for s, e in spans) for d, spans in held.items()}
+    assert all(0.3 * total < size[d] < 0.7 * total for d in "AB")
+    for b in weights:
+        read = any(a.buffer == b.id for launch in program.launches for a in launch.accesses)
+        inside = any(s <= b.address and b.address + b.size_bytes <= e for d in "AB" for s, e in held[d])
+        assert inside == read
+    alone = weights_read(program, ["A"] * n, "A")
+    assert sum(e - s for s, e in alone) >= size["A"] + size["B"] - sum(  # shared ones (embeddings) counted once
+        min(e1, e2) - max(s1, s2) for s1, e1 in held["A"] for s2, e2 in held["B"] if max(s1, s2) < min(e1, e2))
+    assert weights_read(program, ["A"] * n, "B") == []
+    assert all(s < e <= s2 for (s, e), (s2, _) in zip(alone, alone[1:]))  # merged and sorted
