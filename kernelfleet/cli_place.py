@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from kernelfleet.cli_common import CatalogOption, err, out_console
+from kernelfleet.documents import read_text
 from kernelfleet.errors import EnvironmentProblem, UsageError
 
 
@@ -26,10 +27,7 @@ def ptx(
 
     from kernelfleet.ptx import analyze, parse
 
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
+    text = read_text(path)
     try:
         results = analyze(parse(text))
     except UsageError as exc:
@@ -237,10 +235,11 @@ def census_command(
                                  "a bench/capture_run.py <step>.profile.json."),
     between: str | None = typer.Option(None, "--between", help="A,B: the two profiles compared (default: the "
                                        "table's two besides 'whole')."),
-    counters: Path | None = typer.Option(None, "--counters", help="ncu CSV of bench/profile_counters.sh: split the "
-                                         "census by each kernel's class (tensor, compute, memory, latency)."),
+    counters: Path | None = typer.Option(None, "--counters", help="ncu CSV of bench/profile_counters.sh (.gz or "
+                                         "not): split the census by each kernel's class (tensor, compute, memory, "
+                                         "latency)."),
     groups: Path | None = typer.Option(None, "--groups", help="Its groups file (default: <step>.groups.json beside "
-                                       "<step>.ncu.csv)."),
+                                       "<step>.ncu.csv[.gz])."),
     program: Path | None = typer.Option(None, "--program", help="The kernel program (JSON): check the groups name "
                                         "its kernels."),
     class_on: str | None = typer.Option(None, "--class-on", help="The profile whose counters class the kernels "
@@ -284,18 +283,17 @@ def _classes(counters: Path, groups: Path | None, program: Path | None, class_on
              launches: int) -> tuple[list[str], str]:
     """The class of every launch from a counters run, and a line saying what ncu returned per profile."""
     from kernelfleet.kernels.ir import Program
-    from kernelfleet.profile.counters import launch_classes, parse_counters, seen
+    from kernelfleet.profile.counters import launch_classes, parse_counters, read_csv, seen
     from kernelfleet.profile.groups import Groups
 
-    try:
-        text = counters.read_text()
-    except OSError as exc:
-        raise UsageError(f"{counters}: cannot read ({exc.strerror})") from exc
+    text = read_csv(counters)
     if groups is None:
-        if not counters.name.endswith(".ncu.csv"):
+        stem = next((counters.name.removesuffix(s) for s in (".ncu.csv", ".ncu.csv.gz") if counters.name.endswith(s)),
+                    None)
+        if stem is None:
             raise UsageError(f"--counters {counters}: give --groups too (the default is <step>.groups.json beside "
-                             "<step>.ncu.csv)")
-        groups = counters.with_name(counters.name.removesuffix(".ncu.csv") + ".groups.json")
+                             "<step>.ncu.csv[.gz])")
+        groups = counters.with_name(stem + ".groups.json")
     mapping = Groups.load(groups)
     if mapping.launches != launches:
         raise UsageError(f"{groups}: groups of a program of {mapping.launches} launches, the cost table has "
@@ -354,51 +352,59 @@ PairOption = typer.Option(["compute:56+64@0", "bandwidth:32@1"], "--device",
                           help="NAME:SMS[+HOG]@GPU, twice: the pair, named as the plans name their devices.")
 
 
+StepArgument = typer.Argument(..., help="A reference step (kernelfleet.workloads.steps.REFERENCE), e.g. llama8b-decode.")
+PlansOption = typer.Option(..., "--plans", help="A folder of plans for this step (kernelfleet plan --policy all --out).")
+RepeatsOption = typer.Option(10, "--repeats", help="Runs timed per strategy (median).")
+
+
+def _pair_bench(step: str, plans: Path, costs: Path | None, device: list[str], what: str):
+    """Checked inputs of a benchmark on the pair: the step's maker, the two profiles, the cost table."""
+    _check_step_and_plans(step, plans)
+    table = _cost_table(costs)
+    profiles = _pair(device)
+    _need_gpu(what, "its recorded results are in docs/place.md")
+    from kernelfleet.workloads.steps import reference
+
+    _gpus_present(profiles)
+    return (lambda where, seed: reference(step, device=where, seed=seed)), profiles, table
+
+
 def disagg_command(
-    step: str = typer.Argument(..., help="A reference step (kernelfleet.workloads.steps.REFERENCE), e.g. llama8b-decode."),
-    plans: Path = typer.Option(..., "--plans", help="A folder of plans for this step (kernelfleet plan --policy all --out)."),
+    step: str = StepArgument,
+    plans: Path = PlansOption,
     device: list[str] = PairOption,
     slots: int = typer.Option(4, "--slots", help="Micro-batches per graph, each with replicas of its own."),
-    repeats: int = typer.Option(10, "--repeats", help="Graph launches timed per strategy (median)."),
+    repeats: int = RepeatsOption,
     out: Path = typer.Option(Path("kernelfleet-disagg"), "--out", help="Folder for disagg.json."),
     costs: Path | None = typer.Option(None, "--costs", help="The cost table the plans were made from: adds "
                                       "list-scheduled slots and each graph's predicted time."),
 ) -> None:
     """Every placement strategy for one step on the emulated pair, gated on identical outputs, in one run."""
-    _check_step_and_plans(step, plans)
-    table = _cost_table(costs)
-    profiles = _pair(device)
-    _need_gpu("the disaggregation benchmark", "its recorded results are in docs/place.md")
+    make_step, profiles, table = _pair_bench(step, plans, costs, device, "the disaggregation benchmark")
     from kernelfleet.bench.disagg import disagg
-    from kernelfleet.workloads.steps import reference
 
-    _gpus_present(profiles)
-    disagg(lambda where, seed: reference(step, device=where, seed=seed), profiles, plans, slots, repeats, out, out_console(),
-           table)
+    disagg(make_step, profiles, plans, slots, repeats, out, out_console(), table)
 
 
 def disagg_nccl_command(
-    step: str = typer.Argument(..., help="A reference step (kernelfleet.workloads.steps.REFERENCE), e.g. llama8b-decode."),
-    plans: Path = typer.Option(..., "--plans", help="A folder of plans for this step (kernelfleet plan --policy all --out)."),
+    step: str = StepArgument,
+    plans: Path = PlansOption,
     device: list[str] = PairOption,
     slots: int = typer.Option(3, "--slots", help="Micro-batches per run, each with replicas of its own."),
-    repeats: int = typer.Option(10, "--repeats", help="Runs timed per strategy (median)."),
+    repeats: int = RepeatsOption,
     out: Path = typer.Option(Path("kernelfleet-disagg"), "--out", help="Folder for disagg-nccl.json (rank 0 writes it)."),
     costs: Path | None = typer.Option(None, "--costs", help="The cost table the plans were made from: adds "
                                       "list-scheduled slots."),
+    place_weights: str | None = typer.Option(None, "--place-weights", help="Only this plan (a policy of --plans, "
+                                             "e.g. pipeline): run it, then free on each GPU the weights its launches "
+                                             "there never read, and run it again."),
 ) -> None:
     """bench disagg with one process per device and NCCL between them; start it with
     `torchrun --nproc-per-node 2 -m kernelfleet bench disagg-nccl STEP --plans PLANS`."""
-    _check_step_and_plans(step, plans)
-    table = _cost_table(costs)
-    profiles = _pair(device)
-    _need_gpu("the multi-process disaggregation benchmark", "its recorded results are in docs/place.md")
+    make_step, profiles, table = _pair_bench(step, plans, costs, device, "the multi-process disaggregation benchmark")
     from kernelfleet.bench.disagg_nccl import disagg_nccl
-    from kernelfleet.workloads.steps import reference
 
-    _gpus_present(profiles)
-    disagg_nccl(lambda where, seed: reference(step, device=where, seed=seed), profiles, plans, slots, repeats, out,
-                out_console(), table)
+    disagg_nccl(make_step, profiles, plans, slots, repeats, out, out_console(), table, place_weights)
 
 
 def _cost_table(costs: Path | None):
@@ -406,10 +412,7 @@ def _cost_table(costs: Path | None):
         return None
     from kernelfleet.plan.model import CostTable
 
-    try:
-        return CostTable.from_json(costs.read_text(), str(costs))
-    except OSError as exc:
-        raise UsageError(f"{costs}: cannot read ({exc.strerror})") from exc
+    return CostTable.from_json(read_text(costs), str(costs))
 
 
 def serve_command(

@@ -8,9 +8,18 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 from kernelfleet.errors import UsageError
+
+
+def read_text(path: str | Path) -> str:
+    """The file's text; UsageError naming it when it cannot be read."""
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
 
 
 @contextmanager

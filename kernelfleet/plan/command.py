@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.ir import Program
@@ -64,10 +65,7 @@ def parse_link(spec: str, names: list[str]) -> Link:
 
 
 def load_costs(path: Path) -> CostTable:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
+    text = read_text(path)
     return CostTable.from_json(text, str(path))
 
 

@@ -19,13 +19,32 @@ DRAM, L2 and L1), both in % of peak over the kernel's elapsed time:
   17 µs or more keeps the pipe ≥ 65 % busy and every one under 9 µs ≤ 45 %: 0.5 sits in the gap;
 * ``compute``: SM throughput above memory, tensor pipe less busy (or not counted): FMA/ALU work.
 
-**On a partition** the percentages are of the whole GPU's peak, which a partition cannot reach.
-Each is divided by the profile's share of it before the thresholds apply: SM throughput by the
-share of SMs the work partition holds (assuming ncu averages over all the GPU's SMs, idle ones
-included — to check on the first run: a large GEMM's value on 32 SMs should be ~32/132 of the
-whole GPU's), memory throughput by the profile's copy bandwidth over the whole GPU's (both
-calibrated in the counters run). Both are capped at 100 %. The tensor ratio is per active cycle
-and needs no correction.
+On the H200 run (tests/data/h200-counters, whole GPU) the classes read as they should: prefill's
+nvjet GEMMs are tensor (pipe 0.85–0.98 busy); decode's weight GEMVs of 120 MB (gate, up, down) and
+its flash attention are memory (78–91 % of DRAM peak), as is the 556-MB lm_head GEMV of both steps;
+decode's compute class is not a GEMV but the strided bf16 copies (``direct_copy_kernel_cuda``,
+537 MB each, 64 a step) at 81 % SM and 25 % DRAM, whose time grows with fewer SMs (×2.3 on 56,
+×4.1 on 32). ``latency`` means "saturates neither side", not "indifferent to the device": decode's
+34-MB q/o GEMVs (57 % of DRAM peak, 12.5 µs) and prefill's elementwise kernels at 54–55 % SM are
+latency by the 60 % rule, yet their time follows bandwidth or SMs on the partitions.
+
+**On a partition** ncu profiles kernels inside green-context partitions (the 2026-11-30 run,
+tests/data/h200-counters: every group on every profile). What its percentages are of, measured on
+that run (tests/replay/test_counters_h200.py):
+
+* ``sm__throughput`` is of the partition's own SMs, not of the GPU's 132. For the kernels above
+  5 % on the whole GPU, percent × SMs × duration is the same on 132, 56 and 32 SMs (median ratio
+  0.99, lowest 0.65; it would be 0.42 and 0.24 if ncu averaged over idle SMs): the SM-bound
+  strided bf16 copies of 8B decode read 81.3 / 82.1 / 82.3 % while taking 1 / 2.3 / 4.1 times as
+  long. It is used as it is. (Dividing it by the SM share, as first written, classed the 32-SM partition's
+  GEMVs, flash attention and memory-bound elementwise kernels compute.)
+* DRAM (and L2) throughput is of the whole GPU's peak: they are device-wide. The same 1,077 MB
+  flash attention reads 90.6 / 73.9 / 46.1 % of DRAM (4.36 / 3.56 / 2.22 TB/s). Memory throughput
+  is divided by the profile's copy bandwidth over the whole GPU's (both calibrated in the counters
+  run), capped at 100 %: the partition's reach, not the GPU's.
+* ``sm__cycles_active.avg`` is over the partition's SMs too, so the tensor ratio divides the pipe's
+  cycles by the partition's SMs (prefill's largest GEMM reads 0.98 on all three; over all 132 SMs
+  it read 0.42 and 0.24, and the partitions' GEMMs were classed compute).
 
 **What the counters are not.** ncu serializes the GPU's work and flushes caches before each
 replay pass (its default ``--cache-control all``): the counters are of a kernel alone with a cold
@@ -37,10 +56,12 @@ slows it.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import re
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from kernelfleet.errors import UsageError
 from kernelfleet.ofu.ncu import names_match, parse_ncu_csv
@@ -79,19 +100,14 @@ class KernelCounters:
     group: str
     kernel: str
     duration_seconds: float | None
-    sm_pct: float | None  # of the whole GPU's peak, as ncu gives it
-    memory_pct: float | None
+    sm_pct: float | None  # of the profile's own SMs' peak, as ncu gives it (module docstring)
+    memory_pct: float | None  # of the whole GPU's peak, as ncu gives it
     dram_pct: float | None
     dram_bytes: float | None  # read + write
     l2_bytes: float | None
     tensor_active_ratio: float | None
     warps_active_pct: float | None
-    sm_share: float = 1.0  # the profile's share of the GPU's SMs
-    memory_share: float = 1.0  # its copy bandwidth over the whole GPU's
-
-    @property
-    def sm_pct_of_profile(self) -> float | None:
-        return None if self.sm_pct is None else min(100.0, self.sm_pct / self.sm_share)
+    memory_share: float = 1.0  # the profile's copy bandwidth over the whole GPU's
 
     @property
     def memory_pct_of_profile(self) -> float | None:
@@ -100,7 +116,7 @@ class KernelCounters:
     @property
     def kind(self) -> str | None:
         """The class (module docstring); None without both throughputs."""
-        return classify(self.sm_pct_of_profile, self.memory_pct_of_profile, self.tensor_active_ratio)
+        return classify(self.sm_pct, self.memory_pct_of_profile, self.tensor_active_ratio)
 
 
 def classify(sm_pct: float | None, memory_pct: float | None, tensor_active_ratio: float | None) -> str | None:
@@ -126,7 +142,7 @@ def parse_counters(text: str, groups: Groups, where: str = "<counters>") -> list
     except UsageError as exc:
         raise UsageError(f"{where}: {exc}") from exc
     extras = _columns(table)
-    known, shares = groups.by_id(), _shares(groups)
+    known, shares = groups.by_id(), _memory_shares(groups)
     out: dict[tuple[str, str], KernelCounters] = {}
     for kernel, (row_id, nvtx, block, units) in zip(kernels, extras):
         profile, group = _ranges(nvtx, groups, f"{where}: row ID {row_id}")
@@ -140,12 +156,27 @@ def parse_counters(text: str, groups: Groups, where: str = "<counters>") -> list
         if (profile, group) in out:
             raise UsageError(f"{where}: {group} on {profile} profiled twice (two runs in one file?)")
         m = {name: _base(value, units.get(name), name, where) for name, value in kernel.metrics.items()}
-        sm_share, memory_share = shares.get(profile, (1.0, 1.0))
         out[profile, group] = KernelCounters(
             profile, group, kernel.name, m.get(DURATION), m.get(SM_PCT), m.get(MEMORY_PCT), m.get(DRAM_PCT),
             _sum(m.get(DRAM_READ), m.get(DRAM_WRITE)), m.get(L2_BYTES), _tensor_ratio(m, groups, profile),
-            m.get(WARPS_PCT), sm_share, memory_share)
+            m.get(WARPS_PCT), shares.get(profile, 1.0))
     return list(out.values())
+
+
+def read_csv(path: str | Path) -> str:
+    """The text of an ncu CSV file, gzip-compressed when its name ends in ``.gz``."""
+    try:
+        raw = Path(path).read_bytes()
+        return (gzip.decompress(raw) if str(path).endswith(".gz") else raw).decode()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except (EOFError, UnicodeDecodeError) as exc:  # a truncated gzip, or not text
+        raise UsageError(f"{path}: not an ncu CSV ({exc})") from exc
+
+
+def load_counters(path: str | Path, groups: Groups) -> list[KernelCounters]:
+    """:func:`parse_counters` of an ncu CSV file (:func:`read_csv`)."""
+    return parse_counters(read_csv(path), groups, str(path))
 
 
 def seen(rows: list[KernelCounters], groups: Groups) -> dict[str, tuple[int, int]]:
@@ -169,13 +200,29 @@ def launch_classes(rows: list[KernelCounters], groups: Groups, profile: str) -> 
 
 def same_kernel(captured: str, profiled: str) -> bool:
     """The capture's (mangled) kernel name against ncu's: ``ofu.ncu.names_match`` when both are in one
-    form; a demangled ncu name (``void at::native::foo<4>(...)``) must have its function's name
-    (``foo``) in the mangled one (ncu demangles by default)."""
+    form. ncu demangles by default, and its demangler names anonymous namespaces ``<unnamed>`` and
+    may drop the namespaces around them (``void at::<unnamed>::CatArrayBatchedCopy_vectorized<…>(…)``
+    for ``_ZN2at6native40_GLOBAL__N__…30CatArrayBatchedCopy_vectorizedI…``): only the function's own
+    name is compared, as the mangled name spells it (length, then name)."""
     if captured.startswith("_Z") and not profiled.startswith("_Z"):
-        found = re.match(r"(?:void\s+)?([\w:]+)", profiled.replace("(anonymous namespace)::", ""))
-        base = found.group(1).split("::")[-1] if found else ""
-        return bool(base) and base in captured
+        name = function_name(profiled)
+        return bool(name) and f"{len(name)}{name}" in captured
     return names_match(captured, profiled)
+
+
+def function_name(demangled: str) -> str:
+    """The innermost name of a demangled signature: what is left of its last word once every
+    ``<…>`` and ``(…)`` group (template arguments, parameters, ``(anonymous namespace)``) is gone."""
+    depth, kept = 0, []
+    for ch in demangled:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            kept.append(ch)
+    words = "".join(kept).split()
+    return words[-1].split("::")[-1] if words else ""
 
 
 def _table(text: str, where: str) -> str:
@@ -247,21 +294,22 @@ def _sum(a: float | None, b: float | None) -> float | None:
 
 
 def _tensor_ratio(m: dict[str, float | None], groups: Groups, profile: str) -> float | None:
-    """Tensor-pipe cycles per active SM cycle, over the SMs that ran (sm__cycles_active.avg is over all)."""
+    """Tensor-pipe cycles per active SM cycle: the pipe's sum over the profile's SMs, over 4 sub-partitions
+    × those SMs × ``sm__cycles_active.avg`` (an average over the profile's SMs: module docstring)."""
     active, pipe = m.get(SM_ACTIVE), m.get(TENSOR_ACTIVE)
-    sms = groups.profiles.get(profile, {}).get("device_sms")
+    p = groups.profiles.get(profile, {})
+    sms = p.get("sms") or p.get("device_sms")
     if active is None or pipe is None or not sms or not active:
         return None
     return pipe / (SUB_PARTITIONS_PER_SM * active * sms)
 
 
-def _shares(groups: Groups) -> dict[str, tuple[float, float]]:
-    """(SM share, copy-bandwidth share) of each profile against the whole GPU."""
+def _memory_shares(groups: Groups) -> dict[str, float]:
+    """Each profile's copy bandwidth over the whole GPU's (1 for the whole GPU, or if either is missing)."""
     whole = next((p for p in groups.profiles.values() if p.get("sms") is None), {})
+    full = whole.get("copy_bytes_per_second")
     out = {}
     for name, p in groups.profiles.items():
-        sms, total = p.get("sms"), p.get("device_sms")
-        sm_share = sms / total if sms and total else 1.0
-        mine, full = p.get("copy_bytes_per_second"), whole.get("copy_bytes_per_second")
-        out[name] = (sm_share, mine / full if mine and full and p.get("sms") is not None else 1.0)
+        mine = p.get("copy_bytes_per_second")
+        out[name] = mine / full if mine and full and p.get("sms") is not None else 1.0
     return out

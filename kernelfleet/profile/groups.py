@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelfleet.documents import parse, reading
+from kernelfleet.documents import parse, read_text, reading
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Launch, Program
 
@@ -130,10 +130,7 @@ class Groups:
     @classmethod
     def load(cls, path: str | Path) -> Groups:
         path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
+        text = read_text(path)
         return cls.from_json(text, str(path))
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kernelfleet.catalog.model import PRECISIONS
+from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.ir import Program
@@ -141,10 +142,7 @@ def preference_by_class(costs: CostTable, a: str, b: str, kinds: list[str]) -> t
 def load_seconds(path: Path) -> CostTable:
     """A cost table (``kernelfleet profile``'s costs.json) or the per-launch seconds of a
     ``bench/capture_run.py`` profile (``<step>.profile.json``) as one."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
+    text = read_text(path)
     try:
         doc = json.loads(text)
     except ValueError as exc:

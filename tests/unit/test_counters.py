@@ -1,34 +1,43 @@
 """Counters per device profile (profile/counters.py, groups.py), the census by class, on the CPU.
 
-FORMAT FIXTURE: the ncu CSV below is written by :func:`ncu_csv` in the exact format of a real
-``ncu --csv`` run (header, quoting, thousands separators and units copied from
-tests/data/h200-sweep/ncu-sweep.csv.gz), but its values are made up, and the NVTX column of
-*nested* ranges is our reading of ncu's format (the sweep had one range). It stands in until
-``bench/profile_counters.sh`` has run on the H200; its recorded CSV then replaces it (replay test).
+The rules are tested on hand-built numbers and objects; the parser on the CSV ncu wrote on the
+H200 (tests/data/h200-counters, ``bench/profile_counters.sh``), broken on purpose where a test
+needs bad input. What that run found is pinned in tests/replay/test_counters_h200.py.
 """
 
+import gzip
 import json
+import re
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
 from kernelfleet.cli import main
 from kernelfleet.errors import UsageError
 from kernelfleet.plan.model import CostTable
-from kernelfleet.profile.counters import LATENCY_PCT, classify, launch_classes, parse_counters, same_kernel, seen
+from kernelfleet.profile.counters import (LATENCY_PCT, KernelCounters, classify, function_name, launch_classes,
+                                          load_counters, parse_counters, same_kernel, seen)
 from kernelfleet.profile.groups import Group, Groups
 from kernelfleet.profile.table import preference_by_class
 
 pytestmark = pytest.mark.unit
 
-HEADER = ('"ID","Process ID","Process Name","Host Name","thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:'
-          'Color:Msg_Type:Msg","Id:Domain:Start/Stop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg",'
-          '"Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name",'
-          '"Metric Unit","Metric Value"')
+DATA = Path(__file__).parents[1] / "data"
+COUNTERS = DATA / "h200-counters"
 GEMM, ADD, SUM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", "_ZN2at6native29vectorized_add", "_ZN2at6native13reduce_sum"
 PROFILES = {"whole": {"sms": None, "device_sms": 132, "copy_bytes_per_second": 4.2e12},
             "compute": {"sms": 56, "device_sms": 132, "copy_bytes_per_second": 3.36e12},
             "bandwidth": {"sms": 32, "device_sms": 132, "copy_bytes_per_second": 2.1e12}}
+# One kernel as the capture recorded it (mangled) and as ncu printed it (row ID 45 of
+# llama8b-prefill.ncu.csv, group g23): the pair the first census refused.
+CAT_MANGLED = ("_ZN2at6native40_GLOBAL__N__0f1a8107_8_Shape_cu_49f7391c30CatArrayBatchedCopy_vectorizedINS1_10Opaque"
+               "TypeILj4EEEjLi4ELi128ELi1ELi16ELi4EEEvPcNS1_25CatArrInputTensorMetadataIT_T0_XT2_EXT3_EEENS1_16Tensor"
+               "SizeStrideIS8_Lj4EEEiS8_")
+CAT_NCU = ("void at::<unnamed>::CatArrayBatchedCopy_vectorized<at::<unnamed>::OpaqueType<4>, unsigned int, 4, 128, 1, "
+           "16, 4>(char *, at::<unnamed>::CatArrInputTensorMetadata<T1, T2, T4, T5>, at::<unnamed>::TensorSizeStride"
+           "<T2, 4>, int, T2)")
 
 
 def make_groups(launched=("g0", "g1", "g3")) -> Groups:
@@ -41,52 +50,14 @@ def make_groups(launched=("g0", "g1", "g3")) -> Groups:
     ], PROFILES, {p: list(launched) for p in PROFILES})
 
 
-def metrics(duration_ns, sm, memory, tensor_ratio, active_cycles=10_000.0, dram_mbytes=None):
-    """ncu metric rows of one kernel: (name, unit, value)."""
-    rows = [("dram__bytes_read.sum", "Mbyte" if dram_mbytes else "byte", dram_mbytes or 1_048_576),
-            ("dram__bytes_write.sum", "byte", 524_288),
-            ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "%", memory),
-            ("gpu__time_duration.sum", "ns", duration_ns),
-            ("sm__cycles_active.avg", "cycle", active_cycles),
-            ("sm__pipe_tensor_cycles_active.sum", "cycle", tensor_ratio * 4 * 132 * active_cycles),
-            ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "%", sm),
-            ("sm__warps_active.avg.pct_of_peak_sustained_active", "%", 40.5)]
-    return rows
+def counters(profile, group, sm, memory, tensor=0.0, memory_share=1.0) -> KernelCounters:
+    return KernelCounters(profile, group, "k", 1e-5, sm, memory, memory, 1e6, 2e6, tensor, 50.0, memory_share)
 
 
-def ncu_csv(kernels, nvtx=None) -> str:
-    """FORMAT FIXTURE (module docstring): ``kernels`` = [(profile, group, name, grid, block, metric rows)]."""
-    lines = ["==PROF== Connected to process 676 (/usr/bin/python3.12)", "ncu_run: a stray line on stdout", HEADER]
-    for n, (profile, group, name, grid, block, rows) in enumerate(kernels):
-        stack = nvtx(profile, group) if nvtx else " ".join(
-            f'""<default domain>:{label}:none:none:none:none:none:none""' for label in ("counters", profile, group))
-        for metric, unit, value in rows:
-            text = f"{value:,.2f}" if isinstance(value, float) and not value.is_integer() else f"{int(value):,}"
-            lines.append(f'"{n}","676","python3.12","127.0.0.1","676  {stack} ","","{name}","1","7",'
-                         f'"({block[0]}, {block[1]}, {block[2]})","({grid[0]}, {grid[1]}, {grid[2]})","0","9.0",'
-                         f'"Command line profiler metrics","{metric}","{unit}","{text}"')
-    lines.append("==PROF== Disconnected from process 676")
-    return "\n".join(lines) + "\n"
-
-
-GEMM_ROWS = ((2, 66, 1), (384, 1, 1))
-ADD_ROWS = ((64, 1, 1), (128, 1, 1))
-SUM_ROWS = ((1, 1, 1), (512, 1, 1))
-
-
-def fixture_kernels():
-    """Whole GPU: GEMM tensor-bound, add memory-bound, reduction latency-bound. Bandwidth (32 SMs):
-    the same kernels at the whole-GPU percentages a 32-SM partition can reach. Compute: no reduction."""
-    return [
-        ("whole", "g0", GEMM, *GEMM_ROWS, metrics(300_000, 85.0, 40.0, 0.9)),
-        ("whole", "g1", ADD, *ADD_ROWS, metrics(4_000, 20.0, 85.0, 0.0)),
-        ("whole", "g3", SUM, *SUM_ROWS, metrics(3_000, 10.0, 15.0, 0.0)),
-        ("compute", "g0", GEMM, *GEMM_ROWS, metrics(600_000, 36.0, 20.0, 0.9)),
-        ("compute", "g1", ADD, *ADD_ROWS, metrics(5_000, 9.0, 70.0, 0.0)),
-        ("bandwidth", "g0", GEMM, *GEMM_ROWS, metrics(900_000, 20.6, 12.0, 0.88, dram_mbytes=2.5)),
-        ("bandwidth", "g1", ADD, *ADD_ROWS, metrics(6_000, 5.0, 45.0, 0.0)),
-        ("bandwidth", "g3", SUM, *SUM_ROWS, metrics(3_100, 2.0, 8.0, 0.0)),
-    ]
+def real(step="llama8b-prefill") -> tuple[str, Groups]:
+    """The CSV and groups file of one step of the H200 counters run."""
+    return (gzip.decompress((COUNTERS / f"{step}.ncu.csv.gz").read_bytes()).decode(),
+            Groups.load(COUNTERS / f"{step}.groups.json"))
 
 
 def test_the_thresholds():
@@ -99,84 +70,87 @@ def test_the_thresholds():
     assert classify(None, 95.0, 0.0) is None
 
 
-def test_parse_joins_rows_to_groups_and_profiles():
-    rows = {(r.profile, r.group): r for r in parse_counters(ncu_csv(fixture_kernels()), make_groups())}
-    assert len(rows) == 8
-    gemm = rows["whole", "g0"]
-    assert gemm.duration_seconds == pytest.approx(300e-6)
-    assert gemm.dram_bytes == 1_048_576 + 524_288
-    assert gemm.tensor_active_ratio == pytest.approx(0.9)
-    assert gemm.warps_active_pct == 40.5 and gemm.sm_pct == 85.0 and gemm.memory_pct == 40.0
-    assert rows["bandwidth", "g0"].dram_bytes == 2_500_000 + 524_288  # a scaled unit, in bytes
+def test_on_a_partition_sm_throughput_is_taken_as_is_and_memory_over_the_partitions_reach():
+    """ncu gives SM throughput of the partition's own SMs and DRAM of the whole GPU's (module docstring)."""
+    gemv = counters("bandwidth", "g0", sm=25.1, memory=47.9, memory_share=2.1 / 4.2)
+    assert gemv.memory_pct_of_profile == pytest.approx(95.8) and gemv.kind == "memory"
+    copy = counters("bandwidth", "g1", sm=82.3, memory=7.0, memory_share=0.5)
+    assert copy.memory_pct_of_profile == pytest.approx(14.0) and copy.kind == "compute"
+    assert counters("bandwidth", "g2", sm=20.0, memory=64.0, memory_share=0.5).memory_pct_of_profile == 100.0
+    assert counters("whole", "g3", sm=5.0, memory=30.0).kind == "latency"
 
 
-def test_partition_percentages_are_of_the_profiles_own_peak():
-    rows = {(r.profile, r.group): r for r in parse_counters(ncu_csv(fixture_kernels()), make_groups())}
-    gemm = rows["bandwidth", "g0"]
-    assert gemm.sm_share == pytest.approx(32 / 132) and gemm.memory_share == pytest.approx(0.5)
-    assert gemm.sm_pct_of_profile == pytest.approx(20.6 * 132 / 32)  # 85 %
-    assert classify(gemm.sm_pct, gemm.memory_pct, gemm.tensor_active_ratio) == "latency"  # read raw, it would be
-    assert gemm.kind == "tensor"
-    assert rows["bandwidth", "g1"].memory_pct_of_profile == pytest.approx(90.0) and rows["bandwidth", "g1"].kind == "memory"
-    assert rows["compute", "g1"].memory_pct_of_profile == pytest.approx(87.5)
-    assert rows["whole", "g1"].memory_share == 1.0 and rows["whole", "g1"].kind == "memory"
-    assert [rows[p, "g3"].kind for p in ("whole", "bandwidth")] == ["latency", "latency"]
-    assert rows["compute", "g0"].sm_pct_of_profile == pytest.approx(36.0 * 132 / 56)
-
-
-def test_what_ncu_returned_per_profile_and_the_class_of_every_launch():
+def test_the_class_of_every_launch():
     groups = make_groups()
-    rows = parse_counters(ncu_csv(fixture_kernels()), groups)
-    assert seen(rows, groups) == {"whole": (3, 3), "compute": (2, 3), "bandwidth": (3, 3)}
+    rows = [counters("whole", "g0", 90.0, 70.0, tensor=0.98), counters("whole", "g1", 10.0, 80.0),
+            counters("whole", "g3", 1.0, 2.0), counters("compute", "g0", 85.0, 30.0, tensor=0.97)]
+    assert seen(rows, groups) == {"whole": (3, 3), "compute": (1, 3), "bandwidth": (0, 3)}
     assert launch_classes(rows, groups, "whole") == ["tensor", "memory", "memset", "tensor", "memory", "latency"]
-    assert launch_classes(rows, groups, "compute")[5] == "no counters"
+    assert launch_classes(rows, groups, "compute") == ["tensor", "no counters", "memset", "tensor", "no counters",
+                                                       "no counters"]
+    assert set(launch_classes(rows, groups, "bandwidth")) == {"no counters", "memset"}  # reported, not invented
 
 
-def test_a_partition_ncu_did_not_see_is_reported_not_invented():
-    groups = make_groups()
-    rows = parse_counters(ncu_csv([k for k in fixture_kernels() if k[0] == "whole"]), groups)
-    assert seen(rows, groups) == {"whole": (3, 3), "compute": (0, 3), "bandwidth": (0, 3)}
-    assert set(launch_classes(rows, groups, "bandwidth")) == {"no counters", "memset"}
+def test_kernel_names_mangled_or_not():
+    assert same_kernel(CAT_MANGLED, CAT_NCU)  # ncu's <unnamed>, without at::native, against _GLOBAL__N__
+    assert function_name(CAT_NCU) == "CatArrayBatchedCopy_vectorized"
+    fill = "_ZN2at6native29vectorized_elementwise_kernelILi8ENS0_11FillFunctorIN3c108BFloat16EEESt5arrayIPcLm1EEEEviT0_T1_"
+    assert same_kernel(fill, "void at::vectorized_elementwise_kernel<8, at::FillFunctor<c10::BFloat16>, "
+                             "std::array<char *, 1>>(int, T2, T3)")
+    assert not same_kernel(fill, "void at::reduce_kernel<512, 1, at::ReduceOp<float, at::MeanOps<float, float, "
+                                 "float, float>, unsigned int, float, 4, 4>>(T3)")
+    assert not same_kernel(CAT_MANGLED, "void at::<unnamed>::CatArrayBatchedCopy<at::<unnamed>::OpaqueType<4>>(int)")
+    assert not same_kernel(fill, "void at::<unnamed>::")  # no function name left
+    assert function_name("void at::elementwise_kernel<128, 4, void at::gpu_kernel_impl_nocast<at::direct_copy_"
+                         "kernel_cuda(at::TensorIteratorBase &)::[lambda() (instance 3)]::operator ()() const>(int, "
+                         "T3)") == "elementwise_kernel"
+    assert same_kernel(GEMM, GEMM) and not same_kernel(GEMM, "nvjet_sm90_tst_64x16_64x16_2x1_v_bz_TNT")
 
 
-def test_nvtx_ranges_written_as_one_path_are_read_too():
-    text = ncu_csv(fixture_kernels()[:1], nvtx=lambda p, g: f'""<default domain>:counters/{p}/{g}:none""')
-    assert [(r.profile, r.group) for r in parse_counters(text, make_groups())] == [("whole", "g0")]
+def test_the_real_csv_is_read_row_by_row():
+    text, groups = real()
+    rows = {(r.profile, r.group): r for r in parse_counters(text, groups)}
+    assert len(rows) == 3 * 32
+    gemm = rows["whole", "g38"]  # row ID 0: 300,965,888 + 11,045,120 DRAM bytes, 266,848 ns
+    assert gemm.kernel == GEMM and gemm.duration_seconds == pytest.approx(266_848e-9)
+    assert gemm.dram_bytes == 300_965_888 + 11_045_120 and gemm.memory_pct == 71.52 and gemm.dram_pct == 24.3
+    assert rows["whole", "g23"].kernel == CAT_NCU
+    assert rows["bandwidth", "g38"].memory_share == pytest.approx(groups.profiles["bandwidth"]["copy_bytes_per_second"]
+                                                                  / groups.profiles["whole"]["copy_bytes_per_second"])
+
+
+def test_a_gzipped_csv_reads_as_the_plain_one(tmp_path):
+    text, groups = real("llama8b-decode")
+    (tmp_path / "d.ncu.csv").write_text(text)
+    assert load_counters(tmp_path / "d.ncu.csv", groups) == load_counters(COUNTERS / "llama8b-decode.ncu.csv.gz", groups)
+    (tmp_path / "cut.ncu.csv.gz").write_bytes((COUNTERS / "llama8b-decode.ncu.csv.gz").read_bytes()[:5000])
+    with pytest.raises(UsageError, match="cut.ncu.csv.gz: not an ncu CSV"):
+        load_counters(tmp_path / "cut.ncu.csv.gz", groups)
+
+
+def twice(text: str) -> str:
+    """The rows of row ID 0 once more, as row ID 9999."""
+    again = [line.replace('"0",', '"9999",', 1) for line in text.splitlines() if line.startswith('"0",')]
+    return text + "\n".join(again) + "\n"
 
 
 @pytest.mark.parametrize("break_it, needle", [
     (lambda t: t.replace('"thread Domain:Push/Pop_Range', '"thread Domain:Other'), "run ncu with --nvtx"),
     (lambda t: t.replace('"Metric Name"', '"Metric"'), "expected columns"),
-    (lambda t: t.replace(":g3:", ":g9:"), "name no profile"),
+    (lambda t: t.replace(":g38:", ":g99:"), "name no profile"),
     (lambda t: t.replace("counters", "sweep"), "outside the NVTX range 'counters'"),
-    (lambda t: t.replace('"(1, 1, 1)"', '"(2, 1, 1)"'), "different runs"),
-    (lambda t: t.replace(SUM, "some_other_kernel"), "different runs"),
-    (lambda t: t.replace('"Mbyte"', '"Pbyte"'), "dram__bytes_read.sum in unit 'Pbyte'"),
+    (lambda t: t.replace('"(2, 66, 1)"', '"(3, 66, 1)"'), "different runs"),
+    (lambda t: t.replace("CatArrayBatchedCopy_vectorized<", "CatArrayBatchedCopy<"), "different runs"),
+    (lambda t: t.replace('"byte"', '"Pbyte"'), "dram__bytes_read.sum in unit 'Pbyte'"),
     (lambda t: t.replace('"ns"', '"cycle"'), "gpu__time_duration.sum in unit 'cycle'"),
-    (lambda t: t.split(HEADER)[0], "no \"ID\" header"),
+    (lambda t: t.split('"ID",')[0], "no \"ID\" header"),
+    (twice, "g38 on whole profiled twice"),
 ])
 def test_bad_csv_is_a_usage_error(break_it, needle):
+    text, groups = real()
     with pytest.raises(UsageError) as caught:
-        parse_counters(break_it(ncu_csv(fixture_kernels())), make_groups())
+        parse_counters(break_it(text), groups)
     assert needle in str(caught.value), str(caught.value)
-
-
-def test_kernel_names_mangled_or_not():
-    mangled = "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLm1EEEEviT0_T1_"
-    assert same_kernel(mangled, mangled) and same_kernel(mangled, mangled[:40])
-    assert same_kernel(mangled, "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
-                                "std::array<char *, 1>>(int, T2, T3)")
-    assert not same_kernel(mangled, "void at::native::reduce_kernel<512, 1>(T3)")
-    assert same_kernel("_ZN2at6native54_GLOBAL__N__3e2c1b5f_20_layer_norm_kernel_cu_abc16vectorized_layer_norm_kernelIfEEvT_",
-                       "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>(int)")
-    assert not same_kernel(mangled, "void at::native::(anonymous namespace)::")
-    assert same_kernel(GEMM, GEMM) and not same_kernel(GEMM, "nvjet_sm90_tst_64x8_64x16_1x2_h_bz_NNT")
-
-
-def test_a_kernel_profiled_twice_is_refused():
-    kernels = fixture_kernels()
-    with pytest.raises(UsageError, match="profiled twice"):
-        parse_counters(ncu_csv(kernels + kernels[:1]), make_groups())
 
 
 def test_groups_must_cover_every_launch_once_and_survive_json():
@@ -217,14 +191,6 @@ def test_census_by_class_adds_up_to_the_census():
         preference_by_class(table(), "compute", "bandwidth", ["tensor"] * 5)
 
 
-@pytest.fixture
-def files(tmp_path):
-    (tmp_path / "costs.json").write_text(table().to_json())
-    (tmp_path / "toy.groups.json").write_text(make_groups().to_json())
-    (tmp_path / "toy.ncu.csv").write_text(ncu_csv(fixture_kernels()))
-    return tmp_path
-
-
 def census(monkeypatch, capsys, *args):
     monkeypatch.setattr(sys, "argv", ["kernelfleet", "census", *map(str, args)])
     try:
@@ -234,70 +200,32 @@ def census(monkeypatch, capsys, *args):
     return 0, capsys.readouterr()
 
 
-def test_census_prints_the_classes(files, monkeypatch, capsys):
-    code, out = census(monkeypatch, capsys, files / "costs.json", "--counters", files / "toy.ncu.csv")
-    assert code == 0, out.err
-    text = out.out
-    assert "bandwidth is slower overall (0.31 ms vs 0.21 ms), yet 3 of 6 kernels (50%; 5% of compute's time)" in text
-    assert "whole 3 of 3, compute 2 of 3, bandwidth 3 of 3; classes from whole" in text
-    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
-    assert cells == [["tensor", "2", "94%", "0 (0%)", "0%"], ["latency", "1", "3%", "1 (100%)", "100%"],
-                     ["memory", "2", "2%", "2 (100%)", "100%"], ["memset", "1", "0%", "0 (0%)", "0%"]]
-    code, out = census(monkeypatch, capsys, files / "costs.json", "--counters", files / "toy.ncu.csv",
-                       "--class-on", "bandwidth")
-    assert code == 0 and "classes from bandwidth" in out.out
+@pytest.fixture
+def files(tmp_path):
+    """The decode step's counters run beside a cost table of the prefill step (another program)."""
+    for name in ("llama8b-decode.ncu.csv.gz", "llama8b-decode.groups.json"):
+        shutil.copy(COUNTERS / name, tmp_path / name)
+    shutil.copy(DATA / "h200-capture" / "llama8b-prefill.profile.json", tmp_path / "prefill.profile.json")
+    shutil.copy(DATA / "h200-capture" / "llama8b-decode.profile.json", tmp_path / "decode.profile.json")
+    return tmp_path
 
 
 @pytest.mark.parametrize("args, needle", [
-    (("--counters", "none.ncu.csv"), "none.ncu.csv: cannot read"),
-    (("--counters", "toy.csv"), "give --groups too"),
-    (("--counters", "bad.ncu.csv", "--groups", "toy.groups.json"), "expected columns"),
-    (("--counters", "toy.ncu.csv", "--groups", "seven.groups.json"), "7 launches, the cost table has 6"),
-    (("--counters", "toy.ncu.csv", "--class-on", "h100"), "ncu returned counters for whole, compute, bandwidth only"),
-    (("--between", "compute,h100"), "--between: need two of the table's profiles"),
+    (("decode.profile.json", "--counters", "none.ncu.csv"), "none.ncu.csv: cannot read"),
+    (("decode.profile.json", "--counters", "toy.csv"), "give --groups too"),
+    (("decode.profile.json", "--counters", "bad.ncu.csv", "--groups", "llama8b-decode.groups.json"),
+     "expected columns"),
+    (("prefill.profile.json", "--counters", "llama8b-decode.ncu.csv.gz"), "1975 launches, the cost table has 1782"),
+    (("decode.profile.json", "--counters", "llama8b-decode.ncu.csv.gz", "--class-on", "h100"),
+     "ncu returned counters for whole, compute, bandwidth only"),
+    (("decode.profile.json", "--between", "compute,h100"), "--between: need two of the table's profiles"),
 ])
 def test_census_bad_input_is_one_line(files, monkeypatch, capsys, args, needle):
-    (files / "toy.csv").write_text(ncu_csv(fixture_kernels()))
-    (files / "bad.ncu.csv").write_text(ncu_csv(fixture_kernels()).replace('"Metric Value"', '"Value"'))
-    toy = make_groups()
-    seven = Groups("toy", 7, toy.groups[:3] + [Group("g3", "kernel", SUM, (1, 1, 1), (512, 1, 1), 0, (5, 6))],
-                   toy.profiles, toy.launched)
-    (files / "seven.groups.json").write_text(seven.to_json())
-    code, out = census(monkeypatch, capsys, files / "costs.json", *[files / a if a.endswith((".csv", ".json")) else a
-                                                                      for a in args])
+    text = gzip.decompress((files / "llama8b-decode.ncu.csv.gz").read_bytes()).decode()
+    (files / "toy.csv").write_text(text)
+    (files / "bad.ncu.csv").write_text(text.replace('"Metric Value"', '"Value"'))
+    code, out = census(monkeypatch, capsys, *[files / a if re.search(r"\.(csv|json|gz)$", a) else a for a in args])
     assert code == 2, out
     lines = out.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kernelfleet: error: ") and "Traceback" not in out.err, out.err
     assert needle in lines[0], lines[0]
-
-
-def test_the_pipeline_on_a_real_program_and_cost_table():
-    """The real llama8b-decode program's 50 groups (real mangled names, grids, blocks) and its
-    measured cost table, with FORMAT FIXTURE counters on the whole GPU: every nvjet GEMM tensor-bound,
-    everything else memory-bound."""
-    from pathlib import Path
-
-    from kernelfleet.kernels.assemble import assemble
-    from kernelfleet.kernels.raw import RawCapture
-    from kernelfleet.profile.groups import group_launches
-    from kernelfleet.profile.table import load_seconds
-
-    data = Path(__file__).parents[1] / "data" / "h200-capture"
-    program = assemble(RawCapture.load(data / "llama8b-decode.profiled-capture.json.gz"))
-    groups = Groups("llama8b-decode", len(program.launches), group_launches(program),
-                    {"whole": PROFILES["whole"]}, {"whole": []})
-    kernels = [g for g in groups.groups if g.kind == "kernel"]
-    groups.launched["whole"] = [g.id for g in kernels]
-    text = ncu_csv([("whole", g.id, g.name, g.grid, g.block,
-                     metrics(10_000, 80.0, 30.0, 0.9) if "nvjet" in g.name else metrics(2_000, 10.0, 75.0, 0.0))
-                    for g in kernels])
-    rows = parse_counters(text, groups)
-    assert len(rows) == len(kernels) == 49  # the 50th group is the step's one memset
-    kinds = launch_classes(rows, groups, "whole")
-    gemms = sum("nvjet" in launch.name for launch in program.launches)
-    assert kinds.count("tensor") == gemms and kinds.count("memset") == 1
-    assert kinds.count("memory") == len(program.launches) - gemms - 1
-    overall, by_class = preference_by_class(load_seconds(data / "llama8b-decode.profile.json"), "compute",
-                                            "bandwidth", kinds)
-    assert (overall.kernels, overall.kernels_faster_on_weaker) == (1975, 1842)  # the census of docs/place.md
-    assert sum(c.kernels_faster_on_weaker for c in by_class) == 1842
