@@ -20,7 +20,9 @@ posts as ``hook.post_json`` does and keeps the agent's answer.
 Writes into DIR: hook-run.json (model, FLOPs, the profiled steps, agent path), hook-timeline.json.gz
 (each phase's CUDA-event step ends, as a sweep point's timeline), hook-reports.jsonl (every report
 and the agent's answer), agent-windows.jsonl and agent-events.json (the agent's store), summary.json,
-agent.log, agent.db. ``tests/replay/test_hook_h200.py`` reads them from tests/data/h200-hook/.
+agent.log, agent.db. ``tests/replay/test_hook_h200.py`` reads them from tests/data/h200-hook/ (all but
+agent.db). ``summary`` prints the table again, recomputing the windows' OFU with today's catalog, and
+leaves the run's own summary.json as it was.
 """
 
 from __future__ import annotations
@@ -382,7 +384,10 @@ def export_store(out: Path) -> None:
 
 def summarize(out: Path, run: dict[str, Any]) -> dict[str, Any]:
     """Per phase: the agent's flags, its corrected OFU against the reported MFU, and every steady window's
-    corrected OFU against the event-timed MFU over the same window."""
+    corrected OFU against the event-timed MFU over the same window.
+
+    The agent's answers are what it said during the run, with the catalog it had; the windows' OFU is
+    recomputed from their counters with today's catalog (its f_ref for bf16)."""
     from kernelfleet.catalog import Catalog
     from kernelfleet.ofu.validation import point_windows
     from kernelfleet.telemetry.sample import Sample
@@ -427,7 +432,6 @@ def summarize(out: Path, run: dict[str, Any]) -> dict[str, Any]:
         summary["phases"][name] = row
     a, b = summary["phases"].get("honest", {}), summary["phases"].get("doubled", {})
     summary["flag_ok"] = bool(a.get("reports") and b.get("reports") and not a["flagged"] and all(b["flags"]))
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
@@ -435,8 +439,9 @@ def print_summary(summary: dict[str, Any], run: dict[str, Any], agent_path: str)
     f = lambda x, spec=".3f": "—" if x is None else format(x, spec)  # noqa: E731
     print(f"\nagent: {agent_path}; job label {run['job_label']!r}; useful FLOPs/step {run['useful_flops_per_step']:.4g} "
           f"(hook counted {run['hooked_flops_per_step']})")
-    print("| phase | reports | flagged | corrected OFU (agent, mean) | reported MFU (mean) | steady windows | "
-          "event-timed MFU | corrected OFU | corrected − MFU (pp) | raw − MFU (pp) | executed/useful | GEMMs paired |")
+    print("| phase | reports | flagged | corrected OFU (agent's answers, mean) | reported MFU (mean) | steady windows | "
+          "event-timed MFU | corrected OFU (this catalog) | corrected − MFU (pp) | raw − MFU (pp) | executed/useful | "
+          "GEMMs paired |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, row in summary["phases"].items():
         corrected = [x for x in row["agent_corrected_ofu"] if x is not None]
@@ -463,7 +468,9 @@ def run(out: Path, phase_seconds: float, port: int, dry_run: bool) -> None:
     job["agent_path"] = agent_path
     (out / "hook-run.json").write_text(json.dumps(job, indent=1))
     export_store(out)
-    print_summary(summarize(out, job), job, agent_path)
+    summary = summarize(out, job)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))  # as the run saw it; `summary` only prints
+    print_summary(summary, job, agent_path)
 
 
 def main() -> None:

@@ -44,7 +44,8 @@ def main() -> None:
     with gzip.open(args.sweep / "sweep-points.jsonl.gz", "rt") as f:
         points = [json.loads(line) for line in f]
     samples = [b[0] for b in ReplaySource(args.sweep / "sweep-trace.jsonl.gz").batches()]
-    rows = gemm_points(points, samples, Catalog.load().get("h200-sxm"))
+    h200 = Catalog.load().get("h200-sxm")
+    rows = gemm_points(points, samples, h200)
 
     print("| precision | M×N×K | kernel tile (cuBLAS M×N×K) | windows | MFU | raw OFU | raw err | corrected OFU | corrected err |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -71,7 +72,8 @@ def main() -> None:
         ax.plot([0, 0.8], [0, 0.8], color="grey", ls="--", lw=1)
         ax.set(xlabel="MFU (CUDA events)",
                title="corrected OFU (tile and cluster padding removed)" if corrected else "raw OFU")
-    axes[0].set_ylabel("OFU (f_ref 1980 MHz)")
+    hmma, dfma = (h200.ofu_reference_clock(pipe)[0] / 1e6 for pipe in ("hmma", "dfma"))
+    axes[0].set_ylabel(f"OFU (f_ref {hmma:.0f} MHz; fp64 {dfma:.0f} MHz)")
     axes[0].legend()
     fig.suptitle("H200 GEMM sweep: OFU against MFU, one point per shape and precision")
     fig.tight_layout()

@@ -283,16 +283,17 @@ def bench_ofu(
 def bench_ofu_report(
     sweep_dir: Path = typer.Argument(..., help="A folder written by `kernelfleet bench ofu`."),
     ncu: Path | None = typer.Option(None, "--ncu", help="A folder with ncu-sweep.csv[.gz] and "
-                                    "ncu-sweep-points.jsonl from bench/ncu_sweep.sh: adds the Nsight Compute check."),
+                                    "ncu-sweep-points.jsonl from bench/ncu_sweep.sh (and, if there, a re-run as "
+                                    "ncu-rerun.csv[.gz] and ncu-rerun-points.jsonl): adds the Nsight Compute check."),
     clock: Path | None = typer.Option(None, "--clock", help="A folder from bench/ofu_clock_check.py: adds the "
-                                      "clock check and its verdict on the 0.908 (docs/validation/ofu.md)."),
+                                      "clock check and its verdict (docs/validation/ofu.md)."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """The paper's Table II (raw and tile-corrected OFU against MFU) from a recorded sweep."""
     import gzip
 
     from kernelfleet.catalog import Catalog
-    from kernelfleet.ofu.validation import gemm_points, summarize_errors
+    from kernelfleet.ofu.validation import gemm_points
     from kernelfleet.telemetry.replay import ReplaySource
 
     points_file = sweep_dir / "sweep-points.jsonl.gz"
@@ -310,37 +311,74 @@ def bench_ofu_report(
     sku = cat.lookup(samples[0].name, samples[0].pci_device_id)
     if sku is None:
         raise UsageError(f"{samples[0].name} is not in the catalog: no peak to measure MFU against")
-    print("| precision | points | raw MAE (pp) | raw ≤2 pp | raw ≤5 pp | corrected MAE (pp) | corrected ≤2 pp | corrected ≤5 pp |")
-    print("|---|---|---|---|---|---|---|---|")
-    for s in summarize_errors(gemm_points(points, samples, sku)):
-        print(f"| {s.precision} | {s.points} | {s.raw_mae_pp:.2f} | {s.raw_within_2pp:.0%} | {s.raw_within_5pp:.0%} | "
-              f"{s.corrected_mae_pp:.2f} | {s.corrected_within_2pp:.0%} | {s.corrected_within_5pp:.0%} |")
+    _print_table_ii(gemm_points(points, samples, sku), sku)
     if ncu is not None:
         _print_ncu_check(ncu, points, samples, sku)
     if clock is not None:
         _print_clock_check(clock, cat)
 
 
-def _print_ncu_check(folder: Path, points: list[dict], samples: list, sku) -> None:
-    """The Nsight Compute section of `bench ofu-report` (docs/validation/ofu.md)."""
+def _print_table_ii(gemm, sku) -> None:
+    """Table II, the f_ref each precision was normalised by, the targets, and an in-sample fit beside."""
+    from kernelfleet.ofu.validation import PEAK_OF, TARGET_MAE_PP, centred, summarize_errors
+
+    def table(rows) -> None:
+        print("| precision | points | raw MAE (pp) | raw ≤2 pp | raw ≤5 pp | corrected MAE (pp) | corrected ≤2 pp | "
+              "corrected ≤5 pp |")
+        print("|---|---|---|---|---|---|---|---|")
+        for s in rows:
+            print(f"| {s.precision} | {s.points} | {s.raw_mae_pp:.2f} | {s.raw_within_2pp:.0%} | {s.raw_within_5pp:.0%} | "
+                  f"{s.corrected_mae_pp:.2f} | {s.corrected_within_2pp:.0%} | {s.corrected_within_5pp:.0%} |")
+
+    rows = summarize_errors(gemm)
+    table(rows)
+    refs = {s.precision: sku.ofu_reference_clock_of(PEAK_OF[s.precision]) for s in rows}
+    print("\nf_ref: " + ", ".join(
+        f"{q} {hz / 1e6:.0f} MHz ({basis}: {sku.peak_clock(PEAK_OF[q]) / 1e6:.0f} MHz"
+        + (f" / {sku.peak_clock(PEAK_OF[q]) / hz:.3f})" if basis == "measured" else ")") for q, (hz, basis) in refs.items()))
+    for s in rows:
+        if s.precision in TARGET_MAE_PP:
+            target, miss = TARGET_MAE_PP[s.precision], s.corrected_mae_pp - TARGET_MAE_PP[s.precision]
+            verdict = f"met ({-miss:.2f} pp to spare)" if miss <= 0 else f"missed by {miss:.2f} pp"
+            print(f"target {s.precision}: corrected MAE {s.corrected_mae_pp:.2f} ≤ {target:g} pp: {verdict}")
+    print("\nIn-sample, for comparison only (each precision's f_ref fitted so its corrected errors average zero):")
+    fits = {q: centred([p for p in gemm if p.precision == q]) for q in refs}
+    print("fitted f_ref: " + ", ".join(f"{q} {refs[q][0] / factor / 1e6:.0f} MHz" for q, (factor, _) in fits.items()))
+    table(summarize_errors([p for _, moved in fits.values() for p in moved]))
+
+
+def _ncu_runs(folder: Path) -> list[tuple[str, list[dict]]]:
+    """(CSV text, launch order) of each ncu run in the folder: ncu-sweep, then ncu-rerun if present."""
     import gzip
 
-    from kernelfleet.ofu.ncu import clock_checks, ncu_points, parse_ncu_csv, summarize
-
-    csv_file = next((f for f in (folder / "ncu-sweep.csv.gz", folder / "ncu-sweep.csv") if f.exists()), None)
-    order_file = folder / "ncu-sweep-points.jsonl"
-    if csv_file is None or not order_file.exists():
+    runs = []
+    for stem in ("ncu-sweep", "ncu-rerun"):
+        csv_file = next((f for f in (folder / f"{stem}.csv.gz", folder / f"{stem}.csv") if f.exists()), None)
+        order_file = folder / f"{stem}-points.jsonl"
+        if csv_file is None or not order_file.exists():
+            continue
+        try:
+            raw = csv_file.read_bytes()
+            text = (gzip.decompress(raw) if csv_file.suffix == ".gz" else raw).decode()
+            order = [json.loads(line) for line in order_file.read_text().splitlines() if line.strip()]
+        except (OSError, ValueError, EOFError) as exc:
+            raise UsageError(f"{folder}: unreadable ncu output {csv_file.name} ({exc})") from exc
+        runs.append((text, order))
+    if not runs:
         raise UsageError(f"{folder}: expected ncu-sweep.csv[.gz] and ncu-sweep-points.jsonl (bash bench/ncu_sweep.sh)")
-    try:
-        raw = csv_file.read_bytes()
-        text = (gzip.decompress(raw) if csv_file.suffix == ".gz" else raw).decode()
-        order = [json.loads(line) for line in order_file.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{folder}: unreadable ncu output ({exc})") from exc
-    profiled = ncu_points(order, points, parse_ncu_csv(text), sku.sm_count)
+    return runs
+
+
+def _print_ncu_check(folder: Path, points: list[dict], samples: list, sku) -> None:
+    """The Nsight Compute section of `bench ofu-report` (docs/validation/ofu.md)."""
+    from kernelfleet.ofu.ncu import clock_checks, merge_runs, ncu_points, parse_ncu_csv, summarize
+
+    runs = _ncu_runs(folder)
+    profiled = merge_runs(*(ncu_points(order, points, parse_ncu_csv(text), sku.sm_count) for text, order in runs))
     checks = clock_checks(points, samples, sku, profiled)
     mhz = lambda hz: f"{hz / 1e6:.0f}"  # noqa: E731
-    print(f"\nNsight Compute: {len(profiled)} of {len(order)} sweep kernels profiled")
+    print(f"\nNsight Compute: {len(profiled)} of {len(points)} sweep kernels profiled"
+          + (f" ({len(runs)} runs; a later run's point replaces an earlier one's)" if len(runs) > 1 else ""))
     print("| precision | profiled | executed ops = name model | FLOP per active cycle per SM | mean ncu active | "
           "mean GPM active | f_true/f_nvml mean (min–max) | corrected MAE, counted ops (pp) |")
     print("|---|---|---|---|---|---|---|---|")
@@ -372,8 +410,10 @@ def _read_jsonl(path: Path) -> list:
 
 def _print_clock_check(folder: Path, cat) -> None:
     """The clock section of `bench ofu-report` (bench/ofu_clock_check.py; docs/validation/ofu.md)."""
-    from kernelfleet.ofu.ncu import clock_verdict, loop_cycle_ratios, ncu_clocks, parse_ncu_csv
-    from kernelfleet.ofu.validation import idle_probe_over_nvml, loop_clocks
+    import gzip
+
+    from kernelfleet.ofu import clock_check
+    from kernelfleet.ofu.ncu import parse_ncu_csv
     from kernelfleet.telemetry.replay import ReplaySource
 
     need = [folder / name for name in ("clock-loop.jsonl.gz", "clock-trace.jsonl.gz", "nvml-clock-loop.jsonl.gz")]
@@ -382,9 +422,14 @@ def _print_clock_check(folder: Path, cat) -> None:
     try:
         lines, reads = _read_jsonl(need[0]), _read_jsonl(need[2])
         samples = [b[0] for b in ReplaySource(need[1]).batches()]
-        launches_file, csv_file = folder / "ncu-clock-launches.jsonl", folder / "ncu-clock.csv"
+        launches_file = folder / "ncu-clock-launches.jsonl"
+        csv_file = next((f for f in (folder / "ncu-clock.csv.gz", folder / "ncu-clock.csv") if f.exists()), None)
         launches = _read_jsonl(launches_file) if launches_file.exists() else []
-        kernels = parse_ncu_csv(csv_file.read_text()) if launches and csv_file.exists() else []
+        csv_text = ""
+        if launches and csv_file is not None:
+            raw = csv_file.read_bytes()
+            csv_text = (gzip.decompress(raw) if csv_file.suffix == ".gz" else raw).decode()
+        kernels = parse_ncu_csv(csv_text) if csv_text else []
         ncu_reads = _read_jsonl(folder / "nvml-clock-ncu.jsonl.gz") if launches else []
     except (OSError, ValueError, EOFError) as exc:  # EOFError: a .gz cut short by a killed writer
         raise UsageError(f"{folder}: unreadable clock-check output ({exc})") from exc
@@ -393,25 +438,28 @@ def _print_clock_check(folder: Path, cat) -> None:
     sku = cat.lookup(samples[0].name, samples[0].pci_device_id)
     if sku is None:
         raise UsageError(f"{samples[0].name} is not in the catalog: no peak to measure FLOP/s against")
-    loops = loop_clocks(lines, samples, reads, sku)
+    loops = clock_check.loop_clocks(lines, samples, reads, sku)
     try:
-        ncu = ncu_clocks(launches, kernels, ncu_reads) if launches else []
+        ncu = clock_check.ncu_clocks(launches, kernels, ncu_reads) if launches else []
     except UsageError as exc:  # the loops still decide with the probe
         print(f"\nClock check: the ncu half is left out: {exc}")
         ncu = []
-    ratios = loop_cycle_ratios(loops, ncu)
+    ratios = clock_check.loop_cycle_ratios(loops, ncu)
     mhz = lambda hz: "—" if hz is None else f"{hz / 1e6:.0f}"  # noqa: E731
     r3 = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
     share = lambda x: "—" if x is None else f"{x:.0%}"  # noqa: E731
     print(f"\nClock check: {len(loops)} loops, {len(ncu)} launches under ncu")
-    print("| precision | M×N×K | path | windows | MFU | GPM active | NVML MHz | f_true MHz | probe MHz | f_true/NVML | "
-          "probe/NVML | GPM/math | ncu cycles ÷ loop time ÷ NVML | power-capped | HW slowdown |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    same = clock_check.ncu_over_probe_at_the_same_clock(loops, ncu)
+    print("| precision | M×N×K | path | windows (probed) | MFU | GPM active | NVML MHz | f_true MHz | probe MHz | "
+          "f_true/NVML | probe/NVML | GPM/math | ncu cycles ÷ loop time ÷ NVML | ncu/probe, same clock | power-capped | "
+          "HW slowdown |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in loops:
-        print(f"| {c.precision} | {c.m}×{c.n}×{c.k} | {c.path} | {c.windows} | {c.mfu_ratio:.3f} | "
+        key = (c.precision, c.m, c.n, c.k)
+        print(f"| {c.precision} | {c.m}×{c.n}×{c.k} | {c.path} | {c.windows} ({c.probe_windows}) | {c.mfu_ratio:.3f} | "
               f"{c.gpm_tensor_active_ratio:.3f} | {mhz(c.nvml_sm_clock_hertz)} | {mhz(c.implied_sm_clock_hertz)} | "
               f"{mhz(c.probe_sm_clock_hertz)} | {c.true_over_nvml:.3f} | {r3(c.probe_over_nvml)} | {r3(c.gpm_over_math)} | "
-              f"{r3(ratios.get((c.precision, c.m, c.n, c.k)))} | {share(c.power_capped_ratio)} | "
+              f"{r3(ratios.get(key))} | {r3(same.get(key))} | {share(c.power_capped_ratio)} | "
               f"{share(c.hw_slowdown_ratio)} |")
     if ncu:
         print("\n| precision | M×N×K | path | duration µs | ncu MHz | NVML MHz (reads) | NVML min MHz | ncu/NVML |")
@@ -420,8 +468,12 @@ def _print_clock_check(folder: Path, cat) -> None:
             print(f"| {n.precision} | {n.m}×{n.n}×{n.k} | {n.path} | {n.duration_seconds * 1e6:.1f} | "
                   f"{mhz(n.ncu_sm_clock_hertz)} | {mhz(n.nvml_sm_clock_hertz)} ({n.nvml_reads}) | {mhz(n.nvml_min_hertz)} | "
                   f"{r3(n.ncu_over_nvml)} |")
-    verdict = clock_verdict(loops, ncu, idle_probe_over_nvml(lines, reads))
-    print(f"\nverdict: {verdict.finding}: {verdict.describe()}")
+    verdict = clock_check.clock_verdict(loops, ncu, clock_check.idle_probe_over_nvml(lines, reads))
+    print(f"\nverdict: {verdict.finding}" + (f" (decided by the {verdict.decided_by})" if verdict.decided_by else "")
+          + f": {verdict.describe()}")
+    if verdict.finding == "cycles" and sku.tensor_clock_ratio:
+        print("catalog: " + ", ".join(f"tensor_clock_ratio.{pipe} = {r:g}" for pipe, r in sku.tensor_clock_ratio.items())
+              + f" ({sku.key}; f_ref = peak clock / ratio)")
 
 
 @app.command("catalog")

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kernelfleet.catalog.model import PRECISIONS, Price, Sku
+from kernelfleet.catalog.model import PRECISIONS, TENSOR_PIPES, Price, Sku
 
 SCHEMA_VERSION = 1
 
@@ -41,7 +41,7 @@ def _is_int_list(value: Any) -> bool:
     return isinstance(value, list) and all(_is_int(item) for item in value)
 
 
-def _is_peak_table(value: Any) -> bool:
+def _is_number_table(value: Any) -> bool:
     return isinstance(value, dict) and all(_is_number(v) for v in value.values())
 
 
@@ -61,7 +61,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str, bool]] = {
     "max_sm_clock_hertz": (_is_number, "a number", True),
     "reference_clock_hertz": (_is_number, "a number", True),
     "reference_clock_note": (_is_str, "a string", True),
-    "dense_peak_flops": (_is_peak_table, "a table of precision = number", True),
+    "dense_peak_flops": (_is_number_table, "a table of precision = number", True),
     "memory_bytes": (_is_int, "an integer", True),
     "memory_bandwidth_bytes_per_second": (_is_number, "a number", True),
     "interconnect": (_is_str, "a string", True),
@@ -70,8 +70,15 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str, bool]] = {
     "tdp_watts": (_is_number, "a number", False),
     "source": (_is_str, "a string", True),
     "price": (_is_table_list, "an array of tables ([[gpu.price]])", False),
-    "measured_ofu_clock_hertz": (_is_number, "a number", False),
-    "measured_ofu_clock_evidence": (_is_str, "a string", False),
+    "peak_clock_hertz": (_is_number_table, "a table of precision = number", False),
+    "tensor_clock_ratio": (_is_number_table, "a table of pipe = number", False),
+    "tensor_clock_evidence": (_is_str, "a string", False),
+}
+# Fields an older catalog had, and what took their place, so an old override file says what to change.
+_RETIRED = {
+    "measured_ofu_clock_hertz": "OFU's clock is now per tensor pipe: give tensor_clock_ratio (and "
+                                "tensor_clock_evidence) instead, docs/telemetry.md",
+    "measured_ofu_clock_evidence": "replaced by tensor_clock_evidence, docs/telemetry.md",
 }
 REQUIRED_FIELDS: tuple[str, ...] = tuple(name for name, (_, _, required) in _FIELDS.items() if required)
 _PRICE_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -118,17 +125,24 @@ def gpu_entries(document: Mapping[str, Any]) -> list[dict[str, Any]]:
 def _check_fields(entry: Mapping[str, Any], where: str) -> None:
     where = f"{where} ({entry['key']!r})" if isinstance(entry.get("key"), str) else where
     for name, value in entry.items():
+        if name in _RETIRED:
+            raise SchemaError(f"{where}: field {name!r} is retired: {_RETIRED[name]}")
         if name not in _FIELDS:
             raise SchemaError(f"{where}: unknown field {name!r}")
         check, expected, _ = _FIELDS[name]
         if not check(value):
             raise SchemaError(f"{where}: field {name!r} must be {expected}, got {type(value).__name__}")
-    for precision in entry.get("dense_peak_flops", {}):
-        if precision not in PRECISIONS:
-            raise SchemaError(
-                f"{where}: dense_peak_flops has unknown precision {precision!r}; "
-                f"expected one of {', '.join(PRECISIONS)}"
-            )
+    for table in ("dense_peak_flops", "peak_clock_hertz"):
+        for precision in entry.get(table, {}):
+            if precision not in PRECISIONS:
+                raise SchemaError(
+                    f"{where}: {table} has unknown precision {precision!r}; "
+                    f"expected one of {', '.join(PRECISIONS)}"
+                )
+    for pipe in entry.get("tensor_clock_ratio", {}):
+        if pipe not in TENSOR_PIPES:
+            raise SchemaError(f"{where}: tensor_clock_ratio has unknown pipe {pipe!r}; expected one of "
+                              f"{', '.join(TENSOR_PIPES)}")
     for number, price in enumerate(entry.get("price", [])):
         for name, value in price.items():
             if name not in _PRICE_FIELDS:
@@ -185,8 +199,9 @@ def to_sku(entry: Mapping[str, Any]) -> Sku:
                 Price(float(p["usd_per_hour"]), p["provider"], p["source"], p["date"])
                 for p in entry.get("price", ())
             ),
-            measured_ofu_clock_hertz=_optional_float(entry.get("measured_ofu_clock_hertz")),
-            measured_ofu_clock_evidence=entry.get("measured_ofu_clock_evidence"),
+            peak_clock_hertz={p: float(v) for p, v in entry.get("peak_clock_hertz", {}).items()},
+            tensor_clock_ratio={p: float(v) for p, v in entry.get("tensor_clock_ratio", {}).items()},
+            tensor_clock_evidence=entry.get("tensor_clock_evidence"),
         )
     except (ValueError, TypeError) as error:
         raise SchemaError(f"gpu {entry['key']!r}: {error}") from None

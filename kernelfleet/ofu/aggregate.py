@@ -1,8 +1,9 @@
 """OFU over longer windows and over many GPUs.
 
 Over several windows OFU is the tensor-active cycles divided by the cycles the
-reference clock would have given: Σ(active_i · f_i · Δt_i) / (f_ref · ΣΔt_i),
-which is the time-weighted mean of the windows' OFU. Stale and unsupported
+reference clock would have given: Σ(active_i · f_i · Δt_i / f_ref,i) / ΣΔt_i,
+which is the time-weighted mean of the windows' OFU (each window's f_ref follows
+the tensor pipes busy in it, ofu/core.py). Stale and unsupported
 windows are left out of both sums and counted, never read as zero.
 """
 

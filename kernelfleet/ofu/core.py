@@ -5,10 +5,18 @@
 ``tensor_active`` is the fraction of cycles any tensor pipe was busy (GPM
 ANY_TENSOR_UTIL). Cycles, not seconds: under the power cap the SM clock drops,
 the pipe does less per second at the same busy fraction, and the clock term
-scales that back. ``f_ref`` is the clock at which the datasheet dense peak is
-defined, so ``OFU × dense peak`` estimates the achieved tensor FLOP/s of
-whichever precision ran. OFU may exceed 1 when the clock runs above ``f_ref``
-(an H200 boosts to 1980 MHz; its peak is defined at 1830 MHz).
+scales that back. ``f_SM`` is the SM clock NVML reports, averaged over the window.
+
+``f_ref`` makes ``OFU × dense peak`` the achieved tensor FLOP/s of whichever
+precision ran: the clock the peak is defined at, over the measured ratio of the
+SM cycles that really elapse to NVML's clock while that tensor pipe works
+(``Sku.ofu_reference_clock``). On the H200 a probe kernel counted 0.903 × NVML's
+clock during HMMA-pipe GEMMs and 0.997 during DMMA, so f_ref is 1830 / 0.903 =
+2027 MHz for fp16/bf16/tf32/fp8 work and 1980 / 0.997 = 1986 MHz for fp64
+(docs/validation/ofu.md). GPM splits the busy fraction by pipe (HMMA, IMMA,
+DFMA), so a window's f_ref follows the pipes that were busy in it; a window
+without the split is taken as HMMA work. OFU may exceed 1 when NVML's clock runs
+above f_ref × the measured ratio.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernelfleet.catalog import Sku
+from kernelfleet.catalog.model import DEFAULT_PIPE
 from kernelfleet.telemetry.sample import Sample
 
 
@@ -27,8 +36,11 @@ class OfuReading:
     tensor_active_ratio: float | None
     sm_clock_hertz: float | None
     reference_clock_hertz: float | None
-    reference_clock_source: str  # "catalog:<key>", "nvml-max-clock" or "none"
+    reference_clock_source: str  # "catalog:<key>:measured|datasheet", "nvml-max-clock" or "none"
     reason: str | None = None  # why ofu_ratio is None
+    # What f_ref was chosen for: the precision the caller named, or the GPM pipes busy in the
+    # window ("hmma", "dfma", "hmma+dfma"; "hmma" too when the window has no per-pipe split).
+    reference_for: str | None = None
 
 
 def ofu_ratio(tensor_active_ratio: float, sm_clock_hertz: float, reference_clock_hertz: float) -> float:
@@ -36,26 +48,43 @@ def ofu_ratio(tensor_active_ratio: float, sm_clock_hertz: float, reference_clock
     return tensor_active_ratio * sm_clock_hertz / reference_clock_hertz
 
 
-def reference_clock(sample: Sample, sku: Sku | None) -> tuple[float | None, str]:
-    """The catalog's f_ref; for an unknown SKU, the GPU's own max SM clock.
+def reference_clock(sample: Sample, sku: Sku | None, precision: str | None = None) -> tuple[float | None, str, str | None]:
+    """f_ref for one window, where it came from, and what it was chosen for.
 
-    The catalog gives a measured clock where a measurement settled it (on the
-    H200 OFU × peak matches timed FLOP/s with 1980 MHz, not the 1830 MHz the
-    datasheet arithmetic implies), else the datasheet's. An unknown GPU still
-    gets OFU (relative to its top clock), but never a FLOP/s figure: that would
-    need a peak we do not know.
+    With a known SKU: the f_ref of ``precision``'s pipe when the caller knows what ran; else of
+    the pipes GPM saw busy in the window, each weighted by its busy fraction (a harmonic mean:
+    OFU adds up each pipe's busy cycles over its own f_ref); else, with no per-pipe split, the
+    HMMA pipe's. The source names the SKU and whether it has a measured clock ratio, and stays
+    the same from window to window (it is a Prometheus label). An unknown GPU still gets OFU
+    (relative to its top clock), but never a FLOP/s figure: that would need a peak we do not know.
     """
     if sku is not None:
-        basis = "measured" if sku.measured_ofu_clock_hertz else "datasheet"
-        return sku.ofu_clock_hertz, f"catalog:{sku.key}:{basis}"
+        source = f"catalog:{sku.key}:{'measured' if sku.tensor_clock_ratio else 'datasheet'}"
+        if precision is not None:
+            return sku.ofu_reference_clock_of(precision)[0], source, precision
+        pipes = _busy_pipes(sample)
+        if not pipes:
+            return sku.ofu_reference_clock(DEFAULT_PIPE)[0], source, DEFAULT_PIPE
+        harmonic = sum(share / sku.ofu_reference_clock(pipe)[0] for pipe, share in pipes.items())
+        return sum(pipes.values()) / harmonic, source, "+".join(pipes)
     if sample.sm_clock_max_hertz:
-        return sample.sm_clock_max_hertz, "nvml-max-clock"
-    return None, "none"
+        return sample.sm_clock_max_hertz, "nvml-max-clock", None
+    return None, "none", None
 
 
-def ofu(sample: Sample, sku: Sku | None) -> OfuReading:
-    """OFU of one sample. ``None`` with a reason when a term is missing."""
-    ref, ref_source = reference_clock(sample, sku)
+def _busy_pipes(sample: Sample) -> dict[str, float]:
+    """GPM's per-pipe busy fractions that are above zero, in catalog order."""
+    ratios = {"hmma": sample.hmma_active_ratio, "imma": sample.imma_active_ratio, "dfma": sample.dfma_active_ratio}
+    return {pipe: r for pipe, r in ratios.items() if r}
+
+
+def ofu(sample: Sample, sku: Sku | None, precision: str | None = None) -> OfuReading:
+    """OFU of one sample. ``None`` with a reason when a term is missing.
+
+    ``precision``, where the caller knows what ran (a benchmark, a profiled kernel), picks the
+    f_ref of its tensor pipe; without it the window's own per-pipe activity does.
+    """
+    ref, ref_source, ref_for = reference_clock(sample, sku, precision)
     clock = sample.sm_clock_mean_hertz
     active = sample.tensor_active_ratio
     reason = None
@@ -70,9 +99,9 @@ def ofu(sample: Sample, sku: Sku | None) -> OfuReading:
     elif ref is None:
         reason = "no reference clock: unknown GPU and NVML gave no max clock"
     if reason is not None:
-        return OfuReading(None, active, clock, ref, ref_source, reason)
+        return OfuReading(None, active, clock, ref, ref_source, reason, ref_for)
     assert active is not None and clock is not None and ref is not None  # narrowed above
-    return OfuReading(ofu_ratio(active, clock, ref), active, clock, ref, ref_source)
+    return OfuReading(ofu_ratio(active, clock, ref), active, clock, ref, ref_source, reference_for=ref_for)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +130,9 @@ def achieved_flops(reading: OfuReading, sku: Sku | None, precision: str) -> Flop
         value = None
     else:
         value = reading.ofu_ratio * peak
+        ref = reading.reference_clock_hertz or sku.ofu_clock_hertz
         basis = (
             f"OFU {reading.ofu_ratio:.3f} x {precision} dense peak {peak / 1e12:.1f} TFLOP/s "
-            f"normalised at {sku.ofu_clock_hertz / 1e6:.0f} MHz ({sku.key})"
+            f"normalised at {ref / 1e6:.0f} MHz ({sku.key})"
         )
     return FlopsEstimate(precision, value, peak, reading.reference_clock_hertz, reading.ofu_ratio, basis)

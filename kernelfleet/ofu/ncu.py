@@ -13,9 +13,8 @@ asks three questions of each point:
   SMs × FLOPs per active cycle)`` is the rate at which SM cycles must have elapsed in the
   sweep; it is compared with the SM clock NVML reported over the same windows.
 
-The clock check (``bench/ofu_clock_check.py``) then asks why that clock is 0.908 × NVML's on the
-GMMA paths: ncu's elapsed-cycle rate per launch beside NVML's clock read every millisecond
-(:func:`ncu_clocks`), and the verdict over both halves of the check (:func:`clock_verdict`).
+Why that clock is 0.908 × NVML's on the GMMA paths is the clock check's question
+(``ofu/clock_check.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,7 @@ from kernelfleet.catalog import Sku
 from kernelfleet.errors import UsageError
 from kernelfleet.ofu.kernel_tiles import executed_flops_of_kernel, executed_flops_of_torch_mm, tile_from_kernel_name
 from kernelfleet.ofu.tiles import Tile, corrected_ofu, gemm_flops
-from kernelfleet.ofu.validation import PEAK_OF, LoopClock, Read, point_windows, tensor_path
+from kernelfleet.ofu.validation import PEAK_OF, point_windows
 from kernelfleet.telemetry.sample import Sample
 
 # A Hopper SM has four processing blocks (sub-partitions), each with its own tensor core
@@ -41,8 +40,8 @@ SUB_PARTITIONS_PER_SM = 4
 
 # The ops-path counters, without the _sparsity_on/_off split, whose sum is the executed math
 # ops of a precision: the warpgroup path (HGMMA) and the warp path (HMMA, e.g. CUTLASS 2.x
-# kernels). fp8 and fp64 use ncu's per-source totals, spelled as NVIDIA's metric listings spell
-# them: the 2026-11 run did not collect them, so these two names are not yet checked on gh100.
+# kernels). fp8 and fp64 use ncu's per-source totals; the first 2026-11-30 run did not collect
+# them, the re-run did (ncu 2025.3.1 lists both on gh100; tests/data/h200-sweep/ncu-rerun.csv.gz).
 OPS_METRICS = {
     "bf16": ("sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32.sum", "sm__ops_path_tensor_op_hmma_src_bf16_dst_fp32.sum"),
     "fp16": ("sm__ops_path_tensor_op_hgmma_src_fp16.sum", "sm__ops_path_tensor_op_hmma_src_fp16.sum"),
@@ -96,12 +95,14 @@ def parse_ncu_csv(text: str) -> list[NcuKernel]:
 
 
 def names_match(expected: str, profiled: str) -> bool:
-    """Same kernel: equal, or one name contains the other, once a leading ``void `` is dropped.
+    """Same kernel: equal, or one name contains the other, once a leading ``void `` is dropped, or
+    both are the same function with their parameter lists spelled differently.
 
-    The profiler trace keeps the demangled signature; ncu may print only part of it.
+    The profiler trace keeps the demangled signature; ncu may print only part of it, or write a
+    template's parameter type as ``T1::Params`` where the trace spelled it out.
     """
     a, b = expected.removeprefix("void "), profiled.removeprefix("void ")
-    return a == b or a in b or b in a
+    return a == b or a in b or b in a or ("(" in a and "(" in b and a.split("(")[0] == b.split("(")[0])
 
 
 def gemm_kernel(point: Mapping[str, Any]) -> str | None:
@@ -215,6 +216,16 @@ def ncu_points(order: Sequence[Mapping[str, Any]], sweep_points: Sequence[Mappin
             for p, kern in align(order, sweep_points, kernels) if kern is not None]
 
 
+def merge_runs(*runs: Sequence[NcuPoint]) -> list[NcuPoint]:
+    """The profiled points of several ncu runs of one sweep; a later run's point replaces an earlier
+    run's point of the same shape and precision (a re-run that counts what the first could not)."""
+    by_point: dict[tuple[str, int, int, int], NcuPoint] = {}
+    for run in runs:
+        for p in run:
+            by_point[p.precision, p.m, p.n, p.k] = p
+    return list(by_point.values())
+
+
 def flops_per_active_cycle(points: Sequence[NcuPoint], precision: str, sm_count: int) -> tuple[float, str] | None:
     """A precision's FLOPs per pipe-active SM cycle: the median over its kernels, and its basis.
 
@@ -244,7 +255,7 @@ class ClockCheck:
     gpm_tensor_active_ratio: float  # mean over the point's windows
     nvml_sm_clock_hertz: float  # mean over the same windows
     executed_flops_per_second: float  # MFU × peak × executed / useful
-    flops_per_active_cycle: float  # per SM, from ncu for this precision
+    flops_per_active_cycle: float  # per SM: this kernel's counted rate, else its precision's (ncu)
     ncu_active_ratio: float  # the isolated kernel's pipe-active fraction under ncu
     sm_count: int
 
@@ -276,8 +287,9 @@ def clock_checks(sweep_points: Sequence[Mapping[str, Any]], samples: Sequence[Sa
                  profiled: Sequence[NcuPoint]) -> list[ClockCheck]:
     """The implied SM clock of every profiled sweep point that has windows.
 
-    Only profiled points: a kernel ncu did not see may run another tensor path at another
-    rate (the three CUTLASS 2.x tf32 kernels of the 2026-11 run are sm80 mma.sync kernels).
+    Only profiled points, each at its own kernel's counted FLOPs per active cycle where ncu counted
+    its ops: kernels of one precision may run different tensor paths at different rates (the three
+    CUTLASS 2.x tf32 kernels, sm80 mma.sync, do 4096/3 where the sm90 ones do 2048).
     """
     by_shape = {(p.m, p.n, p.k, p.precision): p for p in profiled}
     rates = {q: flops_per_active_cycle(profiled, q, sku.sm_count) for q in OPS_METRICS}
@@ -294,7 +306,8 @@ def clock_checks(sweep_points: Sequence[Mapping[str, Any]], samples: Sequence[Sa
         mfu, ofu, active, clock = (statistics.mean(column) for column in zip(*windows))
         out.append(ClockCheck(
             precision, m, n, k, len(windows), mfu, ofu, executed, active, clock,
-            mfu * peak * executed / gemm_flops(m, n, k), rate[0], ncu.active_ratio, sku.sm_count,
+            mfu * peak * executed / gemm_flops(m, n, k), ncu.flops_per_active_cycle(sku.sm_count) or rate[0],
+            ncu.active_ratio, sku.sm_count,
         ))
     return out
 
@@ -337,142 +350,3 @@ def summarize(points: Sequence[NcuPoint], checks: Sequence[ClockCheck], sm_count
             statistics.mean(errors) if errors else None,
         ))
     return out
-
-
-# --- the clock check: ncu's elapsed-cycle clock beside NVML's, and the verdict ------------------
-
-# What bench/ofu_clock_check.py asks ncu for on each launch: elapsed SM cycles, the rate ncu measured
-# them at, the kernel's duration and its pipe-active cycles. The 2026-11-30 run collected every one.
-CLOCK_METRICS = ("sm__cycles_elapsed.avg", "sm__cycles_elapsed.avg.per_second", "sm__cycles_active.avg",
-                 "gpu__time_duration.sum", _PIPE_ACTIVE, ACTIVE_CYCLES_METRIC["fp64"])
-# Two clock ratios agree when they are this close; the sweep's gap (0.908) is three times as far from 1.
-CLOCK_TOLERANCE = 0.03
-
-
-@dataclass(frozen=True, slots=True)
-class NcuClock:
-    """One launch under ncu: the SM cycles it took, the rate ncu counted them at, and NVML's SM clock
-    read every millisecond by another process from just before the launch until it returned."""
-
-    precision: str
-    m: int
-    n: int
-    k: int
-    kernel: str
-    path: str  # tensor_path()
-    duration_seconds: float
-    elapsed_cycles: float  # sm__cycles_elapsed.avg: per SM
-    ncu_sm_clock_hertz: float  # sm__cycles_elapsed.avg.per_second
-    nvml_sm_clock_hertz: float | None  # mean of the reads inside the launch (None: no read)
-    nvml_min_hertz: float | None
-    nvml_reads: int
-
-    @property
-    def ncu_over_nvml(self) -> float | None:
-        return None if self.nvml_sm_clock_hertz is None else self.ncu_sm_clock_hertz / self.nvml_sm_clock_hertz
-
-
-def ncu_clocks(launches: Sequence[Mapping[str, Any]], kernels: Sequence[NcuKernel],
-               reads: Sequence[Read]) -> list[NcuClock]:
-    """Pair each launch of the clock check's ncu run (``ncu-clock-launches.jsonl``: point, host wall
-    time ``before`` and ``after``) with its profiled kernel, in order, and with the NVML reads inside it.
-
-    Each launch runs one GEMM kernel that ncu's filter matches, so the n-th kernel is the n-th launch;
-    a different count means the filter missed or added kernels, and nothing is paired.
-    """
-    if len(launches) != len(kernels):
-        raise UsageError(f"{len(launches)} launches but ncu profiled {len(kernels)} kernels: "
-                         "the filter in bench/ofu_clock_check.py missed or added some")
-    out = []
-    for launch, kernel in zip(launches, kernels):
-        got = kernel.metrics
-        elapsed, clock = got.get("sm__cycles_elapsed.avg"), got.get("sm__cycles_elapsed.avg.per_second")
-        duration = got.get("gpu__time_duration.sum")  # nanoseconds, as the sweep's CSV gave it
-        if elapsed is None or clock is None or duration is None:
-            raise UsageError(f"{kernel.name}: the CSV lacks elapsed SM cycles or the duration")
-        inside = [r[1] * 1e6 for r in reads if launch["before"] <= r[0] <= launch["after"]]
-        out.append(NcuClock(
-            launch["precision"], launch["m"], launch["n"], launch["k"], kernel.name,
-            tensor_path(launch["precision"], kernel.name), duration / 1e9, elapsed, clock,
-            statistics.mean(inside) if inside else None, min(inside, default=None), len(inside),
-        ))
-    return out
-
-
-def loop_cycle_ratios(loops: Sequence[LoopClock], ncu: Sequence[NcuClock]) -> dict[tuple[str, int, int, int], float]:
-    """Per loop point, (ncu's elapsed SM cycles per kernel / the kernel's time in the loop) / NVML's clock
-    in the loop: the cycle rate of the GEMM's own SMs in the loop, if a kernel takes as many cycles in the
-    loop as alone (true of compute-bound GEMMs to within their memory stalls)."""
-    cycles: dict[tuple[str, int, int, int], list[float]] = {}
-    for c in ncu:
-        cycles.setdefault((c.precision, c.m, c.n, c.k), []).append(c.elapsed_cycles)
-    return {key: statistics.median(cycles[key]) / loop.kernel_seconds / loop.nvml_sm_clock_hertz
-            for loop in loops if (key := (loop.precision, loop.m, loop.n, loop.k)) in cycles}
-
-
-@dataclass(frozen=True, slots=True)
-class ClockVerdict:
-    """What the clock check says about the sweep's 0.908 (medians over the GMMA points, unless named)."""
-
-    finding: str  # "cycles" | "gpm" | "mixed" | "not-reproduced" | "undecided"
-    true_over_nvml: float | None  # f_true / f_nvml, as the sweep measured it
-    probe_over_nvml: float | None  # SM cycles the probe counted / NVML's clock
-    gpm_over_math: float | None  # GPM's busy fraction / the fraction the math needs at the probe's rate
-    loop_cycles_over_nvml: float | None  # ncu's cycles per kernel / its time in the loop / NVML's clock
-    ncu_over_nvml: float | None  # ncu's own elapsed-cycle rate / NVML's clock during the launch
-    idle_probe_over_nvml: float | None  # the probe alone, no GEMM
-    dmma_true_over_nvml: float | None
-    dmma_probe_over_nvml: float | None
-
-    def describe(self) -> str:
-        f = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
-        numbers = (f"f_true/f_nvml {f(self.true_over_nvml)}, probe/NVML {f(self.probe_over_nvml)}, "
-                   f"GPM/math {f(self.gpm_over_math)}, ncu cycles per kernel in the loop/NVML "
-                   f"{f(self.loop_cycles_over_nvml)}; isolated under ncu {f(self.ncu_over_nvml)}; "
-                   f"probe alone {f(self.idle_probe_over_nvml)}; DMMA f_true/f_nvml {f(self.dmma_true_over_nvml)}, "
-                   f"probe/NVML {f(self.dmma_probe_over_nvml)}")
-        return {
-            "cycles": "SM cycles elapse slower than NVML reports during GMMA work; GPM's busy fraction is right",
-            "gpm": "SM cycles elapse at NVML's clock; GPM counts more busy cycles than the math needs",
-            "mixed": "the cycle measurements disagree with each other or lie between the two explanations",
-            "not-reproduced": "this run's loops do full-rate math on GPM's busy fraction at NVML's clock: no gap",
-            "undecided": "no cycle measurement (probe or ncu) to decide with",
-        }[self.finding] + f" ({numbers})"
-
-
-def _median(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
-def clock_verdict(loops: Sequence[LoopClock], ncu: Sequence[NcuClock] = (),
-                  idle_probe: float | None = None) -> ClockVerdict:
-    """Which of the two explanations of the sweep's gap the measurements support.
-
-    With T = f_true / f_nvml on the GMMA paths, each cycle measurement (the probe's rate over NVML's
-    clock; ncu's cycles per kernel over its time in the loop, over NVML's clock) either equals T
-    ("cycles": the SM clock is slower than NVML says, GPM is right) or 1 ("gpm": the clock is NVML's,
-    GPM over-counts busy cycles), within :data:`CLOCK_TOLERANCE`. All that exist must agree.
-    """
-    gmma = [c for c in loops if c.path == "gmma"]
-    dmma = [c for c in loops if c.path == "dmma"]
-    ratios = loop_cycle_ratios(gmma, ncu)
-    true = _median(c.true_over_nvml for c in gmma)
-    probe = _median(c.probe_over_nvml for c in gmma)
-    cycles = _median(ratios.values())
-    long = [c.ncu_over_nvml for c in ncu if c.path == "gmma" and c.duration_seconds >= 1e-4]
-    evidence = [v for v in (probe, cycles) if v is not None]
-    if true is None:
-        finding = "undecided"
-    elif abs(true - 1) < 2 * CLOCK_TOLERANCE:
-        finding = "not-reproduced"
-    elif not evidence:
-        finding = "undecided"
-    elif all(abs(v - true) <= CLOCK_TOLERANCE for v in evidence):
-        finding = "cycles"
-    elif all(abs(v - 1) <= CLOCK_TOLERANCE for v in evidence):
-        finding = "gpm"
-    else:
-        finding = "mixed"
-    return ClockVerdict(finding, true, probe, _median(c.gpm_over_math for c in gmma), cycles, _median(long),
-                        idle_probe, _median(c.true_over_nvml for c in dmma), _median(c.probe_over_nvml for c in dmma))

@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from e2e_helpers import binary, free_port, wait_http
+from kernelfleet.catalog import Catalog
 from kernelfleet.fleet.store import Store
 
 pytestmark = pytest.mark.e2e
@@ -48,7 +49,8 @@ def test_prometheus_scrapes_ofu_and_joins_gpu_info(prometheus):
     (joined,) = query(prometheus, "kernelfleet_ofu_ratio * on (uuid) group_left (sku) kernelfleet_gpu_info")
     assert joined["metric"]["sku"] == "h200-sxm"
     (ref,) = query(prometheus, "kernelfleet_reference_clock_hertz")
-    assert float(ref["value"][1]) == 1.98e9
+    # the demo recording is HMMA-pipe work (or idle): the H200's f_ref for that pipe, 1830 MHz / 0.903
+    assert float(ref["value"][1]) == pytest.approx(Catalog.load().get("h200-sxm").ofu_reference_clock("hmma")[0])
     (held,) = wait_for_series(prometheus, "kernelfleet_job_info")
     assert held["metric"]["job_id"].startswith("python3-") and held["metric"]["job"] == "kernelfleet"
 

@@ -55,21 +55,25 @@ def loaded_windows(data, name, precision):
     "name, precision, windows", [("bf16-gemm", "bf16", 19), ("fp8-gemm", "fp8", 19), ("transformer", "bf16", 15)]
 )
 def test_ofu_matches_timed_mfu_with_the_measured_reference_clock(h200_trace, name, precision, windows):
+    """f_ref = 1830 MHz / the probe's 0.903 (2027 MHz): mean OFU - MFU +0.32 pp on the bf16 GEMM
+    (not tile-corrected), -0.75 pp on the fp8 GEMM, -1.08 pp on the transformer, whose windows also
+    hold non-GEMM kernels (docs/validation/ofu.md, "The reference clock")."""
     pairs = loaded_windows(h200_trace, name, precision)
     assert len(pairs) >= windows
-    errors = [abs(ofu(s, H200).ofu_ratio - mfu) * 100 for s, mfu in pairs]
-    assert max(errors) < 2.5  # pp, every window (measured: bf16 2.4, fp8 0.9, transformer 0.8)
+    errors = [(ofu(s, H200).ofu_ratio - mfu) * 100 for s, mfu in pairs]
+    assert max(abs(e) for e in errors) < 2.5  # pp, every window
+    assert abs(statistics.mean(errors)) < 1.2
     # the datasheet-arithmetic clock (1830 MHz) over-states every workload by 2.1 to 7.6 pp
     datasheet = [(ofu_ratio(s.tensor_active_ratio, s.sm_clock_mean_hertz, 1.83e9) - mfu) * 100 for s, mfu in pairs]
     assert min(datasheet) > 2.0
-    assert statistics.mean(datasheet) > 3 * statistics.mean(errors)
+    assert statistics.mean(datasheet) > 2 * abs(statistics.mean(errors))
 
 
 def test_bf16_gemm_steady_state_values(h200_trace):
     s = trace(h200_trace, "bf16-gemm")[3]
     assert s.tensor_active_ratio == pytest.approx(0.9362937343276384, abs=0)
     assert s.sm_clock_mean_hertz / 1e6 == pytest.approx(1446.0, abs=1.0)
-    assert ofu(s, H200).ofu_ratio == pytest.approx(0.68394, abs=1e-5)
+    assert ofu(s, H200).ofu_ratio == pytest.approx(0.66822, abs=1e-5)  # f_ref 2027 MHz (1830 / 0.903)
     assert classify(s) is Bottleneck.TENSOR
 
 
@@ -136,7 +140,7 @@ def test_two_gpu_host_each_gpu_its_own_row_and_class():
     assert {p.pid for s in copy for p in s.processes} == {579}
     view = fleet([(summarize(gemm, H200), H200), (summarize(copy, H200), H200)])
     assert view["gpus"] == 2 and view["capacity_weighted_ofu_ratio"] == pytest.approx(view["mean_ofu_ratio"])
-    assert 0.34 < view["mean_ofu_ratio"] < 0.36  # one GPU at ~0.70, one at 0
+    assert 0.33 < view["mean_ofu_ratio"] < 0.35  # one GPU at ~0.68, one at 0
 
 
 def sweep_points():
@@ -153,22 +157,24 @@ def test_gemm_sweep_table_ii_on_the_h200():
     assert len(rows) == 60 and all(r.tile is not None for r in rows)
     table = {s.precision: s for s in summarize_errors(rows)}
     assert {p: s.points for p, s in table.items()} == {"bf16": 15, "fp16": 15, "tf32": 15, "fp8": 11, "fp64": 4}
-    assert table["bf16"].raw_mae_pp == pytest.approx(1.855, abs=1e-3)
+    # OFU at each precision's f_ref: 1830 / 0.903 = 2027 MHz (HMMA pipe), fp64 1980 / 0.995 = 1990 MHz
+    assert {p: round(s.raw_mae_pp, 3) for p, s in table.items()} == {
+        "bf16": 1.187, "fp16": 0.806, "tf32": 1.256, "fp8": 0.433, "fp64": 0.558}
     # corrected with the tile and the thread-block cluster of the kernel that ran (ofu/kernel_tiles.py)
     assert {p: round(s.corrected_mae_pp, 3) for p, s in table.items()} == {
-        "bf16": 0.955, "fp16": 0.927, "tf32": 1.073, "fp8": 0.829, "fp64": 0.239}
-    for s in table.values():  # the correction never makes a precision worse
-        assert s.corrected_mae_pp < s.raw_mae_pp
+        "bf16": 0.657, "fp16": 0.371, "tf32": 0.797, "fp8": 0.503, "fp64": 0.336}
+    for p, s in table.items():  # the correction helps wherever errors sit above zero; fp8's sit on both sides
+        assert (s.corrected_mae_pp < s.raw_mae_pp) == (p != "fp8")
     # unaligned shapes carry the tile-quantization error the correction removes
     unaligned = {(r.precision, r.m): r for r in rows if r.m in (1000, 3000, 8200)}
-    assert unaligned["bf16", 8200].raw_error_pp == pytest.approx(4.12, abs=0.01)
-    assert unaligned["bf16", 8200].corrected_error_pp == pytest.approx(0.74, abs=0.01)
+    assert unaligned["bf16", 8200].raw_error_pp == pytest.approx(2.56, abs=0.01)
+    assert unaligned["bf16", 8200].corrected_error_pp == pytest.approx(-0.74, abs=0.01)
     assert all(abs(r.corrected_error_pp) < abs(r.raw_error_pp) for r in unaligned.values())
-    # rounding to whole 2x4 clusters moves the 512^3 and 200^3 nvjet points (bf16 512^3: +1.08 -> +0.27 pp)
+    # rounding to whole 2x4 clusters moves the 512^3 and 200^3 nvjet points (bf16 512^3: +0.85 -> +0.06 pp)
     by_shape = {(r.precision, r.m, r.n, r.k): r for r in rows}
     assert by_shape["bf16", 512, 512, 512].cluster == (2, 4)
-    assert by_shape["bf16", 512, 512, 512].corrected_error_pp == pytest.approx(0.27, abs=0.01)
-    assert by_shape["fp8", 16384, 2048, 8192].corrected_error_pp == pytest.approx(0.30, abs=0.01)
+    assert by_shape["bf16", 512, 512, 512].corrected_error_pp == pytest.approx(0.06, abs=0.01)
+    assert by_shape["fp8", 16384, 2048, 8192].corrected_error_pp == pytest.approx(-1.02, abs=0.01)
 
 
 def test_tile_model_equals_nsight_compute_executed_tensor_ops():
@@ -196,9 +202,9 @@ def test_one_clock_read_per_window_averages_out_in_steady_runs_but_not_across_ch
     steady = {w: [e for s in samples + [ddp] for e in instant_clock_errors_pp(s, H200, w, steady_only=True)]
               for w in (1.0, 10.0, 30.0)}
     assert {w: len(e) for w, e in steady.items()} == {1.0: 243, 10.0: 23, 30.0: 3}
-    assert {w: round(statistics.mean(e), 2) for w, e in steady.items()} == {1.0: 0.91, 10.0: 0.47, 30.0: 0.49}  # pp
-    # the two GPUs' 30-s windows under a power-capped clock swinging 1470-1590 MHz stay 0.7-0.8 pp off
-    assert sorted(round(e, 2) for e in steady[30.0]) == [0.02, 0.67, 0.79]
+    assert {w: round(statistics.mean(e), 2) for w, e in steady.items()} == {1.0: 0.89, 10.0: 0.46, 30.0: 0.48}  # pp
+    # the two GPUs' 30-s windows under a power-capped clock swinging 1470-1590 MHz stay 0.6-0.8 pp off
+    assert sorted(round(e, 2) for e in steady[30.0]) == [0.02, 0.65, 0.77]
     all_10 = [e for s in samples for e in instant_clock_errors_pp(s, H200, 10.0)]
     assert len(all_10) == 27 and statistics.mean(all_10) > 3.0  # windows holding a start, end or pause
 

@@ -368,11 +368,47 @@ def test_sku_is_immutable(builtin: Catalog) -> None:
         ({"compute_capability": "sm_90"}, "compute_capability"),
         ({"pci_device_ids": (0x233010DE,)}, "16-bit"),
         ({"tdp_watts": -1.0}, "tdp_watts"),
+        ({"tensor_clock_ratio": {"hmma": 0.9}}, "come together"),
+        ({"tensor_clock_ratio": {"gmma": 0.9}, "tensor_clock_evidence": "x"}, "unknown pipe 'gmma'"),
+        ({"tensor_clock_ratio": {"hmma": 903.0}, "tensor_clock_evidence": "x"}, "near or below 1"),
+        ({"peak_clock_hertz": {"fp64": 2.5e9}}, "peak_clock_hertz.fp64 .* exceeds max_sm_clock_hertz"),
+        ({"peak_clock_hertz": {"fp8": 1.98e9}}, "hmma precisions have peaks at different clocks"),
     ],
 )
 def test_sku_validates_itself(builtin: Catalog, change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(builtin.get("h100-sxm"), **change)
+
+
+def test_peaks_quoted_at_another_clock_are_a_power_of_two_there(builtin: Catalog) -> None:
+    """peak_clock_hertz is the datasheet's own arithmetic for the exceptions above: at that clock the
+    per-SM rate is a power of two again."""
+    given = [(sku, p, hz) for sku in builtin for p, hz in sku.peak_clock_hertz.items()]
+    assert {(sku.key, p) for sku, p, _ in given} >= {("h100-sxm", "fp64_tensor"), ("h200-sxm", "fp64_tensor")}
+    for sku, precision, hertz in given:
+        per_sm_clock = sku.peak_flops(precision) / (sku.sm_count * hertz)
+        assert abs(per_sm_clock / 2 ** round(math.log2(per_sm_clock)) - 1) <= DATASHEET_ROUNDING, (sku.key, precision)
+        assert sku.peak_clock(precision) == hertz
+    assert builtin.get("h200-sxm").peak_clock("bf16") == 1.83e9
+
+
+def test_ofu_reference_clock_is_the_peaks_clock_over_the_measured_ratio(builtin: Catalog) -> None:
+    h200 = builtin.get("h200-sxm")
+    assert h200.tensor_clock_ratio == {"hmma": 0.903, "dfma": 0.995} and "probe" in h200.tensor_clock_evidence
+    assert h200.ofu_reference_clock() == (pytest.approx(1.83e9 / 0.903), "measured")
+    assert h200.ofu_reference_clock("dfma") == (pytest.approx(1.98e9 / 0.995), "measured")
+    assert h200.ofu_reference_clock("imma") == (1.83e9, "datasheet")  # int8 never measured
+    assert h200.ofu_clock_hertz == pytest.approx(2026.6e6, abs=0.1e6)
+    for precision in ("tf32", "bf16", "fp16", "fp8"):
+        assert h200.ofu_reference_clock_of(precision) == h200.ofu_reference_clock("hmma")
+    assert h200.ofu_reference_clock_of("fp64_tensor") == h200.ofu_reference_clock("dfma")
+    assert h200.ofu_reference_clock_of("fp32") == (1.98e9, "datasheet")  # no pipe: its own peak clock
+    # a SKU measured by nobody takes NVML's clock at its word: f_ref is the datasheet's peak clock
+    h100 = builtin.get("h100-sxm")
+    assert h100.ofu_reference_clock() == (1.83e9, "datasheet") and h100.ofu_reference_clock("dfma") == (1.98e9, "datasheet")
+    assert all(not sku.tensor_clock_ratio for sku in builtin if sku.key != "h200-sxm")
+    with pytest.raises(UsageError, match="unknown tensor pipe"):
+        h200.ofu_reference_clock("gmma")
 
 
 def test_reference_clock_may_equal_the_maximum(builtin: Catalog) -> None:
@@ -442,6 +478,14 @@ def test_override_updates_only_the_fields_it_gives(tmp_path: Path, builtin: Cata
     assert catalog.get("h100-sxm") == builtin.get("h100-sxm")
 
 
+def test_override_sets_a_measured_clock_ratio(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[[gpu]]\nkey = "h100-sxm"\ntensor_clock_ratio = { hmma = 0.91 }\n'
+                            'tensor_clock_evidence = "our probe run, 2026-12"\n')
+    h100 = Catalog.load(override=path).get("h100-sxm")
+    assert h100.ofu_reference_clock() == (pytest.approx(1.83e9 / 0.91), "measured")
+    assert h100.ofu_reference_clock("dfma") == (1.98e9, "datasheet")
+
+
 def test_override_replaces_a_price_list(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
@@ -499,6 +543,11 @@ def test_new_sku_missing_a_required_field(tmp_path: Path) -> None:
             "ISO 8601",
         ),
         ('key = "t4"\n[[gpu]]\nkey = "t4"', "appears twice"),
+        ('key = "h200-sxm"\nmeasured_ofu_clock_hertz = 1.98e9', "'measured_ofu_clock_hertz' is retired: .*tensor_clock_ratio"),
+        ('key = "h200-sxm"\ntensor_clock_ratio = { xmma = 0.9 }', "tensor_clock_ratio has unknown pipe 'xmma'"),
+        ('key = "h200-sxm"\ntensor_clock_ratio = { hmma = "0.9" }', "'tensor_clock_ratio' must be a table of pipe = number"),
+        ('key = "t4"\ntensor_clock_ratio = { hmma = 0.9 }', "come together"),
+        ('key = "t4"\npeak_clock_hertz = { fp6 = 1e9 }', "peak_clock_hertz has unknown precision 'fp6'"),
     ],
 )
 def test_bad_override_is_a_usage_error_naming_file_and_field(tmp_path: Path, body: str, message: str) -> None:

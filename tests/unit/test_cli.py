@@ -71,7 +71,8 @@ def test_catalog_json_and_unknown_key():
     done = kf("catalog", "--json", "h200-sxm")
     assert done.returncode == 0
     (sku,) = json.loads(done.stdout)
-    assert sku["measured_ofu_clock_hertz"] == 1.98e9 and sku["dense_peak_flops"]["bf16"] == 989.4e12
+    assert sku["tensor_clock_ratio"] == {"hmma": 0.903, "dfma": 0.995} and sku["dense_peak_flops"]["bf16"] == 989.4e12
+    assert sku["peak_clock_hertz"]["fp64_tensor"] == 1.98e9 and "probe" in sku["tensor_clock_evidence"]
     one_line_error(kf("catalog", "no-such-gpu"), 2, "no-such-gpu")
 
 
@@ -91,7 +92,11 @@ def test_agent_refuses_a_file_that_is_not_a_store(tmp_path):
 def test_bench_ofu_report_prints_table_ii_from_the_recorded_sweep():
     done = kf("bench", "ofu-report", str(Path(__file__).parents[1] / "data" / "h200-sweep"))
     assert done.returncode == 0, done.stderr
-    assert "| bf16 | 15 | 1.86 | 60% | 100% | 0.95 | 87% | 100% |" in done.stdout
+    assert "| bf16 | 15 | 1.19 | 80% | 100% | 0.66 | 93% | 100% |" in done.stdout
+    assert "fp64 1990 MHz (measured: 1980 MHz / 0.995)" in done.stdout
+    assert "target bf16: corrected MAE 0.66 ≤ 0.5 pp: missed by 0.16 pp" in done.stdout
+    assert "target fp16: corrected MAE 0.37 ≤ 0.5 pp: met (0.13 pp to spare)" in done.stdout
+    assert "fitted f_ref: bf16 2005 MHz, fp16 2019 MHz, tf32 2026 MHz, fp8 2015 MHz, fp64 1983 MHz" in done.stdout
 
 
 def test_bench_ofu_report_on_a_missing_sweep(tmp_path):

@@ -13,6 +13,8 @@ from kernelfleet.telemetry.sample import Sample
 
 pytestmark = pytest.mark.unit
 CATALOG = Catalog.load()
+# The H200's f_ref per GPM pipe: the datasheet peak's clock over the probe-measured clock ratio.
+HMMA_REF, DFMA_REF = 1.83e9 / 0.903, 1.98e9 / 0.995
 
 
 def sample(**kw) -> Sample:
@@ -24,18 +26,43 @@ def sample(**kw) -> Sample:
 
 def test_ofu_is_tensor_active_times_clock_over_reference():
     h200 = CATALOG.get("h200-sxm")
-    r = ofu(sample(), h200)
-    assert r.ofu_ratio == pytest.approx(0.9 * 1.5 / 1.98)
-    assert r.reference_clock_source == "catalog:h200-sxm:measured"
+    r = ofu(sample(), h200)  # no per-pipe split in the window: the HMMA pipe's f_ref
+    assert r.ofu_ratio == pytest.approx(0.9 * 1.5e9 / HMMA_REF) and r.reference_clock_hertz == pytest.approx(HMMA_REF)
+    assert r.reference_clock_source == "catalog:h200-sxm:measured" and r.reference_for == "hmma"
     a100 = CATALOG.get("a100-sxm-80gb")
-    assert ofu(sample(name="NVIDIA A100-SXM4-80GB"), a100).reference_clock_source == "catalog:a100-sxm-80gb:datasheet"
+    r = ofu(sample(name="NVIDIA A100-SXM4-80GB"), a100)
+    assert r.reference_clock_source == "catalog:a100-sxm-80gb:datasheet" and r.reference_clock_hertz == 1.41e9
+
+
+def test_the_reference_clock_follows_the_pipes_gpm_saw_busy():
+    h200 = CATALOG.get("h200-sxm")
+    hmma = ofu(sample(hmma_active_ratio=0.9, dfma_active_ratio=0.0), h200)
+    dfma = ofu(sample(hmma_active_ratio=0.0, dfma_active_ratio=0.9), h200)
+    assert (hmma.reference_clock_hertz, hmma.reference_for) == (pytest.approx(HMMA_REF), "hmma")
+    assert (dfma.reference_clock_hertz, dfma.reference_for) == (pytest.approx(DFMA_REF), "dfma")
+    assert dfma.ofu_ratio == pytest.approx(0.9 * 1.5e9 / DFMA_REF)
+    # both busy: each pipe's cycles over its own f_ref, so f_ref is the activity-weighted harmonic mean
+    both = ofu(sample(tensor_active_ratio=0.9, hmma_active_ratio=0.6, dfma_active_ratio=0.3), h200)
+    assert both.ofu_ratio == pytest.approx(1.5e9 * (0.6 / HMMA_REF + 0.3 / DFMA_REF))
+    assert both.reference_for == "hmma+dfma" and both.reference_clock_source == "catalog:h200-sxm:measured"
+    # int8 runs on the IMMA pipe, which nothing measured on the H200: the datasheet clock
+    assert ofu(sample(imma_active_ratio=0.9), h200).reference_clock_hertz == 1.83e9
+
+
+def test_a_caller_that_knows_the_precision_picks_its_pipe():
+    h200 = CATALOG.get("h200-sxm")
+    assert ofu(sample(), h200, "fp64_tensor").reference_clock_hertz == pytest.approx(DFMA_REF)
+    assert ofu(sample(dfma_active_ratio=0.9), h200, "bf16").reference_clock_hertz == pytest.approx(HMMA_REF)
+    assert ofu(sample(), h200, "fp8").reference_for == "fp8"
+    with pytest.raises(UsageError, match="unknown precision"):
+        ofu(sample(), h200, "bfloat16")
 
 
 def test_achieved_flops_publishes_its_denominator():
     h200 = CATALOG.get("h200-sxm")
     est = achieved_flops(ofu(sample(), h200), h200, "bf16")
-    assert est.flops_per_second == pytest.approx(0.9 * 1.5 / 1.98 * 989.4e12)
-    assert est.peak_flops == 989.4e12 and "989.4 TFLOP/s" in est.basis and "1980 MHz" in est.basis
+    assert est.flops_per_second == pytest.approx(0.9 * 1.5e9 / HMMA_REF * 989.4e12)
+    assert est.peak_flops == 989.4e12 and "989.4 TFLOP/s" in est.basis and "2027 MHz" in est.basis
 
 
 def test_unknown_gpu_gets_ofu_but_no_flops():
@@ -74,7 +101,7 @@ def test_summary_skips_stale_windows_and_counts_them():
     h200 = CATALOG.get("h200-sxm")
     windows = [sample(), sample(stale=True, error="x", tensor_active_ratio=None), sample(tensor_active_ratio=0.3)]
     s = summarize(windows, h200)
-    assert s.ofu_ratio == pytest.approx((0.9 + 0.3) / 2 * 1.5 / 1.98)
+    assert s.ofu_ratio == pytest.approx((0.9 + 0.3) / 2 * 1.5e9 / HMMA_REF)
     assert (s.seconds_covered, s.seconds_missing, s.windows) == (2.0, 1.0, 3)
 
 

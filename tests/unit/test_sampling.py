@@ -18,14 +18,15 @@ def window(t: float, uuid: str = "GPU-a", mean: float = 1.5e9, instant: float = 
 
 
 def test_the_error_is_the_instant_reads_distance_from_the_mean_in_ofu_points():
-    # 0.792 busy at f_ref 1980 MHz: a 19.8-MHz miss is 0.792 pp of OFU
-    errors = instant_clock_errors_pp([window(1, instant=1.5e9 + 19.8e6)], H200, 1.0)
+    # 0.792 busy: a miss of 1 % of f_ref is 0.792 pp of OFU
+    errors = instant_clock_errors_pp([window(1, instant=1.5e9 + H200.ofu_clock_hertz / 100)], H200, 1.0)
     assert errors == [pytest.approx(0.792)]
 
 
 def test_each_gpu_is_its_own_series():
     # two GPUs' windows interleaved, as a multi-GPU recording yields them; merged per GPU
-    mixed = [window(t, uuid=u, instant=1.5e9 + (19.8e6 if u == "GPU-b" else 0)) for t in range(1, 11) for u in ("GPU-a", "GPU-b")]
+    miss = H200.ofu_clock_hertz / 100
+    mixed = [window(t, uuid=u, instant=1.5e9 + (miss if u == "GPU-b" else 0)) for t in range(1, 11) for u in ("GPU-a", "GPU-b")]
     errors = instant_clock_errors_pp(mixed, H200, 10.0, steady_only=True)
     assert sorted(errors) == [pytest.approx(0.0, abs=1e-12), pytest.approx(0.792)]
 
