@@ -197,24 +197,10 @@ def run_loop(m: int, n: int, k: int, precision: str, seconds: float, probe: Prob
     running from before the warm-up to after the end. Fields as ofu_sweep.run_point writes them."""
     import torch
 
-    from kernelfleet.bench.ofu_sweep import RATE_GUESS, kernel_names, operands
+    from kernelfleet.bench.ofu_sweep import gemm_graph
 
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    step = operands(m, n, k, precision)
-    flops = 2.0 * m * n * k
-    per_graph = min(1000, max(1, math.ceil(2e-3 * RATE_GUESS[precision] / flops)))  # ~2 ms a replay
-    for _ in range(3):
-        step()
-    names = kernel_names(step)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(per_graph):
-            step()
-    torch.cuda.synchronize()
+    made = gemm_graph(m, n, k, precision)
+    graph, stream, names, per_graph, flops = made.graph, made.stream, made.kernels, made.per_graph, made.flops
     run = probe.launch(WARM_SECONDS + seconds + 0.4) if probe is not None else None
     # No device-wide synchronize from here on: it would wait for the probe.
     with torch.cuda.stream(stream):

@@ -11,8 +11,10 @@
 # A stage that fails is logged [FAILED] and the next runs. Everything lands in ONE archive,
 # $OUT/ofu-h200.tar.gz (hook/, clock/, ncu/, env, stages and reports), since a device call returns 8 files.
 # Usage on the GPU machine, from the repo root:  bash bench/ofu_h200_check.sh
-# Anywhere, after unpacking into tests/data/h200-hook, h200-clock, h200-ncu-rerun:
-#   kernelfleet bench ofu-report tests/data/h200-sweep --clock tests/data/h200-clock --ncu tests/data/h200-ncu-rerun
+# Anywhere, after unpacking hook/ into tests/data/h200-hook, clock/ into tests/data/h200-clock and ncu/'s
+# ncu-sweep.csv[.gz] and points as tests/data/h200-sweep/ncu-rerun.csv.gz and ncu-rerun-points.jsonl:
+#   kernelfleet bench ofu-report tests/data/h200-sweep --ncu tests/data/h200-sweep --clock tests/data/h200-clock
+#   python3 bench/hook_check.py summary --out tests/data/h200-hook
 set -u -o pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps carried wheels (/tmp/site)
 out=${OUT:-/tmp/out}

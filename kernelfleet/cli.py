@@ -492,12 +492,13 @@ def catalog_command(
     if as_json:
         print(json.dumps([s.to_dict() for s in skus], indent=2))
         return
-    t = Table("key", "name", "SMs", "f_ref MHz", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB/s", "$/h")
+    t = Table("key", "name", "SMs", "peak MHz", "OFU f_ref MHz", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB/s", "$/h")
     for s in skus:
         bf16, fp8 = s.peak_flops("bf16"), s.peak_flops("fp8")
         price = min((p.usd_per_hour for p in s.prices), default=None)
+        f_ref, _ = s.ofu_reference_clock()
         t.add_row(
-            s.key, s.name, str(s.sm_count), f"{s.reference_clock_hertz / 1e6:.0f}",
+            s.key, s.name, str(s.sm_count), f"{s.reference_clock_hertz / 1e6:.0f}", f"{f_ref / 1e6:.0f}",
             "—" if bf16 is None else f"{bf16 / 1e12:.1f}", "—" if fp8 is None else f"{fp8 / 1e12:.1f}",
             f"{s.memory_bandwidth_bytes_per_second / 1e9:.0f}", "—" if price is None else f"{price:.2f}",
         )

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -56,7 +57,19 @@ def kernel_names(step) -> list[str]:
     return sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
 
 
-def run_point(m: int, n: int, k: int, precision: str, seconds: float) -> dict | None:
+@dataclass
+class GemmGraph:
+    """One point's GEMM, captured ``per_graph`` times into one CUDA graph (about 2 ms a replay)."""
+
+    graph: torch.cuda.CUDAGraph
+    stream: torch.cuda.Stream
+    kernels: list[str]
+    per_graph: int
+    flops: float  # of one GEMM
+
+
+def gemm_graph(m: int, n: int, k: int, precision: str) -> GemmGraph | None:
+    """The point's GEMM warmed up, its kernel names and its graph; None where the precision has no GEMM here."""
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     step = operands(m, n, k, precision)
     if step is None:
@@ -74,6 +87,15 @@ def run_point(m: int, n: int, k: int, precision: str, seconds: float) -> dict | 
     with torch.cuda.graph(graph, stream=stream):
         for _ in range(per_graph):
             step()
+    torch.cuda.synchronize()
+    return GemmGraph(graph, stream, names, per_graph, flops)
+
+
+def run_point(m: int, n: int, k: int, precision: str, seconds: float) -> dict | None:
+    made = gemm_graph(m, n, k, precision)
+    if made is None:
+        return None
+    graph, names, per_graph, flops = made.graph, made.kernels, made.per_graph, made.flops
     graph.replay()
     torch.cuda.synchronize()
     anchor = torch.cuda.Event(enable_timing=True)
