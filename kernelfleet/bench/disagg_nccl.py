@@ -9,7 +9,8 @@ gated as in bench disagg — each slot's outputs at its home equal, bit for bit,
 replay — before it is timed, and a failing one is reported, never timed. Its time is the median
 over ``repeats`` of: a host barrier, every rank issuing its ops, every rank synchronising, a host
 barrier (rank 0's clock; the two barriers alone, measured the same way, are reported beside it).
-Strategies that pace copies to an emulated link or give slots priorities are bench disagg's only.
+Paced links pace each copy on its receiving rank (``runtime/distributed.py``); priorities give
+earlier slots' compute streams the higher priority.
 
 With ``place_weights`` (a plan's policy), only that plan runs, twice: with every weight on every
 GPU, then after each rank freed the weights its own launches never read (``runtime/distributed.py:
@@ -40,9 +41,6 @@ from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.runtime.distributed import RankSlot, alias, build_rank, release_rank, run_rank, weights_read
 from kernelfleet.runtime.slots import estimate
 from kernelfleet.workloads.steps import Step
-
-ONLY_IN_ONE_PROCESS = ("throttle", "priorities")
-
 
 class Rank:
     """This process's device, its replicas and references, and the gate-then-time loop."""
@@ -75,7 +73,9 @@ class Rank:
         self.programs = [{d: gathered[j][k] for j, d in enumerate(self.devices)} for k in range(slots)]
         self.profile = DeviceProfile(self.spec)
         self.compute = {k: torch.cuda.Stream() for k in range(slots)}
-        self.copy = torch.cuda.Stream()
+        # earlier slots first; torch maps a priority past the device's range to its nearest end
+        self.prioritised = {k: torch.cuda.Stream(priority=k - slots + 1) for k in range(slots)}
+        self.copy, self.pace = torch.cuda.Stream(), torch.cuda.Stream()
 
     def __enter__(self) -> Rank:
         self.profile.__enter__()
@@ -125,28 +125,25 @@ class Rank:
         dist.all_gather_object(out, value, group=self.host)
         return out
 
-    def round(self, built=None) -> tuple[float, float]:
+    def round(self, built=None, priorities: bool = False) -> tuple[float, float]:
         """(seconds from barrier to barrier, seconds issuing ops) for one run of ``built`` (None: nothing)."""
         dist.barrier(group=self.host)
         start = time.perf_counter()
         if built is not None:
-            run_rank(built, self.compute, self.copy, self.rank_of)
+            run_rank(built, self.prioritised if priorities else self.compute, self.copy, self.rank_of, self.pace)
         issued = time.perf_counter() - start
         torch.cuda.synchronize()
         dist.barrier(group=self.host)
         return time.perf_counter() - start, issued
 
     def measure(self, strategy: Strategy, repeats: int) -> dict:
-        skipped = [o for o in ONLY_IN_ONE_PROCESS if strategy.options.get(o)]
-        if skipped:
-            return {"gate": f"not run: {', '.join(skipped)} only in one process (bench disagg)"}
         used = len(strategy.assignments)
         slots = [RankSlot(self.programs[k], self.replicas[k], a, h)
                  for k, (a, h) in enumerate(zip(strategy.assignments, strategy.homes))]
         options = {"overlap": strategy.options.get("overlap", True),
                    "slot_mode": strategy.options.get("slot_mode", "sequential"), "seconds": strategy.options.get("seconds")}
         try:
-            built = build_rank(slots, self.device, alias, **options)
+            built = build_rank(slots, self.device, alias, strategy.options.get("throttle"), **options)
         except Exception as exc:  # every rank builds the same list, so all refuse alike
             return {"gate": f"refused: {exc}"}
         try:
@@ -155,13 +152,14 @@ class Rank:
             for k in mine:
                 for t in self.replicas[k].captured.output_tensors():
                     t.fill_(0)
-            self.round(built)
+            priorities = bool(strategy.options.get("priorities"))
+            self.round(built, priorities)
             wrong = {k: sum(int((a != b).sum()) for a, b in zip(self.references[k], self.replicas[k].captured.output_tensors()))
                      for k in mine}
             wrong = {k: n for part in self.gathered(wrong) for k, n in part.items() if n}
             if wrong:
                 return {"gate": f"outputs differ from the single-device run (slot: elements) {wrong}"}
-            rounds = [self.round(built) for _ in range(repeats)]
+            rounds = [self.round(built, priorities) for _ in range(repeats)]
             idle = statistics.median(self.round()[0] for _ in range(repeats))
             median = statistics.median(r[0] for r in rounds)
             return {"gate": "identical", "seconds": median, "slots": used, "slots_per_second": used / median,

@@ -389,12 +389,17 @@ def load_and_launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tup
         if shared_bytes > 48 * 1024:
             call("cuFuncSetAttribute", function,
                  cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
-        values, slots = _kernel_params(params)
-        call("cuLaunchKernel", function, *grid, *block, shared_bytes, stream_handle(stream),
-             ctypes.addressof(slots), 0)
+        launch_function(function, grid, block, shared_bytes, params, stream)
         call("cuStreamSynchronize", stream_handle(stream))
     finally:
         unload_module(module)
+
+
+def launch_function(function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int,
+                    params: list[bytes], stream: int) -> None:
+    """Launch a loaded kernel once on ``stream`` with the given raw parameter values (asynchronous)."""
+    values, slots = _kernel_params(params)
+    call("cuLaunchKernel", function, *grid, *block, shared_bytes, stream_handle(stream), ctypes.addressof(slots), 0)
 
 
 def _kernel_params(params: list[bytes]) -> tuple[list[Any], Any]:

@@ -22,6 +22,11 @@ test_distributed.py`` simulates every rank of real plans to check both).
 Against the single graph this pays a host launch per segment and per copy, and NCCL serialises a
 pair's copies on one stream in each direction's common order; it is what crosses hosts.
 
+A link can be paced as in ``runtime/link.py``: the receiving rank runs a ``kf_wait`` of
+``latency + bytes / bandwidth`` on a pace stream from the moment its copy stream reaches the copy,
+and its copy stream waits for that too, so a copy ends no sooner than the emulated link allows and
+the next one queues behind it. Priorities come from the streams the caller passes.
+
 Weights can be placed where the plan puts them (:func:`weights_read`): a rank then keeps only the
 weights its own launches read and frees the rest after capture (the capture itself needs the whole
 step on each GPU; placement lowers what a rank holds while it serves, not its peak).
@@ -38,6 +43,7 @@ from kernelfleet.kernels import driver
 from kernelfleet.kernels.ir import Program
 from kernelfleet.kernels.replay import program_nodes
 from kernelfleet.runtime.executor import Places, Replica, add_launch
+from kernelfleet.runtime.link import LinkKernels, Throttle
 from kernelfleet.runtime.schedule import Node, races, schedule
 from kernelfleet.runtime.slots import SlotNode, pipeline
 
@@ -126,6 +132,8 @@ class RankBuilt:
     buffers: dict[int, Any] = field(default_factory=dict)  # op index -> tensor aliasing the copied bytes
     copy_bytes: int = 0
     combined: list[SlotNode] = field(default_factory=list)
+    throttle: Throttle | None = None
+    link: LinkKernels | None = None  # kf_wait, loaded where a throttle paces the copies received
 
 
 def plan_graph(slots: list[RankSlot], overlap: bool = True, resident_state: bool = True, slot_mode: str = "sequential",
@@ -139,12 +147,16 @@ def plan_graph(slots: list[RankSlot], overlap: bool = True, resident_state: bool
     return pipeline(orders, slot_mode, seconds)
 
 
-def build_rank(slots: list[RankSlot], device: str, alias: Callable[[int, int], Any], **options: Any) -> RankBuilt:
+def build_rank(slots: list[RankSlot], device: str, alias: Callable[[int, int], Any], throttle: Throttle | None = None,
+               **options: Any) -> RankBuilt:
     """This rank's ops, with a CUDA graph per segment and an aliasing tensor per copy
-    (``alias(address, length)``, on this rank's GPU); ``options`` as for :func:`plan_graph`."""
+    (``alias(address, length)``, on this rank's GPU); ``throttle`` paces the copies it receives;
+    ``options`` as for :func:`plan_graph`."""
     combined = plan_graph(slots, **options)
     ops = rank_ops(combined, device)
-    built = RankBuilt(device, ops, {}, combined=combined)
+    built = RankBuilt(device, ops, {}, combined=combined, throttle=throttle)
+    if throttle is not None and any(op.kind == "recv" for op in ops):
+        built.link = LinkKernels(driver.current_context())
     places = [Places(s.home, s.programs) for s in slots]
     launch_nodes: dict[int, list[int]] = {}
     try:
@@ -178,12 +190,16 @@ def release_rank(built: RankBuilt) -> None:
         else:
             driver.destroy(graph, executable)
     built.graphs.clear()
+    if built.link is not None:
+        built.link.close()
+        built.link = None
 
 
-def run_rank(built: RankBuilt, compute: dict[int, Any], copy: Any, rank_of: dict[str, int]) -> None:
+def run_rank(built: RankBuilt, compute: dict[int, Any], copy: Any, rank_of: dict[str, int], pace: Any = None) -> None:
     """Issue this rank's ops: segments on their slot's stream of ``compute`` (torch streams of this
-    rank's GPU, by slot), copies through NCCL on ``copy``; ``rank_of``: each device's rank.
-    Returns once all is enqueued; the caller synchronises."""
+    rank's GPU, by slot), copies through NCCL on ``copy``; ``rank_of``: each device's rank;
+    ``pace``: the stream a throttle's waits run on. Returns once all is enqueued; the caller
+    synchronises."""
     import torch
     import torch.distributed as dist
 
@@ -196,11 +212,27 @@ def run_rank(built: RankBuilt, compute: dict[int, Any], copy: Any, rank_of: dict
         if op.kind == "segment":
             driver.launch(built.graphs[i][1], stream.cuda_stream)
         else:
+            paced = _pace(built, i, stream, pace) if op.kind == "recv" and built.link is not None else None
             with torch.cuda.stream(stream):  # NCCL waits for this stream, and .wait() makes it wait for NCCL
                 (dist.isend if op.kind == "send" else dist.irecv)(built.buffers[i], rank_of[op.peer]).wait()
+            if paced is not None:
+                stream.wait_event(paced)
         if i in waited:
             events[i] = torch.cuda.Event()
             events[i].record(stream)
+
+
+def _pace(built: RankBuilt, i: int, copy: Any, pace: Any) -> Any:
+    """Start the emulated link's time for op ``i`` when ``copy`` reaches it; the event of its end."""
+    import torch
+
+    reached = torch.cuda.Event()
+    reached.record(copy)
+    pace.wait_event(reached)
+    built.link.wait_on(pace.cuda_stream, built.throttle.seconds(built.buffers[i].numel()))
+    paced = torch.cuda.Event()
+    paced.record(pace)
+    return paced
 
 
 class _Bytes:

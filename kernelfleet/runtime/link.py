@@ -63,6 +63,10 @@ class LinkKernels:
         return driver.add_kernel(graph, after, self.functions["kf_wait"], (1, 1, 1), (1, 1, 1),
                                  [_u64(round(seconds * 1e9))], self.ctx)
 
+    def wait_on(self, stream: int, seconds: float) -> None:
+        """The same wait, launched now on ``stream`` (a stream of ``ctx``)."""
+        driver.launch_function(self.functions["kf_wait"], (1, 1, 1), (1, 1, 1), 0, [_u64(round(seconds * 1e9))], stream)
+
     def close(self) -> None:
         driver.unload_module(self.module)
 

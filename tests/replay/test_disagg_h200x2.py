@@ -183,8 +183,8 @@ NCCL_STEPS = ["llama8b-decode", "llama8b-prefill"]
 @pytest.mark.parametrize("step", NCCL_STEPS)
 def test_across_processes_every_plan_gives_the_single_device_outputs(step):
     """The same strategies with a process per GPU and NCCL between them (torchrun; bench
-    disagg-nccl): every one run is bit-identical; only link pacing and priorities are left to
-    bench disagg, and say so."""
+    disagg-nccl): every one run is bit-identical; link pacing and priorities, which that run left to
+    bench disagg, say so."""
     found = json.loads((RUNS / f"{step}.disagg-nccl.json").read_text())
     assert found["processes"] == 2
     ran = {name: r for name, r in found["strategies"].items() if not r["gate"].startswith("not run")}
