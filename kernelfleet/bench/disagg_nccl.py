@@ -165,7 +165,7 @@ class Rank:
             return {"gate": "identical", "seconds": median, "slots": used, "slots_per_second": used / median,
                     "barrier_seconds": idle, "issue_seconds": statistics.median(r[1] for r in rounds),
                     "segments": sum(op.kind == "segment" for op in built.ops),
-                    "copies": sum(op.kind == "send" for op in built.ops), "copy_bytes": built.copy_bytes,
+                    "copies": sum(op.kind != "segment" for op in built.ops), "copy_bytes": built.copy_bytes,
                     "method": "nccl"}
         finally:
             torch.cuda.synchronize()
