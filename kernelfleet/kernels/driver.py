@@ -222,16 +222,18 @@ class NodeReplayer:
         """``context``: where the small graphs are built and so run — the capture's context, or a
         green context's, to run the nodes on that partition's SMs."""
         self.nodes, self.context = graph_nodes, context
-        self._graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
+        self._graphs: dict[tuple[int, int, tuple[int, ...]], tuple[Any, Any]] = {}
 
-    def one(self, index: int, stream: int) -> None:
-        self.repeated(index, 1, stream)
+    def one(self, index: int, stream: int, prelude: tuple[int, ...] = ()) -> None:
+        self.repeated(index, 1, stream, prelude)
 
-    def repeated(self, index: int, count: int, stream: int) -> None:
-        key = (index, count)
+    def repeated(self, index: int, count: int, stream: int, prelude: tuple[int, ...] = ()) -> None:
+        """``count`` copies of node ``index``, each after copies of the nodes ``prelude`` (the
+        memsets that reset its state, ``replay.preludes``)."""
+        key = (index, count, prelude)
         if key not in self._graphs:  # built in the capture's context, whatever stream it then runs on
             with in_context(self.context):
-                self._graphs[key] = _repeat_graph(self.nodes[index], count, self.context)
+                self._graphs[key] = _repeat_graph([self.nodes[i] for i in (*prelude, index)], count, self.context)
         launch(self._graphs[key][1], stream)
 
     def close(self) -> None:
@@ -240,12 +242,14 @@ class NodeReplayer:
         self._graphs.clear()
 
 
-def _repeat_graph(node: Any, count: int, ctx: Any) -> tuple[Any, Any]:
-    """A graph of ``count`` copies of ``node`` in a chain, in context ``ctx``, and its instantiation."""
+def _repeat_graph(nodes: list[Any], count: int, ctx: Any) -> tuple[Any, Any]:
+    """A graph of ``count`` copies of the sequence ``nodes`` in one chain, in context ``ctx``, and
+    its instantiation."""
     graph = create_graph()
     previous: list[Any] = []
     for _ in range(count):
-        previous = [add_copy_of(graph, node, previous, ctx)]
+        for node in nodes:
+            previous = [add_copy_of(graph, node, previous, ctx)]
     return graph, instantiate(graph)
 
 

@@ -27,7 +27,7 @@ from kernelfleet.kernels import driver
 from kernelfleet.kernels.assemble import fitting
 from kernelfleet.kernels.capture import Captured
 from kernelfleet.kernels.checks import Range
-from kernelfleet.kernels.ir import Program
+from kernelfleet.kernels.ir import Launch, Program
 from kernelfleet.kernels.raw import RawNode
 from kernelfleet.ptx import probe as ptx_probe
 
@@ -60,6 +60,31 @@ class Observation:
 def program_nodes(captured: Captured) -> list[int]:
     """Graph node index of each launch of the assembled program."""
     return [i for i, n in enumerate(captured.raw.nodes) if n.kind in PROGRAM_KINDS]
+
+
+def preludes(program: Program) -> dict[int, list[int]]:
+    """For each kernel that an earlier memset of the same ATen op call resets, those memsets
+    (launch indices, in order): ``{kernel: [memsets]}``.
+
+    cuBLAS's stream-K/split-K GEMMs (nvjet ``coop``) and cuDNN's fused attention keep tile counters
+    or semaphores in a workspace that the op zeroes with a memset before each launch. Replayed
+    alone, such a kernel finds the counters its previous run left and skips its work: on the H200,
+    8B prefill's cuDNN attention timed 2 µs for 70 GFLOP. The profiler therefore replays each
+    with its memsets (``profile/timing.py``)."""
+    out: dict[int, list[int]] = {}
+    pending: dict[int, list[Launch]] = {}  # op call -> its memsets so far
+    for launch in program.launches:
+        if launch.op_index is None:
+            continue
+        if launch.kind == "memset":
+            pending.setdefault(launch.op_index, []).append(launch)
+            continue
+        resets = [m.index for m in pending.get(launch.op_index, ())
+                  if any(w.buffer == a.buffer and w.offset_bytes < a.end and a.offset_bytes < w.end
+                         for w in m.accesses if w.writes for a in launch.accesses)]
+        if resets:
+            out[launch.index] = resets
+    return out
 
 
 def observe(captured: Captured, program: Program, *, max_bytes: int = 1 << 30, probe: bool = True,

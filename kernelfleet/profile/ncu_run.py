@@ -49,7 +49,7 @@ def run(step_name: str, out: Path, profiles: str, seconds: float, order_by: Path
     from kernelfleet.kernels import driver
     from kernelfleet.kernels.assemble import assemble
     from kernelfleet.kernels.capture import capture
-    from kernelfleet.kernels.replay import program_nodes
+    from kernelfleet.kernels.replay import preludes, program_nodes
     from kernelfleet.profile.devices import DeviceProfile
     from kernelfleet.profile.run import parse_profile
     from kernelfleet.profile.timing import calibrate
@@ -66,6 +66,7 @@ def run(step_name: str, out: Path, profiles: str, seconds: float, order_by: Path
     path = out / f"{step_name}.groups.json"
     path.write_text(doc.to_json())  # the mapping exists even if the run is cut off
     nodes = program_nodes(captured)
+    resets = preludes(program)  # memsets a kernel needs before it, or it skips its work
     order = by_weight([g for g in groups if g.kind == "kernel"], whole_seconds(order_by))
     log(f"{step_name}: {len(program.launches)} launches, {len(groups)} groups ({len(order)} of kernels), "
         f"captured in {time.monotonic() - t0:.1f} s")
@@ -90,15 +91,16 @@ def run(step_name: str, out: Path, profiles: str, seconds: float, order_by: Path
             if time.monotonic() - t0 > seconds:
                 log(f"deadline: {n} of {len(order)} groups profiled")
                 break
+            prelude = tuple(nodes[m] for m in resets.get(g.representative, ()))
             for name, (device, runner) in list(ready.items()):
                 try:
                     with device.active() as stream:
-                        runner.one(nodes[g.representative], stream.cuda_stream)  # outside the ranges: loads, warms
+                        runner.one(nodes[g.representative], stream.cuda_stream, prelude)  # outside the ranges: loads, warms
                         stream.synchronize()
                         for label in ("counters", name, g.id):
                             torch.cuda.nvtx.range_push(label)
                         try:
-                            runner.one(nodes[g.representative], stream.cuda_stream)
+                            runner.one(nodes[g.representative], stream.cuda_stream, prelude)
                             stream.synchronize()
                         finally:
                             for _ in range(3):

@@ -1,0 +1,60 @@
+"""Which memsets the profiler replays before a kernel (``kernels/replay.py: preludes``), on the
+H200 captures: the stream-K GEMMs and cuDNN attention of the prefill-like steps, whose recorded
+per-kernel times are impossible without them."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kernelfleet.kernels.assemble import assemble
+from kernelfleet.kernels.raw import RawCapture
+from kernelfleet.kernels.replay import preludes
+
+pytestmark = pytest.mark.unit
+
+HERE = Path(__file__).parents[1] / "data" / "h200-capture"
+H200_BF16_PEAK = 989.4e12
+
+
+def program(step: str):
+    return assemble(RawCapture.load(HERE / f"{step}.profiled-capture.json.gz"))
+
+
+@pytest.mark.parametrize("step,kernels", [("llama8b-prefill", 97), ("dit-h200-denoise", 121), ("vlm7b-prefill", 149),
+                                          ("llama8b-decode", 1)])
+def test_every_memset_resets_the_kernel_of_its_op_call_after_it(step, kernels):
+    prog = program(step)
+    found = preludes(prog)
+    assert len(found) == kernels
+    memsets = [m for resets in found.values() for m in resets]
+    assert sorted(memsets) == [x.index for x in prog.launches if x.kind == "memset"]  # each resets one kernel
+    for kernel, resets in found.items():
+        assert prog.launches[kernel].kind == "kernel"
+        assert all(m < kernel and prog.launches[m].op_index == prog.launches[kernel].op_index for m in resets)
+
+
+def test_the_reset_kernels_are_stream_k_gemms_and_cudnn_attention():
+    prog = program("llama8b-prefill")
+    names = Counter(prog.launches[k].name.split("_kernel")[0][:40] for k in preludes(prog))
+    assert names.most_common(2) == [("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coo", 64),
+                                    ("cudnn_generated_fort_native_sdpa_sm90_fl", 32)]
+
+
+@pytest.mark.parametrize("step", ["llama8b-prefill", "dit-h200-denoise"])
+def test_the_recorded_times_of_those_kernels_are_impossible_without_their_memsets(step):
+    """The committed tables (timed before preludes existed) give all but one of these kernels' op
+    calls more than the H200's bf16 peak: they skipped their work. Every other op stays under it."""
+    raw = RawCapture.load(HERE / f"{step}.profiled-capture.json.gz")
+    prog = assemble(raw)
+    seconds = json.loads((HERE / f"{step}.profile.json").read_text())["profiles"]["whole"]["seconds"]
+    reset_ops = {prog.launches[k].op_index for k in preludes(prog)}
+    by_op: dict[int, float] = {}
+    for launch in prog.launches:
+        if launch.op_index is not None:
+            by_op[launch.op_index] = by_op.get(launch.op_index, 0.0) + (seconds[launch.index] or 0.0)
+    rate = {op: raw.ops[op].flops / t for op, t in by_op.items() if raw.ops[op].flops > 1e9 and t > 0}
+    reset = [rate[op] for op in reset_ops if op in rate]
+    assert len(reset) >= 90 and sum(r > H200_BF16_PEAK for r in reset) == len(reset) - 1
+    assert max(r for op, r in rate.items() if op not in reset_ops) < H200_BF16_PEAK
