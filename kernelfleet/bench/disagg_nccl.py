@@ -42,6 +42,7 @@ from kernelfleet.runtime.distributed import RankSlot, alias, build_rank, release
 from kernelfleet.runtime.slots import estimate
 from kernelfleet.workloads.steps import Step
 
+
 class Rank:
     """This process's device, its replicas and references, and the gate-then-time loop."""
 
