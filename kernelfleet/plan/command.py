@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernelfleet.catalog.model import PRECISIONS
 from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import kernel_kind
@@ -85,7 +86,7 @@ def setup(
     costs = load_costs(costs_path)
     measured = sorted({d for row in costs.seconds for d, v in row.items() if v is not None})
     chosen = [parse_device(spec) for spec in devices] or [Device(d) for d in measured]
-    notes = [f"costs: {costs.source}"]
+    notes = [f"costs: {costs.source}"] + implausible_note(costs, catalog_path)
     if predict:
         costs, predicted, note = _predict(program, costs, measured, predict, profiles, catalog_path)
         notes.append(note)
@@ -114,6 +115,23 @@ def setup(
         costs.precision,
     )
     return Setup(Problem(program, chosen, all_links, kept), notes)
+
+
+def implausible_note(costs: CostTable, catalog_path: Path | None) -> list[str]:
+    """A warning, if any launch's time implies more FLOP/s than the fastest GPU of the catalog
+    has for its precision (dense): such times are wrong, and so is a plan made on them."""
+    from kernelfleet.catalog import Catalog
+
+    skus = list(Catalog.load(catalog_path))
+    ceiling = {p: max(peaks) for p in PRECISIONS if (peaks := [f for s in skus if (f := s.peak_flops(p))])}
+    found = costs.faster_than(ceiling)
+    if not found:
+        return []
+    k, device, rate = max(found, key=lambda x: x[2])
+    launches = len({x[0] for x in found})
+    return [f"warning: {launches} launches take less time than any GPU of the catalog could (launch {k} on {device}: "
+            f"{rate / 1e12:,.0f} TFLOP/s {costs.precision[k]}); those times are wrong, and plans made on them are not "
+            "to be trusted (a stream-K GEMM or cuDNN attention timed without its memset skips its work)"]
 
 
 def _predict(

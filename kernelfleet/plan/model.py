@@ -94,6 +94,19 @@ class CostTable:
                                             and value >= 0),
                           f"cost table: launch {k} {name} must be a number >= 0 or null, got {value!r}")
 
+    def faster_than(self, ceiling: dict[str, float]) -> list[tuple[int, str, float]]:
+        """(launch, device, FLOP/s) wherever a time implies more FLOP/s than ``ceiling[precision]``
+        allows (e.g. the fastest dense peak of any GPU in the catalog): a time that cannot be right,
+        such as a kernel that skipped its work when the profiler replayed it."""
+        if self.flops is None or self.precision is None:
+            return []
+        out = []
+        for k, (row, flops, precision) in enumerate(zip(self.seconds, self.flops, self.precision)):
+            if not flops or precision not in ceiling:
+                continue
+            out += [(k, device, flops / t) for device, t in row.items() if t and flops / t > ceiling[precision]]
+        return out
+
     def to_json(self) -> str:
         doc: dict[str, Any] = {"kernelfleet_costs": COSTS_FORMAT, "source": self.source,
                                "seconds": self.seconds}

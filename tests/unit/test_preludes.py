@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from kernelfleet.catalog import Catalog
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.kernels.replay import preludes
+from kernelfleet.plan import command
+from kernelfleet.profile.table import cost_table
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +61,31 @@ def test_the_recorded_times_of_those_kernels_are_impossible_without_their_memset
     reset = [rate[op] for op in reset_ops if op in rate]
     assert len(reset) >= 90 and sum(r > H200_BF16_PEAK for r in reset) == len(reset) - 1
     assert max(r for op, r in rate.items() if op not in reset_ops) < H200_BF16_PEAK
+
+
+def _costs(step: str):
+    raw = RawCapture.load(HERE / f"{step}.profiled-capture.json.gz")
+    prog = assemble(raw)
+    profile = json.loads((HERE / f"{step}.profile.json").read_text())
+    seconds = {name: p["seconds"] for name, p in profile["profiles"].items() if name != "whole"}
+    return prog, cost_table(raw, prog, seconds, f"test ({step})")
+
+
+@pytest.mark.parametrize("step,at_least,at_most", [("dit-h200-denoise", 50, 121), ("llama8b-prefill", 20, 97),
+                                                   ("llama8b-decode", 0, 0)])
+def test_the_planner_warns_of_times_no_gpu_of_the_catalog_could_reach(step, at_least, at_most, tmp_path):
+    """kernelfleet plan's setup flags launches whose time implies more FLOP/s than the fastest
+    catalog GPU's dense peak: on the faulty tables, only kernels that had a memset to miss."""
+    prog, costs = _costs(step)
+    (tmp_path / "p.json").write_text(prog.to_json())
+    (tmp_path / "c.json").write_text(costs.to_json())
+    done = command.setup(tmp_path / "p.json", tmp_path / "c.json", [], [], 25.0, [], [], None)
+    warnings = [n for n in done.notes if n.startswith("warning:")]
+    skus = list(Catalog.load(None))
+    ceiling = {"bf16": max(s.peak_flops("bf16") for s in skus if s.peak_flops("bf16"))}
+    flagged = {k for k, _, _ in costs.faster_than(ceiling)}
+    assert at_least <= len(flagged) <= at_most
+    assert flagged <= set(preludes(prog))
+    assert len(warnings) == (1 if flagged else 0)
+    if flagged:
+        assert f"warning: {len(flagged)} launches" in warnings[0]
