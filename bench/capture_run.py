@@ -34,7 +34,7 @@ from kernelfleet.kernels.analyze import census
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.capture import capture
 from kernelfleet.kernels.checks import probe_disagreements, unsound_writes, with_observations
-from kernelfleet.kernels.replay import observe, stepwise_matches_graph
+from kernelfleet.kernels.replay import observe, preludes, stepwise_matches_graph
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.profile.run import calibrate_profiles, choose, pair_specs, sweep_specs
 from kernelfleet.profile.timing import calibrate, time_launches
@@ -84,13 +84,15 @@ def run_step(name: str, out: Path, profile: bool, flush_l2_mb: int = 0) -> None:
         chosen = chosen_pair(out)
         specs = chosen.pop("specs")
         report["pair"] = chosen
+        resets = preludes(program)
         for spec_ in specs + (ProfileSpec("whole"),):
             with DeviceProfile(spec_) as device, device.active() as stream:
                 calib = guarded(f"{name}: calibrate {spec_.name}", calibrate, stream)
                 seconds = guarded(f"{name}: time {spec_.name}{' (cold L2)' if cold else ''}", time_launches,
-                                  captured, stream, context=device.context, flush_l2_bytes=flush_l2_mb << 20)
+                                  captured, stream, resets=resets, context=device.context,
+                                  flush_l2_bytes=flush_l2_mb << 20)
                 single = guarded(f"{name}: time {spec_.name} (one copy, warm L2)", time_launches, captured,
-                                 stream, context=device.context, copies=1) if cold else None
+                                 stream, resets=resets, context=device.context, copies=1) if cold else None
             report["profiles"][spec_.name] = {"calibration": calib, "seconds": seconds, "sms": device.sms,
                                               "hog_bytes_per_second": device.hog_bytes_per_second}
             if cold:

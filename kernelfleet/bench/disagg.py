@@ -136,6 +136,11 @@ def capture_replicas(make_step: Callable[[str, int], Step], gpus: dict[str, int]
     return replicas, restores
 
 
+def differing_elements(references: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
+    """Elements of ``outputs`` that differ from their ``references``, bit for bit."""
+    return sum(int((a != b).sum()) for a, b in zip(references, outputs))
+
+
 def restore_all(restores: list[Callable[[], None]]) -> None:
     """Put every replica back in its captured state, and wait for it."""
     for restore in restores:
@@ -203,8 +208,7 @@ class Bench:
     def differing(self, homes: list[str]) -> dict[int, int]:
         """Elements of slot k's outputs at ``homes[k]`` that differ from its reference, for the
         slots where any does."""
-        wrong = {k: sum(int((a != b).sum()) for a, b in zip(self.references[k][home],
-                                                            replicas[home].captured.output_tensors()))
+        wrong = {k: differing_elements(self.references[k][home], replicas[home].captured.output_tensors())
                  for k, (replicas, home) in enumerate(zip(self.slots, homes))}
         return {k: n for k, n in wrong.items() if n}
 

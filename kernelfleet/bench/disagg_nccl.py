@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from kernelfleet.bench.disagg import Strategy, capture_replicas, load_plans, restore_all, show, strategies
+from kernelfleet.bench.disagg import (Strategy, capture_replicas, differing_elements, load_plans, restore_all, show,
+                                     strategies)
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.replay import saved_state
 from kernelfleet.plan.model import CostTable
@@ -155,8 +156,7 @@ class Rank:
                     t.fill_(0)
             priorities = bool(strategy.options.get("priorities"))
             self.round(built, priorities)
-            wrong = {k: sum(int((a != b).sum()) for a, b in zip(self.references[k], self.replicas[k].captured.output_tensors()))
-                     for k in mine}
+            wrong = {k: differing_elements(self.references[k], self.replicas[k].captured.output_tensors()) for k in mine}
             wrong = {k: n for part in self.gathered(wrong) for k, n in part.items() if n}
             if wrong:
                 return {"gate": f"outputs differ from the single-device run (slot: elements) {wrong}"}

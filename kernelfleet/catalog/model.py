@@ -97,7 +97,7 @@ class Sku:
     ``f_ref = peak clock / tensor_clock_ratio[pipe]`` (:meth:`ofu_reference_clock`).
     ``tensor_clock_ratio`` is measured, per GPM tensor pipe: the SM cycles that elapse per cycle
     of the SM clock NVML reports while that pipe works (on the H200, 0.903 for HMMA-pipe GEMMs
-    and 0.997 for DMMA, counted by a probe kernel; ``tensor_clock_evidence`` says how). Where
+    and 0.995 for DMMA, counted by a probe kernel; ``tensor_clock_evidence`` says how). Where
     nothing was measured the ratio is 1: NVML's clock is taken at its word.
     ``interconnect_bytes_per_second`` is the GPU's fastest GPU-to-GPU link, both directions
     summed, as NVIDIA quotes it (NVLink 4: 900 GB/s).

@@ -163,7 +163,7 @@ def saved_state(program: Program, released: list[tuple[int, int]] = ()) -> Calla
                 spans.setdefault(a.buffer, []).append((a.offset_bytes, a.end))
     state = []
     for buffer, ranges in spans.items():
-        for start, end in _merged(ranges):
+        for start, end in merged_ranges(ranges):
             at = buffers[buffer].address
             if any(s < at + end and at + start < e for s, e in released):
                 continue
@@ -177,7 +177,8 @@ def saved_state(program: Program, released: list[tuple[int, int]] = ()) -> Calla
     return restore
 
 
-def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def merged_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[start, end) ranges sorted, with overlapping or touching ones joined."""
     out: list[tuple[int, int]] = []
     for start, end in sorted(ranges):
         if out and start <= out[-1][1]:

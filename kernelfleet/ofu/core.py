@@ -11,8 +11,8 @@ scales that back. ``f_SM`` is the SM clock NVML reports, averaged over the windo
 precision ran: the clock the peak is defined at, over the measured ratio of the
 SM cycles that really elapse to NVML's clock while that tensor pipe works
 (``Sku.ofu_reference_clock``). On the H200 a probe kernel counted 0.903 × NVML's
-clock during HMMA-pipe GEMMs and 0.997 during DMMA, so f_ref is 1830 / 0.903 =
-2027 MHz for fp16/bf16/tf32/fp8 work and 1980 / 0.997 = 1986 MHz for fp64
+clock during HMMA-pipe GEMMs and 0.995 during DMMA, so f_ref is 1830 / 0.903 =
+2027 MHz for fp16/bf16/tf32/fp8 work and 1980 / 0.995 = 1990 MHz for fp64
 (docs/validation/ofu.md). GPM splits the busy fraction by pipe (HMMA, IMMA,
 DFMA), so a window's f_ref follows the pipes that were busy in it; a window
 without the split is taken as HMMA work. OFU may exceed 1 when NVML's clock runs

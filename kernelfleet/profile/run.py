@@ -63,11 +63,14 @@ def pair_specs(choice: PairChoice, device: int = 0) -> tuple[ProfileSpec, Profil
 def time_on(captured: Any, specs: list[ProfileSpec], progress: Callable[[int], None] | None = None,
             trials: int = 5, flush_l2_bytes: int = 0) -> dict[str, list[float]]:
     """Seconds of every launch of a captured step on each profile: ``{profile: [seconds]}``."""
+    from kernelfleet.kernels.assemble import assemble
+    from kernelfleet.kernels.replay import preludes
     from kernelfleet.profile.timing import time_launches
 
+    resets = preludes(assemble(captured.raw))
     out = {}
     for spec in specs:
         with DeviceProfile(spec) as device, device.active() as stream:
-            out[spec.name] = time_launches(captured, stream, context=device.context, trials=trials,
+            out[spec.name] = time_launches(captured, stream, resets=resets, context=device.context, trials=trials,
                                            flush_l2_bytes=flush_l2_bytes, progress=progress)
     return out

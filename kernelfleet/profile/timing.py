@@ -17,24 +17,24 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from kernelfleet.kernels import driver
 from kernelfleet.kernels.capture import Captured
-from kernelfleet.kernels.assemble import assemble
-from kernelfleet.kernels.replay import preludes, program_nodes
+from kernelfleet.kernels.replay import program_nodes
 
 MAX_COPIES = 200
 
 
-def time_launches(captured: Captured, stream: torch.cuda.Stream, *, context: Any = None, trials: int = 5,
-                  trial_seconds: float = 200e-6, flush_l2_bytes: int = 0, copies: int | None = None,
+def time_launches(captured: Captured, stream: torch.cuda.Stream, *, resets: Mapping[int, list[int]], context: Any = None,
+                  trials: int = 5, trial_seconds: float = 200e-6, flush_l2_bytes: int = 0, copies: int | None = None,
                   progress: Callable[[int], None] | None = None) -> list[float]:
     """Median seconds of every launch of the program on ``stream``, its graphs built in ``context``
     (a partition's: :attr:`DeviceProfile.context`; None: the capture's, the whole GPU).
+    ``resets``: ``replay.preludes`` of the captured program, the memsets each kernel runs after.
 
     ``flush_l2_bytes`` > 0 writes a buffer that large before every trial and times one copy of the
     launch (a cold L2, as when the kernel before it on its device touched other data; the H200's L2
@@ -46,7 +46,6 @@ def time_launches(captured: Captured, stream: torch.cuda.Stream, *, context: Any
     runner = driver.NodeReplayer(captured.nodes, context or captured.context)
     flush = torch.empty(flush_l2_bytes, dtype=torch.uint8, device=stream.device) if flush_l2_bytes else None
     nodes = program_nodes(captured)
-    resets = preludes(assemble(captured.raw))
 
     def trial(node: int, count: int, prelude: tuple[int, ...]) -> float:
         if flush is not None:

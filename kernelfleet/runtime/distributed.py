@@ -38,14 +38,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelfleet.errors import UsageError
 from kernelfleet.kernels import driver
 from kernelfleet.kernels.ir import Program
-from kernelfleet.kernels.replay import program_nodes
-from kernelfleet.runtime.executor import Places, Replica, add_launch
+from kernelfleet.kernels.replay import merged_ranges, program_nodes
+from kernelfleet.runtime.executor import Places, Replica, add_launch, plan_graph
 from kernelfleet.runtime.link import LinkKernels, Throttle
-from kernelfleet.runtime.schedule import Node, races, schedule
-from kernelfleet.runtime.slots import SlotNode, pipeline
+from kernelfleet.runtime.schedule import Node
+from kernelfleet.runtime.slots import SlotNode
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +59,12 @@ class RankOp:
 
     @property
     def stream(self) -> str:
-        return f"compute:{self.slot}" if self.kind == "segment" else "copy"
+        return _stream(self.kind, self.slot)
+
+
+def _stream(kind: str, slot: int) -> str:
+    """The stream an op runs on: its slot's compute stream for a segment, the copy stream else."""
+    return f"compute:{slot}" if kind == "segment" else "copy"
 
 
 def local(node: Node, device: str) -> bool:
@@ -90,7 +94,7 @@ def rank_ops(combined: list[SlotNode], device: str) -> list[RankOp]:
         op_of[k] = len(ops) - 1
     out: list[RankOp] = []
     for i, op in enumerate(ops):
-        stream = RankOp(op["kind"], op["slot"], (), None, ()).stream
+        stream = _stream(op["kind"], op["slot"])
         waits = tuple(sorted(w for w in op["deps"] if w != i and out[w].stream != stream))  # a stream keeps its order
         out.append(RankOp(op["kind"], op["slot"], tuple(op["items"]), op["peer"], waits))
     return out
@@ -100,16 +104,9 @@ def weights_read(program: Program, assignment: list[str], device: str) -> list[t
     """[start, end) address ranges, in ``program``'s capture, of the weight buffers that the
     launches ``assignment`` puts on ``device`` read (merged, sorted): what that device must hold."""
     buffers = {b.id: b for b in program.buffers}
-    spans = sorted({(buffers[a.buffer].address, buffers[a.buffer].address + buffers[a.buffer].size_bytes)
-                    for launch in program.launches if assignment[launch.index] == device
-                    for a in launch.accesses if buffers[a.buffer].role == "weight"})
-    merged: list[tuple[int, int]] = []
-    for start, end in spans:
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
+    return merged_ranges([(buffers[a.buffer].address, buffers[a.buffer].address + buffers[a.buffer].size_bytes)
+                          for launch in program.launches if assignment[launch.index] == device
+                          for a in launch.accesses if buffers[a.buffer].role == "weight"])
 
 
 @dataclass
@@ -134,27 +131,19 @@ class RankBuilt:
     combined: list[SlotNode] = field(default_factory=list)
     throttle: Throttle | None = None
     link: LinkKernels | None = None  # kf_wait, loaded where a throttle paces the copies received
-
-
-def plan_graph(slots: list[RankSlot], overlap: bool = True, resident_state: bool = True, slot_mode: str = "sequential",
-               seconds: Callable[[int, Node], float] | None = None) -> list[SlotNode]:
-    """The combined list every rank computes alike; UsageError where a slot's graph has a race."""
-    orders = [schedule(s.programs[s.home], s.assignment, s.home, overlap, resident_state) for s in slots]
-    for k, (slot, order) in enumerate(zip(slots, orders)):
-        found = races(slot.programs[slot.home], slot.assignment, order)
-        if found:
-            raise UsageError(f"slot {k}: {len(found)} races in the plan graph, first: {found[0]}")
-    return pipeline(orders, slot_mode, seconds)
+    waited: frozenset[int] = frozenset()  # ops another op waits for: they record an event
 
 
 def build_rank(slots: list[RankSlot], device: str, alias: Callable[[int, int], Any], throttle: Throttle | None = None,
                **options: Any) -> RankBuilt:
     """This rank's ops, with a CUDA graph per segment and an aliasing tensor per copy
     (``alias(address, length)``, on this rank's GPU); ``throttle`` paces the copies it receives;
-    ``options`` as for :func:`plan_graph`."""
-    combined = plan_graph(slots, **options)
+    ``options`` as for ``executor.plan_graph`` (state resident by default)."""
+    options.setdefault("resident_state", True)
+    _, combined = plan_graph([(s.programs[s.home], s.assignment, s.home) for s in slots], **options)
     ops = rank_ops(combined, device)
-    built = RankBuilt(device, ops, {}, combined=combined, throttle=throttle)
+    built = RankBuilt(device, ops, {}, combined=combined, throttle=throttle,
+                      waited=frozenset(w for op in ops for w in op.waits))
     if throttle is not None and any(op.kind == "recv" for op in ops):
         built.link = LinkKernels(driver.current_context())
     places = [Places(s.home, s.programs) for s in slots]
@@ -203,7 +192,6 @@ def run_rank(built: RankBuilt, compute: dict[int, Any], copy: Any, rank_of: dict
     import torch
     import torch.distributed as dist
 
-    waited = {w for op in built.ops for w in op.waits}
     events: dict[int, Any] = {}
     for i, op in enumerate(built.ops):
         stream = compute[op.slot] if op.kind == "segment" else copy
@@ -217,7 +205,7 @@ def run_rank(built: RankBuilt, compute: dict[int, Any], copy: Any, rank_of: dict
                 (dist.isend if op.kind == "send" else dist.irecv)(built.buffers[i], rank_of[op.peer]).wait()
             if paced is not None:
                 stream.wait_event(paced)
-        if i in waited:
+        if i in built.waited:
             events[i] = torch.cuda.Event()
             events[i].record(stream)
 

@@ -68,6 +68,19 @@ class Built:
     combined: list[SlotNode]  # the graph as data (runtime/slots.py), e.g. for slots.makespan
 
 
+def plan_graph(slots: list[tuple[Program, list[str], str]], overlap: bool = True, resident_state: bool = False,
+               slot_mode: str = "sequential", seconds: Callable[[int, Node], float] | None = None,
+               ) -> tuple[list[list[Node]], list[SlotNode]]:
+    """Each slot's graph (its home program, assignment and home device; ``schedule.schedule``),
+    checked race-free, and the slots as one list (``slots.pipeline``); UsageError on a race."""
+    orders = [schedule(program, assignment, home, overlap, resident_state) for program, assignment, home in slots]
+    for k, ((program, assignment, _), order) in enumerate(zip(slots, orders)):
+        found = races(program, assignment, order)
+        if found:
+            raise UsageError(f"slot {k}: {len(found)} races in the plan graph, first: {found[0]}")
+    return orders, pipeline(orders, slot_mode, seconds)
+
+
 def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = None, overlap: bool = True,
           priorities: bool = False, resident_state: bool = False, slot_mode: str = "sequential",
           seconds: Callable[[int, Node], float] | None = None) -> Built:
@@ -88,12 +101,8 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
             raise UsageError(f"the plan uses devices without a replica: {', '.join(missing)}")
     if method != "auto" and method not in METHODS:
         raise UsageError(f"unknown copy method {method!r}; expected auto or one of {', '.join(METHODS)}")
-    orders = [schedule(s.replicas[s.home].program, s.assignment, s.home, overlap, resident_state) for s in slots]
-    for k, (slot, order) in enumerate(zip(slots, orders)):
-        found = races(slot.replicas[slot.home].program, slot.assignment, order)
-        if found:
-            raise UsageError(f"slot {k}: {len(found)} races in the plan graph, first: {found[0]}")
-    combined = pipeline(orders, slot_mode, seconds)
+    orders, combined = plan_graph([(s.replicas[s.home].program, s.assignment, s.home) for s in slots], overlap,
+                                  resident_state, slot_mode, seconds)
     graph = driver.create_graph()
     builder = _Builder(graph, method, throttle)
     try:

@@ -10,8 +10,8 @@ import pytest
 
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.runtime.distributed import RankSlot, local, plan_graph, rank_ops, weights_read
-from kernelfleet.runtime.executor import Places
+from kernelfleet.runtime.distributed import local, rank_ops, weights_read
+from kernelfleet.runtime.executor import Places, plan_graph
 from kernelfleet.runtime.schedule import schedule
 from kernelfleet.runtime.slots import pipeline
 
@@ -120,10 +120,9 @@ def test_each_launch_runs_once_and_each_copy_is_one_send_and_one_matching_receiv
 
 
 def test_a_plan_on_one_device_is_one_segment_per_slot_and_the_other_rank_idles():
-    graph, names = combined("llama-decode", "halves", 2, "sequential", 1)
-    graph2, _ = combined("llama-decode", "halves", 2, "sequential", 1)
+    graph, _ = combined("llama-decode", "halves", 2, "sequential", 1)
     assert [op.kind for op in rank_ops(graph, "A")] == ["segment", "segment"]
-    assert rank_ops(graph2, "B") == []
+    assert rank_ops(graph, "B") == []
 
 
 def test_each_rank_finds_every_copied_byte_range_in_its_own_capture():
@@ -134,9 +133,9 @@ def test_each_rank_finds_every_copied_byte_range_in_its_own_capture():
                 for d in ("compute", "bandwidth")}
     n = len(programs["compute"].launches)
     assignment = ["compute"] * (n // 2) + ["bandwidth"] * (n - n // 2)
-    slots = [RankSlot(programs, None, assignment, home) for home in ("compute", "bandwidth")]
-    graph = plan_graph(slots)
-    places = [Places(s.home, programs) for s in slots]
+    homes = ("compute", "bandwidth")
+    _, graph = plan_graph([(programs[home], assignment, home) for home in homes], resident_state=True)
+    places = [Places(home, programs) for home in homes]
     for device in programs:
         buffers = {b.id: b for b in programs[device].buffers}
         for op in rank_ops(graph, device):
