@@ -44,6 +44,11 @@ from kernelfleet.runtime.slots import estimate
 from kernelfleet.workloads.steps import Step
 
 
+def allocated() -> dict[int, int]:
+    """Bytes this process has allocated through torch on each GPU it sees."""
+    return {d: torch.cuda.memory_allocated(d) for d in range(torch.cuda.device_count())}
+
+
 class Rank:
     """This process's device, its replicas and references, and the gate-then-time loop."""
 
@@ -60,15 +65,18 @@ class Rank:
         self.host = dist.new_group(backend="gloo")  # barriers and small results, off the GPUs
         self.rank_of = {d: k for k, d in enumerate(self.devices)}
         self.replicas, self.restores = [], []
+        self.stages = {"before capture": allocated()}  # what holds memory, and where
         for k in range(slots):
             replicas, restores = capture_replicas(make_step, {self.device: self.spec.device}, k)
             self.replicas.append(replicas[self.device])
             self.restores += restores
+            self.stages[f"slot {k} captured"] = allocated()
         restore_all(self.restores)
         for replica in self.replicas:
             replica.captured.replay()
         torch.cuda.synchronize()
         self.references = [[t.clone() for t in r.captured.output_tensors()] for r in self.replicas]
+        self.stages["references"] = allocated()
         restore_all(self.restores)
         gathered: list = [None] * len(self.devices)
         dist.all_gather_object(gathered, [r.program for r in self.replicas], group=self.host)
@@ -81,6 +89,7 @@ class Rank:
 
     def __enter__(self) -> Rank:
         self.profile.__enter__()
+        self.stages["profile entered"] = allocated()
         for replica in self.replicas:
             replica.context = self.profile.context
         return self
@@ -198,6 +207,7 @@ def disagg_nccl(make_step: Callable[[str, int], Step], profiles: dict[str, Profi
     if rank.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     with rank:
+        results["allocated_bytes_by_stage"] = dict(zip(rank.devices, rank.gathered(rank.stages)))
         if place_weights is not None:
             _placed(rank, loaded[place_weights], slots, repeats, results, console)
         else:

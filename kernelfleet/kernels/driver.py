@@ -72,9 +72,19 @@ def current_context() -> Any:
 
 
 def pointer_device(address: int) -> int:
-    """The ordinal of the GPU that holds device memory at ``address``."""
-    cu = _cu()
-    return int(call("cuPointerGetAttribute", cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address))
+    """The ordinal of the GPU that holds device memory at ``address``.
+
+    Asked of the runtime (``cudaPointerGetAttributes``, as torch asks): cuda-python's driver binding
+    reads ``CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`` back from a field the driver never wrote and
+    answers 0 for every GPU (NVIDIA/cuda-python#2928). On two H200s that put the saved state of
+    GPU 1's captures on GPU 0, 11 GB per 8B-decode slot.
+    """
+    from cuda.bindings import runtime
+
+    status, attributes = runtime.cudaPointerGetAttributes(address)
+    if status != runtime.cudaError_t.cudaSuccess:
+        raise DriverError(f"cudaPointerGetAttributes failed: {status.name}")
+    return int(attributes.device)
 
 
 @contextmanager
