@@ -15,9 +15,11 @@ after a 256-MB write). A cold table's ``warm_single_seconds`` (one copy, no writ
 cost per trial) is its control, "one copy, warm"; "cold-l2 - launch" = warm + (cold - one copy)
 adds the L2's share alone to the warm table.
 
-On the H200 (tests/data/h200-capture, 2026-11-30) the L2 explains none of the gap: cold minus
-one copy is -2.2 … +0.1 ms on the pair's profiles (under 2 % of a table), so 8B prefill stays
-21 / 27 % under its measured graph and DiT 3.0–3.4× (docs/place.md, "Cold L2").
+On the H200 (tests/data/h200-capture, 2026-11-30) the L2 explained none of the gap: cold minus
+one copy is -2.2 … +0.1 ms on the pair's profiles (under 2 % of a table; docs/place.md, "Cold L2").
+Kernels that skipped their work did: timed after their memsets, every warm table is within 10 % of
+its measured graph (docs/place.md, "The gap found"). The cold tables, timed before that fix, still
+hold the skipped work.
 """
 
 from __future__ import annotations

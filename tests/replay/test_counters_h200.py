@@ -86,17 +86,19 @@ def test_groups_file_checks_the_program_it_is_joined_to():
 
 
 def test_warm_tables_against_measured_single_device_graphs():
+    """Since the profiler replays each kernel's memsets before it (kernels/replay.py: preludes), every
+    table sums to within 10 % of its step's measured graph on both profiles; before, prefill was 21 /
+    27 % under and DiT 3.0× (docs/place.md, "The gap found")."""
     rows = {(r.step, r.profile, r.table): r for r in load_checks(CAPTURES, MEASURED)}
     assert {r[0] for r in rows if r[2] != "warm"} == {"llama8b-prefill", "dit-h200-denoise"}  # cold-L2 recorded
     prefill = rows["llama8b-prefill", "compute", "warm"]
-    assert prefill.table_seconds == pytest.approx(0.13223, abs=1e-5)
-    assert prefill.measured_seconds == pytest.approx(0.50185 / 3, abs=1e-5)
-    assert prefill.error_ratio == pytest.approx(-0.21, abs=0.01)
-    assert rows["llama8b-prefill", "bandwidth", "warm"].error_ratio == pytest.approx(-0.27, abs=0.01)
-    assert rows["vlm7b-prefill", "bandwidth", "warm"].error_ratio == pytest.approx(-0.25, abs=0.01)
-    assert rows["dit-h200-denoise", "compute", "warm"].measured_over_table == pytest.approx(3.02, abs=0.01)
-    for profile in ("compute", "bandwidth"):  # decode steps: the tables hold to within 10 %
-        for step in ("llama8b-decode", "moe20b-decode", "mamba7b-decode"):
+    assert prefill.table_seconds == pytest.approx(0.17432, abs=1e-5)
+    assert prefill.measured_seconds == pytest.approx(0.50456 / 3, abs=1e-5)
+    assert prefill.error_ratio == pytest.approx(0.04, abs=0.01)
+    assert rows["dit-h200-denoise", "compute", "warm"].measured_over_table == pytest.approx(1.00, abs=0.01)
+    for profile in ("compute", "bandwidth"):
+        for step in ("llama8b-decode", "llama8b-prefill", "moe20b-decode", "mamba7b-decode", "vlm7b-prefill",
+                     "dit-h200-denoise"):
             assert abs(rows[step, profile, "warm"].error_ratio) <= 0.10
     assert rows["llama8b-decode", "whole", "warm"].measured_seconds is None  # no single run of the whole GPU
 
@@ -131,16 +133,17 @@ def test_cold_tables_are_read_from_their_own_folder(tmp_path):
 
 def test_a_cold_l2_explains_none_of_the_gap():
     """bench/capture_run.py --flush-l2-mb 256 (capture_run.cold-l2.txt): each launch after a 256-MB write,
-    against one copy without it. The L2's share (cold - one copy) is within 2 % of the table on
-    the pair's profiles, either sign; the cold table's few % over the warm one is the one-copy
-    launch cost. Prefill stays 18–27 % under its measured graph, DiT 3.0–3.4×."""
+    against one copy without it, in the same run. The L2's share (cold - one copy) is within 2 % of
+    the table on the pair's profiles, either sign. That run came before the prelude fix, so both its
+    columns still hold the kernels that skipped their work: prefill 18–25 % under its measured
+    graph, DiT 3.0–3.3×; the warm tables timed since are within 10 %."""
     rows = {(r.step, r.profile, r.table): r for r in load_checks(CAPTURES, MEASURED)}
     for step in ("llama8b-prefill", "dit-h200-denoise"):
         for profile in ("compute", "bandwidth"):
             warm, cold, single = (rows[step, profile, t] for t in ("warm", "cold-l2", SINGLE))
             assert abs(cold.table_seconds - single.table_seconds) < 0.02 * warm.table_seconds
-            assert 0 < single.table_seconds - warm.table_seconds < 0.04 * warm.table_seconds
             assert rows[step, profile, ADJUSTED].error_ratio == pytest.approx(warm.error_ratio, abs=0.02)
+            assert single.error_ratio < -0.15 and abs(warm.error_ratio) <= 0.10
     prefill = {p: rows["llama8b-prefill", p, "cold-l2"] for p in ("compute", "bandwidth")}
     assert prefill["compute"].table_seconds == pytest.approx(0.13756, abs=1e-5)
     assert prefill["compute"].error_ratio == pytest.approx(-0.18, abs=0.01)
@@ -164,7 +167,11 @@ def test_the_counters_run_covered_the_heaviest_groups_on_every_profile(step):
     whole = json.loads((CAPTURES / f"{step}.profile.json").read_text())["profiles"]["whole"]["seconds"]
     order = [g.id for g in by_weight(kernels, whole)]
     for p in PROFILES:  # heaviest first, each group on every profile, until the deadline
-        assert groups.launched[p] == order[:profiled]
+        assert groups.launched[p] == groups.launched["whole"]
+    if step == "llama8b-decode":
+        assert groups.launched["whole"] == order[:profiled]
+    else:  # ordered by the table of before the prelude fix, then timed again: 31 of the 32 heaviest
+        assert len(set(groups.launched["whole"]) & set(order[:profiled])) == profiled - 1
     left = sum(whole[i] for g in kernels if g.id not in groups.launched["whole"] for i in g.launches)
     assert left < 0.006 * sum(whole)
     program, _ = program_and_seconds(step)  # the run's capture has the committed table's kernels, launch by launch
@@ -246,10 +253,10 @@ def test_the_census_by_class_of_8b_decode(monkeypatch, capsys):
 
 def test_the_census_by_class_of_8b_prefill(monkeypatch, capsys):
     text, cells = census_cells(monkeypatch, capsys, "llama8b-prefill")
-    assert "yet 1260 of 1782 kernels (71%; 25% of compute's time) run faster on it" in text
-    assert cells == [["tensor", "224", "61%", "64 (29%)", "8%"], ["latency", "1030", "24%", "777 (75%)", "41%"],
-                     ["compute", "224", "9%", "128 (57%)", "50%"], ["memory", "193", "6%", "193 (100%)", "100%"],
-                     ["memset", "97", "0%", "84 (87%)", "88%"], ["no counters", "14", "0%", "14 (100%)", "100%"]]
+    assert "yet 1285 of 1782 kernels (72%; 21% of compute's time) run faster on it" in text
+    assert cells == [["tensor", "224", "66%", "64 (29%)", "5%"], ["latency", "1030", "22%", "801 (78%)", "42%"],
+                     ["compute", "224", "7%", "128 (57%)", "50%"], ["memory", "193", "4%", "193 (100%)", "100%"],
+                     ["memset", "97", "0%", "85 (88%)", "91%"], ["no counters", "14", "0%", "14 (100%)", "100%"]]
 
 
 @pytest.mark.parametrize("step", RUN)

@@ -58,9 +58,10 @@ def test_every_plan_of_every_workload_gives_the_single_device_outputs(step):
 
 
 def test_on_this_pair_request_distribution_beats_every_kernel_placement():
-    """What the runs show (docs/place.md): on every workload two replicas with free slots serve the
-    most slots per second; kernelfleet's throughput plan, in its best slot mode, reaches 0.62-0.81x
-    of them, the layer pipeline 0.66-0.83x. The issue's 1.2x target is missed on all five."""
+    """What the runs show (docs/place.md): on every workload two replicas serve the most slots per
+    second; kernelfleet's throughput plan, in its best slot mode, reaches 0.63-0.83x of them (the
+    decode steps' session-4 MILP plans; the re-profiled prefill, VLM and DiT plans, made for 3 in
+    flight, 0.81-0.83x). The issue's 1.2x target is missed on all five."""
     for step in STEPS:
         found = recorded(step)["strategies"]
         rate = {n: r["slots_per_second"] for n, r in found.items() if "slots_per_second" in r}
@@ -70,13 +71,15 @@ def test_on_this_pair_request_distribution_beats_every_kernel_placement():
         assert 0.6 < milp / rate[best] < 0.85, step
 
 
-def test_the_per_kernel_profile_predicts_the_executed_decode_graph():
-    """A decode slot's time on one device, run as the executor's graph, against the sum of its
-    kernels' times measured one by one on the same profile (tests/data/h200-capture): within 5 %.
-    (Prefill's graph ran 27 % and 37 % longer than its profile: docs/place.md.)"""
-    profile = json.loads((HERE / "h200-capture" / "llama8b-decode.profile.json").read_text())
+@pytest.mark.parametrize("step", ["llama8b-decode", "llama8b-prefill", "vlm7b-prefill", "dit-h200-denoise"])
+def test_the_per_kernel_profile_predicts_the_executed_graph(step):
+    """A slot's time on one device, run as the executor's graph, against the sum of its kernels'
+    times measured one by one on the same profile (tests/data/h200-capture): within 5 %. (Before the
+    profiler replayed their memsets, prefill's graph ran 27 % and 37 % longer than its profile and
+    DiT's 3×: docs/place.md, "The gap found".)"""
+    profile = json.loads((HERE / "h200-capture" / f"{step}.profile.json").read_text())
     for device in DEVICES:
-        run = recorded("llama8b-decode")["strategies"][f"single:{device}"]
+        run = recorded(step)["strategies"][f"single:{device}"]
         predicted = sum(profile["profiles"][device]["seconds"])
         assert run["seconds"] / run["slots"] == pytest.approx(predicted, rel=0.05), device
 
@@ -183,8 +186,8 @@ NCCL_STEPS = ["llama8b-decode", "llama8b-prefill"]
 @pytest.mark.parametrize("step", NCCL_STEPS)
 def test_across_processes_every_plan_gives_the_single_device_outputs(step):
     """The same strategies with a process per GPU and NCCL between them (torchrun; bench
-    disagg-nccl): every one run is bit-identical; link pacing and priorities, which that run left to
-    bench disagg, say so."""
+    disagg-nccl): every one run is bit-identical. Prefill's run came before the NCCL path paced
+    links and set priorities, and its rows for those say so; decode's second run has them all."""
     found = json.loads((RUNS / f"{step}.disagg-nccl.json").read_text())
     assert found["processes"] == 2
     ran = {name: r for name, r in found["strategies"].items() if not r["gate"].startswith("not run")}
@@ -193,6 +196,52 @@ def test_across_processes_every_plan_gives_the_single_device_outputs(step):
     assert all("priorities" in r["gate"] or "throttle" in r["gate"]
                for r in found["strategies"].values() if r["gate"].startswith("not run"))
     assert {r["method"] for r in ran.values()} == {"nccl"}
+    if step == "llama8b-decode":
+        assert len(ran) == len(found["strategies"]) == 20
+
+
+def test_across_processes_a_paced_link_holds_each_copy_to_its_bandwidth():
+    """The layer pipeline (2.0 GB of copies per 3-slot run) under the throughput policy's name, so
+    bench disagg-nccl paces its copies: each rate costs at least its bytes over the link, and a
+    slower link more."""
+    found = json.loads((RUNS / "llama8b-decode.paced-pipeline.disagg-nccl.json").read_text())["strategies"]
+    assert {r["gate"] for r in found.values()} == {"identical"}
+    free = found["throughput-milp, slots free"]
+    paced = [found[f"link {gbit} Gbit/s, slots free"] for gbit in (200, 100, 25)]
+    assert free["seconds"] < paced[0]["seconds"] < paced[1]["seconds"] < paced[2]["seconds"]
+    for gbit, r in zip((200, 100, 25), paced):
+        assert r["copy_bytes"] == free["copy_bytes"] > 2e9
+        assert r["seconds"] > r["copy_bytes"] / (gbit * 1e9 / 8)
+    assert paced[2]["seconds"] > 2.5 * free["seconds"]
+
+
+@pytest.mark.parametrize("step", NCCL_STEPS)
+def test_across_processes_each_rank_can_hold_only_the_weights_its_launches_read(step):
+    """bench disagg-nccl --place-weights pipeline: the layer pipeline with every weight everywhere,
+    then with each rank's unread weights freed (2 slots): both bit-identical and equally fast, and
+    the two ranks together freed one copy of the 16.1-GB weights per slot."""
+    found = json.loads((RUNS / f"{step}.place-weights.disagg-nccl.json").read_text())["strategies"]
+    every, placed = found["pipeline, every weight everywhere"], found["pipeline, weights placed"]
+    assert every["gate"] == placed["gate"] == "identical"
+    assert placed["seconds"] == pytest.approx(every["seconds"], rel=0.02)
+    freed = sum(m["freed_bytes"] for m in placed["memory"].values())
+    assert freed == pytest.approx(2 * 16.06e9, rel=0.01)
+    for device in DEVICES:
+        m = placed["memory"][device]
+        assert 0.25 * 2 * 16.06e9 < m["freed_bytes"] < 0.75 * 2 * 16.06e9
+        # at least the weights: the state saved again without them can be smaller too
+        assert every["memory"][device]["allocated_bytes"] - m["allocated_bytes"] >= 0.99 * m["freed_bytes"]
+
+
+def test_before_the_pointer_fix_the_bandwidth_ranks_saved_state_lay_on_gpu_0():
+    """The runs' bytes allocated per stage: each slot's capture on GPU 1 saved its state (9.7-11 GB
+    for 8B decode) on GPU 0, because cuda-python's driver binding answered GPU 0 for every pointer
+    (driver.pointer_device now asks the runtime); the compute rank's own slots took 34.4 GB each."""
+    stages = json.loads((RUNS / "llama8b-decode.paced-pipeline.disagg-nccl.json").read_text())["allocated_bytes_by_stage"]
+    compute, bandwidth = stages["compute"], stages["bandwidth"]
+    assert compute["slot 0 captured"]["0"] == pytest.approx(34.4e9, rel=0.01) and compute["slot 0 captured"]["1"] == 0
+    assert bandwidth["slot 0 captured"]["1"] == pytest.approx(24.7e9, rel=0.01)  # 16.1 GB weights + 8.6 GB cache
+    assert bandwidth["slot 2 captured"]["0"] == pytest.approx(3 * 11.04e9, rel=0.01)
 
 
 @pytest.mark.parametrize("step", NCCL_STEPS)
@@ -218,12 +267,15 @@ def _best(found: dict, prefix: str) -> dict:
     return max(rows, key=lambda r: r["slots_per_second"])
 
 
-@pytest.mark.parametrize("step", STEPS)
+DECODE_STEPS = ["llama8b-decode", "moe20b-decode", "mamba7b-decode"]
+REPROFILED = ["llama8b-prefill", "vlm7b-prefill", "dit-h200-denoise"]  # run again on tables timed with preludes
+
+
+@pytest.mark.parametrize("step", DECODE_STEPS)
 def test_the_plan_made_for_three_requests_in_flight_beats_the_unconstrained_milp_but_not_replicas(step):
-    """The second run of each workload with the throughput plan `kernelfleet plan --in-flight 3`
-    chose (a cut or two, or a layer pipeline for Mamba and DiT), gated like the first: it gains
-    over the session-4 MILP plan wherever that one switched devices often (prefill's already cut
-    once: equal), and request distribution still wins."""
+    """The second run of each decode workload with the throughput plan `kernelfleet plan --in-flight 3`
+    chose (a cut or two, or a layer pipeline for Mamba), gated like the first: it gains over the
+    session-4 MILP plan, which switched devices often, and request distribution still wins."""
     inflight = json.loads((RUNS / f"{step}.inflight.disagg.json").read_text())["strategies"]
     assert {name: r["gate"] for name, r in inflight.items() if r["gate"] != "identical"} == {}
     first = recorded(step)["strategies"]
@@ -231,15 +283,27 @@ def test_the_plan_made_for_three_requests_in_flight_beats_the_unconstrained_milp
         found["_base"] = _best(found, "replicas")
     now = _best(inflight, "throughput-milp")["slots_per_second"] / inflight["_base"]["slots_per_second"]
     before = _best(first, "throughput-milp")["slots_per_second"] / first["_base"]["slots_per_second"]
-    if step == "llama8b-prefill":
-        assert now == pytest.approx(before, abs=0.02)
-    else:
-        assert now > before + 0.05
+    assert now > before + 0.05
     assert 0.7 < now < 1.0
 
 
-@pytest.mark.parametrize("step", ["llama8b-decode", "moe20b-decode", "mamba7b-decode"])
+@pytest.mark.parametrize("step", DECODE_STEPS)
 def test_on_decode_steps_the_in_flight_plans_graph_time_is_predicted_within_6_percent(step):
     found = json.loads((RUNS / f"{step}.inflight.disagg.json").read_text())["strategies"]
     r = _best(found, "throughput-milp")
     assert r["predicted_seconds"] == pytest.approx(r["seconds"], rel=0.06)
+
+
+@pytest.mark.parametrize("step", REPROFILED)
+def test_on_the_reprofiled_steps_chained_and_scheduled_graphs_are_predicted_within_6_percent(step):
+    """Plans made on the re-profiled tables for 3 in flight (`bench/disagg_run.sh plans`): every
+    single device, replica, pipeline and throughput-plan row whose slots are chained or list
+    scheduled runs within 6 % of runtime/slots.py's prediction (before the fix prefill's and VLM's
+    ran 25-33 % over, DiT's 3.2×). Free slots contend for a device the model gives each slot whole,
+    and copy-heavy plans (attention/FFN, the latency plan) pay for copies it does not see."""
+    found = recorded(step)["strategies"]
+    checked = [name for name, r in found.items() if r.get("predicted_seconds") and not any(
+        word in name for word in ("free", "link", "attention-ffn", "latency-greedy"))]
+    assert len(checked) >= 10
+    for name in checked:
+        assert found[name]["seconds"] == pytest.approx(found[name]["predicted_seconds"], rel=0.06), name
