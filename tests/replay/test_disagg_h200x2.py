@@ -233,6 +233,19 @@ def test_across_processes_each_rank_can_hold_only_the_weights_its_launches_read(
         assert every["memory"][device]["allocated_bytes"] - m["allocated_bytes"] >= 0.99 * m["freed_bytes"]
 
 
+def test_since_the_pointer_fix_each_rank_holds_its_captures_on_its_own_gpu():
+    """Decode's --place-weights run again after driver.pointer_device asked the runtime: each
+    rank's two slots took 35.8 GB on its own GPU and nothing on the other; the GPUs hold 77.4 and
+    75.2 GB (93.5 and 53.0 before), the compute one with its hog's 1 GB."""
+    found = json.loads((RUNS / "llama8b-decode.place-weights.disagg-nccl.json").read_text())
+    for device, gpu in (("compute", "0"), ("bandwidth", "1")):
+        stages = found["allocated_bytes_by_stage"][device]["slot 1 captured"]
+        assert stages[gpu] == pytest.approx(2 * 35.8e9, rel=0.01)
+        assert sum(v for g, v in stages.items() if g != gpu) == 0
+    used = [m["device_used_bytes"] for m in found["strategies"]["pipeline, every weight everywhere"]["memory"].values()]
+    assert abs(used[0] - used[1]) < 3e9
+
+
 def test_before_the_pointer_fix_the_bandwidth_ranks_saved_state_lay_on_gpu_0():
     """The runs' bytes allocated per stage: each slot's capture on GPU 1 saved its state (9.7-11 GB
     for 8B decode) on GPU 0, because cuda-python's driver binding answered GPU 0 for every pointer
