@@ -6,6 +6,7 @@ GMMA work, or GPM counts ~9 % more busy cycles than the math needs. Two measurem
 
     python3 bench/ofu_clock_check.py loop --out DIR   # ~45 s
     python3 bench/ofu_clock_check.py ncu --out DIR    # ~60 s, ncu on PATH
+    python3 bench/ofu_clock_check.py duty --out DIR   # ~25 s
     kernelfleet bench ofu-report tests/data/h200-sweep --clock DIR   # anywhere: tables and verdict
 
 ``loop``: for a handful of the sweep's points (``kernelfleet.bench.ofu_sweep``: bf16 large, short-K,
@@ -21,6 +22,11 @@ The probe also runs alone (no GEMM), at the start and the end, to show it counts
 are never locked), each bracketed by host timestamps while the NVML reader runs: ncu's elapsed SM
 cycles, the rate it counted them at and the kernel's duration, beside NVML's clock inside the
 bracket; and, with the loop, the cycles a kernel takes over its time in the loop.
+
+``duty``: the loop's bf16 8192³ GEMM with 0, 1, 3 and 9 launches of an in-place add after each
+GEMM, each add about a third of a GEMM's time (memory work, no tensor-core math): the tensor pipes
+busy 100 … 25 % of the time, as between a job's GEMMs. Whether the probe's cycle rate then moves
+with GPM's tensor activity is what decides if the 0.903 applies to a job's busy time only.
 
 Writes into DIR: clock-loop.jsonl.gz (one line per point: the sweep's point fields, kernels,
 timeline, probe samples), clock-trace.jsonl.gz (counter windows), nvml-clock-loop.jsonl.gz and
@@ -51,6 +57,8 @@ CLOCK_POINTS = (
     ("bf16", 16384, 16384, 16384), ("fp16", 8192, 8192, 8192), ("fp8", 8192, 8192, 8192),
     ("tf32", 8192, 8192, 8192), ("tf32", 512, 512, 512), ("fp64", 8192, 8192, 8192),
 )
+DUTY_POINT = ("bf16", 8192, 8192, 8192)
+DUTY_FILLERS = (0, 1, 3, 9)  # adds after each GEMM, each about a third of its time
 PROBE_PERIOD_SECONDS = 0.002
 WARM_SECONDS = 0.6  # GEMMs before the timed run, so the clock has settled under the load
 LAUNCHES_UNDER_NCU = 3
@@ -66,6 +74,11 @@ def chosen_points() -> list[tuple[int, int, int, str]]:
     if len(chosen) != len(CLOCK_POINTS):
         raise SystemExit(f"only {len(chosen)} of {len(CLOCK_POINTS)} clock points are sweep points")
     return chosen
+
+
+def chosen_point(point: tuple[str, int, int, int]) -> tuple[int, int, int, str]:
+    """One (precision, M, N, K) as the sweep defines it: (M, N, K, precision)."""
+    return next(p for p in chosen_points() if (p[3], p[0], p[1], p[2]) == point)
 
 
 # --- the NVML reader: its own process, so that no GIL and no profiler stalls it -----------------
@@ -192,14 +205,48 @@ def idle_probe(probe: Probe, seconds: float = 1.0) -> dict[str, Any]:
 # --- the GEMM loops -----------------------------------------------------------------------------
 
 
-def run_loop(m: int, n: int, k: int, precision: str, seconds: float, probe: Probe | None) -> dict[str, Any]:
+def third_of_a_gemm(m: int, n: int, k: int, precision: str) -> Any:
+    """An in-place add over a float32 buffer sized to take about a third of one GEMM's time: memory
+    work without tensor-core math."""
+    import torch
+
+    from kernelfleet.bench.ofu_sweep import operands
+
+    def seconds(fn: Any) -> float:
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 5e3
+
+    gemm, trial = operands(m, n, k, precision), torch.zeros(1 << 27, device="cuda")
+    size = int(trial.numel() * seconds(gemm) / 3 / seconds(lambda: trial.add_(1.0)))
+    buf = torch.zeros(max(size, 1 << 20), device="cuda")
+    return lambda: buf.add_(1.0)
+
+
+def run_loop(m: int, n: int, k: int, precision: str, seconds: float, probe: Probe | None,
+             fillers: int = 0) -> dict[str, Any]:
     """One point: ofu_sweep's GEMM in CUDA-graph replays for ``seconds`` after a warm-up, the probe
-    running from before the warm-up to after the end. Fields as ofu_sweep.run_point writes them."""
+    running from before the warm-up to after the end, with ``fillers`` adds of a third of a GEMM's
+    time after each GEMM. Fields as ofu_sweep.run_point writes them."""
     import torch
 
     from kernelfleet.bench.ofu_sweep import gemm_graph
 
-    made = gemm_graph(m, n, k, precision)
+    between = None
+    if fillers:
+        add = third_of_a_gemm(m, n, k, precision)
+
+        def between() -> None:
+            for _ in range(fillers):
+                add()
+
+    made = gemm_graph(m, n, k, precision, between)
     graph, stream, names, per_graph, flops = made.graph, made.stream, made.kernels, made.per_graph, made.flops
     run = probe.launch(WARM_SECONDS + seconds + 0.4) if probe is not None else None
     # No device-wide synchronize from here on: it would wait for the probe.
@@ -217,7 +264,7 @@ def run_loop(m: int, n: int, k: int, precision: str, seconds: float, probe: Prob
         "m": m, "n": n, "k": k, "precision": precision, "kernels": names,
         "gemms_per_replay": per_graph, "work_per_iteration": flops * per_graph,
         "start_wall": start_wall, "ends_wall": ends,
-        "mean_flops": flops * per_graph * len(ends) / (ends[-1] - start_wall),
+        "mean_flops": flops * per_graph * len(ends) / (ends[-1] - start_wall), "filler_launches": fillers,
     }
     if run is not None:
         point["probe"] = probe.read(run)
@@ -239,19 +286,20 @@ def _replay_until(graph: Any, deadline: float) -> list[Any]:
     return events
 
 
-def loop(out: Path, seconds: float) -> None:
+def loop(out: Path, seconds: float, runs: list[tuple[int, int, int, str, int]], what: str) -> None:
+    """``runs``: (M, N, K, precision, fillers) each; ``what`` names the subcommand in the trace."""
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
-    budget = 20.0 + len(CLOCK_POINTS) * (seconds + 4.0)
+    budget = 20.0 + len(runs) * (seconds + 4.0)
     poller = start_poller(out / "nvml-clock-loop.jsonl.gz", budget)
     recorder = start([sys.executable, "-m", "kernelfleet", "record", "-o", str(out / "clock-trace.jsonl.gz"),
                       "--interval", "0.5", "--clock-poll", "0.002", "--dense-clock", "--duration", str(budget),
-                      "--note", "clock check (bench/ofu_clock_check.py loop)"], out / "clock-trace.log")
+                      "--note", f"clock check (bench/ofu_clock_check.py {what})"], out / "clock-trace.log")
     lines = out / "clock-loop.jsonl.gz"
     lines.unlink(missing_ok=True)
     meta: dict[str, Any] = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0),
-                            "seconds": seconds, "points": [list(p) for p in CLOCK_POINTS]}
+                            "seconds": seconds, "points": [list(r) for r in runs]}
     try:
         time.sleep(2.0)
         try:
@@ -261,13 +309,14 @@ def loop(out: Path, seconds: float) -> None:
             print(f"probe unavailable: {exc!r}"[:300], file=sys.stderr, flush=True)
         if probe:
             _append(lines, idle_probe(probe))
-        for m, n, k, precision in chosen_points():
+        for m, n, k, precision, fillers in runs:
             try:
-                result = run_loop(m, n, k, precision, seconds, probe)
-                print(f"{precision:5} {m}x{n}x{k}: {result['mean_flops'] / 1e12:.1f} TFLOP/s "
+                result = run_loop(m, n, k, precision, seconds, probe, fillers)
+                print(f"{precision:5} {m}x{n}x{k} + {fillers} adds: {result['mean_flops'] / 1e12:.1f} TFLOP/s "
                       f"{[x for x in result['kernels'] if 'Memset' not in x][:1]}", file=sys.stderr, flush=True)
             except Exception as exc:  # noqa: BLE001 - one failed point must not end the check
-                result = {"m": m, "n": n, "k": k, "precision": precision, "error": repr(exc)[:300]}
+                result = {"m": m, "n": n, "k": k, "precision": precision, "filler_launches": fillers,
+                          "error": repr(exc)[:300]}
                 print(f"{precision} {m}x{n}x{k} failed: {exc!r}"[:300], file=sys.stderr, flush=True)
             _append(lines, result)
             torch.cuda.empty_cache()
@@ -348,6 +397,9 @@ def main() -> None:
     p = sub.add_parser("loop", help="steady GEMM loops beside the cycle probe, GPM and 1-ms NVML reads")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per point")
+    p = sub.add_parser("duty", help="bf16 8192^3 loops with memory work between the GEMMs, beside the probe")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per point")
     p = sub.add_parser("ncu", help="one launch per point under ncu, NVML read every millisecond")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--timeout", type=float, default=85.0, help="seconds before ncu is stopped")
@@ -359,10 +411,12 @@ def main() -> None:
     p.add_argument("--period", type=float, default=0.001)
     args = parser.parse_args()
     print(f"command: {' '.join([sys.executable] + sys.argv)}", file=sys.stderr, flush=True)
-    if args.command in ("loop", "ncu"):
+    if args.command in ("loop", "duty", "ncu"):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: stop the helpers on the way out
     if args.command == "loop":
-        loop(args.out, args.seconds)
+        loop(args.out, args.seconds, [(m, n, k, precision, 0) for m, n, k, precision in chosen_points()], "loop")
+    elif args.command == "duty":
+        loop(args.out, args.seconds, [(*chosen_point(DUTY_POINT), f) for f in DUTY_FILLERS], "duty")
     elif args.command == "ncu":
         rc = ncu(args.out, args.timeout)
         print(f"ncu rc={rc}", file=sys.stderr)

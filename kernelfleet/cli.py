@@ -456,7 +456,8 @@ def _print_clock_check(folder: Path, cat) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in loops:
         key = (c.precision, c.m, c.n, c.k)
-        print(f"| {c.precision} | {c.m}×{c.n}×{c.k} | {c.path} | {c.windows} ({c.probe_windows}) | {c.mfu_ratio:.3f} | "
+        shape = f"{c.m}×{c.n}×{c.k}" + (f" + {c.filler_launches} adds" if c.filler_launches else "")
+        print(f"| {c.precision} | {shape} | {c.path} | {c.windows} ({c.probe_windows}) | {c.mfu_ratio:.3f} | "
               f"{c.gpm_tensor_active_ratio:.3f} | {mhz(c.nvml_sm_clock_hertz)} | {mhz(c.implied_sm_clock_hertz)} | "
               f"{mhz(c.probe_sm_clock_hertz)} | {c.true_over_nvml:.3f} | {r3(c.probe_over_nvml)} | {r3(c.gpm_over_math)} | "
               f"{r3(ratios.get(key))} | {r3(same.get(key))} | {share(c.power_capped_ratio)} | "

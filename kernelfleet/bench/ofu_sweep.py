@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,8 +69,9 @@ class GemmGraph:
     flops: float  # of one GEMM
 
 
-def gemm_graph(m: int, n: int, k: int, precision: str) -> GemmGraph | None:
-    """The point's GEMM warmed up, its kernel names and its graph; None where the precision has no GEMM here."""
+def gemm_graph(m: int, n: int, k: int, precision: str, between: Callable[[], object] | None = None) -> GemmGraph | None:
+    """The point's GEMM warmed up, its kernel names and its graph; None where the precision has no GEMM here.
+    ``between``: work without tensor-core math captured after every GEMM (a duty cycle below 1)."""
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     step = operands(m, n, k, precision)
     if step is None:
@@ -82,11 +84,15 @@ def gemm_graph(m: int, n: int, k: int, precision: str) -> GemmGraph | None:
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         step()  # warm up on the capture stream
+        if between is not None:
+            between()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         for _ in range(per_graph):
             step()
+            if between is not None:
+                between()
     torch.cuda.synchronize()
     return GemmGraph(graph, stream, names, per_graph, flops)
 

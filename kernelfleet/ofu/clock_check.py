@@ -137,6 +137,7 @@ class LoopClock:
     hw_slowdown_ratio: float | None = None  # ... with a hardware slowdown set
     probe_windows: int = 0
     probe_nvml_sm_clock_hertz: float | None = None  # NVML's clock over the probe's windows
+    filler_launches: int = 0  # adds of a third of a GEMM's time after each GEMM (``ofu_clock_check.py duty``)
 
     @property
     def implied_sm_clock_hertz(self) -> float:
@@ -199,7 +200,7 @@ def loop_clocks(loops: Iterable[Mapping[str, Any]], samples: Sequence[Sample], r
             statistics.mean(r[2] for r in rows), statistics.mean(r[3] for r in probed) if probed else None,
             gemm_flops(m, n, k) / (mfu * peak), rate, sku.sm_count,
             reason_share(reads, first, last, REASON_POWER_CAP), reason_share(reads, first, last, REASON_HW_SLOWDOWN),
-            len(probed), statistics.mean(r[2] for r in probed) if probed else None,
+            len(probed), statistics.mean(r[2] for r in probed) if probed else None, p.get("filler_launches", 0),
         ))
     return out
 

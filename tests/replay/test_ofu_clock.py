@@ -20,6 +20,8 @@ import pytest
 from kernelfleet.catalog import Catalog
 from kernelfleet.ofu import clock_check
 from kernelfleet.ofu.ncu import parse_ncu_csv
+from kernelfleet.ofu.validation import (corrected_ofu, executed_flops_of_kernel, gemm_flops, point_windows,
+                                        tile_from_kernel_name)
 from kernelfleet.telemetry.replay import ReplaySource
 
 pytestmark = pytest.mark.replay
@@ -139,3 +141,61 @@ def test_ofu_report_prints_the_verdict():
     assert done.returncode == 0, done.stderr
     assert "\nverdict: cycles (decided by the probe): SM cycles elapse slower than NVML reports" in done.stdout
     assert "| bf16 | 8192×8192×8192 | gmma | 4 (4) | 0.641 | 0.864 | 1525 | 1379 | 1376 | 0.905 | 0.902 | 0.998 |" in done.stdout
+
+
+DUTY = DATA / "h200-clock-duty"
+
+
+@pytest.fixture(scope="module")
+def duty():
+    """``bench/ofu_clock_check.py duty``: bf16 8192³ loops with 0, 1, 3 and 9 in-place adds (each a
+    third of a GEMM's time) after every GEMM, beside the probe, GPM and 1-ms NVML reads."""
+    lines, reads = read_jsonl(DUTY / "clock-loop.jsonl.gz"), read_jsonl(DUTY / "nvml-clock-loop.jsonl.gz")
+    samples = [b[0] for b in ReplaySource(DUTY / "clock-trace.jsonl.gz").batches()]
+    return lines, samples, reads, clock_check.loop_clocks(lines, samples, reads, H200)
+
+
+def test_between_gemms_the_sm_clock_stays_where_it_is_during_them(duty):
+    """The probe averages its SM's cycle rate over whole windows, adds included; f_true is the rate
+    the GEMMs' FLOPs need while the tensor pipes are busy. They agree within 0.4 % at every duty
+    cycle, from 86 % of the time busy down to 20 %: the clock does not rise to NVML's between the
+    GEMMs, so a window is not a mix of 0.9 × NVML (GEMMs) and NVML (the rest)."""
+    lines, _, reads, loops = duty
+    assert [c.filler_launches for c in loops] == [0, 1, 3, 9]
+    assert clock_check.idle_probe_over_nvml(lines, reads) == pytest.approx(1.0, abs=0.002)
+    active = [c.gpm_tensor_active_ratio for c in loops]
+    assert active == sorted(active, reverse=True) and active[0] > 0.85 and active[-1] < 0.2
+    for c in loops:
+        assert c.gpm_over_math == pytest.approx(1.0, abs=0.004)
+        mixed = 1 - (1 - loops[0].probe_over_nvml) * c.gpm_tensor_active_ratio / loops[0].gpm_tensor_active_ratio
+        if c.filler_launches >= 3:  # what a mix would read, far from what the probe counts
+            assert mixed - c.probe_over_nvml > 0.025
+
+
+def test_the_clock_ratio_moves_with_the_load_not_with_tensor_activity(duty):
+    """0.906 with only GEMMs (power-capped), 0.911 with three adds (41 % busy, still capped), 0.952
+    with nine (20 % busy, 540 W, NVML at its 1980-MHz top): the 0.903 the catalog keeps fits GEMM-bound
+    loads, and a job whose GPU is less loaded reads OFU low by up to ~5 % of its value."""
+    loops = duty[3]
+    ratio = {c.filler_launches: c.probe_over_nvml for c in loops}
+    assert ratio[0] == pytest.approx(0.906, abs=0.005) and ratio[3] == pytest.approx(0.911, abs=0.005)
+    assert ratio[9] == pytest.approx(0.952, abs=0.005)
+    nine = next(c for c in loops if c.filler_launches == 9)
+    assert nine.power_capped_ratio == 0 and nine.nvml_sm_clock_hertz == pytest.approx(1980e6, rel=0.001)
+
+
+def test_what_ofu_reads_at_partial_duty(duty):
+    """OFU as the agent computes it (tile-corrected, f_ref 2027 MHz) against the loops' MFU: within
+    0.4 pp where the clock ratio is the catalog's; 1.1 pp low with nine adds (ratio 0.952); 1.7 pp
+    low with one add, whose NVML window means swung 1588-1674 MHz while the probe held 1520-1539."""
+    lines, samples, _, _ = duty
+    error = {}
+    for p in lines:
+        if p.get("idle"):
+            continue
+        windows = point_windows(p, samples, H200)
+        kernel = next(name for name in p["kernels"] if tile_from_kernel_name(name))
+        mfu, raw = statistics.mean(w[1] for w in windows), statistics.mean(w[2] for w in windows)
+        ofu = corrected_ofu(raw, gemm_flops(p["m"], p["n"], p["k"]), executed_flops_of_kernel(p["m"], p["n"], p["k"], kernel))
+        error[p["filler_launches"]] = round(100 * (ofu - mfu), 1)
+    assert error == {0: -0.2, 1: -1.7, 3: -0.4, 9: -1.1}
