@@ -14,6 +14,7 @@ from rich.live import Live
 
 from kernelfleet import cli_place
 from kernelfleet.cli_common import CatalogOption, err, out_console
+from kernelfleet.documents import read_text
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 
 app = typer.Typer(
@@ -349,8 +350,6 @@ def _print_table_ii(gemm, sku) -> None:
 
 def _ncu_runs(folder: Path) -> list[tuple[str, list[dict]]]:
     """(CSV text, launch order) of each ncu run in the folder: ncu-sweep, then ncu-rerun if present."""
-    import gzip
-
     runs = []
     for stem in ("ncu-sweep", "ncu-rerun"):
         csv_file = next((f for f in (folder / f"{stem}.csv.gz", folder / f"{stem}.csv") if f.exists()), None)
@@ -358,10 +357,9 @@ def _ncu_runs(folder: Path) -> list[tuple[str, list[dict]]]:
         if csv_file is None or not order_file.exists():
             continue
         try:
-            raw = csv_file.read_bytes()
-            text = (gzip.decompress(raw) if csv_file.suffix == ".gz" else raw).decode()
-            order = [json.loads(line) for line in order_file.read_text().splitlines() if line.strip()]
-        except (OSError, ValueError, EOFError) as exc:
+            text = read_text(csv_file)
+            order = _read_jsonl(order_file)
+        except (OSError, ValueError) as exc:
             raise UsageError(f"{folder}: unreadable ncu output {csv_file.name} ({exc})") from exc
         runs.append((text, order))
     if not runs:
@@ -402,16 +400,11 @@ def _print_ncu_check(folder: Path, points: list[dict], samples: list, sku) -> No
 
 
 def _read_jsonl(path: Path) -> list:
-    import gzip
-
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [json.loads(line) for line in read_text(path).splitlines() if line.strip()]
 
 
 def _print_clock_check(folder: Path, cat) -> None:
     """The clock section of `bench ofu-report` (bench/ofu_clock_check.py; docs/validation/ofu.md)."""
-    import gzip
-
     from kernelfleet.ofu import clock_check
     from kernelfleet.ofu.ncu import parse_ncu_csv
     from kernelfleet.telemetry.replay import ReplaySource
@@ -425,10 +418,7 @@ def _print_clock_check(folder: Path, cat) -> None:
         launches_file = folder / "ncu-clock-launches.jsonl"
         csv_file = next((f for f in (folder / "ncu-clock.csv.gz", folder / "ncu-clock.csv") if f.exists()), None)
         launches = _read_jsonl(launches_file) if launches_file.exists() else []
-        csv_text = ""
-        if launches and csv_file is not None:
-            raw = csv_file.read_bytes()
-            csv_text = (gzip.decompress(raw) if csv_file.suffix == ".gz" else raw).decode()
+        csv_text = read_text(csv_file) if launches and csv_file is not None else ""
         kernels = parse_ncu_csv(csv_text) if csv_text else []
         ncu_reads = _read_jsonl(folder / "nvml-clock-ncu.jsonl.gz") if launches else []
     except (OSError, ValueError, EOFError) as exc:  # EOFError: a .gz cut short by a killed writer

@@ -283,10 +283,10 @@ def _classes(counters: Path, groups: Path | None, program: Path | None, class_on
              launches: int) -> tuple[list[str], str]:
     """The class of every launch from a counters run, and a line saying what ncu returned per profile."""
     from kernelfleet.kernels.ir import Program
-    from kernelfleet.profile.counters import launch_classes, parse_counters, read_csv, seen
+    from kernelfleet.profile.counters import launch_classes, parse_counters, seen
     from kernelfleet.profile.groups import Groups
 
-    text = read_csv(counters)
+    text = read_text(counters, "an ncu CSV")
     if groups is None:
         stem = next((counters.name.removesuffix(s) for s in (".ncu.csv", ".ncu.csv.gz") if counters.name.endswith(s)),
                     None)

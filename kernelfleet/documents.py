@@ -6,6 +6,7 @@ one — bad JSON, a missing or mistyped field — becomes one UsageError that na
 
 from __future__ import annotations
 
+import gzip
 import json
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,12 +15,17 @@ from typing import Any, Iterator
 from kernelfleet.errors import UsageError
 
 
-def read_text(path: str | Path) -> str:
-    """The file's text; UsageError naming it when it cannot be read."""
+def read_text(path: str | Path, what: str = "text") -> str:
+    """The file's text, gunzipped when its name ends in ``.gz``; UsageError naming the file when it
+    cannot be read, or is not ``what`` (a gzip stream cut short, bytes that are not UTF-8)."""
     try:
+        if str(path).endswith(".gz"):
+            return gzip.decompress(Path(path).read_bytes()).decode()
         return Path(path).read_text()
     except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror})") from exc
+        raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except (EOFError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: not {what} ({exc})") from exc
 
 
 @contextmanager

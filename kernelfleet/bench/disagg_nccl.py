@@ -36,10 +36,10 @@ from rich.console import Console
 from kernelfleet.bench.disagg import (Strategy, capture_replicas, differing_elements, load_plans, restore_all, show,
                                      strategies)
 from kernelfleet.errors import UsageError
-from kernelfleet.kernels.replay import saved_state
+from kernelfleet.kernels.replay import device_bytes, saved_state
 from kernelfleet.plan.model import CostTable
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
-from kernelfleet.runtime.distributed import RankSlot, alias, build_rank, release_rank, run_rank, weights_read
+from kernelfleet.runtime.distributed import RankSlot, build_rank, release_rank, run_rank, weights_read
 from kernelfleet.runtime.slots import estimate
 from kernelfleet.workloads.steps import Step
 
@@ -154,7 +154,7 @@ class Rank:
         options = {"overlap": strategy.options.get("overlap", True),
                    "slot_mode": strategy.options.get("slot_mode", "sequential"), "seconds": strategy.options.get("seconds")}
         try:
-            built = build_rank(slots, self.device, alias, strategy.options.get("throttle"), **options)
+            built = build_rank(slots, self.device, device_bytes, strategy.options.get("throttle"), **options)
         except Exception as exc:  # every rank builds the same list, so all refuse alike
             return {"gate": f"refused: {exc}"}
         try:

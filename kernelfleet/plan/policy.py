@@ -181,8 +181,9 @@ def best_cut(problem: Problem, tries: int = 20) -> Plan | None:
         return None
     n = len(problem.program.launches)
     seconds = 1.0 / problem.bandwidth[problem.names[0], problem.names[1]]
+    edges = problem.edge_bytes()
     around: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # launch -> (other end, bytes)
-    for (i, j), nbytes in problem.edge_bytes().items():
+    for (i, j), nbytes in edges.items():
         if i != j and nbytes > 0:
             around[i].append((j, nbytes))
             around[j].append((i, nbytes))
@@ -191,7 +192,7 @@ def best_cut(problem: Problem, tries: int = 20) -> Plan | None:
     for first, second in (problem.names, problem.names[::-1]):
         at = [second if len(problem.allowed(k)) > 1 else problem.allowed(k)[0] for k in range(n)]
         busy = {d: sum(problem.cost(k, d) or 0.0 for k in range(n) if at[k] == d) for d in problem.names}
-        cut = sum(b for (i, j), b in problem.edge_bytes().items() if at[i] != at[j]) * seconds
+        cut = sum(b for (i, j), b in edges.items() if at[i] != at[j]) * seconds
         found.append((max(busy.values()) + cut, 0, first))
         for c, k in enumerate(free, start=1):  # launch k moves to the first device
             for other, nbytes in around[k]:

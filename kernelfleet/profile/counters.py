@@ -56,13 +56,13 @@ slows it.
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
 from kernelfleet.ofu.ncu import names_match, parse_ncu_csv
 from kernelfleet.profile.groups import Groups
@@ -163,20 +163,9 @@ def parse_counters(text: str, groups: Groups, where: str = "<counters>") -> list
     return list(out.values())
 
 
-def read_csv(path: str | Path) -> str:
-    """The text of an ncu CSV file, gzip-compressed when its name ends in ``.gz``."""
-    try:
-        raw = Path(path).read_bytes()
-        return (gzip.decompress(raw) if str(path).endswith(".gz") else raw).decode()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-    except (EOFError, UnicodeDecodeError) as exc:  # a truncated gzip, or not text
-        raise UsageError(f"{path}: not an ncu CSV ({exc})") from exc
-
-
 def load_counters(path: str | Path, groups: Groups) -> list[KernelCounters]:
-    """:func:`parse_counters` of an ncu CSV file (:func:`read_csv`)."""
-    return parse_counters(read_csv(path), groups, str(path))
+    """:func:`parse_counters` of an ncu CSV file (gzip-compressed when its name ends in ``.gz``)."""
+    return parse_counters(read_text(path, "an ncu CSV"), groups, str(path))
 
 
 def seen(rows: list[KernelCounters], groups: Groups) -> dict[str, tuple[int, int]]:

@@ -137,8 +137,9 @@ class RankBuilt:
 def build_rank(slots: list[RankSlot], device: str, alias: Callable[[int, int], Any], throttle: Throttle | None = None,
                **options: Any) -> RankBuilt:
     """This rank's ops, with a CUDA graph per segment and an aliasing tensor per copy
-    (``alias(address, length)``, on this rank's GPU); ``throttle`` paces the copies it receives;
-    ``options`` as for ``executor.plan_graph`` (state resident by default)."""
+    (``alias(address, length)`` on this rank's GPU, e.g. ``replay.device_bytes``); ``throttle``
+    paces the copies it receives; ``options`` as for ``executor.plan_graph`` (state resident by
+    default)."""
     options.setdefault("resident_state", True)
     _, combined = plan_graph([(s.programs[s.home], s.assignment, s.home) for s in slots], **options)
     ops = rank_ops(combined, device)
@@ -221,18 +222,3 @@ def _pace(built: RankBuilt, i: int, copy: Any, pace: Any) -> Any:
     paced = torch.cuda.Event()
     paced.record(pace)
     return paced
-
-
-class _Bytes:
-    """``length`` bytes of device memory at ``address``, for ``torch.as_tensor`` to alias."""
-
-    def __init__(self, address: int, length: int) -> None:
-        self.__cuda_array_interface__ = {"shape": (length,), "typestr": "|u1", "data": (address, False),
-                                         "strides": None, "version": 3}
-
-
-def alias(address: int, length: int) -> Any:
-    """A uint8 tensor over device memory the capture owns (no copy), for NCCL to send or fill."""
-    import torch
-
-    return torch.as_tensor(_Bytes(address, length))
