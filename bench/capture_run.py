@@ -2,9 +2,9 @@
 
     python3 bench/capture_run.py --out DIR [--steps llama-decode,...] [--profile-steps ...] [--flush-l2-mb 256]
 
-For each step: capture it (kernelfleet.kernels.capture), save the raw capture (the CPU tests
+For each step: capture it (kernelfleet.kernels.cuda.capture), save the raw capture (the CPU tests
 replay it), assemble the program, replay the step node by node with memory-diff and the dynamic
-range probe (kernelfleet.kernels.replay), check the node-by-node outputs equal the graph's, and
+range probe (kernelfleet.kernels.cuda.replay), check the node-by-node outputs equal the graph's, and
 write the findings. Then sweep candidate green-context profiles, pick the pair closest to L40S +
 A100 (kernelfleet.profile.run), and time every launch of the profile steps on it and on the whole GPU.
 Each part is guarded: a failure is printed with its traceback and the run goes on.
@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 
 from kernelfleet.graph.deps import dependencies
-from kernelfleet.kernels import driver
-from kernelfleet.kernels.analyze import census
+from kernelfleet.kernels.cuda import driver
+from kernelfleet.analyze import census
 from kernelfleet.kernels.assemble import assemble
-from kernelfleet.kernels.capture import capture
+from kernelfleet.kernels.cuda.capture import capture
 from kernelfleet.kernels.checks import probe_disagreements, unsound_writes, with_observations
-from kernelfleet.kernels.replay import observe, preludes, stepwise_matches_graph
+from kernelfleet.kernels.cuda.replay import observe, preludes, stepwise_matches_graph
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.profile.run import calibrate_profiles, choose, pair_specs, sweep_specs
 from kernelfleet.profile.timing import calibrate, time_launches

@@ -33,7 +33,7 @@ from kernelfleet.workloads.steps import reference
 def copy_probe(home) -> dict:
     """Each copy method (runtime/link.METHODS) on fresh tensors and into the home replica's own
     memory: does the driver accept the node, and does the graph move the right bytes?"""
-    from kernelfleet.kernels import driver
+    from kernelfleet.kernels.cuda import driver
 
     found = {}
     src = torch.arange(256, dtype=torch.uint8, device="cuda")

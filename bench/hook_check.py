@@ -225,7 +225,8 @@ class ProfileRecorder:
 
     @contextmanager
     def __call__(self) -> Iterator[Any]:
-        from kernelfleet.hook import FlopCount, cuda_kernels
+        from kernelfleet.flops import FlopCount
+        from kernelfleet.hook import cuda_kernels
 
         counter = FlopCount(ordered=True)
         with cuda_kernels() as trace:
@@ -239,7 +240,8 @@ class ProfileRecorder:
 def gemm_pairs(calls: list[list[Any]], launches: list[list[Any]]) -> list[dict[str, Any]]:
     """The profiled step's matmuls and the GEMM kernels that ran them, by the rule of
     ``hook.padding_flops`` (a kernel launched by a matmul op whose name says GEMM, in launch order)."""
-    from kernelfleet.hook import _GEMM_WORDS, MATMUL_OPS, gemm_dims
+    from kernelfleet.flops import MATMUL_OPS
+    from kernelfleet.hook import _GEMM_WORDS, gemm_dims
     from kernelfleet.ofu.kernel_tiles import cluster_from_kernel_name, executed_flops_of_kernel, tile_from_kernel_name
 
     gemms = [kernel for op, kernel in launches if (op or "").removeprefix("aten::") in MATMUL_OPS
@@ -267,7 +269,8 @@ def run_job(out: Path, url: str, phase_seconds: float, dry_run: bool) -> dict[st
     import torch
 
     from kernelfleet.catalog import Catalog
-    from kernelfleet.hook import FlopCount, Tracker, cuda_kernels
+    from kernelfleet.flops import FlopCount
+    from kernelfleet.hook import Tracker, cuda_kernels
 
     cuda = not dry_run
     if cuda and not torch.cuda.is_available():

@@ -29,8 +29,8 @@ from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.plan import command
 from kernelfleet.plan.gantt import draw
 from kernelfleet.plan.serving import Phase, rates
-from kernelfleet.profile.costmodel import leave_one_out
-from kernelfleet.profile.roofline import Capability
+from kernelfleet.costs.model import leave_one_out
+from kernelfleet.costs.roofline import Capability
 from kernelfleet.profile.table import cost_table, preference
 from kernelfleet.workloads import preset
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.plan.milp import zero_comm_bound
-from kernelfleet.plan.model import CostTable, Device, Link, Problem
+from kernelfleet.costs.table import CostTable
+from kernelfleet.plan.model import Device, Link, Problem
 from kernelfleet.plan.policy import group_replicas, throughput
 from kernelfleet.profile.table import cost_table
 

@@ -67,7 +67,7 @@ def analyze(
     """Capture a model step's kernels: what each reads and writes, how that is known, what is pinned."""
     from rich.table import Table
 
-    from kernelfleet.kernels import analyze as analysis
+    from kernelfleet import analyze as analysis
 
     if capture_file is not None:
         numbers = analysis.analyze_capture(capture_file, out)
@@ -141,7 +141,7 @@ def profile_command(
     """Time every kernel of a captured step on each device profile: a cost table for `kernelfleet plan`."""
     from rich.progress import Progress
 
-    from kernelfleet.kernels import analyze as analysis
+    from kernelfleet import analyze as analysis
     from kernelfleet.profile import run
     from kernelfleet.profile.devices import ProfileSpec
 
@@ -186,7 +186,7 @@ def plan_command(
     in_flight: int | None = typer.Option(
         None, "--in-flight", help="Plan for this many requests in flight: the throughput policy picks the plan "
         "(switch budgets, the best single cut, every baseline) fastest per request as the executor runs it "
-        "(runtime/slots.py), and every plan's time at K is printed."),
+        "(plan/slots.py), and every plan's time at K is printed."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """Place a kernel program on devices: the chosen policy's plan beside every baseline."""
@@ -205,7 +205,7 @@ def plan_command(
         console.print(note, markup=False, highlight=False)
     header, rows = command.table(done.problem, plans, chosen)
     if in_flight is not None:
-        from kernelfleet.runtime.slots import per_request
+        from kernelfleet.plan.slots import per_request
 
         header.append(f"time/request, {in_flight} in flight")
         predicted = {plan.policy: per_request(done.problem, plan, in_flight) for plan in plans}
@@ -410,7 +410,7 @@ def disagg_nccl_command(
 def _cost_table(costs: Path | None):
     if costs is None:
         return None
-    from kernelfleet.plan.model import CostTable
+    from kernelfleet.costs.table import CostTable
 
     return CostTable.from_json(read_text(costs), str(costs))
 

@@ -19,7 +19,7 @@ replicas of its own, as one CUDA graph (``runtime/executor.py``); its time is th
   schedule (the plan's own row), free slots, and free slots with priorities to earlier slots;
 * link sensitivity: the throughput plan, slots free, with every copy paced to 200, 100 and 25 Gbit/s;
 * given the cost table the plans were made from (``--costs``): the throughput plan and the layer
-  pipeline with list-scheduled slots (``runtime/slots.py``), and beside every strategy the graph
+  pipeline with list-scheduled slots (``plan/slots.py``), and beside every strategy the graph
   time ``slots.makespan`` predicts.
 
 Before a strategy is timed, the executor checks its plan graph has no race (``schedule.races``) and the
@@ -42,16 +42,17 @@ from rich.table import Table
 
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.assemble import assemble
-from kernelfleet.kernels.capture import capture
+from kernelfleet.kernels.cuda.capture import capture
 from kernelfleet.kernels.ir import Program
-from kernelfleet.kernels.replay import saved_state
+from kernelfleet.kernels.cuda.replay import saved_state
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.profile.timing import median_seconds
 from kernelfleet.runtime.executor import Built, Replica, Slot, build, release, run
 from kernelfleet.runtime.link import Throttle
-from kernelfleet.plan.model import CostTable, Plan
-from kernelfleet.runtime.schedule import Node
-from kernelfleet.runtime.slots import estimate, makespan
+from kernelfleet.costs.table import CostTable
+from kernelfleet.plan.model import Plan
+from kernelfleet.plan.schedule import Node
+from kernelfleet.plan.slots import estimate, makespan
 from kernelfleet.workloads.steps import Step
 
 LINKS_GBIT = (200, 100, 25)
@@ -224,7 +225,7 @@ class Bench:
 
     def measure(self, strategy: Strategy, repeats: int, stream: torch.cuda.Stream) -> dict:
         built = self.graph(strategy)
-        predicted = None  # the graph's time as runtime/slots.py predicts it
+        predicted = None  # the graph's time as plan/slots.py predicts it
         if self.seconds is not None:
             predicted = makespan(built.combined, lambda x: self.seconds(x.slot, x.node))
         try:

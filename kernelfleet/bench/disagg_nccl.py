@@ -36,11 +36,11 @@ from rich.console import Console
 from kernelfleet.bench.disagg import (Strategy, capture_replicas, differing_elements, load_plans, restore_all, show,
                                      strategies)
 from kernelfleet.errors import UsageError
-from kernelfleet.kernels.replay import device_bytes, saved_state
-from kernelfleet.plan.model import CostTable
+from kernelfleet.kernels.cuda.replay import device_bytes, saved_state
+from kernelfleet.costs.table import CostTable
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.runtime.distributed import RankSlot, build_rank, release_rank, run_rank, weights_read
-from kernelfleet.runtime.slots import estimate
+from kernelfleet.plan.slots import estimate
 from kernelfleet.workloads.steps import Step
 
 

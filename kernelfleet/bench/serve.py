@@ -49,7 +49,7 @@ REPLICAS, MONITOR = "replicas", "monitor"
 MODES = (LATENCY, THROUGHPUT, REPLICAS, MONITOR)
 NEEDS = {LATENCY: (LATENCY,), THROUGHPUT: (THROUGHPUT,), REPLICAS: (REPLICAS,), MONITOR: (LATENCY, THROUGHPUT)}
 PLANS = {LATENCY: "latency-greedy", THROUGHPUT: "throughput-milp"}  # policy names `kernelfleet plan` writes
-SLOT_MODES = ("free", "sequential")  # for the throughput graph (runtime/slots.py; "scheduled" needs costs)
+SLOT_MODES = ("free", "sequential")  # for the throughput graph (plan/slots.py; "scheduled" needs costs)
 
 
 def parse_rates(text: str) -> list[float]:

@@ -7,15 +7,15 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from kernelfleet.catalog import Catalog, Sku
 from kernelfleet.errors import UsageError
 from kernelfleet.fleet.attribution import JobIdentity, attribute, clean, split_shared
 from kernelfleet.fleet.detect import Event, RegressionDetector
+from kernelfleet.fleet.reading import JobShare, Reading
 from kernelfleet.fleet.store import GpuRow, JobRow, Store
-from kernelfleet.ofu import OfuReading, classify, corrected_ofu, ofu
+from kernelfleet.ofu import classify, corrected_ofu, ofu
 from kernelfleet.telemetry.sample import ProcessSample, Sample
 from kernelfleet.telemetry.scrape import PodRef
 
@@ -24,29 +24,6 @@ log = logging.getLogger(__name__)
 
 class Source(Protocol):
     def batches(self, count: int | None = None) -> Iterable[list[Sample]]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class JobShare:
-    """A job's hold on one GPU in one window."""
-
-    job: str
-    kind: str
-    user: str | None
-    share: float  # of the GPU, by per-process SM use when shared
-    approximate: bool  # the GPU was shared by several jobs
-
-
-@dataclass(frozen=True, slots=True)
-class Reading:
-    """The latest window of one GPU, as the exporter and the API show it."""
-
-    host: str
-    sample: Sample
-    sku: Sku | None
-    ofu: OfuReading
-    bottleneck: str
-    jobs: tuple[JobShare, ...] = ()
 
 
 def attribute_recorded(process: ProcessSample) -> JobIdentity:

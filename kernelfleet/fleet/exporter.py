@@ -17,7 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from kernelfleet.catalog import TENSOR_PRECISIONS
-from kernelfleet.fleet.agent import Reading
+from kernelfleet.fleet.reading import Reading
 
 LABELS = ("gpu", "uuid", "model", "hostname", "mig")
 

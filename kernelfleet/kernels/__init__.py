@@ -1,1 +1,1 @@
-"""The kernel-program IR (buffers, launches, accesses) and, later, its capture from PyTorch."""
+"""The kernel-program IR (buffers, launches, accesses), pure; its CUDA edge is ``kernels.cuda``."""

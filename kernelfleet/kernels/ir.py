@@ -139,6 +139,17 @@ class Program:
         return cls.from_json(text, str(path))
 
 
+def merged_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[start, end) ranges sorted, with overlapping or touching ones joined."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise UsageError(message)

@@ -18,6 +18,7 @@ from typing import Any
 
 from kernelfleet.documents import parse, reading
 from kernelfleet.errors import UsageError
+from kernelfleet.kernels.ir import KINDS
 
 CAPTURE_FORMAT = 1
 
@@ -112,6 +113,12 @@ class RawCapture:
         except (OSError, EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
             raise UsageError(f"{path}: cannot read a raw capture ({exc})") from exc
         return cls.from_json(text, str(path))
+
+
+def program_nodes(raw: RawCapture) -> list[int]:
+    """Graph node index of each launch of the program assembled from ``raw`` (its kernels and copies,
+    in graph order)."""
+    return [i for i, n in enumerate(raw.nodes) if n.kind in KINDS]
 
 
 def _tuple(value: Any) -> tuple | None:

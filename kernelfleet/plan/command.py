@@ -1,7 +1,7 @@
 """What ``kernelfleet plan`` does, as functions on plain data (the CLI only parses and prints).
 
 :func:`setup` reads the program and cost table, adds catalog SKUs the table has not measured
-through the roofline cost model (``profile/costmodel.py``) and builds the :class:`Problem`;
+through the roofline cost model (``costs/model.py``) and builds the :class:`Problem`;
 :func:`make_plans` runs the chosen policy with every baseline beside it; :func:`table` gives
 the rows to print and :func:`write` the plan files. Every plan written carries the cost
 table's source in ``details["costs_source"]``, so a plan made from predicted costs says so.
@@ -18,7 +18,8 @@ from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.baselines import baselines
-from kernelfleet.plan.model import CostTable, Device, Link, Plan, Problem
+from kernelfleet.costs.table import CostTable
+from kernelfleet.plan.model import Device, Link, Plan, Problem
 from kernelfleet.plan.policy import throughput
 from kernelfleet.plan.validate import evaluate
 
@@ -145,7 +146,7 @@ def _predict(
     import json
 
     from kernelfleet.catalog import Catalog
-    from kernelfleet.profile.costmodel import Capability, predict_table
+    from kernelfleet.costs.model import Capability, predict_table
 
     catalog = Catalog.load(catalog_path)
     targets = {key: catalog.get(key) for key in predict}  # UsageError naming the known keys

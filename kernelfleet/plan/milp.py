@@ -23,7 +23,7 @@ consecutive launches are counted by class pair (with how often the pair follows 
 the budget counts the switches of the replicated plan exactly. S = 1 on two devices is a
 two-stage pipeline cut anywhere, chosen by compute and transfer cost. Why: the executor runs few
 requests in flight, and a plan that switches every few kernels makes each request one serial
-chain through both devices (``runtime/slots.py``); the policy tries several S (``policy.py``).
+chain through both devices (``plan/slots.py``); the policy tries several S (``policy.py``).
 
 Bounds: the LP relaxation of this model, and the zero-communication LP (same model without
 cut terms and memory). HiGHS's own dual bound at the end is also valid when the model was
@@ -32,6 +32,7 @@ not compressed. Tessera's MILP (Gurobi) has no memory rows.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -40,15 +41,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import highspy
+from typing import Any
+
 import numpy as np
 
-from kernelfleet.errors import UsageError
+from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.plan.compress import classes as launch_classes
 from kernelfleet.plan.compress import find_repeats
 from kernelfleet.plan.model import Plan, Problem
 
-INF = highspy.kHighsInf
+INF = math.inf  # HiGHS reads an infinite bound as none (its kHighsInf is inf)
+
+
+def _highspy() -> Any:
+    """HiGHS, imported where a solve happens: the baselines and the validator never need it."""
+    try:
+        import highspy
+    except ImportError as exc:  # pragma: no cover - part of the [place] extra
+        raise EnvironmentProblem(f"the MILP needs HiGHS ({exc}): pip install 'kernelfleet[place]'") from exc
+    return highspy
 
 
 @contextmanager
@@ -83,9 +94,9 @@ class _Model:
     def row(self, lower: float, upper: float, terms: dict[int, float]) -> None:
         self.rows.append((lower, upper, terms))
 
-    def to_highs(self, relax: bool, time_limit_seconds: float, mip_rel_gap: float) -> highspy.Highs:
+    def to_highs(self, relax: bool, time_limit_seconds: float, mip_rel_gap: float) -> Any:
         with _stdout_to_stderr():  # HiGHS prints its banner on the first construction, before any option
-            h = highspy.Highs()
+            h = _highspy().Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("time_limit", float(time_limit_seconds))
         h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
@@ -310,13 +321,14 @@ def solve_throughput(problem: Problem, *, time_limit_seconds: float = 30.0, mip_
     built = _build(problem, cls, problem.home, transfers=True, memory=True, max_switches=max_switches)
     limits = "the pins and memory limits" + ("" if max_switches is None else f" within {max_switches} switches")
     fix = "raise a memory limit or add a device" + ("" if max_switches is None else " or allow more switches")
+    status_of = _highspy().HighsModelStatus
     lp_bound = None
     if max_switches is None:  # a bound for the full problem; under a budget, time better spent on the MILP
         h = built.model.to_highs(relax=True, time_limit_seconds=time_limit_seconds, mip_rel_gap=mip_rel_gap)
         h.run()
-        if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+        if h.getModelStatus() == status_of.kOptimal:
             lp_bound = float(h.getInfo().objective_function_value)
-        if h.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
+        if h.getModelStatus() == status_of.kInfeasible:
             raise UsageError(f"no placement satisfies {limits} (the relaxation is infeasible): {fix}")
     h = built.model.to_highs(relax=False, time_limit_seconds=max(0.1, time_limit_seconds - (time.perf_counter() - began)),
                              mip_rel_gap=mip_rel_gap)
@@ -327,7 +339,7 @@ def solve_throughput(problem: Problem, *, time_limit_seconds: float = 30.0, mip_
     status = h.getModelStatus()
     info = h.getInfo()
     if info.primal_solution_status != 2:  # 2 = feasible
-        if status == highspy.HighsModelStatus.kInfeasible:
+        if status == status_of.kInfeasible:
             raise UsageError(f"no placement satisfies {limits}: {fix}")
         raise UsageError(f"the MILP found no placement within {time_limit_seconds} s "
                          f"({h.modelStatusToString(status)}): raise the time limit or use compress=True")

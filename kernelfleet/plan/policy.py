@@ -19,7 +19,7 @@ from kernelfleet.plan.baselines import baselines
 from kernelfleet.plan.milp import solve_throughput, switches, zero_comm_bound
 from kernelfleet.plan.model import Plan, Problem
 from kernelfleet.plan.validate import evaluate, violations
-from kernelfleet.runtime.slots import per_request
+from kernelfleet.plan.slots import per_request
 
 LADDER = (1, 2, 4, 8, 16)  # switch budgets tried with requests in flight
 LADDER_SHARE = 0.5  # of the time limit, for the budgeted solves; the unconstrained solve gets the rest
@@ -154,7 +154,7 @@ def _in_flight(problem: Problem, plans: list[Plan], requests: int, began: float,
     details["in_flight"] = {
         "requests": requests, "chosen": mine["plan"], "max_switches": mine.get("max_switches"),
         "switches": mine["switches"], "per_request_seconds": mine["per_request_seconds"],
-        "objective": f"seconds per request with {requests} in flight, list-scheduled slots (runtime/slots.py)",
+        "objective": f"seconds per request with {requests} in flight, list-scheduled slots (plan/slots.py)",
         "replicas_faster": replicas is not None and replicas["per_request_seconds"] < mine["per_request_seconds"],
         "candidates": rows,
     }

@@ -16,7 +16,8 @@ import random
 
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Access, Buffer, Launch, Program
-from kernelfleet.plan.model import CostTable, Device, Link, Problem
+from kernelfleet.costs.table import CostTable
+from kernelfleet.plan.model import Device, Link, Problem
 
 PROFILES = {  # name: (dense bf16 FLOP/s, HBM bytes/s)
     "l40s": (362e12, 0.864e12), "a100": (312e12, 2.04e12), "h100": (989e12, 3.35e12), "rtxpro6000": (500e12, 1.79e12),

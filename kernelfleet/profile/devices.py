@@ -4,7 +4,7 @@ A partition (a CUDA green context) limits SMs only; memory bandwidth falls only 
 cannot pull it all. A *bandwidth-poor* device therefore needs a co-running bandwidth hog in a
 separate partition: copies in a loop, from a thread and stream of its own (a hog on another
 stream of the same partition just time-shares and changes nothing; DESIGN.md, Facts). The work
-and hog partitions are carved from one chain of splits (:func:`kernelfleet.kernels.driver.green_streams`)
+and hog partitions are carved from one chain of splits (:func:`kernelfleet.kernels.cuda.driver.green_streams`)
 so they never share an SM; torch work runs on a partition through its stream. Clocks, power
 limits and MIG are never touched.
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from kernelfleet.errors import UsageError
-from kernelfleet.kernels import driver
+from kernelfleet.kernels.cuda import driver
 
 SM_GRANULE = 8  # Hopper hands out partitions in multiples of 8 SMs (DESIGN.md, Facts)
 HOG_BYTES = 1 << 30

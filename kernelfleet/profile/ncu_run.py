@@ -46,10 +46,11 @@ def whole_seconds(path: Path | None) -> list[float | None] | None:
 def run(step_name: str, out: Path, profiles: str, seconds: float, order_by: Path | None) -> Groups:
     import torch
 
-    from kernelfleet.kernels import driver
+    from kernelfleet.kernels.cuda import driver
     from kernelfleet.kernels.assemble import assemble
-    from kernelfleet.kernels.capture import capture
-    from kernelfleet.kernels.replay import preludes, program_nodes
+    from kernelfleet.kernels.cuda.capture import capture
+    from kernelfleet.kernels.cuda.replay import preludes
+    from kernelfleet.kernels.raw import program_nodes
     from kernelfleet.profile.devices import DeviceProfile
     from kernelfleet.profile.run import parse_profile
     from kernelfleet.profile.timing import calibrate
@@ -65,7 +66,7 @@ def run(step_name: str, out: Path, profiles: str, seconds: float, order_by: Path
     doc = Groups(step_name, len(program.launches), groups)
     path = out / f"{step_name}.groups.json"
     path.write_text(doc.to_json())  # the mapping exists even if the run is cut off
-    nodes = program_nodes(captured)
+    nodes = program_nodes(captured.raw)
     resets = preludes(program)  # memsets a kernel needs before it, or it skips its work
     order = by_weight([g for g in groups if g.kind == "kernel"], whole_seconds(order_by))
     log(f"{step_name}: {len(program.launches)} launches, {len(groups)} groups ({len(order)} of kernels), "

@@ -22,16 +22,15 @@ from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.ir import Program
-from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.plan.model import CostTable
+from kernelfleet.kernels.raw import RawCapture, program_nodes
+from kernelfleet.costs.table import CostTable
 
 EXACT = ("schema", "graph-node", "ptx-dynamic")
-PROGRAM_KINDS = ("kernel", "memcpy", "memset")
 
 
 def launch_flops(raw: RawCapture, program: Program) -> tuple[list[int | None], list[str | None]]:
     """Useful FLOPs and precision per launch; None where the launch's op counts no FLOPs."""
-    launch_of = {node: i for i, node in enumerate(n for n, x in enumerate(raw.nodes) if x.kind in PROGRAM_KINDS)}
+    launch_of = {node: i for i, node in enumerate(program_nodes(raw))}
     flops: list[int | None] = [None] * len(program.launches)
     precision: list[str | None] = [None] * len(program.launches)
     for op in raw.ops:

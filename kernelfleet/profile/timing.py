@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from kernelfleet.kernels import driver
-from kernelfleet.kernels.capture import Captured
-from kernelfleet.kernels.replay import program_nodes
+from kernelfleet.kernels.cuda import driver
+from kernelfleet.kernels.cuda.capture import Captured
+from kernelfleet.kernels.raw import program_nodes
 
 MAX_COPIES = 200
 
@@ -45,7 +45,7 @@ def time_launches(captured: Captured, stream: torch.cuda.Stream, *, resets: Mapp
     graph-launch cost per trial with a warm L2, so cold minus it is the L2's share alone."""
     runner = driver.NodeReplayer(captured.nodes, context or captured.context)
     flush = torch.empty(flush_l2_bytes, dtype=torch.uint8, device=stream.device) if flush_l2_bytes else None
-    nodes = program_nodes(captured)
+    nodes = program_nodes(captured.raw)
 
     def trial(node: int, count: int, prelude: tuple[int, ...]) -> float:
         if flush is not None:

@@ -38,13 +38,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelfleet.kernels import driver
-from kernelfleet.kernels.ir import Program
-from kernelfleet.kernels.replay import merged_ranges, program_nodes
+from kernelfleet.kernels.cuda import driver
+from kernelfleet.kernels.ir import Program, merged_ranges
+from kernelfleet.kernels.raw import program_nodes
 from kernelfleet.runtime.executor import Places, Replica, add_launch, plan_graph
 from kernelfleet.runtime.link import LinkKernels, Throttle
-from kernelfleet.runtime.schedule import Node
-from kernelfleet.runtime.slots import SlotNode
+from kernelfleet.plan.schedule import Node
+from kernelfleet.plan.slots import SlotNode
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +154,7 @@ def build_rank(slots: list[RankSlot], device: str, alias: Callable[[int, int], A
             slot = slots[op.slot]
             if op.kind == "segment":
                 if op.slot not in launch_nodes:
-                    launch_nodes[op.slot] = program_nodes(slot.replica.captured)
+                    launch_nodes[op.slot] = program_nodes(slot.replica.captured.raw)
                 graph = driver.create_graph()
                 built.graphs[i] = (graph, None)
                 made: dict[int, Any] = {}

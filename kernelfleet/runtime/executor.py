@@ -4,16 +4,16 @@ Each device has a *replica*: the step captured on that device (its own weights, 
 activations at its own addresses). The plan's graph holds each launch as a copy of the node its
 device's replica captured (so every kernel reads its own device's memory, with its own
 parameters), added in the device's execution context — a green context's, to run on that
-partition's SMs — and the copies of :func:`kernelfleet.runtime.transfers.transfers` between them
+partition's SMs — and the copies of :func:`kernelfleet.plan.transfers.transfers` between them
 (``runtime/link.py``: memcpy nodes, optionally paced to an emulated link).
 
-Order comes from ``runtime/schedule.py`` (checked race-free on the CPU by ``schedule.races``
+Order comes from ``plan/schedule.py`` (checked race-free on the CPU by ``schedule.races``
 before the graph is built):
 overlapping (a copy waits only for the bytes it moves) or conservative (a copy stalls both of its
 devices). Several *slots* (micro-batches, each with replicas of its own) make one graph; how they
 share each device's and link's stream — one after another, freely, or in a list-scheduled order
 that lets a device start the next slot while the other works on this one — is
-``runtime/slots.py``'s, which also predicts the graph's time. Optionally earlier slots' kernels get
+``plan/slots.py``'s, which also predicts the graph's time. Optionally earlier slots' kernels get
 a higher launch priority.
 """
 
@@ -21,17 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelfleet.errors import UsageError
-from kernelfleet.kernels import driver
-from kernelfleet.kernels.capture import Captured
+from kernelfleet.kernels.cuda import driver
 from kernelfleet.kernels.ir import Program
-from kernelfleet.kernels.replay import program_nodes
+from kernelfleet.kernels.raw import program_nodes
 from kernelfleet.runtime.link import METHODS, LinkKernels, Throttle, add_copy
-from kernelfleet.runtime.schedule import Node, races, schedule
-from kernelfleet.runtime.slots import SlotNode, pipeline
-from kernelfleet.runtime.transfers import AddressMap, Transfer
+from kernelfleet.plan.schedule import Node, races, schedule
+from kernelfleet.plan.slots import SlotNode, pipeline
+from kernelfleet.plan.transfers import AddressMap, Transfer
+
+if TYPE_CHECKING:  # a type only: the executor never imports torch
+    from kernelfleet.kernels.cuda.capture import Captured
 
 
 @dataclass
@@ -65,7 +67,7 @@ class Built:
     slots: int
     method: str | None  # how copies were made (link.METHODS); None when the plan copies nothing
     kernels: list[LinkKernels]
-    combined: list[SlotNode]  # the graph as data (runtime/slots.py), e.g. for slots.makespan
+    combined: list[SlotNode]  # the graph as data (plan/slots.py), e.g. for slots.makespan
 
 
 def plan_graph(slots: list[tuple[Program, list[str], str]], overlap: bool = True, resident_state: bool = False,
@@ -108,7 +110,7 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
     try:
         least, greatest = driver.priority_range() if priorities else (0, 0)
         places = [Places(s.home, {d: r.program for d, r in s.replicas.items()}) for s in slots]
-        launch_nodes = [{d: program_nodes(r.captured) for d, r in s.replicas.items()} for s in slots]
+        launch_nodes = [{d: program_nodes(r.captured.raw) for d, r in s.replicas.items()} for s in slots]
         made: list[list[Any]] = []
         for x in combined:
             priority = max(greatest, least - (len(slots) - 1 - x.slot)) if priorities else None

@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Any
 
 from kernelfleet.errors import UsageError
-from kernelfleet.kernels import driver
+from kernelfleet.kernels.cuda import driver
 
 METHODS = ("memcpy", "captured", "kernel")
 _BLOCK = 256

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kernelfleet.graph.deps import dependencies, kernel_kind
-from kernelfleet.kernels.analyze import census
+from kernelfleet.analyze import census
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.checks import probe_disagreements, unsound_writes
 from kernelfleet.kernels.raw import RawCapture
@@ -165,7 +165,7 @@ def test_a_plan_that_splits_an_op_copies_what_its_kernels_pass_each_other():
     """topk on the H200 is gatherTopK (candidates into the outputs) then bitonicSortKV (sorts them
     in place): a plan putting the two on different devices must copy the candidates. Missing that
     copy is what a random MoE plan hit on the GPU (an index out of bounds in the next gather)."""
-    from kernelfleet.runtime.transfers import transfers
+    from kernelfleet.plan.transfers import transfers
 
     raw, program, _ = load("moe-decode")
     topk = next(op for op in raw.ops if op.name == "aten.topk.default" and op.end - op.first == 2)

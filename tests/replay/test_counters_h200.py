@@ -86,7 +86,7 @@ def test_groups_file_checks_the_program_it_is_joined_to():
 
 
 def test_warm_tables_against_measured_single_device_graphs():
-    """Since the profiler replays each kernel's memsets before it (kernels/replay.py: preludes), every
+    """Since the profiler replays each kernel's memsets before it (kernels/cuda/replay.py: preludes), every
     table sums to within 10 % of its step's measured graph on both profiles; before, prefill was 21 /
     27 % under and DiT 3.0× (docs/place.md, "The gap found")."""
     rows = {(r.step, r.profile, r.table): r for r in load_checks(CAPTURES, MEASURED)}

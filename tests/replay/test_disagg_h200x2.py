@@ -20,7 +20,7 @@ from kernelfleet.graph.deps import flows
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.plan.model import Plan
-from kernelfleet.runtime.transfers import AddressMap, transfers
+from kernelfleet.plan.transfers import AddressMap, transfers
 
 pytestmark = pytest.mark.replay
 
@@ -311,7 +311,7 @@ def test_on_decode_steps_the_in_flight_plans_graph_time_is_predicted_within_6_pe
 def test_on_the_reprofiled_steps_chained_and_scheduled_graphs_are_predicted_within_6_percent(step):
     """Plans made on the re-profiled tables for 3 in flight (`bench/disagg_run.sh plans`): every
     single device, replica, pipeline and throughput-plan row whose slots are chained or list
-    scheduled runs within 6 % of runtime/slots.py's prediction (before the fix prefill's and VLM's
+    scheduled runs within 6 % of plan/slots.py's prediction (before the fix prefill's and VLM's
     ran 25-33 % over, DiT's 3.2×). Free slots contend for a device the model gives each slot whole,
     and copy-heavy plans (attention/FFN, the latency plan) pay for copies it does not see."""
     found = recorded(step)["strategies"]

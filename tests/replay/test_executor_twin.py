@@ -2,22 +2,22 @@
 recording twin of the driver doorway, over the two captures two H200s made of the 8B decode step
 (tests/data/h200x2-disagg). Checked: every launch becomes a copy of its own replica's node, every
 copy moves bytes between the right captures' buffers, and the graph's dependencies are exactly
-runtime/slots.py's, across slots too."""
+plan/slots.py's, across slots too."""
 
 from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 
-from kernelfleet.kernels import driver
+from kernelfleet.kernels.cuda import driver
 from kernelfleet.kernels.assemble import assemble
-from kernelfleet.kernels.capture import Captured
+from kernelfleet.kernels.cuda.capture import Captured
 from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.errors import UsageError
 from kernelfleet.runtime.executor import Replica, Slot, build, run
 from kernelfleet.runtime.link import Throttle
-from kernelfleet.runtime.schedule import schedule
-from kernelfleet.runtime.slots import pipeline
+from kernelfleet.plan.schedule import schedule
+from kernelfleet.plan.slots import pipeline
 
 pytestmark = pytest.mark.replay
 

@@ -9,8 +9,8 @@ import pytest
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.errors import UsageError
-from kernelfleet.plan.model import CostTable
-from kernelfleet.profile.costmodel import Capability, fit, leave_one_out, predict_table
+from kernelfleet.costs.table import CostTable
+from kernelfleet.costs.model import Capability, fit, leave_one_out, predict_table
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.runtime.distributed import local, rank_ops, weights_read
 from kernelfleet.runtime.executor import Places, plan_graph
-from kernelfleet.runtime.schedule import schedule
-from kernelfleet.runtime.slots import pipeline
+from kernelfleet.plan.schedule import schedule
+from kernelfleet.plan.slots import pipeline
 
 pytestmark = pytest.mark.unit
 

@@ -19,8 +19,8 @@ from kernelfleet.fleet.server import agent_app
 from kernelfleet.fleet.store import Store
 from kernelfleet.errors import UsageError
 from kernelfleet.fleet.agent import tile_corrected_ofu
+from kernelfleet.flops import FlopCount, precision_of
 from kernelfleet.hook import (
-    FlopCount,
     KernelTrace,
     Launch,
     NoCorrection,
@@ -30,7 +30,6 @@ from kernelfleet.hook import (
     launches_of,
     padding_flops,
     post_json,
-    precision_of,
 )
 from kernelfleet.ofu.kernel_tiles import executed_flops_of_kernel
 from kernelfleet.telemetry.replay import ReplaySource

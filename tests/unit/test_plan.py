@@ -11,7 +11,8 @@ from kernelfleet.kernels.ir import Access, Buffer, Launch, Program
 from kernelfleet.plan.baselines import latency_greedy
 from kernelfleet.plan.compress import Repeats, find_repeats
 from kernelfleet.plan.milp import solve_throughput, zero_comm_bound
-from kernelfleet.plan.model import CostTable, Device, Link, Plan, Problem
+from kernelfleet.costs.table import CostTable
+from kernelfleet.plan.model import Device, Link, Plan, Problem
 from kernelfleet.plan.policy import throughput
 from kernelfleet.plan.synthetic import layered, random_dag
 from kernelfleet.plan.validate import check, evaluate, latency, violations

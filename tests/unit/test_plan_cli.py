@@ -14,7 +14,8 @@ from kernelfleet.cli import app, main
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan import command
 from kernelfleet.plan.gantt import COLOURS
-from kernelfleet.plan.model import CostTable, Device, Link, Plan, Problem
+from kernelfleet.costs.table import CostTable
+from kernelfleet.plan.model import Device, Link, Plan, Problem
 from kernelfleet.plan.synthetic import layered
 from kernelfleet.plan.validate import check, evaluate
 

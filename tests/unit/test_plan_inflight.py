@@ -13,7 +13,7 @@ from kernelfleet.plan.model import Plan
 from kernelfleet.plan.policy import best_cut, throughput
 from kernelfleet.plan.synthetic import layered, random_dag
 from kernelfleet.plan.validate import violations
-from kernelfleet.runtime.slots import per_request
+from kernelfleet.plan.slots import per_request
 
 pytestmark = pytest.mark.unit
 

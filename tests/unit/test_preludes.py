@@ -1,4 +1,4 @@
-"""Which memsets the profiler replays before a kernel (``kernels/replay.py: preludes``), on the
+"""Which memsets the profiler replays before a kernel (``kernels/cuda/replay.py: preludes``), on the
 H200 captures: the stream-K GEMMs and cuDNN attention of the prefill-like steps, whose per-kernel
 times are impossible without them, and plausible with them."""
 
@@ -11,7 +11,7 @@ import pytest
 from kernelfleet.catalog import Catalog
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.kernels.replay import preludes
+from kernelfleet.kernels.cuda.replay import preludes
 from kernelfleet.plan import command
 from kernelfleet.profile.table import cost_table
 

@@ -1,4 +1,4 @@
-"""The plan's graph (``runtime/schedule.py``) on the recorded steps: race-free by ``races``, its
+"""The plan's graph (``plan/schedule.py``) on the recorded steps: race-free by ``races``, its
 streams chains, and the overlapping schedule really overlapping copies with compute."""
 
 import random
@@ -9,7 +9,7 @@ import pytest
 
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.runtime.schedule import races, schedule
+from kernelfleet.plan.schedule import races, schedule
 
 pytestmark = pytest.mark.unit
 

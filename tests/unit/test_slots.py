@@ -1,4 +1,4 @@
-"""Slots of a plan in one graph (runtime/slots.py) on the recorded 8B decode step and its
+"""Slots of a plan in one graph (plan/slots.py) on the recorded 8B decode step and its
 per-kernel profile: the orders are topological and keep each slot's own dependencies, each
 stream is one chain where the mode says so, and the list-scheduled order is predicted to beat the
 sequential one on a plan that switches devices every few kernels."""
@@ -12,9 +12,9 @@ from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.plan.model import CostTable
-from kernelfleet.runtime.schedule import schedule
-from kernelfleet.runtime.slots import estimate, makespan, pipeline
+from kernelfleet.costs.table import CostTable
+from kernelfleet.plan.schedule import schedule
+from kernelfleet.plan.slots import estimate, makespan, pipeline
 
 pytestmark = pytest.mark.unit
 
@@ -98,7 +98,7 @@ def test_modes_are_checked(decode):
 def test_requests_in_flight_under_single_device_and_replica_plans():
     from kernelfleet.plan.baselines import baselines
     from kernelfleet.plan.synthetic import layered
-    from kernelfleet.runtime.slots import per_request
+    from kernelfleet.plan.slots import per_request
 
     problem = layered(2, 2)
     plans = {p.policy: p for p in baselines(problem)[0]}

@@ -18,8 +18,8 @@ from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import _overwrite, flows
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.runtime.schedule import schedule
-from kernelfleet.runtime.transfers import START, AddressMap, transfers
+from kernelfleet.plan.schedule import schedule
+from kernelfleet.plan.transfers import START, AddressMap, transfers
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ The step is warmed up (which also compiles any torch.compile / Triton kernels), 
 once into ``torch.cuda.CUDAGraph(keep_graph=True)`` while an :class:`OpRecorder` — a
 TorchDispatchMode — notes, for every ATen op, which graph nodes it created and which tensors
 its schema says it read and wrote. The graph is then walked through the driver doorway
-(:mod:`kernelfleet.kernels.driver`) into a :class:`~kernelfleet.kernels.raw.RawCapture`, with
+(:mod:`kernelfleet.kernels.cuda.driver`) into a :class:`~kernelfleet.kernels.raw.RawCapture`, with
 the allocator's segments, the named weights, inputs and outputs, and the PTX of every Triton
 kernel that ran. The :class:`Captured` object keeps the graph, its memory pool and the tensors
 alive, so the step can be replayed node by node (``replay.py``).
@@ -21,8 +21,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from kernelfleet.hook import op_flops
-from kernelfleet.kernels import driver, triton_ptx
+from kernelfleet.flops import op_flops
+from kernelfleet.kernels.cuda import driver, triton_ptx
 from kernelfleet.kernels.raw import RawCapture, RawNode, RawOp, RawTensor, Region
 
 

@@ -71,7 +71,7 @@ def load_step(target: str) -> Any:
 def capture_step(target: str, *, record_ops: bool = True) -> tuple[Any, Program]:
     """Capture the step of ``target`` on the GPU: the live capture and its assembled program."""
     from kernelfleet.kernels.assemble import assemble
-    from kernelfleet.kernels.capture import capture
+    from kernelfleet.kernels.cuda.capture import capture
 
     fn, args, module, name = load_step(target)
     captured = capture(fn, args, module=module, what=name, record_ops=record_ops)
@@ -100,7 +100,7 @@ def analyze_capture(path: Path, out: Path) -> dict[str, Any]:
 def analyze_step(target: str, out: Path, *, check: bool = True, record_ops: bool = True) -> dict[str, Any]:
     """Capture ``target`` on the GPU, check its claims by replay, and write the analysis."""
     from kernelfleet.kernels.checks import probe_disagreements, unsound_writes, with_observations
-    from kernelfleet.kernels.replay import observe, stepwise_matches_graph
+    from kernelfleet.kernels.cuda.replay import observe, stepwise_matches_graph
 
     captured, program = capture_step(target, record_ops=record_ops)
     findings: dict[str, Any] = {}

@@ -23,15 +23,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernelfleet.kernels import driver
+from kernelfleet.kernels.cuda import driver
 from kernelfleet.kernels.assemble import fitting
-from kernelfleet.kernels.capture import Captured
+from kernelfleet.kernels.cuda.capture import Captured
 from kernelfleet.kernels.checks import Range
-from kernelfleet.kernels.ir import Launch, Program
-from kernelfleet.kernels.raw import RawNode
+from kernelfleet.kernels.ir import Launch, Program, merged_ranges
+from kernelfleet.kernels.raw import RawNode, program_nodes
 from kernelfleet.ptx import probe as ptx_probe
 
-PROGRAM_KINDS = ("kernel", "memcpy", "memset")
 RUN_GAP_BYTES = 64
 
 
@@ -56,10 +55,6 @@ class Observation:
     unprobed: dict[int, str] = field(default_factory=dict)  # launch with PTX -> why no probe ran
     checked_bytes: int = 0
 
-
-def program_nodes(captured: Captured) -> list[int]:
-    """Graph node index of each launch of the assembled program."""
-    return [i for i, n in enumerate(captured.raw.nodes) if n.kind in PROGRAM_KINDS]
 
 
 def preludes(program: Program) -> dict[int, list[int]]:
@@ -109,7 +104,7 @@ def observe(captured: Captured, program: Program, *, max_bytes: int = 1 << 30, p
             snapshot(b)
     runner = captured.replayer()
     try:
-        for launch, node_index in enumerate(program_nodes(captured)):
+        for launch, node_index in enumerate(program_nodes(captured.raw)):
             node = captured.raw.nodes[node_index]
             mine = {a.buffer for a in program.launches[launch].accesses}
             watched = candidates if everything else sorted(mine)
@@ -179,16 +174,6 @@ def saved_state(program: Program, released: list[tuple[int, int]] = ()) -> Calla
     return restore
 
 
-def merged_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """[start, end) ranges sorted, with overlapping or touching ones joined."""
-    out: list[tuple[int, int]] = []
-    for start, end in sorted(ranges):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
 
 def stepwise_matches_graph(captured: Captured, program: Program) -> bool:
     """Do the outputs of a node-by-node replay equal, bit for bit, those of the graph replay?
@@ -206,7 +191,7 @@ def stepwise_matches_graph(captured: Captured, program: Program) -> bool:
     runner = captured.replayer()
     stream = torch.cuda.current_stream().cuda_stream
     try:
-        for launch, node in enumerate(program_nodes(captured)):
+        for launch, node in enumerate(program_nodes(captured.raw)):
             runner.one(node, stream)
             _synchronize_after(launch, captured.raw.nodes[node])
     finally:

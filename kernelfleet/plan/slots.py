@@ -29,8 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kernelfleet.errors import UsageError
-from kernelfleet.plan.model import CostTable, Plan, Problem
-from kernelfleet.runtime.schedule import Node, schedule
+from kernelfleet.costs.table import CostTable
+from kernelfleet.plan.model import Plan, Problem
+from kernelfleet.plan.schedule import Node, schedule
 
 MODES = ("sequential", "free", "scheduled")
 

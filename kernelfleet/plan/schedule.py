@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from kernelfleet.kernels.ir import Program
-from kernelfleet.runtime.transfers import START, Transfer, transfers
+from kernelfleet.plan.transfers import START, Transfer, transfers
 
 
 @dataclass(frozen=True, slots=True)
