@@ -20,6 +20,15 @@ and ``DCGM_FI_DEV_SM_CLOCK``. What the exporter cannot give, and what that costs
   (``NvmlSource`` gives a slice no power either).
 * **No processes**: who holds a GPU comes from the exporter's Kubernetes labels,
   :attr:`ScrapeSource.pods` (for the latest batch) or :func:`pod_labels` (any text).
+
+The exporter is another program on the network, so nothing it sends is trusted: one scrape has a
+deadline for the whole answer and a size cap; an answer cut short mid-line is a failed scrape
+(Prometheus text ends every line with a newline, and a cut number such as a clock of "19" MHz would
+otherwise read as good); every value is range-checked (a ratio in [0, 1], a clock in (0, max]); a
+series that appears twice with different values is dropped for that window; more GPU entities than
+one node can hold fail the scrape; and a GPU that leaves the output expires after
+``expire_seconds`` instead of staying stale forever. What was rejected is counted in
+:attr:`ScrapeSource.rejected` and logged once per kind.
 """
 
 from __future__ import annotations
@@ -27,10 +36,11 @@ from __future__ import annotations
 import http.client
 import logging
 import math
+import socket
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -41,8 +51,10 @@ from kernelfleet.telemetry.sample import Sample
 
 log = logging.getLogger(__name__)
 
-FETCH_TIMEOUT_SECONDS = 10.0
+FETCH_DEADLINE_SECONDS = 10.0  # for the whole answer, connect to last byte
 MIB = 1024 * 1024
+MAX_BODY_BYTES = 16 * MIB  # an 8-GPU node with every profiling field answers ~0.2 MiB
+MAX_GPUS = 256  # GPU entities one node can show: 16 GPUs x 7 MIG instances, twice over
 TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
 SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
 # DCGM writes "blank" sentinels (not found, not supported, ...) as values at or above 2**47
@@ -71,7 +83,26 @@ FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_PCI_COMBINED_ID": ("pci_device_id", 1.0),  # in no shipped CSV; read if added
 }
 
+# What a sane value of each field lies in (after scaling to our unit); outside it a value is
+# rejected, not stored. Ratios are DCGM's 0-1 fractions; a clock above 10 GHz, a board above
+# 5 kW, a link above 10 TB/s or more memory than 1 PiB is no GPU's. The SM clock is also held
+# against the GPU's own max clock when the exporter serves it.
+RANGES: dict[str, tuple[float, float]] = {
+    **{name: (0.0, 1.0) for name, _ in FIELDS.values() if name.endswith("_ratio")},
+    **{name: (0.0, 1e13) for name, _ in FIELDS.values() if name.endswith("_bytes_per_second")},
+    "sm_clock_mean_hertz": (1.0, 1e10),
+    "sm_clock_max_hertz": (1.0, 1e10),
+    "power_mean_watts": (0.0, 5000.0),
+    "memory_used_bytes": (0.0, 2.0**50),
+    "pci_device_id": (0.0, 2.0**32),
+}
+RATIO_SLACK = 1e-6  # DCGM's float fractions may round a hair above 1; such a value reads as 1
+
 Key = tuple[str, int | None]  # (uuid, mig_instance), the key every consumer of Samples uses
+
+
+class FetchFailed(OSError):
+    """A scrape that got no usable answer; ``str()`` is the reason shown on stale samples."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +117,47 @@ class PodRef:
     container: str | None
 
 
-def http_get(url: str) -> str:
-    """GET ``url`` and return its body as text; the default ``fetch`` of :class:`ScrapeSource`."""
-    with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_SECONDS) as response:
+def http_get(url: str, deadline_seconds: float = FETCH_DEADLINE_SECONDS, max_bytes: int = MAX_BODY_BYTES,
+             clock: Callable[[], float] = time.monotonic) -> str:
+    """GET ``url`` and return its body as text; the default ``fetch`` of :class:`ScrapeSource`.
+
+    The whole answer must arrive within ``deadline_seconds`` (each socket wait gets what is left
+    of it, so an endpoint that drips a byte at a time cannot hold the sampler) and be at most
+    ``max_bytes``; otherwise :class:`FetchFailed` says which.
+    """
+    parts = urllib.parse.urlsplit(url)
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    end = clock() + deadline_seconds
+    connection = connection_class(parts.hostname or "", parts.port, timeout=deadline_seconds)
+    try:
+        connection.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
+        sock = connection.sock  # the response reads through it even after the connection lets it go
+        response = connection.getresponse()
+        if response.status != 200:
+            raise FetchFailed(f"HTTP {response.status} {response.reason}")
+        declared = response.getheader("Content-Length", "")
+        if declared.isdigit() and int(declared) > max_bytes:
+            raise FetchFailed(f"answer of {int(declared) / MIB:.1f} MiB, over the {max_bytes / MIB:g} MiB cap")
+        body = bytearray()
+        while True:
+            left = end - clock()
+            if left <= 0:
+                raise FetchFailed(f"no whole answer within {deadline_seconds:g} s")
+            sock.settimeout(left)
+            chunk = response.read1(65536)
+            if not chunk:
+                break
+            body += chunk
+            if len(body) > max_bytes:
+                raise FetchFailed(f"answer over the {max_bytes / MIB:g} MiB cap")
         charset = response.headers.get_content_charset() or "utf-8"
-        return response.read().decode(charset)
+        return body.decode(charset)
+    except TimeoutError:  # socket.timeout is TimeoutError
+        raise FetchFailed("timed out") from None
+    except (ConnectionError, socket.gaierror) as exc:
+        raise FetchFailed(f"unreachable ({exc})") from None
+    finally:
+        connection.close()
 
 
 def pod_labels(text: str) -> dict[Key, tuple[PodRef, ...]]:
@@ -155,12 +222,18 @@ class _Gpu:
 class _Scrape:
     gpus: dict[Key, _Gpu]
     pods: dict[Key, tuple[PodRef, ...]]
+    rejected: Counter[str] = field(default_factory=Counter)  # why values were not kept, by kind
 
 
 def _parse(text: str) -> _Scrape:
-    """Group one response's DCGM lines by GPU; ``ValueError`` if it is not Prometheus text."""
+    """Group one response's DCGM lines by GPU, keeping only values that can be true;
+    ``ValueError`` if it is not (whole) Prometheus text or names more GPUs than a node has."""
+    if text and not text.endswith("\n"):
+        raise ValueError("the answer was cut short mid-line")
     gpus: dict[Key, _Gpu] = {}
     pods: dict[Key, list[PodRef]] = {}
+    rejected: Counter[str] = Counter()
+    conflicting: set[tuple[Key, str]] = set()
     # The parser is lazy: a malformed line raises here, while iterating.
     for family in text_string_to_metric_families(text):
         for line in family.samples:
@@ -175,16 +248,43 @@ def _parse(text: str) -> _Scrape:
                 continue  # not a GPU entity (NVSwitch, CPU) or no way to name it
             gpu = gpus.get(key)
             if gpu is None:
+                if len(gpus) == MAX_GPUS:
+                    raise ValueError(f"more than {MAX_GPUS} GPUs in one answer: not one node's exporter")
                 gpu = gpus[key] = _Gpu(int(labels["gpu"]), key[0], labels.get("modelName", ""), key[1],
                                        labels.get("Hostname") or None)
             name, scale = FIELDS[metric]
+            first = name not in gpu.served
             gpu.served.add(name)
-            if not math.isnan(line.value) and abs(line.value) < DCGM_BLANK:
-                gpu.values[name] = line.value * scale
+            blank = math.isnan(line.value) or abs(line.value) >= DCGM_BLANK  # DCGM's "no value", no error
+            value = None if blank else _checked(name, line.value * scale, rejected)
+            if not first:  # the same series twice: keep it only where both lines agree
+                if gpu.values.get(name) != value:
+                    rejected["duplicate"] += 1
+                    conflicting.add((key, name))
+            elif value is not None:
+                gpu.values[name] = value
             pod = _pod(labels)
             if pod is not None and pod not in pods.setdefault(key, []):
                 pods[key].append(pod)
-    return _Scrape(gpus, {k: tuple(v) for k, v in pods.items() if v})
+    for key, name in conflicting:
+        gpus[key].values.pop(name, None)
+    for gpu in gpus.values():
+        clock, top = gpu.values.get("sm_clock_mean_hertz"), gpu.values.get("sm_clock_max_hertz")
+        if clock is not None and top is not None and clock > top * (1 + RATIO_SLACK):
+            rejected["out_of_range"] += 1
+            del gpu.values["sm_clock_mean_hertz"]
+    return _Scrape(gpus, {k: tuple(v) for k, v in pods.items() if v}, rejected)
+
+
+def _checked(name: str, value: float, rejected: Counter[str]) -> float | None:
+    """``value`` if it can be true of field ``name``, else None (counted)."""
+    low, high = RANGES[name]
+    if name.endswith("_ratio") and high < value <= high + RATIO_SLACK:
+        return high
+    if not low <= value <= high:
+        rejected["out_of_range"] += 1
+        return None
+    return value
 
 
 def _key(labels: dict[str, str]) -> Key | None:
@@ -214,10 +314,11 @@ class ScrapeSource:
     ...     for batch in source.batches():
     ...         owners = source.pods  # {(uuid, mig_instance): (PodRef, ...)} for this batch
 
-    A failed scrape (unreachable, HTTP error, timeout, not Prometheus text, no GPU
-    lines) yields a stale Sample for every GPU seen before, with the reason; if no
-    GPU was ever seen it raises :class:`EnvironmentProblem`. A GPU that drops out
-    of the exporter's output stays in every batch as stale.
+    A failed scrape (unreachable, HTTP error, past its deadline or size cap, cut short, not
+    Prometheus text, no GPU lines) yields a stale Sample for every GPU seen before, with the
+    reason; if no GPU was ever seen it raises :class:`EnvironmentProblem`. A GPU that drops out
+    of the exporter's output stays in every batch as stale until ``expire_seconds`` have passed
+    since it was last seen; then it is forgotten.
     """
 
     url: str
@@ -226,10 +327,14 @@ class ScrapeSource:
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
+    expire_seconds: float = 600.0
+    # Values and scrapes refused since the start, by kind: out_of_range, duplicate, failed.
+    rejected: Counter[str] = field(default_factory=Counter, init=False)
     # Pods holding each GPU in the latest batch; empty after a failed scrape (unknown).
     pods: dict[Key, tuple[PodRef, ...]] = field(default_factory=dict, init=False)
     hosts: dict[Key, str] = field(default_factory=dict, init=False)  # the node of each GPU seen
     _known: dict[Key, _Gpu] = field(default_factory=dict, init=False)
+    _seen: dict[Key, float] = field(default_factory=dict, init=False)  # when each GPU last answered
     _previous: float | None = field(default=None, init=False)
     _warned: set[str] = field(default_factory=set, init=False)
 
@@ -238,6 +343,8 @@ class ScrapeSource:
             raise UsageError(f"--scrape expects an http(s) URL such as http://HOST:9400/metrics, got {self.url!r}")
         if not self.interval_seconds > 0:
             raise UsageError(f"--interval must be positive, got {self.interval_seconds}")
+        if not self.expire_seconds > 0:
+            raise UsageError(f"expire_seconds must be positive, got {self.expire_seconds}")
 
     def open(self) -> ScrapeSource:
         return self
@@ -280,6 +387,11 @@ class ScrapeSource:
         if not scrape.gpus:
             return self._failed(f"no GPU lines of the DCGM fields kernelfleet reads ({TENSOR_ACTIVE}, {SM_CLOCK}, ...)", timestamp, window)
         self._warn_unsupported(list(scrape.gpus.values()))
+        for kind, count in scrape.rejected.items():
+            self.rejected[kind] += count
+            self._warn_once(f"rejected-{kind}", f"{self.url}: {count} {kind.replace('_', ' ')} value(s) "
+                            "rejected in one scrape (counted in ScrapeSource.rejected; logged once)")
+        self._expire(now, seen=scrape.gpus)
         self._known.update(scrape.gpus)
         self.pods = scrape.pods
         self.hosts.update({key: gpu.host for key, gpu in scrape.gpus.items() if gpu.host})
@@ -288,7 +400,17 @@ class ScrapeSource:
         batch += [gpu.stale(timestamp, window, gone) for key, gpu in self._known.items() if key not in scrape.gpus]
         return batch
 
+    def _expire(self, now: float, seen: dict[Key, _Gpu]) -> None:
+        """Mark ``seen`` as answering now; forget GPUs silent for longer than ``expire_seconds``."""
+        self._seen.update(dict.fromkeys(seen, now))
+        for key in [k for k, last in self._seen.items() if now - last > self.expire_seconds]:
+            del self._seen[key]
+            self._known.pop(key, None)
+            self.hosts.pop(key, None)
+
     def _failed(self, error: str, timestamp: float, window: float) -> list[Sample]:
+        self.rejected["failed"] += 1
+        self._expire(self.clock(), seen={})
         if not self._known:
             raise EnvironmentProblem(
                 f"cannot read GPU metrics from {self.url}: {error}; check that dcgm-exporter "
@@ -320,6 +442,8 @@ class ScrapeSource:
 
 
 def _fetch_error(exc: BaseException) -> str:
+    if isinstance(exc, FetchFailed):
+        return str(exc)
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.reason}"
     reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc

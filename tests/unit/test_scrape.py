@@ -16,7 +16,7 @@ from kernelfleet.catalog import Catalog
 from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.fleet.agent import Agent
 from kernelfleet.ofu import ofu
-from kernelfleet.telemetry.scrape import PodRef, ScrapeSource, pod_labels
+from kernelfleet.telemetry.scrape import FetchFailed, PodRef, ScrapeSource, http_get, pod_labels
 
 pytestmark = pytest.mark.unit
 
@@ -306,3 +306,128 @@ def test_reads_a_real_http_endpoint_with_the_default_fetch():
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+# --- a hostile or broken exporter: every limit of the module docstring ------------------------
+
+def line(metric: str, value: str, gpu: int = 0, uuid: str | None = None) -> str:
+    return f'{metric}{{gpu="{gpu}",UUID="{uuid or f"GPU-{gpu}"}",modelName="NVIDIA H100 80GB HBM3"}} {value}\n'
+
+
+def test_a_body_cut_short_mid_number_is_a_failed_scrape_not_a_slow_clock(fake_time):
+    good = line("DCGM_FI_DEV_SM_CLOCK", "1980") + line("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0.5")
+    cut = good + line("DCGM_FI_DEV_SM_CLOCK", "1980", gpu=1)[:-3]  # "... 19", no newline
+    src = source(fake_time, good, cut)
+    assert src.read()[0].sm_clock_mean_hertz == 1980e6
+    fake_time.sleep(30.0)
+    (stale,) = src.read()
+    assert stale.stale and stale.sm_clock_mean_hertz is None
+    assert stale.error == "not Prometheus text (the answer was cut short mid-line)"
+    assert src.rejected["failed"] == 1
+
+
+def test_out_of_range_values_are_rejected_counted_and_logged_once(fake_time, caplog):
+    body = (line("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "1.7") + line("DCGM_FI_PROF_SM_ACTIVE", "-0.2")
+            + line("DCGM_FI_PROF_DRAM_ACTIVE", "1.0000004") + line("DCGM_FI_DEV_POWER_USAGE", "-5")
+            + line("DCGM_FI_DEV_SM_CLOCK", "2500") + line("DCGM_FI_DEV_MAX_SM_CLOCK", "1980")
+            + line("DCGM_FI_DEV_SM_CLOCK", "1410", gpu=1) + line("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0.25", gpu=1))
+    src = source(fake_time, body)
+    with caplog.at_level(logging.WARNING):
+        bad, good = src.read()
+        fake_time.sleep(30.0)
+        src.read()
+    assert (bad.tensor_active_ratio, bad.sm_active_ratio, bad.power_mean_watts) == (None, None, None)
+    assert bad.dram_bandwidth_ratio == 1.0  # a float hair above 1 is 1
+    assert bad.sm_clock_mean_hertz is None and bad.sm_clock_max_hertz == 1980e6  # above its own max
+    assert (good.tensor_active_ratio, good.sm_clock_mean_hertz) == (0.25, 1410e6)
+    assert src.rejected["out_of_range"] == 2 * 4
+    assert caplog.text.count("out of range value(s) rejected") == 1
+    assert ofu(bad, Catalog.load().lookup(bad.name)).ofu_ratio is None  # never a negative OFU
+
+
+def test_a_series_twice_is_kept_where_both_agree_and_dropped_where_they_differ(fake_time):
+    body = (line("DCGM_FI_DEV_SM_CLOCK", "1755") + line("DCGM_FI_DEV_SM_CLOCK", "1755")
+            + line("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0.5") + line("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0.9"))
+    src = source(fake_time, body)
+    (gpu,) = src.read()
+    assert gpu.sm_clock_mean_hertz == 1755e6 and gpu.tensor_active_ratio is None
+    assert gpu.gpm_supported  # served, only ambiguous this window
+    assert src.rejected["duplicate"] == 1
+
+
+def test_more_gpus_than_a_node_holds_fail_the_scrape(fake_time):
+    body = "".join(line("DCGM_FI_DEV_SM_CLOCK", "1500", gpu=k) for k in range(300))
+    with pytest.raises(EnvironmentProblem, match="more than 256 GPUs in one answer"):
+        source(fake_time, body).read()
+
+
+def test_a_gpu_that_leaves_the_output_expires(fake_time):
+    full = text("h100x2-k8s.prom")
+    only_gpu0 = "".join(row for row in full.splitlines(keepends=True) if 'gpu="1"' not in row)
+    src = source(fake_time, full, only_gpu0, expire_seconds=100.0)
+    src.read()
+    uuids = []
+    for _ in range(4):
+        fake_time.sleep(30.0)
+        uuids.append([s.uuid for s in src.read()])
+    assert uuids == [[H100_0, H100_1]] * 3 + [[H100_0]]  # stale at 30, 60 and 90 s, gone at 120 s
+    assert (H100_1, None) not in src.hosts
+
+
+class _Server:
+    """A real HTTP endpoint on loopback that answers with ``handler(wfile)`` after its headers."""
+
+    def __init__(self, headers: dict[str, str], write) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                self.send_response(200)
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                try:
+                    write(self.wfile)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up, as it should
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.mark.e2e
+def test_a_slow_drip_endpoint_cannot_hold_a_scrape_past_its_deadline():
+    import time as real_time
+
+    def drip(wfile):
+        for _ in range(40):  # one byte every 0.1 s: each read succeeds, the whole takes 4 s
+            wfile.write(b"#")
+            wfile.flush()
+            real_time.sleep(0.1)
+
+    with _Server({"Content-Type": "text/plain"}, drip) as url:
+        began = real_time.monotonic()
+        with pytest.raises(FetchFailed, match=r"no whole answer within 0.5 s|timed out"):
+            http_get(url, deadline_seconds=0.5)
+        assert real_time.monotonic() - began < 1.5
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("declared", [True, False])
+def test_an_oversized_answer_is_refused_whether_or_not_it_declares_its_length(declared):
+    body = b"# " + b"x" * (2 * MIB) + b"\n"
+    headers = {"Content-Type": "text/plain", **({"Content-Length": str(len(body))} if declared else {})}
+    with _Server(headers, lambda wfile: wfile.write(body)) as url:
+        with pytest.raises(FetchFailed, match="over the 1 MiB cap"):
+            http_get(url, max_bytes=MIB)
