@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from kernelfleet.ptx.parser import Entry, Instruction, Module, Operand
+from kernelfleet.errors import UsageError
+from kernelfleet.ptx.parser import Entry, Instruction, Module, Operand, PtxSyntaxError, integer
 
 Origin = tuple[str, str]  # ("param", name) | ("mem32"/"mem64", line) | ("global"/"shared"/"local", name)
 
@@ -31,6 +32,8 @@ _SCALING = {"mul", "shl", "div", "rem", "mul24"}
 # their format strings (constants) and argument buffers (local memory).
 _SYSTEM_CALLS = {"__assertfail", "vprintf"}
 _TEXTURE = {"tex", "tld4", "suld", "sust", "sured", "suq", "txq"}
+_NO_DATA_COPIES = ("cp.async.bulk.prefetch", "cp.async.bulk.commit", "cp.async.bulk.wait", "cp.async.commit",
+                   "cp.async.wait", "cp.async.mbarrier")
 _WIDE = re.compile(r"[bsuf]64")
 
 
@@ -52,7 +55,11 @@ class KernelAccess:
 
 
 def analyze(module: Module) -> list[KernelAccess]:
-    """Analyse every kernel entry of a parsed module, in order."""
+    """Analyse every kernel entry of a parsed module, in order. A module without one (an empty or
+    cut file, or a library of ``.func`` device functions alone) is a UsageError, not an empty answer."""
+    if not module.entries:
+        also = f" ({len(module.functions)} .func device functions only)" if module.functions else ""
+        raise UsageError(f"no .entry kernel in this PTX{also}: an empty, truncated or non-kernel file")
     return [analyze_entry(module, entry) for entry in module.entries]
 
 
@@ -158,6 +165,10 @@ class _Analysis:
     # --- memory instructions ------------------------------------------------------------------
     def _memory(self, ins: Instruction) -> None:
         op, name, ops = ins.opcode, ins.name, ins.operands
+        moves = op in ("ld", "ldu", "st", "atom", "red", "tensormap") or (
+            name.startswith(("cp.async", "cp.reduce.async")) and not name.startswith(_NO_DATA_COPIES))
+        if moves and len(ops) < 2:
+            raise PtxSyntaxError(ins.line, f"{name} needs an address and a value, has {len(ops)} operand(s)", name)
         if op in _TEXTURE:
             self._pin(ins, "texture/surface access cannot be followed to a parameter")
         elif op == "call":
@@ -178,11 +189,11 @@ class _Analysis:
             self.tmap_global[self._key(ops[0])] = self.tmap_smem.get(self._key(ops[1]), frozenset())
         elif name.startswith(("cp.async.bulk.tensor", "cp.reduce.async.bulk.tensor")):
             self._tensor(ins)
-        elif name.startswith(("cp.async.bulk.prefetch", "cp.async.bulk.commit", "cp.async.bulk.wait")):
-            return  # a prefetch moves no data the kernel consumes
+        elif name.startswith(_NO_DATA_COPIES):
+            return  # a prefetch moves no data the kernel consumes; commits and waits move none
         elif name.startswith(("cp.async.bulk", "cp.reduce.async.bulk")):
-            dst, src = [m.split("::")[0] for m in ins.modifiers[2:] if m.split("::")[0] in
-                        ("global", "shared")][:2] or ("", "")
+            spaces = [m.split("::")[0] for m in ins.modifiers[2:] if m.split("::")[0] in ("global", "shared")]
+            dst, src = (spaces + ["", ""])[:2]
             if dst == "global":
                 self._touch(ins, ops[0], "readwrite" if "reduce" in name else "write", "global")
             if src == "global":
@@ -222,8 +233,8 @@ class _Analysis:
             srcs = d.operands[1:]
             if d.opcode in ("mov", "cvta", "cvt") and len(srcs) == 1 and srcs[0].kind in ("register", "symbol"):
                 base = srcs[0].text
-            elif d.opcode == "add" and len(srcs) == 2 and srcs[1].kind == "immediate":
-                base, offset = srcs[0].text, offset + int(srcs[1].text.rstrip("U"), 0)
+            elif d.opcode == "add" and len(srcs) == 2 and integer(srcs[1].text) is not None:
+                base, offset = srcs[0].text, offset + integer(srcs[1].text)
             else:
                 break
         return base, offset

@@ -144,6 +144,13 @@ class _Parser:
             pos = m.end()
         return toks
 
+    def integer(self, words: list[str], line: int, what: str) -> int:
+        """The integer literal ``words`` starts with, or a syntax error naming ``what``."""
+        value = integer(words[0]) if words else None
+        if value is None or value < 0:
+            self.fail(line, f"{what} must be a non-negative integer, got {words[0] if words else 'nothing'!r}")
+        return value
+
     def fail(self, line: int, what: str) -> None:
         text = self.lines[line - 1] if 0 < line <= len(self.lines) else "<end of file>"
         raise PtxSyntaxError(line, what, text)
@@ -291,7 +298,7 @@ class _Parser:
         words = [t.text for t in toks]
         if words[0] not in (".param", ".reg"):
             self.fail(toks[0].line, f"expected .param, found {words[0]!r}")
-        align = int(words[words.index(".align") + 1], 0) if ".align" in words else None
+        align = self.integer(words[words.index(".align") + 1:], toks[0].line, ".align") if ".align" in words else None
         types = [w for w in words if re.fullmatch(r"\.[bsuf](8|16|32|64)|\.pred", w)]
         names = [t for t in toks[1:] if t.kind == "id" and not t.text.startswith(".")]
         if not types or not names:
@@ -299,7 +306,10 @@ class _Parser:
         size = None
         if "[" in words:
             k = words.index("[")
-            size = int(words[k + 1], 0) * int(types[0][2:]) // 8 if words[k + 1] != "]" else 0
+            if types[0] == ".pred":
+                self.fail(toks[0].line, "a .pred parameter cannot be an array")
+            count = self.integer(words[k + 1:], toks[0].line, "array size") if words[k + 1:k + 2] != ["]"] else 0
+            size = count * int(types[0][2:]) // 8
         return Param(names[0].text, types[0], ".ptr" in words, align, size)
 
     # --- function body ------------------------------------------------------------------------
@@ -410,7 +420,10 @@ class _Parser:
             if tok.text in "+-" and tok.kind == "punct":
                 sign = sign * (-1 if tok.text == "-" else 1)
             elif tok.kind == "num" and (base is None or toks.index(tok) > k):
-                offset += sign * int(tok.text.rstrip("U"), 0)
+                value = integer(tok.text)
+                if value is None:
+                    self.fail(line, f"bad address offset {tok.text!r}")
+                offset += sign * value
                 sign = 1
             else:
                 self.fail(line, f"bad address {text!r}")
@@ -437,6 +450,14 @@ def _relabel(ins: Instruction, labels: set[str]) -> Instruction:
     ops = tuple(Operand("label", op.text) if op.kind == "symbol" and op.text in labels else op
                 for op in ins.operands)
     return Instruction(ins.line, ins.predicate, ins.opcode, ins.modifiers, ops, ins.start)
+
+
+def integer(text: str) -> int | None:
+    """A PTX integer literal (decimal, ``0x`` hex, ``0b`` binary; an unsigned ``U`` suffix), or None."""
+    try:
+        return int(text.rstrip("U"), 0)
+    except ValueError:
+        return None
 
 
 def parse(text: str) -> Module:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from kernelfleet.errors import UsageError
 from kernelfleet.ptx.access import _Analysis, _space
-from kernelfleet.ptx.parser import Entry, Instruction, Operand, parse
+from kernelfleet.ptx.parser import Entry, Instruction, Operand, integer, parse
 
 _SLOT = struct.Struct("<QQ")  # one site: lowest address, highest address (little-endian, as on the GPU)
 _NO_MIN = 2**64 - 1
@@ -200,8 +200,15 @@ def _sized(addr: Operand, mode: str, size: Operand) -> _Plan:
     """A copy whose byte count is an operand: an immediate is the width; a register is read at
     run time and the site reports width 1 with the max slot holding the last byte's address."""
     if size.kind == "immediate":
-        return _Plan(mode, addr, int(size.text.rstrip("U"), 0))
+        return _Plan(mode, addr, _width(size))
     return _Plan(mode, addr, 1, size_reg=size.text)
+
+
+def _width(size: Operand) -> int:
+    value = integer(size.text)
+    if value is None or value < 0:
+        raise UsageError(f"a copy size must be a non-negative integer, got {size.text!r}")
+    return value
 
 
 def _cp_async(ins: Instruction, regs: _Registers) -> _Plan:
@@ -216,7 +223,7 @@ def _cp_async(ins: Instruction, regs: _Registers) -> _Plan:
     if not extra:
         return plan
     if extra[0].kind == "immediate":
-        return _Plan("read", src, int(extra[0].text.rstrip("U"), 0))
+        return _Plan("read", src, _width(extra[0]))
     if regs.type_of(extra[0].text.lstrip("!")) == ".pred":
         return _Plan("read", src, plan.width, ignore_src=extra[0].text)
     return _Plan("read", src, plan.width, size_reg=extra[0].text)
