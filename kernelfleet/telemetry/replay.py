@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import time
+import zlib
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
@@ -21,6 +22,9 @@ from kernelfleet.errors import KernelfleetError, UsageError
 from kernelfleet.telemetry.sample import Sample
 
 FORMAT_VERSION = 1
+# The longest pause a paced replay waits out: a recording's gap (an agent stopped for a night) or a
+# corrupt timestamp must not hold the replay for longer.
+MAX_GAP_SECONDS = 3600.0
 
 
 def _open_text(path: Path, mode: str) -> IO[str]:
@@ -115,7 +119,7 @@ class ReplaySource:
                     if self.rebase_time:
                         offset = self.wall() - stamp
                 if self.speed is not None and previous is not None:
-                    self.sleep(max(0.0, (stamp + offset - previous) / self.speed))
+                    self.sleep(min(MAX_GAP_SECONDS, max(0.0, (stamp + offset - previous) / self.speed)))
                 previous = stamp + offset
                 last_time = stamp
                 if offset:
@@ -186,7 +190,7 @@ class _Lines:
             for number, line in enumerate(self._file, start=1):
                 if line.strip():
                     yield number, line
-        except (OSError, EOFError, UnicodeDecodeError) as exc:  # gzip truncated or not gzip
+        except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:  # gzip truncated, corrupt, or not gzip
             raise UsageError(f"{self.path}:{number + 1}: corrupt or truncated file ({exc})") from exc
 
     def __exit__(self, *exc: object) -> None:

@@ -9,6 +9,7 @@ has every counter ``None`` and ``stale=True``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -110,6 +111,8 @@ def _typed_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, bool) and bool not in allowed:
             raise UsageError(f"field {name!r}: expected a number, got {value!r}")
         elif float in allowed and isinstance(value, int | float):
+            if not math.isfinite(value) or value < 0:  # JSON's NaN and Infinity; no field of ours is negative
+                raise UsageError(f"field {name!r}: expected a finite number >= 0, got {value!r}")
             out[name] = float(value)
         elif any(isinstance(value, t) for t in allowed if t is not type(None)):
             out[name] = value

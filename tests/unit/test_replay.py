@@ -95,6 +95,10 @@ def test_truncated_gzip_names_the_file(tmp_path):
         ({"samples": [{**sample(1.0).to_dict(), "tensor_active_ratio": "high"}]}, "'tensor_active_ratio'"),
         ({"samples": [{**sample(1.0).to_dict(), "gpu_index": True}]}, "'gpu_index'"),
         ({"samples": [{**sample(1.0).to_dict(), "surprise": 1}]}, "unknown field"),
+        # JSON's NaN and Infinity parse as floats: a sample carrying one would reach the store and /metrics
+        ({"samples": [{**sample(1.0).to_dict(), "timestamp_seconds": float("inf")}]}, "'timestamp_seconds'.*finite"),
+        ({"samples": [{**sample(1.0).to_dict(), "tensor_active_ratio": float("nan")}]}, "'tensor_active_ratio'"),
+        ({"samples": [{**sample(1.0).to_dict(), "window_seconds": -1.0}]}, "'window_seconds'"),
     ],
 )
 def test_bad_sample_names_file_line_and_field(tmp_path, record, message):
@@ -116,3 +120,33 @@ def test_writer_flushes_each_batch(tmp_path):
     text = zlib.decompressobj(wbits=31).decompress((tmp_path / "t.jsonl.gz").read_bytes())
     assert len(text.decode().splitlines()) == 2
     w.close()
+
+
+def test_a_corrupt_timestamp_cannot_hold_a_paced_replay(tmp_path):
+    write(tmp_path / "t.jsonl", [[sample(10.0)], [sample(1e300)], [sample(1e300 + 1.0)]])
+    slept = []
+    assert len(list(ReplaySource(tmp_path / "t.jsonl", speed=1.0, sleep=slept.append).batches())) == 3
+    assert slept == [3600.0, 0.0]  # the gap is capped at MAX_GAP_SECONDS, not slept out or overflowed
+
+
+def test_every_bit_flip_of_a_recording_reads_or_fails_in_one_line(tmp_path):
+    """Seeded bit flips of a gzipped trace: zlib's own errors used to escape as tracebacks."""
+    import random
+
+    write(tmp_path / "t.jsonl.gz", [[sample(float(i), tensor_active_ratio=0.5)] for i in range(300)])
+    data = (tmp_path / "t.jsonl.gz").read_bytes()
+    rng = random.Random(0)
+    outcomes = {"read": 0, "refused": 0}
+    for k in range(60):
+        flipped = bytearray(data)
+        for _ in range(rng.randrange(1, 4)):
+            flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+        path = tmp_path / f"m{k}.jsonl.gz"
+        path.write_bytes(bytes(flipped))
+        try:
+            list(ReplaySource(path).batches())
+            outcomes["read"] += 1
+        except UsageError as exc:
+            assert str(exc).startswith(str(path)) and "\n" not in str(exc)
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 0 and sum(outcomes.values()) == 60
