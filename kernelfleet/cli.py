@@ -139,59 +139,48 @@ def agent(
     """Sample every GPU each window, store it, and serve Prometheus metrics and the API."""
     import threading
 
-    import uvicorn
-
     from kernelfleet.catalog import Catalog
     from kernelfleet.fleet.agent import Agent, attribute_live, attribute_recorded
+    from kernelfleet.fleet.listener import Listener, bind, given_token, listen_address
     from kernelfleet.fleet.server import agent_app
     from kernelfleet.fleet.store import Store
     from kernelfleet.telemetry.scrape import ScrapeSource
 
-    host, port = _listen_address(listen, allow_remote)
+    token = given_token(token)
+    host, port = listen_address(listen, allow_remote, token)
     if scrape is not None and (replay is not None or demo):
         raise UsageError("give one source: --scrape URL, --replay FILE or --demo")
     cat = Catalog.load(catalog)
-    store = Store(store_path)
     if scrape is not None:
         # dcgm-exporter refreshes its fields every 30 s by default: scraping faster reads the same values.
         source = ScrapeSource(scrape, interval_seconds=interval or 30.0)
     else:
         source = _source(replay, demo, interval or 1.0, clock_poll, speed, loop=demo, dense_clock=dense_clock)
     recorded = replay is not None or demo
+    sock = bind(host, port)  # before the store and the first window: a clash exits now, not after a banner
+    try:
+        store = Store(store_path, writer=True)
+    except BaseException:
+        sock.close()
+        raise
     with source:
         the_agent = Agent(source, store, cat, identify=attribute_recorded if recorded else attribute_live,
                           pods=(lambda: source.pods) if scrape is not None else None,
                           hosts=(lambda: source.hosts) if scrape is not None else None)
-        server = uvicorn.Server(uvicorn.Config(agent_app(the_agent, store, token), host=host, port=port,
-                                               log_level="warning", lifespan="off"))
-        thread = threading.Thread(target=server.run, name="kernelfleet-http", daemon=True)
-        thread.start()
+        server = Listener(agent_app(the_agent, store, token), sock).start()
         err.print(f"kernelfleet agent: http://{host}:{port}/metrics, store {store_path}")
         stop = threading.Event()
+        server.stops(stop)
         try:
             the_agent.run(stop)
         except KeyboardInterrupt:
             pass
         finally:
-            server.should_exit = True
-            thread.join(timeout=5)
+            died = not server.alive()
+            server.stop()
             store.close()
-
-
-def _listen_address(listen: str, allow_remote: bool) -> tuple[str, int]:
-    import ipaddress
-
-    host, sep, port_text = listen.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise UsageError(f"--listen must be HOST:PORT, got {listen!r}")
-    host = host.strip("[]")
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not allow_remote:
-        raise UsageError(f"refusing to listen on {host}: not a loopback address; pass --allow-remote (and --token)")
-    return host, int(port_text)
+        if died:
+            raise EnvironmentProblem(f"the HTTP server on {host}:{port} stopped; the agent stops with it (see its log above)")
 
 
 @app.command()
@@ -202,16 +191,26 @@ def dashboard(
     token: str | None = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
 ) -> None:
     """The dashboard for a whole fleet, reading a Prometheus server instead of one agent's store."""
-    import uvicorn
+    import threading
 
+    from kernelfleet.fleet.listener import Listener, bind, given_token, listen_address
     from kernelfleet.fleet.prometheus_backend import PrometheusBackend
     from kernelfleet.fleet.server import create_app
 
-    host, port = _listen_address(listen, allow_remote)
+    token = given_token(token)
+    host, port = listen_address(listen, allow_remote, token)
     backend = PrometheusBackend(prometheus)
     backend.health()  # an unreachable Prometheus is one clear line now, not an error page later
+    server = Listener(create_app(backend, token), bind(host, port)).start()
     err.print(f"kernelfleet dashboard: http://{host}:{port}/ reading {prometheus}")
-    uvicorn.run(create_app(backend, token), host=host, port=port, log_level="warning", lifespan="off")
+    stop = threading.Event()
+    server.stops(stop)
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
 
 
 @app.command()

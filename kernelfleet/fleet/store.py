@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 import operator
+import os
+import socket
 import sqlite3
 import threading
 import time
@@ -131,11 +133,23 @@ def _locked(method: Callable[..., T]) -> Callable[..., T]:
 class Store:
     """One SQLite file; safe to use from several threads, and to read from other processes."""
 
-    def __init__(self, path: str | Path, retention: Retention = Retention(), clock: Callable[[], float] = time.time):
+    def __init__(self, path: str | Path, retention: Retention = Retention(), clock: Callable[[], float] = time.time,
+                 writer: bool = False):
         self.path = Path(path)
         self._lock = threading.RLock()
+        # One writer per store: two agents on one file write rollups that diverge. Readers (the job
+        # report, a second dashboard) take no lock; SQLite's WAL lets them read beside the writer.
+        self._writer_lock = _WriterLock(self.path) if writer else None
         self.retention = retention
         self.clock = clock
+        try:
+            self._open()
+        except BaseException:
+            if self._writer_lock is not None:
+                self._writer_lock.release()
+            raise
+
+    def _open(self) -> None:
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -165,6 +179,8 @@ class Store:
     @_locked
     def close(self) -> None:
         self.db.close()
+        if self._writer_lock is not None:
+            self._writer_lock.release()
 
     # -- writing -------------------------------------------------------------------
     @_locked
@@ -389,3 +405,36 @@ class _transaction:
 
     def __exit__(self, kind: object, *rest: object) -> None:
         self.db.execute("ROLLBACK" if kind else "COMMIT")
+
+
+class _WriterLock:
+    """An exclusive ``flock`` on ``STORE.lock`` for the life of the writer, holding who took it.
+
+    The kernel drops the lock when the process dies (kill -9 included), so a crash never leaves a
+    store locked; the file's text only says who holds it now.
+    """
+
+    def __init__(self, store: Path) -> None:
+        import fcntl
+
+        self.path = store.with_name(store.name + ".lock")
+        try:
+            self._file = open(self.path, "a+")
+        except OSError as exc:
+            raise UsageError(f"{self.path}: cannot open the store's lock file ({exc.strerror})") from exc
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "another process"
+            self._file.close()
+            raise UsageError(f"{store}: another agent writes this store ({holder}); stop it, or give this one "
+                             "--store OTHER.db") from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}\n")
+        self._file.flush()
+
+    def release(self) -> None:
+        self._file.close()  # closing the descriptor releases the flock
