@@ -392,8 +392,8 @@ def summarize(out: Path, run: dict[str, Any]) -> dict[str, Any]:
     The agent's answers are what it said during the run, with the catalog it had; the windows' OFU is
     recomputed from their counters with today's catalog (its f_ref for bf16)."""
     from kernelfleet.catalog import Catalog
-    from kernelfleet.ofu.validation import point_windows
     from kernelfleet.telemetry.sample import Sample
+    from kernelfleet.validation.mfu import point_windows
 
     reports = [json.loads(line) for line in (out / "hook-reports.jsonl").read_text().splitlines()]
     events = json.loads((out / "agent-events.json").read_text())["events"]

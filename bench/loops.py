@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernelfleet.ofu.timeline import work_between
+from kernelfleet.validation.timeline import work_between
 
 
 @dataclass

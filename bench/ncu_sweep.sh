@@ -19,7 +19,7 @@ list="$list,sm__inst_executed_pipe_tensor.sum"
 # active cycles. The 2026-11 run (this pattern without the fp8/fp64 totals, cut at 24 names) got
 # every HGMMA/HMMA name and two pipe names but no QGMMA or DMMA ops path, which sorts before the
 # pipe names, so gh100 lists none: fp8 and fp64 ops come from ncu's per-source totals
-# (sm__ops_path_tensor_src_fp8*, _fp64; ofu/ncu.py takes the plain total, else the _dst_ split).
+# (sm__ops_path_tensor_src_fp8*, _fp64; validation/ncu.py takes the plain total, else the _dst_ split).
 # Only names this ncu lists are asked for: an unknown one fails the run. A name is taken whole
 # (up to the first blank), so a longer listed name never yields a shorter unlisted one.
 select='^sm__(ops_path_tensor_op_(hgmma|hmma|qgmma|dmma)_src_[a-z0-9_]+|ops_path_tensor_src_(fp8|fp64)[a-z0-9_]*|pipe_tensor[a-z0-9_]*cycles_active)([[:space:]]|$)'

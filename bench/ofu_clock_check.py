@@ -339,7 +339,7 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 
 
 def ncu(out: Path, timeout: float) -> int:
-    from kernelfleet.ofu.clock_check import CLOCK_METRICS
+    from kernelfleet.validation.clock_check import CLOCK_METRICS
 
     out.mkdir(parents=True, exist_ok=True)
     poller = start_poller(out / "nvml-clock-ncu.jsonl.gz", timeout + 10)

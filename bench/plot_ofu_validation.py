@@ -23,9 +23,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from kernelfleet.catalog import Catalog  # noqa: E402
-from kernelfleet.ofu.sampling import clock_sampling_errors, instant_clock_errors_pp  # noqa: E402
-from kernelfleet.ofu.validation import gemm_points, summarize_errors  # noqa: E402
 from kernelfleet.telemetry.replay import ReplaySource  # noqa: E402
+from kernelfleet.validation.mfu import gemm_points, summarize_errors  # noqa: E402
+from kernelfleet.validation.sampling import clock_sampling_errors, instant_clock_errors_pp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"

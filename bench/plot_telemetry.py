@@ -21,9 +21,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from kernelfleet.catalog import Catalog  # noqa: E402
 from kernelfleet.ofu.core import ofu_ratio  # noqa: E402
-from kernelfleet.ofu.sampling import clock_sampling_errors  # noqa: E402
-from kernelfleet.ofu.timeline import work_between  # noqa: E402
 from kernelfleet.telemetry.replay import ReplaySource  # noqa: E402
+from kernelfleet.validation.sampling import clock_sampling_errors  # noqa: E402
+from kernelfleet.validation.timeline import work_between  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "h200"

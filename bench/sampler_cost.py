@@ -27,8 +27,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from kernelfleet.ofu.sampling import clock_sampling_errors
 from kernelfleet.telemetry.nvml import NvmlSource
+from kernelfleet.validation.sampling import clock_sampling_errors
 
 READS = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200" / "clock-reads-2ms.json.gz"
 GEMM = "import sys, time; sys.path.insert(0, 'bench'); import loops; loops.gemm({})"

@@ -14,7 +14,6 @@ from rich.live import Live
 
 from kernelfleet import cli_place
 from kernelfleet.cli_common import CatalogOption, err, out_console
-from kernelfleet.documents import read_text
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 
 app = typer.Typer(
@@ -220,8 +219,7 @@ def job(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """A job's report: OFU per GPU over its lifetime, timeline, bottleneck classes, regressions."""
-    from rich.table import Table
-
+    from kernelfleet.fleet.report import job_report, render
     from kernelfleet.fleet.store import Store
 
     if not store_path.exists():
@@ -239,22 +237,8 @@ def job(
         print(json.dumps(report, indent=1))
         return
     out = Console()
-    out.print(f"[bold]{report['job']}[/] ({report['kind']}, user {report['user'] or '?'}) "
-              f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(report['first_seen']))} → "
-              f"{time.strftime('%H:%M:%S', time.localtime(report['last_seen']))}")
-    t = Table("host", "GPU", "model", "OFU", "seconds", "share", "note")
-    for g in report["gpus"]:
-        ofu = "—" if g["ofu_ratio"] is None else f"{100 * g['ofu_ratio']:.1f}%"
-        t.add_row(g["host"], str(g["gpu_index"]), g["name"], ofu, f"{g['seconds']:.0f}", f"{g['mean_share']:.2f}",
-                  "shared: approximate" if g["approximate"] else "")
-    out.print(t)
-    total = sum(report["bottleneck_seconds"].values()) or 1.0
-    out.print("bottlenecks: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in report["bottleneck_seconds"].items()))
-    bars = " ▁▂▃▄▅▆▇█"
-    line = "".join(bars[min(8, int((p["ofu_ratio"] or 0) * 8 / 0.8))] for p in report["timeline_1m"])
-    out.print(f"OFU per minute: {line}")
-    for e in report["events"]:
-        out.print(f"[red]{e['kind']}[/] {time.strftime('%H:%M:%S', time.localtime(e['ts']))}: {e['detail']}")
+    for part in render(job_report(report)):
+        out.print(part)
 
 
 bench_app = typer.Typer(help="Benchmarks (the GEMM sweep needs an NVIDIA GPU and torch).", no_args_is_help=True)
@@ -290,180 +274,18 @@ def bench_ofu_report(
     catalog: Path | None = CatalogOption,
 ) -> None:
     """The paper's Table II (raw and tile-corrected OFU against MFU) from a recorded sweep."""
-    import gzip
-
     from kernelfleet.catalog import Catalog
-    from kernelfleet.ofu.validation import gemm_points
-    from kernelfleet.telemetry.replay import ReplaySource
+    from kernelfleet.validation import files, markdown, report
 
-    points_file = sweep_dir / "sweep-points.jsonl.gz"
-    if not points_file.exists():
-        raise UsageError(f"{points_file}: no such file (write one with `kernelfleet bench ofu --out {sweep_dir}`)")
-    try:
-        with gzip.open(points_file, "rt") as f:
-            points = [json.loads(line) for line in f]
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{points_file}: corrupt or truncated ({exc})") from exc
-    samples = [b[0] for b in ReplaySource(sweep_dir / "sweep-trace.jsonl.gz").batches()]
-    if not samples:
-        raise UsageError(f"{sweep_dir}: the counter trace has no windows")
+    sweep = files.read_sweep(sweep_dir)
     cat = Catalog.load(catalog)
-    sku = cat.lookup(samples[0].name, samples[0].pci_device_id)
-    if sku is None:
-        raise UsageError(f"{samples[0].name} is not in the catalog: no peak to measure MFU against")
-    _print_table_ii(gemm_points(points, samples, sku), sku)
+    sku = files.recorded_sku(sweep.samples, cat, "MFU")
+    print(markdown.table_ii(report.table_ii(sweep, sku)))
     if ncu is not None:
-        _print_ncu_check(ncu, points, samples, sku)
+        print(markdown.ncu_section(report.ncu_section(files.read_ncu_runs(ncu), sweep, sku)))
     if clock is not None:
-        _print_clock_check(clock, cat)
-
-
-def _print_table_ii(gemm, sku) -> None:
-    """Table II, the f_ref each precision was normalised by, the targets, and an in-sample fit beside."""
-    from kernelfleet.ofu.validation import PEAK_OF, TARGET_MAE_PP, centred, summarize_errors
-
-    def table(rows) -> None:
-        print("| precision | points | raw MAE (pp) | raw ≤2 pp | raw ≤5 pp | corrected MAE (pp) | corrected ≤2 pp | "
-              "corrected ≤5 pp |")
-        print("|---|---|---|---|---|---|---|---|")
-        for s in rows:
-            print(f"| {s.precision} | {s.points} | {s.raw_mae_pp:.2f} | {s.raw_within_2pp:.0%} | {s.raw_within_5pp:.0%} | "
-                  f"{s.corrected_mae_pp:.2f} | {s.corrected_within_2pp:.0%} | {s.corrected_within_5pp:.0%} |")
-
-    rows = summarize_errors(gemm)
-    table(rows)
-    refs = {s.precision: sku.ofu_reference_clock_of(PEAK_OF[s.precision]) for s in rows}
-    print("\nf_ref: " + ", ".join(
-        f"{q} {hz / 1e6:.0f} MHz ({basis}: {sku.peak_clock(PEAK_OF[q]) / 1e6:.0f} MHz"
-        + (f" / {sku.peak_clock(PEAK_OF[q]) / hz:.3f})" if basis == "measured" else ")") for q, (hz, basis) in refs.items()))
-    for s in rows:
-        if s.precision in TARGET_MAE_PP:
-            target, miss = TARGET_MAE_PP[s.precision], s.corrected_mae_pp - TARGET_MAE_PP[s.precision]
-            verdict = f"met ({-miss:.2f} pp to spare)" if miss <= 0 else f"missed by {miss:.2f} pp"
-            print(f"target {s.precision}: corrected MAE {s.corrected_mae_pp:.2f} ≤ {target:g} pp: {verdict}")
-    print("\nIn-sample, for comparison only (each precision's f_ref fitted so its corrected errors average zero):")
-    fits = {q: centred([p for p in gemm if p.precision == q]) for q in refs}
-    print("fitted f_ref: " + ", ".join(f"{q} {refs[q][0] / factor / 1e6:.0f} MHz" for q, (factor, _) in fits.items()))
-    table(summarize_errors([p for _, moved in fits.values() for p in moved]))
-
-
-def _ncu_runs(folder: Path) -> list[tuple[str, list[dict]]]:
-    """(CSV text, launch order) of each ncu run in the folder: ncu-sweep, then ncu-rerun if present."""
-    runs = []
-    for stem in ("ncu-sweep", "ncu-rerun"):
-        csv_file = next((f for f in (folder / f"{stem}.csv.gz", folder / f"{stem}.csv") if f.exists()), None)
-        order_file = folder / f"{stem}-points.jsonl"
-        if csv_file is None or not order_file.exists():
-            continue
-        try:
-            text = read_text(csv_file)
-            order = _read_jsonl(order_file)
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"{folder}: unreadable ncu output {csv_file.name} ({exc})") from exc
-        runs.append((text, order))
-    if not runs:
-        raise UsageError(f"{folder}: expected ncu-sweep.csv[.gz] and ncu-sweep-points.jsonl (bash bench/ncu_sweep.sh)")
-    return runs
-
-
-def _print_ncu_check(folder: Path, points: list[dict], samples: list, sku) -> None:
-    """The Nsight Compute section of `bench ofu-report` (docs/validation/ofu.md)."""
-    from kernelfleet.ofu.ncu import clock_checks, merge_runs, ncu_points, parse_ncu_csv, summarize
-
-    runs = _ncu_runs(folder)
-    profiled = merge_runs(*(ncu_points(order, points, parse_ncu_csv(text), sku.sm_count) for text, order in runs))
-    checks = clock_checks(points, samples, sku, profiled)
-    mhz = lambda hz: f"{hz / 1e6:.0f}"  # noqa: E731
-    print(f"\nNsight Compute: {len(profiled)} of {len(points)} sweep kernels profiled"
-          + (f" ({len(runs)} runs; a later run's point replaces an earlier one's)" if len(runs) > 1 else ""))
-    print("| precision | profiled | executed ops = name model | FLOP per active cycle per SM | mean ncu active | "
-          "mean GPM active | f_true/f_nvml mean (min–max) | corrected MAE, counted ops (pp) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for s in summarize(profiled, checks, sku.sm_count):
-        same = (f"{s.ops_equal_name}/{s.ops_counted} ({s.ops_equal_tile_only}/{s.ops_counted} without clusters)"
-                if s.ops_counted else "not counted")
-        rate = "—" if s.flops_per_active_cycle is None else f"{s.flops_per_active_cycle:.0f} {s.rate_basis}"
-        ratio = "—" if s.mean_clock_ratio is None else f"{s.mean_clock_ratio:.3f} ({s.min_clock_ratio:.3f}–{s.max_clock_ratio:.3f})"
-        gpm = "—" if s.mean_gpm_active_ratio is None else f"{s.mean_gpm_active_ratio:.3f}"
-        mae = "—" if s.corrected_mae_pp is None else f"{s.corrected_mae_pp:.2f}"
-        print(f"| {s.precision} | {s.profiled} | {same} | {rate} | {s.mean_ncu_active_ratio:.3f} | {gpm} | {ratio} | {mae} |")
-    print("\n| precision | M×N×K | ncu ops = name | ncu active | GPM active | NVML MHz | f_true MHz | f_true/f_nvml | "
-          "ncu clock MHz |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    by_shape = {(p.precision, p.m, p.n, p.k): p for p in profiled}
-    for c in checks:
-        p = by_shape[c.precision, c.m, c.n, c.k]
-        same = {None: "—", True: "yes", False: "no"}[p.ops_equal_name]
-        print(f"| {c.precision} | {c.m}×{c.n}×{c.k} | {same} | {c.ncu_active_ratio:.3f} | {c.gpm_tensor_active_ratio:.3f} | "
-              f"{mhz(c.nvml_sm_clock_hertz)} | {mhz(c.implied_sm_clock_hertz)} | {c.clock_ratio:.3f} | {mhz(p.sm_clock_hertz)} |")
-
-
-def _read_jsonl(path: Path) -> list:
-    return [json.loads(line) for line in read_text(path).splitlines() if line.strip()]
-
-
-def _print_clock_check(folder: Path, cat) -> None:
-    """The clock section of `bench ofu-report` (bench/ofu_clock_check.py; docs/validation/ofu.md)."""
-    from kernelfleet.ofu import clock_check
-    from kernelfleet.ofu.ncu import parse_ncu_csv
-    from kernelfleet.telemetry.replay import ReplaySource
-
-    need = [folder / name for name in ("clock-loop.jsonl.gz", "clock-trace.jsonl.gz", "nvml-clock-loop.jsonl.gz")]
-    if not all(f.exists() for f in need):
-        raise UsageError(f"{folder}: expected {', '.join(f.name for f in need)} (python3 bench/ofu_clock_check.py loop)")
-    try:
-        lines, reads = _read_jsonl(need[0]), _read_jsonl(need[2])
-        samples = [b[0] for b in ReplaySource(need[1]).batches()]
-        launches_file = folder / "ncu-clock-launches.jsonl"
-        csv_file = next((f for f in (folder / "ncu-clock.csv.gz", folder / "ncu-clock.csv") if f.exists()), None)
-        launches = _read_jsonl(launches_file) if launches_file.exists() else []
-        csv_text = read_text(csv_file) if launches and csv_file is not None else ""
-        kernels = parse_ncu_csv(csv_text) if csv_text else []
-        ncu_reads = _read_jsonl(folder / "nvml-clock-ncu.jsonl.gz") if launches else []
-    except (OSError, ValueError, EOFError) as exc:  # EOFError: a .gz cut short by a killed writer
-        raise UsageError(f"{folder}: unreadable clock-check output ({exc})") from exc
-    if not samples:
-        raise UsageError(f"{need[1]}: the counter trace has no windows")
-    sku = cat.lookup(samples[0].name, samples[0].pci_device_id)
-    if sku is None:
-        raise UsageError(f"{samples[0].name} is not in the catalog: no peak to measure FLOP/s against")
-    loops = clock_check.loop_clocks(lines, samples, reads, sku)
-    try:
-        ncu = clock_check.ncu_clocks(launches, kernels, ncu_reads) if launches else []
-    except UsageError as exc:  # the loops still decide with the probe
-        print(f"\nClock check: the ncu half is left out: {exc}")
-        ncu = []
-    ratios = clock_check.loop_cycle_ratios(loops, ncu)
-    mhz = lambda hz: "—" if hz is None else f"{hz / 1e6:.0f}"  # noqa: E731
-    r3 = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
-    share = lambda x: "—" if x is None else f"{x:.0%}"  # noqa: E731
-    print(f"\nClock check: {len(loops)} loops, {len(ncu)} launches under ncu")
-    same = clock_check.ncu_over_probe_at_the_same_clock(loops, ncu)
-    print("| precision | M×N×K | path | windows (probed) | MFU | GPM active | NVML MHz | f_true MHz | probe MHz | "
-          "f_true/NVML | probe/NVML | GPM/math | ncu cycles ÷ loop time ÷ NVML | ncu/probe, same clock | power-capped | "
-          "HW slowdown |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for c in loops:
-        key = (c.precision, c.m, c.n, c.k)
-        shape = f"{c.m}×{c.n}×{c.k}" + (f" + {c.filler_launches} adds" if c.filler_launches else "")
-        print(f"| {c.precision} | {shape} | {c.path} | {c.windows} ({c.probe_windows}) | {c.mfu_ratio:.3f} | "
-              f"{c.gpm_tensor_active_ratio:.3f} | {mhz(c.nvml_sm_clock_hertz)} | {mhz(c.implied_sm_clock_hertz)} | "
-              f"{mhz(c.probe_sm_clock_hertz)} | {c.true_over_nvml:.3f} | {r3(c.probe_over_nvml)} | {r3(c.gpm_over_math)} | "
-              f"{r3(ratios.get(key))} | {r3(same.get(key))} | {share(c.power_capped_ratio)} | "
-              f"{share(c.hw_slowdown_ratio)} |")
-    if ncu:
-        print("\n| precision | M×N×K | path | duration µs | ncu MHz | NVML MHz (reads) | NVML min MHz | ncu/NVML |")
-        print("|---|---|---|---|---|---|---|---|")
-        for n in ncu:
-            print(f"| {n.precision} | {n.m}×{n.n}×{n.k} | {n.path} | {n.duration_seconds * 1e6:.1f} | "
-                  f"{mhz(n.ncu_sm_clock_hertz)} | {mhz(n.nvml_sm_clock_hertz)} ({n.nvml_reads}) | {mhz(n.nvml_min_hertz)} | "
-                  f"{r3(n.ncu_over_nvml)} |")
-    verdict = clock_check.clock_verdict(loops, ncu, clock_check.idle_probe_over_nvml(lines, reads))
-    print(f"\nverdict: {verdict.finding}" + (f" (decided by the {verdict.decided_by})" if verdict.decided_by else "")
-          + f": {verdict.describe()}")
-    if verdict.finding == "cycles" and sku.tensor_clock_ratio:
-        print("catalog: " + ", ".join(f"tensor_clock_ratio.{pipe} = {r:g}" for pipe, r in sku.tensor_clock_ratio.items())
-              + f" ({sku.key}; f_ref = peak clock / ratio)")
+        run = files.read_clock_run(clock)
+        print(markdown.clock_section(report.clock_section(run, files.recorded_sku(run.samples, cat, "FLOP/s"))))
 
 
 @app.command("catalog")

@@ -64,8 +64,8 @@ from pathlib import Path
 
 from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
-from kernelfleet.ofu.ncu import names_match, parse_ncu_csv
 from kernelfleet.profile.groups import Groups
+from kernelfleet.telemetry.ncu import names_match, parse_ncu_csv
 
 DURATION = "gpu__time_duration.sum"
 SM_PCT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"

@@ -18,10 +18,11 @@ from kernelfleet.ofu import Bottleneck, classify, ofu
 from kernelfleet.ofu.aggregate import by_gpu, fleet, resample, summarize
 from kernelfleet.ofu.core import ofu_ratio
 from kernelfleet.ofu.kernel_tiles import executed_flops_of_kernel
-from kernelfleet.ofu.sampling import clock_sampling_errors, instant_clock_errors_pp
-from kernelfleet.ofu.timeline import work_between as timeline_work
-from kernelfleet.ofu.validation import gemm_points, summarize_errors
 from kernelfleet.telemetry.replay import ReplaySource
+from kernelfleet.validation import files, report
+from kernelfleet.validation.mfu import gemm_points, summarize_errors
+from kernelfleet.validation.sampling import clock_sampling_errors, instant_clock_errors_pp
+from kernelfleet.validation.timeline import work_between as timeline_work
 
 pytestmark = pytest.mark.replay
 H200 = Catalog.load().get("h200-sxm")
@@ -175,6 +176,25 @@ def test_gemm_sweep_table_ii_on_the_h200():
     assert by_shape["bf16", 512, 512, 512].cluster == (2, 4)
     assert by_shape["bf16", 512, 512, 512].corrected_error_pp == pytest.approx(0.06, abs=0.01)
     assert by_shape["fp8", 16384, 2048, 8192].corrected_error_pp == pytest.approx(-1.02, abs=0.01)
+
+
+def test_table_ii_rows_of_the_report():
+    """``bench ofu-report``'s first section: Table II, each precision's f_ref, the targets, the in-sample fit."""
+    sweep = files.read_sweep(Path(__file__).parents[1] / "data" / "h200-sweep")
+    t = report.table_ii(sweep, H200)
+    bf16 = t.errors[0]
+    assert (bf16.precision, bf16.points, bf16.raw_within_2pp, bf16.raw_within_5pp) == ("bf16", 15, 0.8, 1.0)
+    assert (bf16.corrected_within_2pp, bf16.corrected_within_5pp) == (14 / 15, 1.0)
+    assert (round(bf16.raw_mae_pp, 2), round(bf16.corrected_mae_pp, 2)) == (1.19, 0.66)
+    fp64 = t.reference_clocks[-1]
+    assert (fp64.precision, fp64.basis, fp64.peak_clock_hertz, round(fp64.hertz / 1e6)) == ("fp64", "measured", 1.98e9, 1990)
+    assert fp64.peak_clock_hertz / fp64.hertz == pytest.approx(0.995)
+    targets = {g.precision: g for g in t.targets}
+    assert list(targets) == ["bf16", "fp16", "tf32", "fp8"]
+    assert targets["bf16"].target_mae_pp == 0.5 and round(targets["bf16"].miss_pp, 2) == 0.16  # missed
+    assert targets["fp16"].target_mae_pp == 0.5 and round(targets["fp16"].miss_pp, 2) == -0.13  # met, 0.13 to spare
+    assert {q: round(hz / 1e6) for q, hz in t.fitted_clock_hertz.items()} == {
+        "bf16": 2005, "fp16": 2019, "tf32": 2026, "fp8": 2015, "fp64": 1983}
 
 
 def test_tile_model_equals_nsight_compute_executed_tensor_ops():

@@ -25,8 +25,8 @@ from kernelfleet.catalog import Catalog
 from kernelfleet.hook import Launch, gemm_dims, padding_flops
 from kernelfleet.ofu import ofu
 from kernelfleet.ofu.kernel_tiles import executed_flops_of_kernel, tile_from_kernel_name
-from kernelfleet.ofu.validation import point_windows
 from kernelfleet.telemetry.sample import Sample
+from kernelfleet.validation.mfu import point_windows
 
 pytestmark = pytest.mark.replay
 DATA = Path(__file__).parents[1] / "data" / "h200-hook"

@@ -11,8 +11,6 @@ rounded to whole thread-block clusters), and the sweep's counter trace against t
 import gzip
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,17 +19,17 @@ from kernelfleet.catalog import Catalog
 from kernelfleet.errors import UsageError
 from kernelfleet.ofu import Tile
 from kernelfleet.ofu.kernel_tiles import cluster_from_kernel_name, executed_flops_of_torch_mm
-from kernelfleet.ofu.ncu import (
+from kernelfleet.telemetry.ncu import names_match, parse_ncu_csv
+from kernelfleet.telemetry.replay import ReplaySource
+from kernelfleet.validation import files, report
+from kernelfleet.validation.ncu import (
     align,
     clock_checks,
     flops_per_active_cycle,
     merge_runs,
-    names_match,
     ncu_points,
-    parse_ncu_csv,
     summarize,
 )
-from kernelfleet.telemetry.replay import ReplaySource
 
 pytestmark = pytest.mark.replay
 H200 = Catalog.load().get("h200-sxm")
@@ -257,12 +255,17 @@ def test_summary_per_precision(merged, checks):
     assert rows["bf16"].corrected_mae_pp == pytest.approx(0.657, abs=1e-3)
 
 
-def test_ofu_report_prints_the_ncu_section():
-    done = subprocess.run([sys.executable, "-m", "kernelfleet", "bench", "ofu-report", str(DATA), "--ncu", str(DATA)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "| bf16 | 15 | 1.19 | 80% | 100% | 0.66 | 93% | 100% |" in done.stdout
-    assert "Nsight Compute: 60 of 60 sweep kernels profiled (2 runs" in done.stdout
-    assert "| bf16 | 15 | 15/15 (13/15 without clusters) | 4096 counted |" in done.stdout
-    assert "| tf32 | 15 | 14/15 (14/15 without clusters) | 2048 counted |" in done.stdout
-    assert "| fp8 | 11 | 11/11 (9/11 without clusters) | 8192 counted |" in done.stdout
+def test_the_reports_ncu_section_reads_both_runs_of_the_folder():
+    """``bench ofu-report --ncu``'s rows, from the files as the report finds them (Table II's beside it
+    are in test_h200_recordings.py)."""
+    sweep = files.read_sweep(DATA)
+    section = report.ncu_section(files.read_ncu_runs(DATA), sweep, H200)
+    assert (section.runs, section.sweep_points, len(section.profiled), len(section.kernels)) == (2, 60, 60, 60)
+    rows = {s.precision: s for s in section.summaries}
+    assert {q: (s.profiled, s.ops_equal_name, s.ops_counted, s.ops_equal_tile_only, s.flops_per_active_cycle,
+                s.rate_basis) for q, s in rows.items() if q in ("bf16", "tf32", "fp8")} == {
+        "bf16": (15, 15, 15, 13, 4096, "counted"), "tf32": (15, 14, 15, 14, 2048, "counted"),
+        "fp8": (11, 11, 11, 9, 8192, "counted")}
+    # every kernel row pairs a sweep point's implied clock with the same shape's profiled kernel
+    assert all((k.check.precision, k.check.m, k.check.n, k.check.k) == (k.profiled.precision, k.profiled.m,
+                                                                          k.profiled.n, k.profiled.k) for k in section.kernels)

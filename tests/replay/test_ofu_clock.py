@@ -11,18 +11,17 @@ The analysis is unit-tested on hand-made runs in tests/unit/test_clock_check.py.
 import gzip
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kernelfleet.catalog import Catalog
-from kernelfleet.ofu import clock_check
-from kernelfleet.ofu.ncu import parse_ncu_csv
-from kernelfleet.ofu.validation import (corrected_ofu, executed_flops_of_kernel, gemm_flops, point_windows,
-                                        tile_from_kernel_name)
+from kernelfleet.ofu.kernel_tiles import executed_flops_of_kernel, tile_from_kernel_name
+from kernelfleet.ofu.tiles import corrected_ofu, gemm_flops
+from kernelfleet.telemetry.ncu import parse_ncu_csv
 from kernelfleet.telemetry.replay import ReplaySource
+from kernelfleet.validation import clock_check, files, report
+from kernelfleet.validation.mfu import point_windows
 
 pytestmark = pytest.mark.replay
 H200 = Catalog.load().get("h200-sxm")
@@ -135,12 +134,18 @@ def test_the_verdict_is_cycles_decided_by_the_probe(verdict):
     assert verdict.ncu_over_probe == pytest.approx(1.011, abs=5e-4)
 
 
-def test_ofu_report_prints_the_verdict():
-    command = [sys.executable, "-m", "kernelfleet", "bench", "ofu-report", str(DATA / "h200-sweep"), "--clock", str(RECORDED)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "\nverdict: cycles (decided by the probe): SM cycles elapse slower than NVML reports" in done.stdout
-    assert "| bf16 | 8192×8192×8192 | gmma | 4 (4) | 0.641 | 0.864 | 1525 | 1379 | 1376 | 0.905 | 0.902 | 0.998 |" in done.stdout
+def test_the_reports_clock_section_reads_the_folder():
+    """``bench ofu-report --clock``'s rows, from the files as the report finds them."""
+    section = report.clock_section(files.read_clock_run(RECORDED), H200)
+    assert (section.verdict.finding, section.verdict.decided_by) == ("cycles", "probe")
+    assert section.verdict.describe().startswith("SM cycles elapse slower than NVML reports")
+    assert section.ncu_left_out is None and section.catalog_ratios == {"hmma": 0.903, "dfma": 0.995}
+    bf16 = next(r.clock for r in section.loops if (r.clock.precision, r.clock.m) == ("bf16", 8192))
+    assert (bf16.path, bf16.windows, bf16.probe_windows) == ("gmma", 4, 4)
+    assert [round(x, 3) for x in (bf16.mfu_ratio, bf16.gpm_tensor_active_ratio, bf16.true_over_nvml, bf16.probe_over_nvml,
+                                  bf16.gpm_over_math)] == [0.641, 0.864, 0.905, 0.902, 0.998]
+    assert [round(hz / 1e6) for hz in (bf16.nvml_sm_clock_hertz, bf16.implied_sm_clock_hertz,
+                                       bf16.probe_sm_clock_hertz)] == [1525, 1379, 1376]
 
 
 DUTY = DATA / "h200-clock-duty"

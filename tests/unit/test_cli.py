@@ -89,14 +89,22 @@ def test_agent_refuses_a_file_that_is_not_a_store(tmp_path):
     one_line_error(kf("agent", "--demo", "--store", str(tmp_path / "kf.db")), 2, "not a kernelfleet store")
 
 
-def test_bench_ofu_report_prints_table_ii_from_the_recorded_sweep():
-    done = kf("bench", "ofu-report", str(Path(__file__).parents[1] / "data" / "h200-sweep"))
+def test_bench_ofu_report_prints_every_section_from_the_recorded_runs():
+    """The report end to end, as printed; its rows are checked with exact values where each section's
+    analysis is tested (test_h200_recordings.py, test_ncu_sweep.py, test_ofu_clock.py, test_clock_check.py)."""
+    data = Path(__file__).parents[1] / "data"
+    sweep = str(data / "h200-sweep")
+    done = kf("bench", "ofu-report", sweep, "--ncu", sweep, "--clock", str(data / "h200-clock"))
     assert done.returncode == 0, done.stderr
     assert "| bf16 | 15 | 1.19 | 80% | 100% | 0.66 | 93% | 100% |" in done.stdout
     assert "fp64 1990 MHz (measured: 1980 MHz / 0.995)" in done.stdout
     assert "target bf16: corrected MAE 0.66 ≤ 0.5 pp: missed by 0.16 pp" in done.stdout
     assert "target fp16: corrected MAE 0.37 ≤ 0.5 pp: met (0.13 pp to spare)" in done.stdout
     assert "fitted f_ref: bf16 2005 MHz, fp16 2019 MHz, tf32 2026 MHz, fp8 2015 MHz, fp64 1983 MHz" in done.stdout
+    assert "Nsight Compute: 60 of 60 sweep kernels profiled (2 runs" in done.stdout
+    assert "| bf16 | 15 | 15/15 (13/15 without clusters) | 4096 counted |" in done.stdout
+    assert "| bf16 | 8192×8192×8192 | gmma | 4 (4) | 0.641 | 0.864 | 1525 | 1379 | 1376 | 0.905 | 0.902 | 0.998 |" in done.stdout
+    assert "\nverdict: cycles (decided by the probe): SM cycles elapse slower than NVML reports" in done.stdout
 
 
 def test_bench_ofu_report_on_a_missing_sweep(tmp_path):

@@ -1,4 +1,4 @@
-"""The clock check's analysis on runs built by hand (ofu/clock_check.py; bench/ofu_clock_check.py).
+"""The clock check's analysis on runs built by hand (validation/clock_check.py; bench/ofu_clock_check.py).
 
 Each synthetic run is what the bench script writes for a GPU where NVML reads 1500 MHz and SM
 cycles elapse at a chosen ratio of that on the GMMA point (the DMMA point at NVML's clock), with
@@ -8,24 +8,21 @@ replayed in tests/replay/test_ofu_clock.py.
 
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.errors import UsageError
-from kernelfleet.ofu import clock_check
 from kernelfleet.ofu.kernel_tiles import executed_flops_of_kernel
-from kernelfleet.ofu.ncu import parse_ncu_csv
 from kernelfleet.ofu.tiles import gemm_flops
+from kernelfleet.telemetry.ncu import parse_ncu_csv
 from kernelfleet.telemetry.replay import TraceWriter
 from kernelfleet.telemetry.sample import Sample
+from kernelfleet.validation import clock_check, files, report
 
 pytestmark = pytest.mark.unit
 H200 = Catalog.load().get("h200-sxm")
-SWEEP = Path(__file__).parents[1] / "data" / "h200-sweep"
 NVML_HZ = 1.5e9
 # (precision, M, N, K, the kernel an H200 ran for it in the sweep)
 BF16 = ("bf16", 8192, 8192, 8192, "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT")
@@ -208,30 +205,40 @@ def write_run(folder: Path, lines, samples, reads) -> None:
             writer.write([s])
 
 
-def report(folder: Path) -> str:
-    command = [sys.executable, "-m", "kernelfleet", "bench", "ofu-report", str(SWEEP), "--clock", str(folder)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+def section(folder: Path) -> report.ClockSection:
+    """``bench ofu-report --clock folder``'s rows, read from the files as the report reads them."""
+    return report.clock_section(files.read_clock_run(folder), H200)
 
 
-def test_ofu_report_reads_the_files_and_prints_the_verdict(tmp_path):
+def test_the_report_reads_the_files_and_gives_the_verdict(tmp_path):
     lines, samples, reads = synthetic_run(0.908, 1.0)
     write_run(tmp_path, lines, samples, reads)
-    out = report(tmp_path)
-    assert "Clock check: 2 loops, 0 launches under ncu" in out
-    assert "| bf16 | 8192×8192×8192 | gmma | 5 (5) |" in out and "| 0.908 | 0.908 | 1.000 | — | — | 100% | 0% |" in out
-    assert "verdict: cycles (decided by the probe): SM cycles elapse slower than NVML reports" in out
-    assert "catalog: tensor_clock_ratio.hmma = 0.903, tensor_clock_ratio.dfma = 0.995" in out
+    rows = section(tmp_path)
+    assert (len(rows.loops), len(rows.ncu), rows.ncu_left_out) == (2, 0, None)
+    bf16 = rows.loops[0]
+    c = bf16.clock
+    assert (c.precision, c.m, c.n, c.k, c.path, c.windows, c.probe_windows) == ("bf16", 8192, 8192, 8192, "gmma", 5, 5)
+    assert [round(x, 3) for x in (c.true_over_nvml, c.probe_over_nvml, c.gpm_over_math)] == [0.908, 0.908, 1.0]
+    assert (bf16.ncu_cycles_over_nvml, bf16.ncu_over_probe, c.power_capped_ratio, c.hw_slowdown_ratio) == (None, None, 1.0, 0.0)
+    assert (rows.verdict.finding, rows.verdict.decided_by) == ("cycles", "probe")
+    assert rows.verdict.describe().startswith("SM cycles elapse slower than NVML reports")
+    assert rows.catalog_ratios == {"hmma": 0.903, "dfma": 0.995} and rows.sku_key == "h200-sxm"
     # with the ncu half (bench/ofu_clock_check.py ncu), its CSV gzipped as the committed run's is
     launches, csv_text, ncu_reads = ncu_run(lines, 0.908)
     (tmp_path / "ncu-clock-launches.jsonl").write_text("".join(json.dumps(x) + "\n" for x in launches))
     (tmp_path / "ncu-clock.csv.gz").write_bytes(gzip.compress(("==PROF== Connected to process 1\n" + csv_text).encode()))
     write_jsonl_gz(tmp_path / "nvml-clock-ncu.jsonl.gz", ncu_reads)
-    out = report(tmp_path)
-    assert "Clock check: 2 loops, 3 launches under ncu" in out and "| 0.908 | — | 100% | 0% |" in out
-    assert "| bf16 | 8192×8192×8192 | gmma | 1400.0 | 1798 | 1980 (201) | 1980 | 0.908 |" in out
+    rows = section(tmp_path)
+    assert (len(rows.loops), len(rows.ncu)) == (2, 3)
+    bf16 = rows.loops[0]
+    assert round(bf16.ncu_cycles_over_nvml, 3) == 0.908 and bf16.ncu_over_probe is None
+    assert (bf16.clock.power_capped_ratio, bf16.clock.hw_slowdown_ratio) == (1.0, 0.0)
+    n = rows.ncu[0]
+    assert (n.precision, n.m, n.n, n.k, n.path, n.nvml_reads) == ("bf16", 8192, 8192, 8192, "gmma", 201)
+    assert round(n.duration_seconds * 1e6, 1) == 1400.0 and round(n.ncu_over_nvml, 3) == 0.908
+    assert [round(hz / 1e6) for hz in (n.ncu_sm_clock_hertz, n.nvml_sm_clock_hertz, n.nvml_min_hertz)] == [1798, 1980, 1980]
     # a launch ncu did not profile leaves the ncu half out, and the probe still decides
     (tmp_path / "ncu-clock-launches.jsonl").write_text("".join(json.dumps(x) + "\n" for x in launches * 2))
-    out = report(tmp_path)
-    assert "the ncu half is left out: 6 launches but ncu profiled 3 kernels" in out and "verdict: cycles" in out
+    rows = section(tmp_path)
+    assert rows.ncu_left_out.startswith("6 launches but ncu profiled 3 kernels") and rows.ncu == []
+    assert (rows.verdict.finding, rows.verdict.decided_by) == ("cycles", "probe")

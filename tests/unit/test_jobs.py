@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.fleet.agent import Agent, attribute_recorded
+from kernelfleet.fleet.report import job_report
 from kernelfleet.fleet.server import agent_app
 from kernelfleet.fleet.store import Store
 from kernelfleet.telemetry.replay import ReplaySource
@@ -40,6 +41,33 @@ def test_the_recorded_job_is_reported_with_its_regression(drop_store):
     assert kinds == [("regression", True, False)]
     gpu_events = [e for e in store.events() if e["uuid"]]
     assert [e["kind"] for e in gpu_events] == ["regression"]  # the GPU's own detector agrees
+
+
+def test_the_job_reports_rows(drop_store):
+    """What ``kernelfleet job NAME`` shows, as rows: half the run at 0.69 OFU, half at 0.27."""
+    _, store = drop_store
+    (job,) = store.jobs()
+    rows = job_report(store.job_report(job))
+    assert (rows.job, rows.kind, rows.user) == (job, "recorded", None)
+    (gpu,) = rows.gpus
+    assert (gpu.host, gpu.gpu_index, gpu.name, gpu.mean_share, gpu.approximate) == ("node-1", 0, "NVIDIA H200", 1.0, False)
+    assert (round(gpu.ofu_ratio, 3), round(gpu.seconds)) == (0.459, 94)
+    assert {k: round(v, 3) for k, v in rows.bottleneck_shares.items()} == {
+        "low-occupancy/launch-bound": 0.489, "tensor-bound": 0.489, "idle": 0.021}
+    assert rows.minute_levels == [5, 2]  # 0.578 and 0.259 OFU, eight levels up to 0.8
+    (event,) = rows.events
+    assert event.kind == "regression" and event.detail.startswith(f"OFU of job {job} dropped to 0.429")
+    assert rows.first_seen < event.ts < rows.last_seen
+
+
+def test_job_report_rows_without_windows_of_a_class_or_an_ofu():
+    rows = job_report({
+        "job": "j", "kind": "slurm", "user": "ana", "first_seen": 0.0, "last_seen": 60.0, "events": [],
+        "gpus": [{"host": "h", "gpu_index": 1, "name": "NVIDIA H200", "ofu_ratio": None, "seconds": 60.0,
+                  "mean_share": 0.5, "approximate": True}],
+        "bottleneck_seconds": {}, "timeline_1m": [{"ts": 0, "ofu_ratio": None}, {"ts": 60, "ofu_ratio": 0.95}]})
+    assert rows.gpus[0].ofu_ratio is None and rows.gpus[0].approximate
+    assert rows.bottleneck_shares == {} and rows.minute_levels == [0, 8]  # no OFU is the lowest bar; 0.8 and up the top
 
 
 def test_job_api_and_404(drop_store):

@@ -1,8 +1,9 @@
-"""Nsight Compute counts on hand-made metrics (ofu/ncu.py); the H200 runs are in tests/replay/test_ncu_sweep.py."""
+"""Nsight Compute counts on hand-made metrics (validation/ncu.py); the H200 runs are in tests/replay/test_ncu_sweep.py."""
 
 import pytest
 
-from kernelfleet.ofu.ncu import NcuKernel, executed_ops, merge_runs, ncu_point
+from kernelfleet.telemetry.ncu import NcuKernel
+from kernelfleet.validation.ncu import executed_ops, merge_runs, ncu_point
 
 pytestmark = pytest.mark.unit
 KERNEL2 = "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_32x6_nn_align4>(Params)"

@@ -6,10 +6,10 @@ from kernelfleet.catalog import Catalog
 from kernelfleet.errors import UsageError
 from kernelfleet.ofu import Bottleneck, Tile, achieved_flops, classify, corrected_ofu, ofu, tile_efficiency
 from kernelfleet.ofu.aggregate import fleet, resample, summarize
-from kernelfleet.ofu.sampling import clock_sampling_errors
 from kernelfleet.ofu.tiles import executed_gemm_flops, gemm_flops
 from kernelfleet.telemetry.clock import step_mean
 from kernelfleet.telemetry.sample import Sample
+from kernelfleet.validation.sampling import clock_sampling_errors
 
 pytestmark = pytest.mark.unit
 CATALOG = Catalog.load()

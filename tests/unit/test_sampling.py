@@ -3,8 +3,8 @@
 import pytest
 
 from kernelfleet.catalog import Catalog
-from kernelfleet.ofu.sampling import instant_clock_errors_pp
 from kernelfleet.telemetry.sample import Sample
+from kernelfleet.validation.sampling import instant_clock_errors_pp
 
 pytestmark = pytest.mark.unit
 H200 = Catalog.load().get("h200-sxm")

@@ -22,10 +22,11 @@ from typing import Any
 from kernelfleet.catalog import Sku
 from kernelfleet.errors import UsageError
 from kernelfleet.ofu.kernel_tiles import executed_flops_of_kernel, tile_from_kernel_name
-from kernelfleet.ofu.ncu import _PIPE_ACTIVE, ACTIVE_CYCLES_METRIC, NcuKernel
 from kernelfleet.ofu.tiles import gemm_flops
-from kernelfleet.ofu.validation import PEAK_OF, point_windows
+from kernelfleet.telemetry.ncu import NcuKernel
 from kernelfleet.telemetry.sample import Sample
+from kernelfleet.validation.mfu import PEAK_OF, point_windows
+from kernelfleet.validation.ncu import _PIPE_ACTIVE, ACTIVE_CYCLES_METRIC
 
 # FLOPs one pipe-active SM cycle does, per SM, by precision and tensor path. Nsight Compute counted
 # 4096 (bf16, fp16), 2048 (tf32), 8192 (fp8) and 256 (fp64, DMMA cycles) ops per pipe-active cycle

@@ -10,7 +10,7 @@ its thread-block cluster where the name states one: ``ofu/kernel_tiles.py``).
 
 OFU here is normalised by the f_ref of the point's own precision (``Sku.ofu_reference_clock_of``),
 as the agent's per-pipe choice would give for a window of one precision's GEMMs. Why that f_ref
-differs from the datasheet's clock is the clock check's finding (``ofu/clock_check.py``).
+differs from the datasheet's clock is the clock check's finding (``validation/clock_check.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +22,14 @@ from typing import Any, Iterable, Sequence
 
 from kernelfleet.catalog import Sku
 from kernelfleet.ofu.core import ofu
-from kernelfleet.ofu.kernel_tiles import cluster_from_kernel_name, executed_flops_of_kernel, tile_from_kernel_name
+from kernelfleet.ofu.kernel_tiles import (
+    cluster_from_kernel_name,
+    executed_flops_of_kernel,
+    tile_from_kernel_name,
+)
 from kernelfleet.ofu.tiles import Tile, corrected_ofu, gemm_flops
-from kernelfleet.ofu.timeline import work_between
 from kernelfleet.telemetry.sample import Sample
+from kernelfleet.validation.timeline import work_between
 
 # The datasheet peak each sweep precision is measured against.
 PEAK_OF = {"bf16": "bf16", "fp16": "fp16", "tf32": "tf32", "fp8": "fp8", "fp64": "fp64_tensor"}

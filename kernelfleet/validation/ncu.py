@@ -1,8 +1,8 @@
 """Nsight Compute counts for the OFU sweep's GEMMs, against the name model and the counter trace.
 
 ``bench/ncu_sweep.sh`` profiles one launch of every sweep GEMM (``ncu --csv``, clocks not
-locked). This module reads that CSV, aligns its kernels to the sweep points by name, and
-asks three questions of each point:
+locked). This module aligns that CSV's kernels (read by ``telemetry/ncu.py``) to the sweep points
+by name, and asks three questions of each point:
 
 * Does the tensor pipe execute the FLOPs the kernel name predicts (``ofu/kernel_tiles.py``:
   tile padding, grid rounded to whole clusters)? The ops-path counters count every math op
@@ -14,13 +14,11 @@ asks three questions of each point:
   sweep; it is compared with the SM clock NVML reported over the same windows.
 
 Why that clock is 0.908 × NVML's on the GMMA paths is the clock check's question
-(``ofu/clock_check.py``).
+(``validation/clock_check.py``).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,10 +26,15 @@ from typing import Any
 
 from kernelfleet.catalog import Sku
 from kernelfleet.errors import UsageError
-from kernelfleet.ofu.kernel_tiles import executed_flops_of_kernel, executed_flops_of_torch_mm, tile_from_kernel_name
+from kernelfleet.ofu.kernel_tiles import (
+    executed_flops_of_kernel,
+    executed_flops_of_torch_mm,
+    tile_from_kernel_name,
+)
 from kernelfleet.ofu.tiles import Tile, corrected_ofu, gemm_flops
-from kernelfleet.ofu.validation import PEAK_OF, point_windows
+from kernelfleet.telemetry.ncu import NcuKernel, names_match
 from kernelfleet.telemetry.sample import Sample
+from kernelfleet.validation.mfu import PEAK_OF, point_windows
 
 # A Hopper SM has four processing blocks (sub-partitions), each with its own tensor core
 # (NVIDIA H100 Tensor Core GPU Architecture whitepaper, "H100 SM architecture");
@@ -58,51 +61,6 @@ OPS_SPLIT_METRICS = {
 # The pipe-active cycles a precision's math runs in: fp64 runs on the DMMA sub-pipe.
 ACTIVE_CYCLES_METRIC = {"fp64": "sm__pipe_tensor_op_dmma_cycles_active.sum"}
 _PIPE_ACTIVE = "sm__pipe_tensor_cycles_active.sum"
-
-
-@dataclass(frozen=True, slots=True)
-class NcuKernel:
-    """One profiled kernel launch: its name and metric values (``None`` where ncu gave none)."""
-
-    name: str
-    grid: str
-    metrics: dict[str, float | None]
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return None  # "n/a" and empty cells
-
-
-def parse_ncu_csv(text: str) -> list[NcuKernel]:
-    """Kernels, in launch order, from ``ncu --csv`` output (one row per kernel and metric).
-
-    Lines ncu writes around the table (``==PROF==``, ``==WARNING==``) are skipped; values lose
-    their thousands separators.
-    """
-    rows = csv.DictReader(io.StringIO("".join(line for line in text.splitlines(keepends=True)
-                                              if not line.startswith("=="))))
-    need = {"ID", "Kernel Name", "Metric Name", "Metric Value"}
-    if rows.fieldnames is None or not need <= set(rows.fieldnames):
-        raise UsageError(f"not an `ncu --csv` metrics table: expected columns {sorted(need)}, got {rows.fieldnames}")
-    kernels: dict[str, NcuKernel] = {}
-    for row in rows:
-        kernel = kernels.setdefault(row["ID"], NcuKernel(row["Kernel Name"], row.get("Grid Size", ""), {}))
-        kernel.metrics[row["Metric Name"]] = _number(row["Metric Value"])
-    return list(kernels.values())
-
-
-def names_match(expected: str, profiled: str) -> bool:
-    """Same kernel: equal, or one name contains the other, once a leading ``void `` is dropped, or
-    both are the same function with their parameter lists spelled differently.
-
-    The profiler trace keeps the demangled signature; ncu may print only part of it, or write a
-    template's parameter type as ``T1::Params`` where the trace spelled it out.
-    """
-    a, b = expected.removeprefix("void "), profiled.removeprefix("void ")
-    return a == b or a in b or b in a or ("(" in a and "(" in b and a.split("(")[0] == b.split("(")[0])
 
 
 def gemm_kernel(point: Mapping[str, Any]) -> str | None:
