@@ -2,7 +2,7 @@
 
 ``bench/profile_counters.sh`` runs Nsight Compute (clocks not locked) on one launch of every group
 of launches (``profile/groups.py``) per profile, inside the nested NVTX ranges ``counters`` /
-PROFILE / GROUP; :func:`parse_counters` reads its ``--csv`` output (through ``ofu.ncu``'s reader)
+PROFILE / GROUP; :func:`parse_counters` reads its ``--csv`` output (through ``telemetry.ncu``'s reader)
 and joins each row to its group by those ranges.
 
 **Classes.** As ncu's own Speed Of Light rule reads its two headline numbers, SM throughput
@@ -15,7 +15,7 @@ DRAM, L2 and L1), both in % of peak over the kernel's elapsed time:
 * ``memory``: memory throughput ≥ SM throughput (the memory side saturates first);
 * ``tensor``: SM throughput above memory, and the tensor pipe busy in at least half of the SMs'
   active cycles (``sm__pipe_tensor_cycles_active`` / (4 sub-partitions × ``sm__cycles_active``),
-  as ``ofu/ncu.py`` counts it). In the committed OFU sweep (tests/data/h200-sweep) every GEMM of
+  as ``validation/ncu.py`` counts it). In the committed OFU sweep (tests/data/h200-sweep) every GEMM of
   17 µs or more keeps the pipe ≥ 65 % busy and every one under 9 µs ≤ 45 %: 0.5 sits in the gap;
 * ``compute``: SM throughput above memory, tensor pipe less busy (or not counted): FMA/ALU work.
 
@@ -65,7 +65,7 @@ from pathlib import Path
 from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
 from kernelfleet.profile.groups import Groups
-from kernelfleet.telemetry.ncu import names_match, parse_ncu_csv
+from kernelfleet.telemetry.ncu import SUB_PARTITIONS_PER_SM, names_match, parse_ncu_csv
 
 DURATION = "gpu__time_duration.sum"
 SM_PCT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
@@ -83,7 +83,6 @@ METRICS = (DURATION, SM_PCT, MEMORY_PCT, DRAM_PCT, DRAM_READ, DRAM_WRITE, L2_BYT
 
 LATENCY_PCT = 60.0  # ncu's Speed Of Light rule: below this on both sides, latency-bound
 TENSOR_ACTIVE_RATIO = 0.5  # tensor pipe busy in half the active SM cycles: a tensor-core kernel
-SUB_PARTITIONS_PER_SM = 4  # each counts its own tensor pipe (ofu/ncu.py: H100 whitepaper)
 CLASSES = ("tensor", "compute", "memory", "latency")
 
 # ncu's CSV carries base units (the 2026-11 sweep: "ns", "byte", "%"); scaled ones are converted.
@@ -188,7 +187,7 @@ def launch_classes(rows: list[KernelCounters], groups: Groups, profile: str) -> 
 
 
 def same_kernel(captured: str, profiled: str) -> bool:
-    """The capture's (mangled) kernel name against ncu's: ``ofu.ncu.names_match`` when both are in one
+    """The capture's (mangled) kernel name against ncu's: ``telemetry.ncu.names_match`` when both are in one
     form. ncu demangles by default, and its demangler names anonymous namespaces ``<unnamed>`` and
     may drop the namespaces around them (``void at::<unnamed>::CatArrayBatchedCopy_vectorized<…>(…)``
     for ``_ZN2at6native40_GLOBAL__N__…30CatArrayBatchedCopy_vectorizedI…``): only the function's own

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 
 from kernelfleet.errors import UsageError
 
+# A Hopper SM has four processing blocks (sub-partitions), each with its own tensor core
+# (NVIDIA H100 Tensor Core GPU Architecture whitepaper, "H100 SM architecture");
+# sm__pipe_tensor_cycles_active.sum counts each, so per SM it is divided by 4 × SMs.
+SUB_PARTITIONS_PER_SM = 4
+
 
 @dataclass(frozen=True, slots=True)
 class NcuKernel:

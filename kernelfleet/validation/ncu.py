@@ -32,14 +32,9 @@ from kernelfleet.ofu.kernel_tiles import (
     tile_from_kernel_name,
 )
 from kernelfleet.ofu.tiles import Tile, corrected_ofu, gemm_flops
-from kernelfleet.telemetry.ncu import NcuKernel, names_match
+from kernelfleet.telemetry.ncu import SUB_PARTITIONS_PER_SM, NcuKernel, names_match
 from kernelfleet.telemetry.sample import Sample
 from kernelfleet.validation.mfu import PEAK_OF, point_windows
-
-# A Hopper SM has four processing blocks (sub-partitions), each with its own tensor core
-# (NVIDIA H100 Tensor Core GPU Architecture whitepaper, "H100 SM architecture");
-# sm__pipe_tensor_cycles_active.sum counts each, so per SM it is divided by 4 × SMs.
-SUB_PARTITIONS_PER_SM = 4
 
 # The ops-path counters, without the _sparsity_on/_off split, whose sum is the executed math
 # ops of a precision: the warpgroup path (HGMMA) and the warp path (HMMA, e.g. CUTLASS 2.x
