@@ -4,7 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 KF     := $(VENV)/bin/kernelfleet
 
-.PHONY: run test system-deps docs clean
+.PHONY: run test system-deps docs record record-see record-detector record-ofu record-capture record-counters \
+	record-x2 record-disagg record-demo clean
 
 $(VENV)/.see: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +44,61 @@ test: $(VENV)/.all system-deps
 
 # Regenerate the plots and tables in docs/ from the committed recordings (CPU only).
 docs: $(VENV)/.all
-	$(PY) bench/plot_telemetry.py
+	$(PY) -m bench.plot_telemetry
+	$(PY) -m bench.plot_ofu_validation
+	$(PY) -m bench.plot_disagg
+
+# Re-record what tests/data holds, on a GPU machine, each recorder into a folder of its own under
+# $(RECORD_OUT); copy what you keep into tests/data (the folder the test that reads it names).
+# `make record` runs the one-GPU recorders (about 20 minutes); record-x2 and record-disagg need two
+# GPUs. Without the GPUs a target says so and fails. record-demo rebuilds the bundled demo trace
+# from tests/data and runs anywhere. The recorders run with the GPU machine's python3.
+RECORD_OUT ?= /tmp/kf-record
+RECORD_ENV := PYTHONPATH=$(CURDIR) PYTHONUNBUFFERED=1
+need_gpus = @found=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU '); if [ "$$found" -lt $(1) ]; then \
+	echo "make $@: needs $(1) NVIDIA GPU(s); nvidia-smi -L finds $$found here. Run it on a GPU machine." >&2; exit 1; fi
+
+record: record-see record-detector record-ofu record-capture record-counters
+
+# tests/data/h200 (bench.record_traces, bench.clock_density), with the sampler's cost benchmarks
+record-see:
+	$(call need_gpus,1)
+	OUT=$(RECORD_OUT)/see $(RECORD_ENV) bash bench/h200_run.sh
+
+# tests/data/h200-detector
+record-detector:
+	$(call need_gpus,1)
+	$(RECORD_ENV) python3 -m bench.record_detector_traces --out $(RECORD_OUT)/h200-detector
+
+# tests/data/h200-hook, h200-clock, h200-clock-duty and h200-sweep's Nsight Compute re-run
+record-ofu:
+	$(call need_gpus,1)
+	OUT=$(RECORD_OUT)/ofu $(RECORD_ENV) bash bench/ofu_h200_check.sh
+
+# tests/data/h200-capture
+record-capture:
+	$(call need_gpus,1)
+	OUT=$(RECORD_OUT)/capture $(RECORD_ENV) bash bench/place_run.sh
+
+# tests/data/h200-counters
+record-counters:
+	$(call need_gpus,1)
+	OUT=$(RECORD_OUT) $(RECORD_ENV) bash bench/profile_counters.sh
+
+# tests/data/h200x2-detector (two GPUs)
+record-x2:
+	$(call need_gpus,2)
+	OUT=$(RECORD_OUT)/x2 $(RECORD_ENV) bash bench/h200x2_run.sh
+
+# tests/data/h200x2-disagg (two GPUs; the plans are made on this machine's CPU first)
+record-disagg:
+	$(call need_gpus,2)
+	$(RECORD_ENV) bash bench/disagg_run.sh plans $(RECORD_OUT)/plans
+	OUT=$(RECORD_OUT)/disagg $(RECORD_ENV) bash bench/disagg_run.sh run $(RECORD_OUT)/plans
+
+# kernelfleet/data/demo-h200.jsonl.gz, from the recordings in tests/data (CPU)
+record-demo: $(VENV)/.see
+	$(PY) -m bench.make_demo_trace
 
 clean:
 	rm -rf $(VENV) .pytest_cache

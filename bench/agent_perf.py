@@ -1,6 +1,6 @@
 """Benchmark: the agent's performance targets from issue 3, in one run (CPU only).
 
-    python3 bench/agent_perf.py
+    python -m bench.agent_perf
 
 1. Store ingest, rows/s (target >= 50,000 on this 2-core machine); baseline in the
    same run: the raw-row insert alone.
@@ -16,7 +16,6 @@ import logging
 import resource
 import socket
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import uvicorn
 from prometheus_client import CollectorRegistry, generate_latest
 
+from bench import command_line
 from kernelfleet.catalog import Catalog
 from kernelfleet.fleet.agent import Agent, attribute_recorded
 from kernelfleet.fleet.exporter import OfuCollector
@@ -125,7 +125,7 @@ def memory_over_an_hour(tmp: Path) -> list[float]:
 
 def main() -> None:
     logging.disable(logging.WARNING)  # the replay's regressions would flood the table
-    print(f"command: {' '.join([sys.executable] + sys.argv)}")
+    print(f"command: {command_line()}")
     with tempfile.TemporaryDirectory() as tmp:
         full, raw = ingest(Path(tmp))
         query = fleet_query(Path(tmp))

@@ -1,6 +1,6 @@
 """Capture reference workloads on a GPU, check every access claim, time kernels on device profiles.
 
-    python3 bench/capture_run.py --out DIR [--steps llama-decode,...] [--profile-steps ...] [--flush-l2-mb 256]
+    python -m bench.capture_run --out DIR [--steps llama-decode,...] [--profile-steps ...] [--flush-l2-mb 256]
 
 For each step: capture it (kernelfleet.kernels.cuda.capture), save the raw capture (the CPU tests
 replay it), assemble the program, replay the step node by node with memory-diff and the dynamic
@@ -28,17 +28,19 @@ from pathlib import Path
 
 import torch
 
-from kernelfleet.graph.deps import dependencies
-from kernelfleet.kernels.cuda import driver
+from bench import command_line
 from kernelfleet.analyze import census
+from kernelfleet.graph.deps import dependencies
 from kernelfleet.kernels.assemble import assemble
-from kernelfleet.kernels.cuda.capture import capture
 from kernelfleet.kernels.checks import probe_disagreements, unsound_writes, with_observations
+from kernelfleet.kernels.cuda import driver
+from kernelfleet.kernels.cuda.capture import capture
 from kernelfleet.kernels.cuda.replay import observe, preludes, stepwise_matches_graph
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.profile.run import calibrate_profiles, choose, pair_specs, sweep_specs
 from kernelfleet.profile.timing import calibrate, time_launches
 from kernelfleet.workloads.steps import REFERENCE, reference
+
 
 def guarded(label: str, fn, *args, **kwargs):
     t0 = time.perf_counter()
@@ -163,7 +165,7 @@ def main() -> None:
         else:
             run_step(args.only, args.out, args.profile, args.flush_l2_mb)
         return
-    print(f"command: {' '.join([sys.executable] + sys.argv)}")
+    print(f"command: {command_line()}")
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
     profiled = args.profile_steps.split(",") if args.profile_steps else []
     checked = [s for s in args.steps.split(",") if s]
@@ -172,7 +174,7 @@ def main() -> None:
     runs = [("calibration-sweep", False)] if profiled else []  # the sweep picks the profiled pair
     runs += [(n, False) for n in checked] + [(n, True) for n in profiled]
     for name, profile in runs:  # a process each: a GPU fault ends one step only
-        command = [sys.executable, __file__, "--out", str(args.out), "--only", name]
+        command = [sys.executable, "-m", "bench.capture_run", "--out", str(args.out), "--only", name]
         command += ["--profile", "--flush-l2-mb", str(args.flush_l2_mb)] if profile else []
         t0 = time.perf_counter()
         try:

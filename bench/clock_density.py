@@ -1,6 +1,6 @@
 """Raw SM-clock reads at a fixed fast period under load, for the density study.
 
-    python3 bench/clock_density.py --out DIR [--period 0.002] [--seconds 10]
+    python -m bench.clock_density --out DIR [--period 0.002] [--seconds 10]
 
 Polls GPU 0's SM clock every ``period`` seconds while a bf16 GEMM loop and then a
 transformer training loop run in a child process, and writes every read to
@@ -21,7 +21,8 @@ from pathlib import Path
 
 from kernelfleet.telemetry.nvml_api import Nvml
 
-LOAD = "import sys; sys.path.insert(0, 'bench'); import loops; loops.{}({})"
+ROOT = Path(__file__).resolve().parents[1]
+LOAD = "from bench import loops; loops.{}({})"
 
 
 def main() -> None:
@@ -38,7 +39,7 @@ def main() -> None:
     print(f"idle process CPU with NVML initialised: {(time.process_time() - c0) / 3 * 1e3:.3f} ms/s")
     runs = {}
     for load in ("gemm", "transformer"):
-        child = subprocess.Popen([sys.executable, "-c", LOAD.format(load, args.seconds + 12)])
+        child = subprocess.Popen([sys.executable, "-c", LOAD.format(load, args.seconds + 12)], cwd=ROOT)
         time.sleep(10.0)  # model build, warm-up, clocks settling under the power cap
         reads = []
         end = time.monotonic() + args.seconds

@@ -2,7 +2,7 @@
 # The disaggregation benchmark for the 8B Llama steps, in two halves:
 #   bash bench/disagg_run.sh plans DIR   # CPU (needs HiGHS): programs, measured costs and every plan, into DIR
 #   bash bench/disagg_run.sh run DIR     # two GPUs: bench disagg on both steps with list-scheduled slots and
-#                                        # predicted times, then a bisect of prefill's layer pipeline on the profiles
+#                                        # predicted times
 #   bash bench/disagg_run.sh nccl DIR    # two GPUs: the same strategies with a process per GPU and NCCL between
 #                                        # them (torchrun; bench disagg-nccl)
 # Results of `run` under $OUT (default /tmp/kf-disagg). The plans travel to the GPU machine with DIR.
@@ -14,7 +14,7 @@ PY=${PYTHON:-python3}  # PYTHON=.venv/bin/python here, where the venv holds the 
 STEPS=${STEPS:-llama8b-decode llama8b-prefill}
 if [ "$what" = plans ]; then
     set -e
-    $PY bench/plan_measured.py --out "$DIR/measured" --time-limit 20 --steps "${STEPS// /,}"
+    $PY -m bench.plan_measured --out "$DIR/measured" --time-limit 20 --steps "${STEPS// /,}"
     for step in $STEPS; do
         $PY -m kernelfleet plan "$DIR/measured/$step.program.json" "$DIR/measured/$step.costs.json" \
             --policy all --time-limit 20 --in-flight 3 --out "$DIR/$step"
@@ -38,10 +38,4 @@ for step in $STEPS; do
         --slots ${SLOTS:-3} --out "$OUT/$step" > "$OUT/$step.txt" 2>&1
     echo "$step exit $?" >> "$OUT/$step.txt"
 done
-# if prefill's layer pipeline fails the gate, find the launch that breaks it; its home is the
-# bandwidth device, which goes on the first GPU here
-$PY -c "import json, sys; gate = json.load(open(sys.argv[1]))['strategies'].get('pipeline', {}).get('gate', '')
-sys.exit(0 if gate.startswith('outputs differ') else 1)" "$OUT/llama8b-prefill/disagg.json" 2>/dev/null &&
-timeout 150 $PY bench/plan_bisect.py llama8b-prefill "$DIR/llama8b-prefill/pipeline.json" --devices 0,1 \
-    --profile bandwidth:32@0 --profile compute:56+64@1 > "$OUT/bisect.txt" 2>&1
 tail -n 40 "$OUT"/*.txt

@@ -1,6 +1,6 @@
 """The correctness gate for the plan executor, on one GPU or two (runs on GPUs).
 
-    python3 bench/executor_check.py --out DIR [--devices 0,0] [--steps llama-decode,...]
+    python -m bench.executor_check --out DIR [--devices 0,0] [--steps llama-decode,...]
 
 Captures each step once per replica ("A" on the first device, "B" on the second; ``0,0`` puts
 both replicas on one GPU, at different addresses, which exercises every copy the same way), then
@@ -24,11 +24,13 @@ from pathlib import Path
 
 import torch
 
+from bench import command_line
 from kernelfleet.bench.disagg import capture_replicas, restore_all
 from kernelfleet.profile.timing import median_seconds
 from kernelfleet.runtime.executor import Slot, build, release, run
 from kernelfleet.runtime.link import METHODS, LinkKernels, Throttle, add_copy
 from kernelfleet.workloads.steps import reference
+
 
 def copy_probe(home) -> dict:
     """Each copy method (runtime/link.METHODS) on fresh tensors and into the home replica's own
@@ -135,9 +137,10 @@ def main() -> None:
     if args.only:
         check_step(args.only, devices, args.out / f"executor-{args.only}.json")
         return
-    print(f"command: {' '.join([sys.executable] + sys.argv)}", flush=True)
+    print(f"command: {command_line()}", flush=True)
     for name in args.steps.split(","):  # a process each: a device-side assert ends one step only
-        command = [sys.executable, __file__, "--out", str(args.out), "--devices", args.devices, "--only", name]
+        command = [sys.executable, "-m", "bench.executor_check", "--out", str(args.out), "--devices", args.devices,
+                   "--only", name]
         print(f"== {name}: exit {subprocess.run(command).returncode}", flush=True)
 
 

@@ -5,5 +5,5 @@ set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/kf-x2}
 nvidia-smi -L
-python3 bench/sampler_cost.py --windows 8 --load-seconds 45
-python3 bench/record_ddp_regression.py --out "$OUT/ddp" --clean 40 --slow 40
+python3 -m bench.sampler_cost --windows 8 --load-seconds 45
+python3 -m bench.record_ddp_regression --out "$OUT/ddp" --clean 40 --slow 40

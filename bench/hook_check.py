@@ -1,8 +1,8 @@
 """The opt-in hook on a real GPU job, against the real agent (issue 4).
 
-    KERNELFLEET_JOB=hook-check python3 bench/hook_check.py run --out DIR [--phase-seconds 22]
-    python3 bench/hook_check.py run --out DIR --dry-run     # on a CPU: the same path on a recording
-    python3 bench/hook_check.py summary --out DIR           # anywhere: the table from the files
+    KERNELFLEET_JOB=hook-check python -m bench.hook_check run --out DIR [--phase-seconds 22]
+    python -m bench.hook_check run --out DIR --dry-run     # on a CPU: the same path on a recording
+    python -m bench.hook_check summary --out DIR           # anywhere: the table from the files
 
 Starts the agent as a GPU machine runs it (``python -m kernelfleet agent``: NVML and GPM, 1-s
 windows, its store, the API on 127.0.0.1:9400 that ``kernelfleet.hook`` posts to; where fastapi or
@@ -39,9 +39,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+
+from bench import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDING = ROOT / "tests" / "data" / "h200-detector" / "h200-drop.jsonl.gz"  # the dry run's "GPU"
@@ -69,7 +72,8 @@ def start_agent(out: Path, port: int, dry_run: bool) -> tuple[subprocess.Popen, 
                    "--listen", f"127.0.0.1:{port}"]
             path = "kernelfleet agent (NVML, uvicorn, POST /api/hook)"
         else:
-            cmd = [sys.executable, __file__, "serve-agent", "--store", str(out / "agent.db"), "--port", str(port)]
+            cmd = [sys.executable, "-m", "bench.hook_check", "serve-agent", "--store", str(out / "agent.db"),
+                   "--port", str(port)]
             cmd += ["--replay", str(RECORDING)] if dry_run else []
             path = ("stdlib endpoint, fleet.agent.Agent on a replayed H200 recording (dry run)" if dry_run else
                     "stdlib endpoint, fleet.agent.Agent on NvmlSource (fastapi/uvicorn/pydantic missing here)")
@@ -124,7 +128,7 @@ def serve_agent(store_path: Path, port: int, replay: Path | None) -> None:
     if replay is not None:
         source: Any = ReplaySource(replay, speed=1.0, loop=True, rebase_time=True)
         everyone = attribute_recorded(ProcessSample(pid=1, name="dry-run"))
-        identify: Callable[[ProcessSample], Any] = lambda process: everyone  # noqa: E731 - one job holds the GPU
+        identify: Callable[[ProcessSample], Any] = lambda process: everyone  # one job holds the GPU
     else:
         source, identify = NvmlSource(interval_seconds=1.0), attribute_live
     store = Store(store_path)
@@ -140,13 +144,13 @@ def serve_agent(store_path: Path, port: int, replay: Path | None) -> None:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 if self.path == "/healthz":
                     self.reply(200, {"ok": True, "windows": agent.windows, "backend": "stdlib"})
                 else:
                     self.reply(404, {"detail": "not found"})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 if self.path != "/api/hook":
                     return self.reply(404, {"detail": "not found"})
                 try:
@@ -242,7 +246,11 @@ def gemm_pairs(calls: list[list[Any]], launches: list[list[Any]]) -> list[dict[s
     ``hook.padding_flops`` (a kernel launched by a matmul op whose name says GEMM, in launch order)."""
     from kernelfleet.flops import MATMUL_OPS
     from kernelfleet.hook import _GEMM_WORDS, gemm_dims
-    from kernelfleet.ofu.kernel_tiles import cluster_from_kernel_name, executed_flops_of_kernel, tile_from_kernel_name
+    from kernelfleet.ofu.kernel_tiles import (
+        cluster_from_kernel_name,
+        executed_flops_of_kernel,
+        tile_from_kernel_name,
+    )
 
     gemms = [kernel for op, kernel in launches if (op or "").removeprefix("aten::") in MATMUL_OPS
              and any(word in kernel.lower() for word in _GEMM_WORDS)]
@@ -439,7 +447,7 @@ def summarize(out: Path, run: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_summary(summary: dict[str, Any], run: dict[str, Any], agent_path: str) -> None:
-    f = lambda x, spec=".3f": "—" if x is None else format(x, spec)  # noqa: E731
+    f = lambda x, spec=".3f": "—" if x is None else format(x, spec)
     print(f"\nagent: {agent_path}; job label {run['job_label']!r}; useful FLOPs/step {run['useful_flops_per_step']:.4g} "
           f"(hook counted {run['hooked_flops_per_step']})")
     print("| phase | reports | flagged | corrected OFU (agent's answers, mean) | reported MFU (mean) | steady windows | "
@@ -492,7 +500,7 @@ def main() -> None:
     p.add_argument("--replay", type=Path)
     args = parser.parse_args()
     if args.command == "run":
-        print(f"command: {' '.join([sys.executable] + sys.argv)}", flush=True)
+        print(f"command: {command_line()}", flush=True)
         run(args.out, args.phase_seconds, args.port, args.dry_run)
     elif args.command == "summary":
         job = json.loads((args.out / "hook-run.json").read_text())

@@ -1,6 +1,6 @@
 """Build the bundled demo trace from the H200 recordings (what `watch --demo` replays).
 
-    python3 bench/make_demo_trace.py
+    python -m bench.make_demo_trace
 
 Concatenates H200 recordings — a GEMM loop that slows down 2.5x halfway (so the
 demo shows a regression), then bf16 GEMM, fp8 GEMM, copy, transformer training

@@ -1,6 +1,6 @@
 """Benchmark: CPU and wall cost of each NVML call the sampler makes, on GPU 0.
 
-    python3 bench/nvml_calls.py [--reps 200]
+    python -m bench.nvml_calls [--reps 200]
 
 Finds which call dominates the sampler's cost, and what one clock read costs in
 the sampler loop (the read, and the sleep and wake-up before it).
@@ -9,10 +9,10 @@ the sampler loop (the read, and the sleep and wake-up before it).
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 import time
 
+from bench import command_line
 from kernelfleet.telemetry.nvml import NvmlSource
 from kernelfleet.telemetry.nvml_api import Nvml
 
@@ -21,7 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=200)
     args = parser.parse_args()
-    print(f"command: {' '.join([sys.executable] + sys.argv)}")
+    print(f"command: {command_line()}")
     nvml = Nvml()
     nvml.init()
     m = nvml.m

@@ -4,9 +4,9 @@ On the GMMA paths the sweep's loops did full-rate math on GPM's busy fraction at
 clock NVML reported (DMMA: 0.998). Either SM cycles elapse ~9 % slower than NVML reports during
 GMMA work, or GPM counts ~9 % more busy cycles than the math needs. Two measurements tell them apart:
 
-    python3 bench/ofu_clock_check.py loop --out DIR   # ~45 s
-    python3 bench/ofu_clock_check.py ncu --out DIR    # ~60 s, ncu on PATH
-    python3 bench/ofu_clock_check.py duty --out DIR   # ~25 s
+    python -m bench.ofu_clock_check loop --out DIR   # ~45 s
+    python -m bench.ofu_clock_check ncu --out DIR    # ~60 s, ncu on PATH
+    python -m bench.ofu_clock_check duty --out DIR   # ~25 s
     kernelfleet bench ofu-report tests/data/h200-sweep --clock DIR   # anywhere: tables and verdict
 
 ``loop``: for a handful of the sweep's points (``kernelfleet.bench.ofu_sweep``: bf16 large, short-K,
@@ -48,6 +48,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench import command_line
 
 # (precision, M, N, K): the sweep's points whose loops answer the question. bf16 8192^3 and
 # 16384^3 sit under the power cap, 1024^3 runs short kernels at a high clock, 8192x8192x1024 is the
@@ -125,7 +127,7 @@ def stop(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
 
 
 def start_poller(out: Path, seconds: float) -> subprocess.Popen:
-    return start([sys.executable, __file__, "poll", "--out", str(out), "--seconds", str(seconds)],
+    return start([sys.executable, "-m", "bench.ofu_clock_check", "poll", "--out", str(out), "--seconds", str(seconds)],
                  out.with_suffix(".log"))
 
 
@@ -304,7 +306,7 @@ def loop(out: Path, seconds: float, runs: list[tuple[int, int, int, str, int]], 
         time.sleep(2.0)
         try:
             probe: Probe | None = Probe()
-        except Exception as exc:  # noqa: BLE001 - no probe still leaves the ncu route to the cycles
+        except Exception as exc:
             probe, meta["probe_error"] = None, repr(exc)[:500]
             print(f"probe unavailable: {exc!r}"[:300], file=sys.stderr, flush=True)
         if probe:
@@ -314,7 +316,7 @@ def loop(out: Path, seconds: float, runs: list[tuple[int, int, int, str, int]], 
                 result = run_loop(m, n, k, precision, seconds, probe, fillers)
                 print(f"{precision:5} {m}x{n}x{k} + {fillers} adds: {result['mean_flops'] / 1e12:.1f} TFLOP/s "
                       f"{[x for x in result['kernels'] if 'Memset' not in x][:1]}", file=sys.stderr, flush=True)
-            except Exception as exc:  # noqa: BLE001 - one failed point must not end the check
+            except Exception as exc:
                 result = {"m": m, "n": n, "k": k, "precision": precision, "filler_launches": fillers,
                           "error": repr(exc)[:300]}
                 print(f"{precision} {m}x{n}x{k} failed: {exc!r}"[:300], file=sys.stderr, flush=True)
@@ -344,7 +346,8 @@ def ncu(out: Path, timeout: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
     poller = start_poller(out / "nvml-clock-ncu.jsonl.gz", timeout + 10)
     cmd = ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "clock/", "-k", NCU_FILTER,
-           "--metrics", ",".join(CLOCK_METRICS), "--csv", sys.executable, __file__, "ncu-child", "--out", str(out)]
+           "--metrics", ",".join(CLOCK_METRICS), "--csv", sys.executable, "-m", "bench.ofu_clock_check", "ncu-child",
+           "--out", str(out)]
     time.sleep(1.0)
     try:
         with (out / "ncu-clock.csv").open("w") as csv_out, (out / "ncu-clock.err").open("w") as err:
@@ -410,7 +413,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, required=True)
     p.add_argument("--period", type=float, default=0.001)
     args = parser.parse_args()
-    print(f"command: {' '.join([sys.executable] + sys.argv)}", file=sys.stderr, flush=True)
+    print(f"command: {command_line()}", file=sys.stderr, flush=True)
     if args.command in ("loop", "duty", "ncu"):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: stop the helpers on the way out
     if args.command == "loop":

@@ -15,7 +15,7 @@
 # Anywhere, after unpacking hook/ into tests/data/h200-hook, clock/ into tests/data/h200-clock and ncu/'s
 # ncu-sweep.csv[.gz] and points as tests/data/h200-sweep/ncu-rerun.csv.gz and ncu-rerun-points.jsonl:
 #   kernelfleet bench ofu-report tests/data/h200-sweep --ncu tests/data/h200-sweep --clock tests/data/h200-clock
-#   python3 bench/hook_check.py summary --out tests/data/h200-hook
+#   python3 -m bench.hook_check summary --out tests/data/h200-hook
 set -u -o pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps carried wheels (/tmp/site)
 out=${OUT:-/tmp/out}
@@ -47,13 +47,13 @@ EOF
 } 2>&1 | tee "$out/env.txt"
 
 stage hook "$out/hook/log.txt" \
-    timeout -k 10 90 env KERNELFLEET_JOB=hook-check python3 bench/hook_check.py run --out "$out/hook" --phase-seconds 22
+    timeout -k 10 90 env KERNELFLEET_JOB=hook-check python3 -m bench.hook_check run --out "$out/hook" --phase-seconds 22
 stage clock-loop "$out/clock/loop.log" \
-    timeout -k 10 80 python3 bench/ofu_clock_check.py loop --out "$out/clock" --seconds 2.5
+    timeout -k 10 80 python3 -m bench.ofu_clock_check loop --out "$out/clock" --seconds 2.5
 stage clock-ncu "$out/clock/ncu.log" \
-    timeout -k 10 95 python3 bench/ofu_clock_check.py ncu --out "$out/clock" --timeout 85
+    timeout -k 10 95 python3 -m bench.ofu_clock_check ncu --out "$out/clock" --timeout 85
 stage clock-duty "$out/clock-duty/duty.log" \
-    timeout -k 10 60 python3 bench/ofu_clock_check.py duty --out "$out/clock-duty"
+    timeout -k 10 60 python3 -m bench.ofu_clock_check duty --out "$out/clock-duty"
 if [ -z "${SKIP_NCU_SWEEP:-}" ]; then  # SKIP_NCU_SWEEP=1: leave stage 3 out (it is the longest)
     stage ncu-sweep "$out/ncu/log.txt" \
         env OUT="$out/ncu" PRECISIONS="tf32 fp8 fp64" NCU_TIMEOUT=90 timeout -k 10 110 bash bench/ncu_sweep.sh

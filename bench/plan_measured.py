@@ -1,6 +1,6 @@
 """Plans for the H200-sized steps on costs measured on the emulated H200 pair (CPU only).
 
-    python3 bench/plan_measured.py --out DIR [--steps llama8b-decode,...] [--link-gbps 25] [--time-limit 60]
+    python -m bench.plan_measured --out DIR [--steps llama8b-decode,...] [--link-gbps 25] [--time-limit 60]
 
 Builds each step's program from its committed capture (tests/data/h200-capture) and its cost
 table from the per-kernel times measured there on the "compute" (56 SMs + 64-SM hog) and
@@ -16,21 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from bench import command_line
 from kernelfleet.catalog import Catalog
+from kernelfleet.costs.model import leave_one_out
+from kernelfleet.costs.roofline import Capability
 from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.plan import command
 from kernelfleet.plan.gantt import draw
 from kernelfleet.plan.serving import Phase, rates
-from kernelfleet.costs.model import leave_one_out
-from kernelfleet.costs.roofline import Capability
 from kernelfleet.profile.table import cost_table, preference
 from kernelfleet.workloads import preset
 
@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--steps", default=STEPS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"command: {' '.join([sys.executable] + sys.argv)}", flush=True)
+    print(f"command: {command_line()}", flush=True)
     console = Console(width=160)
     phases = {}
     for step in args.steps.split(","):

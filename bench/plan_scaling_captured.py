@@ -1,6 +1,6 @@
 """Planner scaling on a captured graph: the 8B Llama decode step on 2 to 16 devices (CPU only).
 
-    python3 bench/plan_scaling_captured.py [--devices 2,4,8,16] [--time-limit 60]
+    python -m bench.plan_scaling_captured [--devices 2,4,8,16] [--time-limit 60]
 
 Devices are copies of the two measured H200 profiles (tests/data/h200-capture): half of them the
 "compute" profile, half the "bandwidth" one, every pair joined by a 25 GB/s link. For each size:
@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from itertools import combinations
 from pathlib import Path
 
+from bench import command_line
+from kernelfleet.costs.table import CostTable
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.plan.milp import zero_comm_bound
-from kernelfleet.costs.table import CostTable
 from kernelfleet.plan.model import Device, Link, Problem
 from kernelfleet.plan.policy import group_replicas, throughput
 from kernelfleet.profile.table import cost_table
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--link-gbps", type=float, default=25.0)
     args = parser.parse_args()
-    print(f"command: {' '.join([sys.executable] + sys.argv)}", flush=True)
+    print(f"command: {command_line()}", flush=True)
     print(f"{'devices':>7} {'solve s':>8} {'MILP ms':>8} {'pairs ms':>9} {'0-comm':>8} {'replicas':>9} "
           f"{'MILP/replicas':>13} {'pairs/replicas':>14} started from")
     for n in (int(x) for x in args.devices.split(",")):

@@ -15,16 +15,16 @@ own gaps are within their restricted problem, so they are not used as bounds.
 "best base" is the best kernel-placement baseline (single device, pipeline, attention/FFN,
 latency-greedy) and "replicas" request distribution, both under the same cost model.
 
-    .venv/bin/python bench/plan_solver.py [--time-limit 8] [--sizes 5,20,50,100] [--devices 2,3,4]
+    python -m bench.plan_solver [--time-limit 8] [--sizes 5,20,50,100] [--devices 2,3,4]
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 
+from bench import command_line
 from kernelfleet.errors import UsageError
 from kernelfleet.plan.baselines import baselines
 from kernelfleet.plan.milp import solve_throughput
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="5,20,50,100", help="layers (10 kernels each, plus 3)")
     parser.add_argument("--devices", default="2,3,4")
     args = parser.parse_args()
-    print("$ " + " ".join(shlex.quote(a) for a in [sys.executable.split("/")[-1]] + sys.argv))
+    print(f"$ {command_line()}")
     head = (f"{'kernels':>7} {'dev':>3} | {'variant':<10} {'solve s':>8} {'objective ms':>12} {'gap':>7} "
             f"{'status':<18} | {'LP bound':>8} {'0-comm LP':>9} {'best base':>9} {'replicas':>8} | Gurobi s")
     print(head)

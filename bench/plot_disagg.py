@@ -1,6 +1,6 @@
 """The disaggregation benchmark's recorded runs as a chart and a table for docs/place.md (CPU only).
 
-    python3 bench/plot_disagg.py
+    python -m bench.plot_disagg
 
 Reads tests/data/h200x2-disagg/*.disagg.json (written by `kernelfleet bench disagg` on two H200s)
 and writes docs/img/place-disagg-h200x2.png: per workload, each strategy's slots per second in its
@@ -18,9 +18,7 @@ import json
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "tests" / "data" / "h200x2-disagg"
@@ -57,9 +55,10 @@ def main() -> None:
         table[step][0][IN_FLIGHT] = (best(second, STRATEGIES["kernelfleet throughput"])
                                      / best(second, STRATEGIES["request distribution"]))
     columns = [*STRATEGIES, IN_FLIGHT]
-    fig, ax = plt.subplots(figsize=(13, 6.5))
+    fig = Figure(figsize=(13, 6.5))
+    ax = fig.subplots()
     width = 0.8 / len(columns)
-    colors = plt.cm.tab10.colors
+    colors = matplotlib.colormaps["tab10"].colors
     for i, name in enumerate(columns):
         xs = [s + (i - len(columns) / 2 + 0.5) * width for s in range(len(STEPS))]
         ys = [table[step][0][name] or 0.0 for step in STEPS]

@@ -1,6 +1,6 @@
 """Tables and plot for docs/validation/ofu.md from a recorded GEMM sweep (CPU only).
 
-    python3 bench/plot_ofu_validation.py [--sweep tests/data/h200-sweep]
+    python -m bench.plot_ofu_validation [--sweep tests/data/h200-sweep]
 
 Reads sweep-points.jsonl.gz and sweep-trace.jsonl.gz (written by ``kernelfleet bench ofu``
 on a GPU), prints the per-point table and the Table II summary in Markdown, and
@@ -14,18 +14,15 @@ import argparse
 import gzip
 import json
 import statistics
-import sys
 from pathlib import Path
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from kernelfleet.catalog import Catalog  # noqa: E402
-from kernelfleet.telemetry.replay import ReplaySource  # noqa: E402
-from kernelfleet.validation.mfu import gemm_points, summarize_errors  # noqa: E402
-from kernelfleet.validation.sampling import clock_sampling_errors, instant_clock_errors_pp  # noqa: E402
+from bench import command_line
+from kernelfleet.catalog import Catalog
+from kernelfleet.telemetry.replay import ReplaySource
+from kernelfleet.validation.mfu import gemm_points, summarize_errors
+from kernelfleet.validation.sampling import clock_sampling_errors, instant_clock_errors_pp
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -40,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sweep", type=Path, default=ROOT / "tests" / "data" / "h200-sweep")
     args = parser.parse_args()
-    print(f"command: {' '.join([sys.executable] + sys.argv)}\n")
+    print(f"command: {command_line()}\n")
     with gzip.open(args.sweep / "sweep-points.jsonl.gz", "rt") as f:
         points = [json.loads(line) for line in f]
     samples = [b[0] for b in ReplaySource(args.sweep / "sweep-trace.jsonl.gz").batches()]
@@ -63,7 +60,8 @@ def main() -> None:
         print(f"| {s.precision} | {s.points} | {s.raw_mae_pp:.2f} | {s.raw_within_2pp:.0%} | {s.raw_within_5pp:.0%} | "
               f"{s.corrected_mae_pp:.2f} | {s.corrected_within_2pp:.0%} | {s.corrected_within_5pp:.0%} |")
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5), sharey=True)
+    fig = Figure(figsize=(11, 5))
+    axes = fig.subplots(1, 2, sharey=True)
     for ax, corrected in zip(axes, (False, True)):
         for precision in dict.fromkeys(r.precision for r in rows):
             chosen = [r for r in rows if r.precision == precision and r.corrected_ofu_ratio is not None]

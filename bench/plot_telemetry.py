@@ -1,6 +1,6 @@
 """Plots and tables for docs/telemetry.md from the committed H200 recordings (CPU only).
 
-    python3 bench/plot_telemetry.py
+    python -m bench.plot_telemetry
 
 Writes docs/img/ofu-vs-mfu-h200.png and docs/img/clock-sampling-h200.png, and
 prints the tables the document quotes.
@@ -11,29 +11,25 @@ from __future__ import annotations
 import gzip
 import json
 import statistics
-import sys
 from pathlib import Path
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from kernelfleet.catalog import Catalog  # noqa: E402
-from kernelfleet.ofu.core import ofu_ratio  # noqa: E402
-from kernelfleet.telemetry.replay import ReplaySource  # noqa: E402
-from kernelfleet.validation.sampling import clock_sampling_errors  # noqa: E402
-from kernelfleet.validation.timeline import work_between  # noqa: E402
+from bench import command_line
+from kernelfleet.catalog import Catalog
+from kernelfleet.ofu.core import ofu_ratio
+from kernelfleet.telemetry.replay import ReplaySource
+from kernelfleet.validation.sampling import clock_sampling_errors
+from kernelfleet.validation.timeline import work_between
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "h200"
 IMG = ROOT / "docs" / "img"
-H200 = Catalog.load().get("h200-sxm")
 WORKLOADS = (("bf16-gemm", "bf16", "bf16 8192³ GEMM"), ("fp8-gemm", "fp8", "fp8 8192³ GEMM"),
              ("transformer", "bf16", "bf16 transformer training"))
 
 
-def windows(name: str, precision: str) -> list[tuple[float, float, float]]:
+def windows(name: str, precision: str, peak_flops: float) -> list[tuple[float, float, float]]:
     """(tensor_active, mean clock Hz, MFU) for every window the loop kept busy throughout."""
     tl = json.loads(gzip.decompress((DATA / f"timeline-{name}.json.gz").read_bytes()))
     out = []
@@ -42,17 +38,19 @@ def windows(name: str, precision: str) -> list[tuple[float, float, float]]:
         if not (tl["start_wall"] < start and tl["ends_wall"][-1] > end):
             continue
         work = work_between(tl["start_wall"], tl["ends_wall"], tl["work_per_iteration"], start, end)
-        out.append((s.tensor_active_ratio, s.sm_clock_mean_hertz, work / s.window_seconds / H200.peak_flops(precision)))
+        out.append((s.tensor_active_ratio, s.sm_clock_mean_hertz, work / s.window_seconds / peak_flops))
     return out
 
 
 def main() -> None:
     IMG.mkdir(parents=True, exist_ok=True)
-    print(f"command: {' '.join([sys.executable] + sys.argv)}")
-    fig, ax = plt.subplots(figsize=(6, 5))
+    print(f"command: {command_line()}")
+    h200 = Catalog.load().get("h200-sxm")
+    fig = Figure(figsize=(6, 5))
+    ax = fig.subplots()
     print("| workload | windows | MFU | OFU @1980 | error | OFU @1830 | error |")
     for (name, precision, label), color in zip(WORKLOADS, ("C0", "C1", "C2")):
-        rows = windows(name, precision)
+        rows = windows(name, precision, h200.peak_flops(precision))
         mfu = [m for _, _, m in rows]
         at = {f: [ofu_ratio(t, c, f) for t, c, _ in rows] for f in (1.98e9, 1.83e9)}
         ax.scatter(mfu, at[1.98e9], color=color, label=f"{label}, f_ref 1980 MHz", s=18)
@@ -69,7 +67,8 @@ def main() -> None:
 
     runs = json.loads(gzip.decompress((DATA / "clock-reads-2ms.json.gz").read_bytes()))
     counts = (1, 2, 5, 10, 20, 50)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     print("\n| load | reads per 1-s window | mean error | p95 error |")
     for load, label in (("gemm", "bf16 GEMM"), ("transformer", "transformer training")):
         reads = [(t, mhz * 1e6) for t, mhz in runs[load]]

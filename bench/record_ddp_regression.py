@@ -1,6 +1,6 @@
 """Record the data-parallel regression case on two GPUs, for the detector's tests.
 
-    python3 bench/record_ddp_regression.py --out DIR [--clean 45] [--slow 45]
+    python -m bench.record_ddp_regression --out DIR [--clean 45] [--slow 45]
 
 A small data-parallel training job (torch.distributed, NCCL, DDP over every GPU of the
 machine, one process per GPU started by torchrun, job label KERNELFLEET_JOB=ddp-train)
@@ -101,13 +101,14 @@ def main() -> None:
     env = dict(os.environ, KERNELFLEET_JOB=JOB, NCCL_NVLS_ENABLE="0", OMP_NUM_THREADS="1")
     started = time.time()
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-                    __file__, "--worker", str(phases), "--clean", str(args.clean), "--slow", str(args.slow)],
+                    "-m", "bench.record_ddp_regression", "--worker", str(phases), "--clean", str(args.clean),
+                    "--slow", str(args.slow)],
                    env=env, check=True)
     recorder.wait()
     ranks = [json.loads(p.read_text()) for p in sorted(args.out.glob("h200x2-ddp.phases.rank*.json"))]
     for p in args.out.glob("h200x2-ddp.phases.rank*.json"):
         p.unlink()
-    phases.write_text(json.dumps({"command": f"python3 bench/record_ddp_regression.py --out DIR --clean {args.clean} "
+    phases.write_text(json.dumps({"command": f"python -m bench.record_ddp_regression --out DIR --clean {args.clean} "
                                   f"--slow {args.slow}", "launched": started, "gpus": gpus, "job": JOB,
                                   "ranks": ranks}, indent=1))
     for r in ranks:

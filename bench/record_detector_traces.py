@@ -1,6 +1,6 @@
 """Record traces for the regression detector's tests, on a GPU.
 
-    python3 bench/record_detector_traces.py --out DIR
+    python -m bench.record_detector_traces --out DIR
 
 drop: a bf16 8192^3 GEMM loop runs cleanly for 45 s, then the same loop with a
 host synchronisation and a 2.5 ms sleep after every GEMM (the kind of

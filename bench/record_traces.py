@@ -1,6 +1,6 @@
 """Record the H200 fixture traces and check OFU against MFU timed with CUDA events.
 
-    python3 bench/record_traces.py --out DIR
+    python -m bench.record_traces --out DIR
 
 For each workload (idle, bf16 GEMM, fp8 GEMM, copy, transformer training) a
 ``kernelfleet record`` process samples the GPU while this process runs the
@@ -22,8 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import loops  # noqa: E402
+from bench import loops
 
 H200_BF16_DENSE_PEAK = 989.4e12  # NVIDIA H200 datasheet, dense (sparse 1979 / 2)
 KF = [sys.executable, "-m", "kernelfleet"]
@@ -117,7 +116,7 @@ def main() -> None:
         print(f"== recording {name}", flush=True)
         try:
             summary[name] = record(args.out, name, args.seconds, work)
-        except Exception as exc:  # noqa: BLE001 - keep the other recordings
+        except Exception as exc:
             summary[name] = {"error": repr(exc)}
             print(f"   failed: {exc!r}", flush=True)
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -1,7 +1,7 @@
 """Benchmark: CPU cost of the NVML sampler per GPU per sample (target < 1 ms), with the
 accuracy each clock-read period buys, idle and under load.
 
-    python3 bench/sampler_cost.py [--windows 10] [--interval 1.0] [--load-seconds 40]
+    python -m bench.sampler_cost [--windows 10] [--interval 1.0] [--load-seconds 40]
 
 Runs NvmlSource for a few windows in three modes: one clock read per window (the floor),
 a read every 100 ms (dense, the old default), and the adaptive default (every 100 ms only
@@ -27,11 +27,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from bench import command_line
 from kernelfleet.telemetry.nvml import NvmlSource
 from kernelfleet.validation.sampling import clock_sampling_errors
 
-READS = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200" / "clock-reads-2ms.json.gz"
-GEMM = "import sys, time; sys.path.insert(0, 'bench'); import loops; loops.gemm({})"
+ROOT = Path(__file__).resolve().parents[1]
+READS = ROOT / "tests" / "data" / "h200" / "clock-reads-2ms.json.gz"
+GEMM = "from bench import loops; loops.gemm({})"
 
 
 def thread_cpu() -> dict[int, float]:
@@ -112,7 +114,7 @@ def main() -> None:
     parser.add_argument("--load-seconds", type=float, default=0.0,
                         help="also measure under a bf16 GEMM loop on every GPU, which runs this long (0: idle only)")
     args = parser.parse_args()
-    print(f"command: python3 {' '.join(sys.argv)}")
+    print(f"command: {command_line()}")
     modes = [("one read/window", args.interval, False), ("every 100 ms", 0.1, False), ("adaptive (default)", 0.1, True)]
     loads = ["idle"] + (["bf16 GEMM loop"] if args.load_seconds else [])
     print(f"{'load':>15} {'clock reads':>19} {'reads/win':>9} {'CPU ms/GPU/sample':>18} {'in NVML':>8} "
@@ -122,7 +124,8 @@ def main() -> None:
         if load != "idle":
             for gpu in range(gpu_count()):
                 env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
-                children.append(subprocess.Popen([sys.executable, "-c", GEMM.format(args.load_seconds)], env=env))
+                children.append(subprocess.Popen([sys.executable, "-c", GEMM.format(args.load_seconds)], env=env,
+                                                 cwd=ROOT))
             time.sleep(8.0)  # CUDA start-up and warm-up
         for label, poll, adaptive in modes:
             r = measure(poll, adaptive, args.windows, args.interval)

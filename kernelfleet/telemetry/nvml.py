@@ -49,7 +49,7 @@ GPM_METRICS: dict[int, tuple[str, float]] = {
 # MMA_CYCLES_ACTIVE = 250, "since reboot"). Their difference over a window would give the
 # mean SM clock exactly, with no polling, and the tensor-busy cycles behind OFU. Not yet
 # seen answering on our H200 (driver 580): recorded raw, as NVML reports them, until a
-# GPU run settles what they mean (bench/gpm_cycles_probe.py).
+# GPU run settles what they mean (docs/telemetry.md, "Cycle counters instead of clock polling").
 CYCLE_METRICS: dict[int, tuple[str, float]] = {
     248: ("sm_cycles_elapsed_raw", 1.0),
     250: ("mma_cycles_active_raw", 1.0),

@@ -1,0 +1,23 @@
+"""Benchmarks, fixture recorders and plot scripts, each run from the repository root as a module.
+
+    python -m bench.NAME [--help]
+
+Benchmarks print a table and the command that made it (``agent_perf``, ``sampler_cost``,
+``nvml_calls``, ``plan_solver``, ``plan_scaling_captured``, ``plan_measured``, ``executor_check``).
+Recorders re-make what ``tests/data`` holds: ``make record`` on a GPU machine runs them (the shell
+wrappers here), ``make record-demo`` the one that runs on a CPU. ``make docs`` runs the ``plot_*``
+scripts on the committed recordings. ``loops`` holds the GPU loops the recorders time.
+Importing any of them does no work (tests/unit/test_bench_scripts.py checks it, and ``--help``).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+
+def command_line() -> str:
+    """How this run was started, as one types it: ``python -m bench.NAME ARGS`` (STYLE rule 12)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    head = ["-m", spec.name] if spec is not None else sys.argv[:1]
+    return shlex.join([sys.executable, *head, *sys.argv[1:]])

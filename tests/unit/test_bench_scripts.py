@@ -1,0 +1,76 @@
+"""bench/ as CI sees it: every script imports as a module of the ``bench`` package without doing
+any work (STYLE rule 11), every one with a command line answers ``python -m bench.NAME --help``
+from the repository root, none reaches a sibling through ``sys.path``, and ruff finds no error
+(F codes) in the folder. A broken bench script fails here, not on the next GPU run."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).parents[2]
+BENCH = ROOT / "bench"
+SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
+WITH_CLI = [name for name in SCRIPTS if "argparse" in (BENCH / f"{name}.py").read_text()]
+LIBRARIES = {"loops"}  # imported by the recorders; no command line of its own
+# No options, so no --help: running one does its work (each runs on a CPU in seconds to a minute).
+WITHOUT_CLI = {"agent_perf", "make_demo_trace", "plot_disagg", "plot_telemetry"}
+
+
+def test_every_script_without_a_command_line_is_known():
+    # A new script without --help is a decision to make here, not a silent gap in what is checked.
+    assert set(SCRIPTS) - set(WITH_CLI) == LIBRARIES | WITHOUT_CLI
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_imports_as_a_module_without_doing_work(name, monkeypatch, capfd):
+    monkeypatch.syspath_prepend(str(ROOT))
+    threads = threading.active_count()
+    module = importlib.import_module(f"bench.{name}")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", ""), f"bench.{name} printed at import"
+    assert threading.active_count() == threads, f"bench.{name} started a thread at import"
+    assert name in LIBRARIES or callable(getattr(module, "main", None)), f"bench.{name} has no main()"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_reaches_siblings_as_a_package(name):
+    assert "sys.path" not in (BENCH / f"{name}.py").read_text(), f"bench/{name}.py edits sys.path"
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, subprocess.CompletedProcess]:
+    """``python -m bench.NAME --help`` of every script with a command line, all at once."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    running = {name: subprocess.Popen([sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for name in WITH_CLI}
+    done = {}
+    for name, process in running.items():
+        out, err = process.communicate(timeout=180)
+        done[name] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return done
+
+
+@pytest.mark.parametrize("name", WITH_CLI)
+def test_answers_help(name, helps):
+    done = helps[name]
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage:"), done.stdout[:500]
+
+
+def test_ruff_finds_no_error():
+    ruff = Path(sys.executable).with_name("ruff")
+    if not ruff.exists():
+        pytest.skip(f"no ruff beside {sys.executable}")
+    done = subprocess.run([str(ruff), "check", "--select", "F", "--output-format", "concise", "bench"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
