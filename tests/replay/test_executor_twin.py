@@ -69,12 +69,17 @@ def test_the_graph_has_exactly_the_dependencies_slots_lays_out(mode):
     assert [x.after for x in null.added] == [x.deps for x in combined]
 
 
-def test_a_paced_link_adds_a_wait_beside_each_copy():
-    null = NullDriver()
+def paced_tail(null: NullDriver):
+    """The plan with the last three launches on the compute device, over a 25 Gbit/s link."""
     mine = replicas()
     n = len(mine["bandwidth"].program.launches)
-    built = build([Slot(mine, ["bandwidth"] * (n - 3) + ["compute"] * 3, "bandwidth")],
-                  throttle=Throttle(25e9 / 8), resident_state=True, driver=null)
+    return build([Slot(mine, ["bandwidth"] * (n - 3) + ["compute"] * 3, "bandwidth")],
+                 throttle=Throttle(25e9 / 8), resident_state=True, driver=null)
+
+
+def test_a_paced_link_adds_a_wait_beside_each_copy():
+    null = NullDriver()
+    built = paced_tail(null)
     waits = [x for x in null.added if x.kind == "kernel"]
     copies = [x for x in null.added if x.kind == "copy"]
     assert [w.what[0] for w in waits] == ["kf_wait"] * len(built.copies)
@@ -105,10 +110,7 @@ def test_a_racy_plan_graph_is_refused_before_the_driver_sees_it(monkeypatch):
 
 def test_a_built_plan_runs_on_its_driver_and_releases_every_handle():
     null = NullDriver()
-    mine = replicas()
-    n = len(mine["bandwidth"].program.launches)
-    built = build([Slot(mine, ["bandwidth"] * (n - 3) + ["compute"] * 3, "bandwidth")],
-                  throttle=Throttle(25e9 / 8), resident_state=True, driver=null)
+    built = paced_tail(null)
     assert null.live == {built.graph, built.executable, *(k.module for k in built.kernels)}
     run(built, 7)
     release(built)

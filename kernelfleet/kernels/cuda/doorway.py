@@ -86,7 +86,7 @@ class Doorway:
         return rest[0] if len(rest) == 1 else rest
 
 
-class Bound:
+class Doorways:
     """What the real driver's parts (graph reading, graph building, green contexts) share: the
     driver API's doorway ``call``, the runtime API's ``runtime``, and ``cu``, the driver bindings'
     enums and structs."""

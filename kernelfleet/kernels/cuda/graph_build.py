@@ -7,10 +7,10 @@ import ctypes
 from typing import Any
 
 from kernelfleet.kernels.cuda._marshal import kernel_params
-from kernelfleet.kernels.cuda.doorway import Bound, DriverError
+from kernelfleet.kernels.cuda.doorway import Doorways, DriverError
 
 
-class GraphBuilding(Bound):
+class GraphBuilding(Doorways):
     """The driver's graph-building methods (part of :class:`~kernelfleet.kernels.cuda.driver.CudaDriver`).
     A node is added after the nodes ``after`` (handles this driver returned)."""
 

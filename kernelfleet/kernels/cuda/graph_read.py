@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from kernelfleet.kernels.cuda._marshal import extra_buffer, kernel_param_bytes
-from kernelfleet.kernels.cuda.doorway import Bound, DriverError
+from kernelfleet.kernels.cuda.doorway import Doorways, DriverError
 from kernelfleet.kernels.cuda.records import CopyNode, KernelNode, Param
 
 
-class GraphReading(Bound):
+class GraphReading(Doorways):
     """The driver's graph-reading methods (part of :class:`~kernelfleet.kernels.cuda.driver.CudaDriver`)."""
 
     def graph_handle(self, raw: int) -> Any:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelfleet.kernels.cuda.doorway import Bound, DriverError
+from kernelfleet.kernels.cuda.doorway import Doorways, DriverError
 
 
-class GreenContexts(Bound):
+class GreenContexts(Doorways):
     """The driver's partitioning method (part of :class:`~kernelfleet.kernels.cuda.driver.CudaDriver`)."""
 
     def green_streams(self, device: int, sm_counts: list[int], granule: int = 8) -> list[tuple[Any, int, int]]:
