@@ -4,7 +4,7 @@ A partition (a CUDA green context) limits SMs only; memory bandwidth falls only 
 cannot pull it all. A *bandwidth-poor* device therefore needs a co-running bandwidth hog in a
 separate partition: copies in a loop, from a thread and stream of its own (a hog on another
 stream of the same partition just time-shares and changes nothing; DESIGN.md, Facts). The work
-and hog partitions are carved from one chain of splits (:func:`kernelfleet.kernels.cuda.driver.green_streams`)
+and hog partitions are carved from one chain of splits (the driver's ``green_streams``)
 so they never share an SM; torch work runs on a partition through its stream. Clocks, power
 limits and MIG are never touched.
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from kernelfleet.errors import UsageError
-from kernelfleet.kernels.cuda import driver
+from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
 
 SM_GRANULE = 8  # Hopper hands out partitions in multiples of 8 SMs (DESIGN.md, Facts)
 HOG_BYTES = 1 << 30
@@ -50,11 +50,11 @@ class ProfileSpec:
             raise UsageError(f"profile {self.name}: a hog needs a work partition (give sms)")
 
 
-_PARTITIONS: dict[tuple[int, int, int], list[tuple[object, int, int]]] = {}
+_PARTITIONS: dict[tuple[CudaDriver, int, int, int], list[tuple[object, int, int]]] = {}
 
 
-def _partitions(spec: ProfileSpec) -> list[tuple[object, int, int]]:
-    key = (spec.device, spec.sms or 0, spec.hog_sms or 0)
+def _partitions(spec: ProfileSpec, driver: CudaDriver) -> list[tuple[object, int, int]]:
+    key = (driver, spec.device, spec.sms or 0, spec.hog_sms or 0)  # a twin's partitions are not the GPU's
     if key not in _PARTITIONS:
         total = torch.cuda.get_device_properties(spec.device).multi_processor_count
         wanted = [n for n in (spec.sms, spec.hog_sms) if n]
@@ -66,10 +66,11 @@ def _partitions(spec: ProfileSpec) -> list[tuple[object, int, int]]:
 
 
 class DeviceProfile:
-    """A running profile: ``with DeviceProfile(spec) as p, p.active() as stream: ...``."""
+    """A running profile: ``with DeviceProfile(spec) as p, p.active() as stream: ...``; ``driver``
+    carves its partitions."""
 
-    def __init__(self, spec: ProfileSpec) -> None:
-        self.spec = spec
+    def __init__(self, spec: ProfileSpec, driver: CudaDriver = CUDA) -> None:
+        self.spec, self.driver = spec, driver
         self.sms: int | None = None  # SMs the work partition actually got
         self.context: object | None = None  # the work partition's CUcontext (None: the whole GPU)
         self._streams: list[torch.cuda.Stream] = []
@@ -80,7 +81,7 @@ class DeviceProfile:
     def __enter__(self) -> DeviceProfile:
         if self.spec.sms is None:
             return self
-        parts = _partitions(self.spec)
+        parts = _partitions(self.spec, self.driver)
         self.context, self.sms = parts[0][0], parts[0][2]
         self._streams = [torch.cuda.ExternalStream(stream, device=self.spec.device) for _, stream, _ in parts]
         if self.spec.hog_sms:

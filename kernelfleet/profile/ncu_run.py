@@ -46,7 +46,6 @@ def whole_seconds(path: Path | None) -> list[float | None] | None:
 def run(step_name: str, out: Path, profiles: str, seconds: float, order_by: Path | None) -> Groups:
     import torch
 
-    from kernelfleet.kernels.cuda import driver
     from kernelfleet.kernels.assemble import assemble
     from kernelfleet.kernels.cuda.capture import capture
     from kernelfleet.kernels.cuda.replay import preludes
@@ -84,7 +83,7 @@ def run(step_name: str, out: Path, profiles: str, seconds: float, order_by: Path
             doc.profiles[spec.name] = {"sms": device.sms, "hog_sms": spec.hog_sms,
                                        "device_sms": torch.cuda.get_device_properties(spec.device).multi_processor_count,
                                        **rates}
-            runner = driver.NodeReplayer(captured.nodes, device.context or captured.context)
+            runner = captured.replayer(device.context)
             stack.callback(runner.close)
             ready[spec.name] = (device, runner)
             doc.launched[spec.name] = []

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from kernelfleet.kernels.cuda import driver
 from kernelfleet.kernels.cuda.capture import Captured
 from kernelfleet.kernels.raw import program_nodes
 
@@ -43,7 +42,7 @@ def time_launches(captured: Captured, stream: torch.cuda.Stream, *, resets: Mapp
     ``copies`` fixes the number of back-to-back copies per trial (None: enough for ``trial_seconds``;
     always 1 with a flush). One copy without a flush is the cold run's control: it pays the same
     graph-launch cost per trial with a warm L2, so cold minus it is the L2's share alone."""
-    runner = driver.NodeReplayer(captured.nodes, context or captured.context)
+    runner = captured.replayer(context)  # through the driver that read the capture
     flush = torch.empty(flush_l2_bytes, dtype=torch.uint8, device=stream.device) if flush_l2_bytes else None
     nodes = program_nodes(captured.raw)
 

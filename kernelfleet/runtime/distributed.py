@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelfleet.kernels.cuda import driver
+from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
 from kernelfleet.kernels.ir import Program, merged_ranges
 from kernelfleet.kernels.raw import program_nodes
 from kernelfleet.runtime.executor import Places, Replica, add_launch, plan_graph
@@ -132,21 +132,22 @@ class RankBuilt:
     throttle: Throttle | None = None
     link: LinkKernels | None = None  # kf_wait, loaded where a throttle paces the copies received
     waited: frozenset[int] = frozenset()  # ops another op waits for: they record an event
+    driver: CudaDriver = CUDA  # the one that made the graphs: it runs and releases them
 
 
 def build_rank(slots: list[RankSlot], device: str, alias: Callable[[int, int], Any], throttle: Throttle | None = None,
-               **options: Any) -> RankBuilt:
+               driver: CudaDriver = CUDA, **options: Any) -> RankBuilt:
     """This rank's ops, with a CUDA graph per segment and an aliasing tensor per copy
     (``alias(address, length)`` on this rank's GPU, e.g. ``replay.device_bytes``); ``throttle``
-    paces the copies it receives; ``options`` as for ``executor.plan_graph`` (state resident by
-    default)."""
+    paces the copies it receives; ``driver`` builds the graphs (``null.NullDriver`` on a CPU);
+    ``options`` as for ``executor.plan_graph`` (state resident by default)."""
     options.setdefault("resident_state", True)
     _, combined = plan_graph([(s.programs[s.home], s.assignment, s.home) for s in slots], **options)
     ops = rank_ops(combined, device)
     built = RankBuilt(device, ops, {}, combined=combined, throttle=throttle,
-                      waited=frozenset(w for op in ops for w in op.waits))
+                      waited=frozenset(w for op in ops for w in op.waits), driver=driver)
     if throttle is not None and any(op.kind == "recv" for op in ops):
-        built.link = LinkKernels(driver.current_context())
+        built.link = LinkKernels(driver.current_context(), driver)
     places = [Places(s.home, s.programs) for s in slots]
     launch_nodes: dict[int, list[int]] = {}
     try:
@@ -160,7 +161,8 @@ def build_rank(slots: list[RankSlot], device: str, alias: Callable[[int, int], A
                 made: dict[int, Any] = {}
                 for k in op.items:
                     after = [made[d] for d in combined[k].deps if d in made]
-                    made[k] = add_launch(graph, slot.replica, launch_nodes[op.slot], combined[k].node.launch, after)
+                    made[k] = add_launch(graph, slot.replica, launch_nodes[op.slot], combined[k].node.launch, after,
+                                         driver)
                 built.graphs[i] = (graph, driver.instantiate(graph))
                 continue
             t = combined[op.items[0]].node.copy
@@ -174,11 +176,9 @@ def build_rank(slots: list[RankSlot], device: str, alias: Callable[[int, int], A
 
 
 def release_rank(built: RankBuilt) -> None:
+    """Free the rank's graphs (instantiated or not) and its link kernels."""
     for graph, executable in built.graphs.values():
-        if executable is None:
-            driver.call("cuGraphDestroy", graph)
-        else:
-            driver.destroy(graph, executable)
+        built.driver.destroy(graph, executable)
     built.graphs.clear()
     if built.link is not None:
         built.link.close()
@@ -199,7 +199,7 @@ def run_rank(built: RankBuilt, compute: dict[int, Any], copy: Any, rank_of: dict
         for w in op.waits:
             stream.wait_event(events[w])
         if op.kind == "segment":
-            driver.launch(built.graphs[i][1], stream.cuda_stream)
+            built.driver.launch(built.graphs[i][1], stream.cuda_stream)
         else:
             paced = _pace(built, i, stream, pace) if op.kind == "recv" and built.link is not None else None
             with torch.cuda.stream(stream):  # NCCL waits for this stream, and .wait() makes it wait for NCCL

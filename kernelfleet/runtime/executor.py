@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kernelfleet.errors import UsageError
-from kernelfleet.kernels.cuda import driver
+from kernelfleet.kernels.cuda.doorway import DriverError
+from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
 from kernelfleet.kernels.ir import Program
 from kernelfleet.kernels.raw import program_nodes
 from kernelfleet.runtime.link import METHODS, LinkKernels, Throttle, add_copy
@@ -68,6 +69,7 @@ class Built:
     method: str | None  # how copies were made (link.METHODS); None when the plan copies nothing
     kernels: list[LinkKernels]
     combined: list[SlotNode]  # the graph as data (plan/slots.py), e.g. for slots.makespan
+    driver: CudaDriver = CUDA  # the one that made the graph: it runs and releases it
 
 
 def plan_graph(slots: list[tuple[Program, list[str], str]], overlap: bool = True, resident_state: bool = False,
@@ -85,14 +87,15 @@ def plan_graph(slots: list[tuple[Program, list[str], str]], overlap: bool = True
 
 def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = None, overlap: bool = True,
           priorities: bool = False, resident_state: bool = False, slot_mode: str = "sequential",
-          seconds: Callable[[int, Node], float] | None = None) -> Built:
+          seconds: Callable[[int, Node], float] | None = None, driver: CudaDriver = CUDA) -> Built:
     """One graph running every slot of a plan, instantiated; UsageError for a plan that does not
     fit its replicas or whose graph has a data race (``schedule.races``, checked on the CPU before
     anything reaches the driver). ``method``: a copy method of ``link.METHODS``, or "auto" for the first the
     driver accepts; ``throttle``: pace every copy to an emulated link; ``overlap``: the overlapping
     schedule, else the conservative one; ``priorities``: earlier slots first; ``resident_state``:
     state stays where the plan reads it (``transfers``); ``slot_mode``: how slots share streams
-    (``slots.MODES``; ``scheduled`` needs ``seconds(slot, node)``, an estimate of each node)."""
+    (``slots.MODES``; ``scheduled`` needs ``seconds(slot, node)``, an estimate of each node);
+    ``driver``: what builds it (``null.NullDriver`` records it on a CPU)."""
     if not slots:
         raise UsageError("a plan needs at least one slot of replicas")
     for slot in slots:
@@ -106,7 +109,7 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
     orders, combined = plan_graph([(s.replicas[s.home].program, s.assignment, s.home) for s in slots], overlap,
                                   resident_state, slot_mode, seconds)
     graph = driver.create_graph()
-    builder = _Builder(graph, method, throttle)
+    builder = _Builder(graph, method, throttle, driver)
     try:
         least, greatest = driver.priority_range() if priorities else (0, 0)
         places = [Places(s.home, {d: r.program for d, r in s.replicas.items()}) for s in slots]
@@ -118,12 +121,12 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
             made.append(builder.add(slots[x.slot], places[x.slot], launch_nodes[x.slot], x.node, after, priority))
         executable = driver.instantiate(graph)
     except Exception:
-        driver.call("cuGraphDestroy", graph)
+        driver.destroy(graph)
         builder.close()
         raise
     copies = [n.copy for order in orders for n in order if n.copy is not None]
     return Built(graph, executable, copies, sum(t.length_bytes for t in copies), len(combined),
-                 len(slots), builder.method if copies else None, list(builder.kernels.values()), combined)
+                 len(slots), builder.method if copies else None, list(builder.kernels.values()), combined, driver)
 
 
 class Places:
@@ -147,9 +150,10 @@ class Places:
         return self.maps[device].translate(seen_by, address, t.length_bytes)
 
 
-def add_launch(graph: Any, replica: Replica, node_of_launch: list[int], launch: int, after: list[Any]) -> Any:
+def add_launch(graph: Any, replica: Replica, node_of_launch: list[int], launch: int, after: list[Any],
+               driver: CudaDriver = CUDA) -> Any:
     """A copy of ``replica``'s captured node of ``launch`` (``node_of_launch``: ``program_nodes``
-    of its capture), added to ``graph`` in the replica's execution context after ``after``."""
+    of its capture), added to ``graph`` by ``driver`` in the replica's execution context after ``after``."""
     with driver.in_context(replica.run_context):
         return driver.add_copy_of(graph, replica.captured.nodes[node_of_launch[launch]], after, replica.run_context)
 
@@ -157,17 +161,17 @@ def add_launch(graph: Any, replica: Replica, node_of_launch: list[int], launch: 
 class _Builder:
     """Adds the plan's nodes to one graph, remembering the copy method the driver took."""
 
-    def __init__(self, graph: Any, method: str, throttle: Throttle | None) -> None:
-        self.graph, self.method, self.throttle = graph, method, throttle
+    def __init__(self, graph: Any, method: str, throttle: Throttle | None, driver: CudaDriver) -> None:
+        self.graph, self.method, self.throttle, self.driver = graph, method, throttle, driver
         self.kernels: dict[int, LinkKernels] = {}  # by id of the destination replica
 
     def add(self, slot: Slot, places: Places, launch_nodes: dict[str, list[int]], n: Node, after: list[Any],
             priority: int | None) -> list[Any]:
         if n.launch is not None:
             device = n.devices[0]
-            node = add_launch(self.graph, slot.replicas[device], launch_nodes[device], n.launch, after)
-            if priority is not None and driver.node_kind(node) == "kernel":
-                driver.set_priority(node, priority)
+            node = add_launch(self.graph, slot.replicas[device], launch_nodes[device], n.launch, after, self.driver)
+            if priority is not None and self.driver.node_kind(node) == "kernel":
+                self.driver.set_priority(node, priority)
             return [node]
         t = n.copy
         return self.copy(after, t, slot.replicas[t.src], slot.replicas[t.dst],
@@ -175,20 +179,20 @@ class _Builder:
 
     def copy(self, after: list[Any], t: Transfer, source: Replica, target: Replica, dst: int, src: int) -> list[Any]:
         if id(target) not in self.kernels:
-            self.kernels[id(target)] = LinkKernels(target.captured.context)
+            self.kernels[id(target)] = LinkKernels(target.captured.context, self.driver)
         kernels = self.kernels[id(target)]
         errors = []
         for how in [self.method] if self.method != "auto" else list(METHODS):
             try:
                 if how == "kernel" and int(source.captured.context) != int(target.captured.context):
-                    driver.enable_peer_access(target.captured.context, source.captured.context)  # it pulls
+                    self.driver.enable_peer_access(target.captured.context, source.captured.context)  # it pulls
                 made = [add_copy(how, self.graph, after, dst, src, t.length_bytes, kernels)]
                 self.method = how
                 break
-            except driver.DriverError as exc:
+            except DriverError as exc:
                 errors.append(f"{how}: {exc}")
         else:
-            raise driver.DriverError(f"copy of {t.length_bytes} bytes {t.src} {src:#x} -> {t.dst} {dst:#x} (written "
+            raise DriverError(f"copy of {t.length_bytes} bytes {t.src} {src:#x} -> {t.dst} {dst:#x} (written "
                                      f"by launch {t.writer}, read by {t.reader}) refused: {'; '.join(errors)}")
         if self.throttle is not None:
             made.append(kernels.wait(self.graph, after, self.throttle.seconds(t.length_bytes)))
@@ -208,10 +212,11 @@ def run(built: Built, stream: int) -> None:
     """
     if not stream:
         raise UsageError("the executor launches on a stream of its own, not the legacy default stream (0)")
-    driver.launch(built.executable, stream)
+    built.driver.launch(built.executable, stream)
 
 
 def release(built: Built) -> None:
-    driver.destroy(built.graph, built.executable)
+    """Free the graph, its executable and the link kernels it loaded."""
+    built.driver.destroy(built.graph, built.executable)
     for k in built.kernels:
         k.close()

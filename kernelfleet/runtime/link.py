@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Any
 
 from kernelfleet.errors import UsageError
-from kernelfleet.kernels.cuda import driver
+from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
 
 METHODS = ("memcpy", "captured", "kernel")
 _BLOCK = 256
@@ -45,39 +45,41 @@ class Throttle:
 
 
 class LinkKernels:
-    """``link.ptx`` loaded in one context (modules belong to a context); ``close`` unloads it."""
+    """``link.ptx`` loaded in one context (modules belong to a context) by ``driver``, which then
+    adds and launches its kernels; ``close`` unloads it."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Any, driver: CudaDriver = CUDA) -> None:
         ptx = resources.files("kernelfleet.runtime").joinpath("link.ptx").read_text()
-        self.ctx = ctx
+        self.ctx, self.driver = ctx, driver
         self.module, self.functions = driver.load_module(ptx, ["kf_copy16", "kf_copy1", "kf_wait"], ctx)
 
     def copy(self, graph: Any, after: list[Any], dst: int, src: int, length: int) -> Any:
         aligned = (dst | src | length) % 16 == 0
         items = length // 16 if aligned else length
         blocks = max(1, min(_MAX_BLOCKS, math.ceil(items / _BLOCK)))
-        return driver.add_kernel(graph, after, self.functions["kf_copy16" if aligned else "kf_copy1"],
+        return self.driver.add_kernel(graph, after, self.functions["kf_copy16" if aligned else "kf_copy1"],
                                  (blocks, 1, 1), (_BLOCK, 1, 1), [_u64(dst), _u64(src), _u64(items)], self.ctx)
 
     def wait(self, graph: Any, after: list[Any], seconds: float) -> Any:
-        return driver.add_kernel(graph, after, self.functions["kf_wait"], (1, 1, 1), (1, 1, 1),
+        return self.driver.add_kernel(graph, after, self.functions["kf_wait"], (1, 1, 1), (1, 1, 1),
                                  [_u64(round(seconds * 1e9))], self.ctx)
 
     def wait_on(self, stream: int, seconds: float) -> None:
         """The same wait, launched now on ``stream`` (a stream of ``ctx``)."""
-        driver.launch_function(self.functions["kf_wait"], (1, 1, 1), (1, 1, 1), 0, [_u64(round(seconds * 1e9))], stream)
+        self.driver.launch_function(self.functions["kf_wait"], (1, 1, 1), (1, 1, 1), 0, [_u64(round(seconds * 1e9))], stream)
 
     def close(self) -> None:
-        driver.unload_module(self.module)
+        self.driver.unload_module(self.module)
 
 
 def add_copy(method: str, graph: Any, after: list[Any], dst: int, src: int, length: int,
              kernels: LinkKernels) -> Any:
-    """One copy node by ``method`` (one of METHODS), in the destination's context ``kernels.ctx``."""
+    """One copy node by ``method`` (one of METHODS), in the destination's context ``kernels.ctx``,
+    through the driver that loaded ``kernels``."""
     if method == "memcpy":
-        return driver.add_copy(graph, after, dst, src, length, kernels.ctx)
+        return kernels.driver.add_copy(graph, after, dst, src, length, kernels.ctx)
     if method == "captured":
-        return driver.add_captured_copy(graph, after, dst, src, length)
+        return kernels.driver.add_captured_copy(graph, after, dst, src, length)
     if method == "kernel":
         return kernels.copy(graph, after, dst, src, length)
     raise UsageError(f"unknown copy method {method!r}; expected one of {', '.join(METHODS)}")

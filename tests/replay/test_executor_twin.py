@@ -1,53 +1,28 @@
-"""The executor's control flow on the CPU: runtime/executor.py builds its graph through a
-recording twin of the driver doorway, over the two captures two H200s made of the 8B decode step
+"""The executor's control flow on the CPU: runtime/executor.py builds its graph through the null
+driver (kernels/cuda/null.py), which records it, over the two captures two H200s made of the 8B decode step
 (tests/data/h200x2-disagg). Checked: every launch becomes a copy of its own replica's node, every
 copy moves bytes between the right captures' buffers, and the graph's dependencies are exactly
 plan/slots.py's, across slots too."""
 
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 
-from kernelfleet.kernels.cuda import driver
+from kernelfleet.errors import UsageError
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.cuda.capture import Captured
+from kernelfleet.kernels.cuda.null import NullDriver
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.errors import UsageError
-from kernelfleet.runtime.executor import Replica, Slot, build, run
-from kernelfleet.runtime.link import Throttle
 from kernelfleet.plan.schedule import schedule
 from kernelfleet.plan.slots import pipeline
+from kernelfleet.runtime.distributed import RankSlot, build_rank, release_rank
+from kernelfleet.runtime.executor import Replica, Slot, build, release, run
+from kernelfleet.runtime.link import Throttle
 
 pytestmark = pytest.mark.replay
 
 RUNS = Path(__file__).parents[1] / "data" / "h200x2-disagg"
 DEVICES = ("compute", "bandwidth")
-
-
-class Twin:
-    """Records the graph the executor builds: node i is ("launch"|"copy"|"wait", what, after)."""
-
-    def __init__(self, monkeypatch) -> None:
-        self.nodes: list[tuple] = []
-        for name, fn in {
-            "create_graph": lambda: "graph",
-            "add_copy_of": lambda graph, node, after, ctx: self.add("launch", (ctx, node), after),
-            "add_copy": lambda graph, after, dst, src, length, ctx: self.add("copy", (dst, src, length), after),
-            "add_kernel": lambda graph, after, function, grid, block, params, ctx: self.add("kernel", function, after),
-            "load_module": lambda ptx, entries, ctx: ("module", {e: e for e in entries}),
-            "unload_module": lambda module: None,
-            "in_context": lambda ctx: nullcontext(),
-            "node_kind": lambda node: "kernel",
-            "instantiate": lambda graph: "executable",
-            "priority_range": lambda: (0, -5),
-            "set_priority": lambda node, priority: None,
-        }.items():
-            monkeypatch.setattr(driver, name, fn)
-
-    def add(self, kind: str, what, after: list[int]) -> int:
-        self.nodes.append((kind, what, tuple(after)))
-        return len(self.nodes) - 1
 
 
 def replicas(slot: int = 0) -> dict[str, Replica]:
@@ -64,45 +39,51 @@ def inside(program, address: int, length: int) -> bool:
     return any(b.address <= address and address + length <= b.address + b.size_bytes for b in program.buffers)
 
 
-def test_a_plan_becomes_its_replicas_nodes_and_copies_between_their_buffers(monkeypatch):
-    twin = Twin(monkeypatch)
+def test_a_plan_becomes_its_replicas_nodes_and_copies_between_their_buffers():
+    null = NullDriver()
     mine = replicas()
     n = len(mine["bandwidth"].program.launches)
     assignment = ["bandwidth"] * (n // 2) + ["compute"] * (n - n // 2)
-    built = build([Slot(mine, assignment, "bandwidth")], resident_state=True)
-    launches = [x for x in twin.nodes if x[0] == "launch"]
+    built = build([Slot(mine, assignment, "bandwidth")], resident_state=True, driver=null)
+    launches = [x for x in null.added if x.kind == "launch"]
     assert len(launches) == n and built.nodes == n + len(built.copies) and built.method == "memcpy"
-    for k, (_, (ctx, node), _) in enumerate(launches):
-        assert ctx == f"{assignment[k]}-0" and node[0] == assignment[k]  # its own device's captured node
-    copies = [x for x in twin.nodes if x[0] == "copy"]
+    for k, x in enumerate(launches):
+        assert x.ctx == f"{assignment[k]}-0" and x.what[0] == assignment[k]  # its own device's captured node
+    copies = [x for x in null.added if x.kind == "copy"]
     assert len(copies) == len(built.copies) > 0
-    for (_, (dst, src, length), _), t in zip(copies, built.copies):
+    for x, t in zip(copies, built.copies):
+        dst, src, length = x.what
         assert inside(mine[t.dst].program, dst, length) and inside(mine[t.src].program, src, length)
 
 
 @pytest.mark.parametrize("mode", ["sequential", "free"])
-def test_the_graph_has_exactly_the_dependencies_slots_lays_out(monkeypatch, mode):
-    twin = Twin(monkeypatch)
+def test_the_graph_has_exactly_the_dependencies_slots_lays_out(mode):
+    null = NullDriver()
     slots = [replicas(k) for k in range(2)]
     n = len(slots[0]["bandwidth"].program.launches)
     assignment = ["bandwidth" if i % 7 else "compute" for i in range(n)]
-    build([Slot(r, assignment, "bandwidth") for r in slots], resident_state=True, slot_mode=mode)
+    build([Slot(r, assignment, "bandwidth") for r in slots], resident_state=True, slot_mode=mode, driver=null)
     orders = [schedule(r["bandwidth"].program, assignment, "bandwidth", resident_state=True) for r in slots]
     combined = pipeline(orders, mode)
-    assert len(twin.nodes) == len(combined)
-    assert [tuple(x[2]) for x in twin.nodes] == [x.deps for x in combined]
+    assert len(null.added) == len(combined)
+    assert [x.after for x in null.added] == [x.deps for x in combined]
 
 
-def test_a_paced_link_adds_a_wait_beside_each_copy(monkeypatch):
-    twin = Twin(monkeypatch)
+def paced_tail(null: NullDriver):
+    """The plan with the last three launches on the compute device, over a 25 Gbit/s link."""
     mine = replicas()
     n = len(mine["bandwidth"].program.launches)
-    built = build([Slot(mine, ["bandwidth"] * (n - 3) + ["compute"] * 3, "bandwidth")],
-                  throttle=Throttle(25e9 / 8), resident_state=True)
-    waits = [x for x in twin.nodes if x[0] == "kernel"]
-    copies = [x for x in twin.nodes if x[0] == "copy"]
-    assert [w[1] for w in waits] == ["kf_wait"] * len(built.copies)
-    assert [w[2] for w in waits] == [c[2] for c in copies]  # each wait starts with its copy
+    return build([Slot(mine, ["bandwidth"] * (n - 3) + ["compute"] * 3, "bandwidth")],
+                 throttle=Throttle(25e9 / 8), resident_state=True, driver=null)
+
+
+def test_a_paced_link_adds_a_wait_beside_each_copy():
+    null = NullDriver()
+    built = paced_tail(null)
+    waits = [x for x in null.added if x.kind == "kernel"]
+    copies = [x for x in null.added if x.kind == "copy"]
+    assert [w.what[0] for w in waits] == ["kf_wait"] * len(built.copies)
+    assert [w.after for w in waits] == [c.after for c in copies]  # each wait starts with its copy
 
 
 def test_a_racy_plan_graph_is_refused_before_the_driver_sees_it(monkeypatch):
@@ -110,7 +91,7 @@ def test_a_racy_plan_graph_is_refused_before_the_driver_sees_it(monkeypatch):
 
     from kernelfleet.runtime import executor
 
-    twin = Twin(monkeypatch)
+    null = NullDriver()
     real = executor.schedule
 
     def broken(*args, **kwargs):  # the first copy forgets what it waits for
@@ -118,12 +99,66 @@ def test_a_racy_plan_graph_is_refused_before_the_driver_sees_it(monkeypatch):
         k = next(i for i, n in enumerate(order) if n.copy is not None and n.deps)
         return order[:k] + [replace(order[k], deps=())] + order[k + 1:]
 
-    monkeypatch.setattr(executor, "schedule", broken)
+    monkeypatch.setattr(executor, "schedule", broken)  # plants the bug; the driver is the null one
     mine = replicas()
     n = len(mine["bandwidth"].program.launches)
     with pytest.raises(UsageError, match="races in the plan graph"):
-        build([Slot(mine, ["bandwidth"] * (n // 2) + ["compute"] * (n - n // 2), "bandwidth")], resident_state=True)
-    assert twin.nodes == []
+        build([Slot(mine, ["bandwidth"] * (n // 2) + ["compute"] * (n - n // 2), "bandwidth")], resident_state=True,
+              driver=null)
+    assert null.added == [] and null.live == set()
+
+
+def test_a_built_plan_runs_on_its_driver_and_releases_every_handle():
+    null = NullDriver()
+    built = paced_tail(null)
+    assert null.live == {built.graph, built.executable, *(k.module for k in built.kernels)}
+    run(built, 7)
+    release(built)
+    assert null.launched == [(built.executable, 7)] and null.live == set()
+
+
+def test_a_refused_memcpy_node_falls_back_to_the_captured_copy():
+    # the H200 once refused memcpy nodes inside the executor (runtime/link.py): the next method is taken
+    null = NullDriver(refuse=("add_copy",))
+    mine = replicas()
+    n = len(mine["bandwidth"].program.launches)
+    built = build([Slot(mine, ["bandwidth"] * (n // 2) + ["compute"] * (n - n // 2), "bandwidth")],
+                  resident_state=True, driver=null)
+    assert built.method == "captured"
+    assert len([x for x in null.added if x.kind == "captured_copy"]) == len(built.copies) > 0
+
+
+def test_earlier_slots_launch_at_a_higher_priority():
+    null = NullDriver(priorities=(0, -5))
+    slots = [replicas(k) for k in range(2)]
+    n = len(slots[0]["bandwidth"].program.launches)
+    assignment = ["bandwidth" if i % 7 else "compute" for i in range(n)]
+    built = build([Slot(r, assignment, "bandwidth") for r in slots], resident_state=True, priorities=True, driver=null)
+    by_slot = {x.slot: set() for x in built.combined}
+    for node, x in enumerate(built.combined):
+        if x.node.launch is not None:
+            by_slot[x.slot].add(null.priorities[node])
+    assert by_slot == {0: {-1}, 1: {0}}  # a larger number is a lower priority
+
+
+def test_each_rank_builds_a_graph_per_segment_of_its_own_replicas_nodes():
+    mine = replicas()
+    programs = {d: r.program for d, r in mine.items()}
+    n = len(programs["bandwidth"].launches)
+    assignment = ["bandwidth"] * (n // 2) + ["compute"] * (n - n // 2)
+    for device in DEVICES:
+        null = NullDriver()
+        built = build_rank([RankSlot(programs, mine[device], assignment, "bandwidth")], device,
+                           lambda address, length: (address, length), Throttle(25e9 / 8), driver=null)
+        segments = [i for i, op in enumerate(built.ops) if op.kind == "segment"]
+        assert sorted(built.graphs) == segments and len(built.buffers) == len(built.ops) - len(segments) > 0
+        launches = [x for x in null.added if x.kind == "launch"]
+        assert len(launches) == assignment.count(device)
+        assert all(x.what[0] == device and x.ctx == f"{device}-0" for x in launches)  # its own replica only
+        for address, length in built.buffers.values():
+            assert inside(programs[device], address, length)
+        release_rank(built)
+        assert null.live == set()  # graphs and the receiver's kf_wait module
 
 
 def test_the_executor_refuses_the_legacy_default_stream():

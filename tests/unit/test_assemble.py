@@ -12,7 +12,7 @@ from kernelfleet.analyze import census, load_step
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.cuda.capture import OpRecorder, op_tensors
 from kernelfleet.kernels.checks import probe_disagreements, unsound_writes, with_observations
-from kernelfleet.kernels.cuda.driver import _extra_buffer
+from kernelfleet.kernels.cuda._marshal import extra_buffer
 from kernelfleet.kernels.raw import RawCapture, RawNode, RawOp, RawTensor, Region
 from kernelfleet.kernels.cuda.replay import changed_runs
 from kernelfleet.workloads.steps import hf_llama, make
@@ -208,8 +208,8 @@ def test_extra_argument_buffer():
     blob = ctypes.create_string_buffer(bytes(range(40)), 40)
     size = ctypes.c_size_t(40)
     extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(blob), 2, ctypes.addressof(size), 0)
-    assert _extra_buffer(ctypes.addressof(extra)) == bytes(range(40))
-    assert _extra_buffer(ctypes.addressof((ctypes.c_void_p * 1)(0))) == b""
+    assert extra_buffer(ctypes.addressof(extra)) == bytes(range(40))
+    assert extra_buffer(ctypes.addressof((ctypes.c_void_p * 1)(0))) == b""
 
 
 def test_op_recorder_on_a_transformers_llama():

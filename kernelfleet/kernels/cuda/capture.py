@@ -4,7 +4,7 @@ The step is warmed up (which also compiles any torch.compile / Triton kernels), 
 once into ``torch.cuda.CUDAGraph(keep_graph=True)`` while an :class:`OpRecorder` — a
 TorchDispatchMode — notes, for every ATen op, which graph nodes it created and which tensors
 its schema says it read and wrote. The graph is then walked through the driver doorway
-(:mod:`kernelfleet.kernels.cuda.driver`) into a :class:`~kernelfleet.kernels.raw.RawCapture`, with
+(:class:`~kernelfleet.kernels.cuda.driver.CudaDriver`) into a :class:`~kernelfleet.kernels.raw.RawCapture`, with
 the allocator's segments, the named weights, inputs and outputs, and the PTX of every Triton
 kernel that ran. The :class:`Captured` object keeps the graph, its memory pool and the tensors
 alive, so the step can be replayed node by node (``replay.py``).
@@ -22,7 +22,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from kernelfleet.flops import op_flops
-from kernelfleet.kernels.cuda import driver, triton_ptx
+from kernelfleet.kernels.cuda import triton_ptx
+from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
+from kernelfleet.kernels.cuda.replayer import NodeReplayer
 from kernelfleet.kernels.raw import RawCapture, RawNode, RawOp, RawTensor, Region
 
 
@@ -94,6 +96,7 @@ class Captured:
     outputs: Any
     context: Any  # the CUcontext the graph was captured in
     keep: tuple = ()  # the step and its module: the graph reads their memory, so they must outlive it
+    driver: CudaDriver = CUDA  # the one that read the graph: its node handles are that driver's
 
     def replay(self) -> None:
         self.graph.replay()
@@ -102,16 +105,19 @@ class Captured:
         """The step's output tensors (graph replays write them in place)."""
         return [t for t in tree_flatten(self.outputs)[0] if isinstance(t, torch.Tensor)]
 
-    def replayer(self) -> driver.NodeReplayer:
-        return driver.NodeReplayer(self.nodes, self.context)
+    def replayer(self, context: Any = None) -> NodeReplayer:
+        """Replays single nodes in ``context`` (a partition's; None: the capture's own)."""
+        return NodeReplayer(self.nodes, self.context if context is None else context, self.driver)
 
 
 def capture(step: Callable[..., Any], args: Sequence[Any], *, module: torch.nn.Module | None = None,
-            warmup: int = 2, what: str = "", ptx_dirs: list | None = None, record_ops: bool = True) -> Captured:
+            warmup: int = 2, what: str = "", ptx_dirs: list | None = None, record_ops: bool = True,
+            driver: CudaDriver = CUDA) -> Captured:
     """Capture ``step(*args)`` on the current CUDA device; ``module`` names the weights.
 
     ``record_ops=False`` captures without the dispatch mode (for a torch.compile'd step, whose
-    guards a mode would disturb): library kernels then have no schema and are pinned.
+    guards a mode would disturb): library kernels then have no schema and are pinned. ``driver``
+    reads the graph (and is kept with it, to replay its nodes).
     """
     args = tuple(args)
     side = torch.cuda.Stream()
@@ -132,12 +138,12 @@ def capture(step: Callable[..., Any], args: Sequence[Any], *, module: torch.nn.M
             outputs = step(*args)
     handle = driver.graph_handle(graph.raw_cuda_graph())
     nodes = driver.nodes(handle)
-    raw_nodes = [_raw_node(n) for n in nodes]
+    raw_nodes = [_raw_node(n, driver) for n in nodes]
     names = {n.name for n in raw_nodes if n.kind == "kernel"}
     raw = RawCapture(raw_nodes, recorder.ops, _regions(module, args, outputs), _segments(),
                      triton_ptx.index(ptx_dirs or triton_ptx.default_dirs(), names), _about(what),
                      history.allocations)
-    return Captured(raw, graph, handle, nodes, args, outputs, driver.current_context(), (step, module))
+    return Captured(raw, graph, handle, nodes, args, outputs, driver.current_context(), (step, module), driver)
 
 
 class _AllocationHistory:
@@ -163,7 +169,7 @@ class _AllocationHistory:
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
-def _raw_node(node: Any) -> RawNode:
+def _raw_node(node: Any, driver: CudaDriver) -> RawNode:
     kind = driver.node_kind(node)
     if kind == "kernel":
         k = driver.kernel_node(node)

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernelfleet.kernels.cuda import driver
 from kernelfleet.kernels.assemble import fitting
 from kernelfleet.kernels.cuda.capture import Captured
+from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
 from kernelfleet.kernels.checks import Range
 from kernelfleet.kernels.ir import Launch, Program, merged_ranges
 from kernelfleet.kernels.raw import RawNode, program_nodes
@@ -42,9 +42,9 @@ class _DeviceBytes:
                                          "version": 3}
 
 
-def device_bytes(address: int, size: int) -> torch.Tensor:
-    """The bytes at ``address`` as a tensor on the GPU that holds them (not the current one: torch
-    would copy them there)."""
+def device_bytes(address: int, size: int, driver: CudaDriver = CUDA) -> torch.Tensor:
+    """The bytes at ``address`` as a tensor on the GPU that holds them, as ``driver`` says (not the
+    current one: torch would copy them there)."""
     return torch.as_tensor(_DeviceBytes(address, size), device=f"cuda:{driver.pointer_device(address)}")
 
 
@@ -96,7 +96,7 @@ def observe(captured: Captured, program: Program, *, max_bytes: int = 1 << 30, p
 
     def snapshot(b: int) -> torch.Tensor:
         if b not in snapshots:
-            snapshots[b] = device_bytes(buffers[b].address, buffers[b].size_bytes).clone()
+            snapshots[b] = device_bytes(buffers[b].address, buffers[b].size_bytes, captured.driver).clone()
         return snapshots[b]
 
     if everything:
@@ -119,7 +119,7 @@ def observe(captured: Captured, program: Program, *, max_bytes: int = 1 << 30, p
             _synchronize_after(launch, node)
             changed = []
             for b in watched:
-                now = device_bytes(buffers[b].address, buffers[b].size_bytes)
+                now = device_bytes(buffers[b].address, buffers[b].size_bytes, captured.driver)
                 seen.checked_bytes += buffers[b].size_bytes
                 if not torch.equal(now, snapshots[b]):
                     changed += [(b, s, e) for s, e in changed_runs(now, snapshots[b])]
@@ -145,13 +145,15 @@ def changed_runs(now: torch.Tensor, before: torch.Tensor, gap_bytes: int = RUN_G
     return list(zip(starts.tolist(), ends.tolist()))
 
 
-def saved_state(program: Program, released: list[tuple[int, int]] = ()) -> Callable[[], None]:
+def saved_state(program: Program, released: list[tuple[int, int]] = (),
+                driver: CudaDriver = CUDA) -> Callable[[], None]:
     """Copy now every byte range some launch may write (the union of the program's write accesses,
     weights included: a step that writes a weight has state there); the returned function puts
     those bytes back. Bytes no launch writes cannot change, so only written ranges cost memory; but
     a schema access of an in-place op covers its whole argument, so a decode step's one-row
     ``index_put_`` saves its whole KV cache (8B decode: 11.1 GB a capture, 8.6 GB of it cache).
-    ``released``: [start, end) addresses freed since the capture, left alone."""
+    ``released``: [start, end) addresses freed since the capture, left alone; ``driver``: the one
+    that says which GPU holds each range."""
     buffers = {b.id: b for b in program.buffers}
     spans: dict[int, list[tuple[int, int]]] = {}
     for launch in program.launches:
@@ -164,7 +166,7 @@ def saved_state(program: Program, released: list[tuple[int, int]] = ()) -> Calla
             at = buffers[buffer].address
             if any(s < at + end and at + start < e for s, e in released):
                 continue
-            view = device_bytes(at + start, end - start)
+            view = device_bytes(at + start, end - start, driver)
             state.append((view, view.clone()))
 
     def restore() -> None:
@@ -181,7 +183,7 @@ def stepwise_matches_graph(captured: Captured, program: Program) -> bool:
     A decode step updates state in place (an SSM's state, a cache row), so each run starts from
     the same state: every buffer that is not a weight is saved first and restored before each run.
     """
-    restore = saved_state(program)
+    restore = saved_state(program, driver=captured.driver)
     outputs = captured.output_tensors()
     restore()
     captured.replay()
@@ -217,8 +219,8 @@ def _run_probed(captured: Captured, node: RawNode, seen: Observation, launch: in
     kernel = ptx_probe.instrument(texts.pop(), node.name)
     slots = torch.tensor(list(ptx_probe.initial_probe_bytes(kernel)), dtype=torch.uint8, device="cuda")
     params = [bytes.fromhex(h) for _, _, h in node.params] + [slots.data_ptr().to_bytes(8, "little")]
-    driver.load_and_launch(kernel.ptx, node.name, node.grid, node.block, node.shared_bytes, params,
-                           stream.cuda_stream)
+    captured.driver.load_and_launch(kernel.ptx, node.name, node.grid, node.block, node.shared_bytes, params,
+                                    stream.cuda_stream)
     ranges = ptx_probe.decode(kernel, bytes(slots.cpu().numpy().tobytes()))
     seen.probed[launch] = [(site.mode, lo, hi) for site, lo, hi in ranges if lo is not None]
     if kernel.unprobed:
