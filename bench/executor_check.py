@@ -35,7 +35,7 @@ from kernelfleet.workloads.steps import reference
 def copy_probe(home) -> dict:
     """Each copy method (runtime/link.METHODS) on fresh tensors and into the home replica's own
     memory: does the driver accept the node, and does the graph move the right bytes?"""
-    from kernelfleet.kernels.cuda import driver
+    from kernelfleet.kernels.cuda.driver import CUDA as driver
 
     found = {}
     src = torch.arange(256, dtype=torch.uint8, device="cuda")
@@ -45,18 +45,17 @@ def copy_probe(home) -> dict:
             view = dst.view(torch.uint8).view(-1)[:100]
             view.zero_()
             torch.cuda.synchronize()
-            graph = driver.create_graph()
+            graph, executable = driver.create_graph(), None
             try:
                 add_copy(method, graph, [], view.data_ptr() + 3, src.data_ptr() + 1, 64, kernels)
                 executable = driver.instantiate(graph)
                 driver.launch(executable, torch.cuda.current_stream().cuda_stream)
                 torch.cuda.synchronize()
-                driver.call("cuGraphExecDestroy", executable)
                 right = bool(torch.equal(view[3:67], src[1:65])) and int(view[:3].sum() + view[67:].sum()) == 0
                 found[f"{label}, {method}"] = "ok" if right else "WRONG BYTES"
             except Exception as exc:
                 found[f"{label}, {method}"] = str(exc)
-            driver.call("cuGraphDestroy", graph)
+            driver.destroy(graph, executable)
             print(f"copy probe, {label}, {method}: {found[f'{label}, {method}']}", flush=True)
     kernels.close()
     return found
