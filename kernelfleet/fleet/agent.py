@@ -20,6 +20,7 @@ from kernelfleet.telemetry.sample import ProcessSample, Sample
 from kernelfleet.telemetry.scrape import PodRef
 
 log = logging.getLogger(__name__)
+MAX_HOOK_JOBS = 1024  # jobs whose last hook report is kept; any client of the port can post one
 
 
 class Source(Protocol):
@@ -183,7 +184,10 @@ class Agent:
                   "corrected_ofu_ratio": corrected, "correction_note": note,
                   "reported_mfu_ratio": reported, "gemms": report.get("gemms", [])}
         with self._lock:
-            self.hooks[job] = result
+            self.hooks.pop(job, None)
+            self.hooks[job] = result  # the newest last, so the oldest go first
+            while len(self.hooks) > MAX_HOOK_JOBS:
+                del self.hooks[next(iter(self.hooks))]
         measured = corrected if corrected is not None else ofu_now
         if isinstance(reported, (int, float)) and measured is not None and abs(reported - measured) > self.mfu_margin:
             which = "tile-corrected OFU" if corrected is not None else "OFU"

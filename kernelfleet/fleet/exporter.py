@@ -11,6 +11,7 @@ counter a GPU lacks is simply absent for that GPU. The job label is ``job_id``:
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
@@ -66,7 +67,7 @@ class OfuCollector(Collector):
             if not r.sample.stale:
                 for name, _, read in _GAUGES:
                     value = read(r)
-                    if value is not None:
+                    if value is not None and math.isfinite(value):  # NaN or Inf is no reading
                         families[name].add_metric(labels, float(value))
             if r.sample.uuid in seen:
                 continue  # MIG slices share their GPU's identity series

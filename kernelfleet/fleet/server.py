@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import FileResponse, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
@@ -27,6 +30,7 @@ from kernelfleet.fleet.local_backend import LocalBackend, NotFound
 from kernelfleet.fleet.store import Store
 
 DASHBOARD = Path(__file__).parent / "dashboard"
+MAX_BODY_BYTES = 256 * 1024  # a hook report is a few kB; nothing the API takes is larger
 
 
 class Backend(Protocol):
@@ -43,32 +47,97 @@ class Backend(Protocol):
 
 
 class HookReport(BaseModel):
-    """What kernelfleet.hook sends (validated: a malformed report is a 422)."""
+    """What kernelfleet.hook sends (validated: a malformed report is a 422; NaN and Infinity too)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     pid: int = Field(gt=0)
     steps: int = Field(ge=1)
     seconds: float = Field(gt=0)
-    useful_flops: dict[str, float]
+    useful_flops: dict[str, float] = Field(max_length=32)  # by precision: a handful
     # One profiled step's useful and executed (tile-padded) FLOPs, for the tile-corrected OFU,
     # or why the hook has none.
-    profiled_useful_flops: dict[str, float] | None = None
-    executed_flops: dict[str, float] | None = None
+    profiled_useful_flops: dict[str, float] | None = Field(None, max_length=32)
+    executed_flops: dict[str, float] | None = Field(None, max_length=32)
     correction_note: str | None = Field(None, max_length=500)
-    gemms: list[dict[str, Any]] = []
+    gemms: list[dict[str, Any]] = Field([], max_length=1024)
     reported_mfu: float | None = Field(None, ge=0, le=2)
 
 
-def create_app(backend: Backend, token: str | None = None, metrics: Callable[[], bytes] | None = None) -> FastAPI:
-    """The app; ``token`` set means every data request needs ``Authorization: Bearer <token>``."""
+class FiniteJSONResponse(JSONResponse):
+    """JSON with every NaN or infinity as null: neither is JSON, and a browser's parser refuses it."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(_finite(content), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+class BodyCap:
+    """ASGI middleware: a request body over ``max_bytes`` is a 413 and is never held whole, whether
+    it declares its length or streams it. A body within the cap is read here, then handed on."""
+
+    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers", ())).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._refuse(send)
+        messages, seen = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                return await self._refuse(send)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+
+        async def replay() -> dict[str, Any]:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Callable[..., Any]) -> None:
+        body = json.dumps({"detail": f"request body over {self.max_bytes} bytes"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def bearer(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (the scheme in any case), or None."""
+    scheme, _, given = header.strip().partition(" ")
+    return given.strip() if scheme.lower() == "bearer" and given.strip() else None
+
+
+def create_app(backend: Backend, token: str | None = None, metrics: Callable[[], bytes] | None = None,
+               api_docs: bool = False) -> FastAPI:
+    """The app; ``token`` set means every data request needs ``Authorization: Bearer <token>``.
+    ``api_docs`` serves the OpenAPI schema and its pages (/docs, /redoc), off by default: they map
+    the API for anyone who can reach the port, token or not."""
 
     def authorised(request: Request) -> None:
         if token is None:
             return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        given = bearer(request.headers.get("authorization", ""))
+        if given is None or not hmac.compare_digest(given.encode(), token.encode()):
             raise HTTPException(status_code=401, detail="missing or wrong bearer token")
 
-    app = FastAPI(title="kernelfleet")
+    docs = {} if api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="kernelfleet", default_response_class=FiniteJSONResponse, **docs)
+    app.add_middleware(BodyCap)
     # The page and its static files load without the token (a browser cannot add a header
     # to a page load); everything with data behind it needs it.
     api = APIRouter(dependencies=[Depends(authorised)])
@@ -77,6 +146,11 @@ def create_app(backend: Backend, token: str | None = None, metrics: Callable[[],
     @app.get("/", include_in_schema=False)
     def dashboard() -> FileResponse:
         return FileResponse(DASHBOARD / "index.html")
+
+    @app.exception_handler(RequestValidationError)
+    def invalid(request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's own handler echoes the input, and a NaN in it would make the 422 a 500
+        return FiniteJSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
 
     @app.exception_handler(NotFound)
     def not_found(request: Request, exc: NotFound) -> Response:
@@ -126,6 +200,7 @@ def create_app(backend: Backend, token: str | None = None, metrics: Callable[[],
         resolution: str = Query("raw", pattern="^(raw|1m|1h)$"),
         metric: list[str] = Query(["ofu"]),
     ) -> dict[str, Any]:
+        metric = list(dict.fromkeys(metric))  # a metric asked for twice is one column
         end = time.time() if end is None else end
         start = end - 3600 if start is None else start
         if start > end:
@@ -161,8 +236,8 @@ def _error(status: int, detail: str) -> Response:
     return Response(json.dumps({"detail": detail}), status_code=status, media_type="application/json")
 
 
-def agent_app(agent: Agent, store: Store | None, token: str | None = None) -> FastAPI:
+def agent_app(agent: Agent, store: Store | None, token: str | None = None, api_docs: bool = False) -> FastAPI:
     """An agent's server: its own data, and its readings' exposition at /metrics."""
     registry = CollectorRegistry(auto_describe=False)  # its own registry: nothing global
     registry.register(OfuCollector(agent.latest))
-    return create_app(LocalBackend(agent, store), token, lambda: generate_latest(registry))
+    return create_app(LocalBackend(agent, store), token, lambda: generate_latest(registry), api_docs)

@@ -66,3 +66,71 @@ def test_bearer_token(served):
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert client.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert client.get("/metrics", headers={"Authorization": "bearer s3cret"}).status_code == 200  # scheme in any case
+    assert client.get("/metrics", headers={"Authorization": "Basic s3cret"}).status_code == 401
+
+
+def test_api_docs_are_off_unless_asked_for(served):
+    closed = TestClient(agent_app(*served, token="s3cret"))
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert closed.get(path).status_code == 404
+    assert TestClient(agent_app(*served, api_docs=True)).get("/openapi.json").status_code == 200
+
+
+def test_an_oversized_hook_body_is_refused_before_it_is_read(served):
+    client = TestClient(agent_app(*served))
+    huge = b'{"pid": 1, "steps": 1, "seconds": 1, "useful_flops": {}, "gemms": [' + b"{}," * 3_000_000 + b"{}]}"
+    assert client.post("/api/hook", content=huge, headers={"content-type": "application/json"}).status_code == 413
+
+    def chunks():  # no Content-Length: the cap counts what streams in
+        yield b'{"pid": 1, "steps": 1, "seconds": 1, "useful_flops": {}, "gemms": ['
+        for _ in range(100):
+            yield b"{}," * 10_000
+        yield b"{}]}"
+
+    response = client.post("/api/hook", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "request body over" in response.json()["detail"]
+
+
+def test_nan_and_infinity_in_a_hook_report_are_a_422_not_a_500(served):
+    client = TestClient(agent_app(*served))
+    for bad in ("NaN", "Infinity", "-Infinity"):
+        body = f'{{"pid": 1, "steps": 1, "seconds": {bad}, "useful_flops": {{"bf16": 1e12}}}}'
+        assert client.post("/api/hook", content=body, headers={"content-type": "application/json"}).status_code == 422
+
+
+def test_the_hook_table_keeps_the_newest_jobs_only(served, monkeypatch):
+    import kernelfleet.fleet.agent as agent_module
+
+    from kernelfleet.fleet.attribution import JobIdentity
+
+    monkeypatch.setattr(agent_module, "MAX_HOOK_JOBS", 3)
+    agent, _ = served
+    agent.identify = lambda p: JobIdentity(p.pid, f"job-{p.pid}", "label", *[None] * 7)
+    client = TestClient(agent_app(*served))
+    for pid in range(10, 16):
+        assert client.post("/api/hook", json={"pid": pid, "steps": 1, "seconds": 1.0,
+                                              "useful_flops": {"bf16": 1e12}}).status_code == 200
+    assert list(agent.hooks) == ["job-13", "job-14", "job-15"]
+
+
+def test_a_metric_asked_for_many_times_is_one_column(served):
+    response = TestClient(agent_app(*served)).get("/api/series", params={"uuid": UUID, "start": 0, "end": 2e9,
+                                                                         "metric": ["ofu"] * 2000})
+    assert response.status_code == 200 and response.json()["metrics"] == ["ofu"]
+
+
+def test_non_finite_numbers_leave_the_api_as_null_and_metrics_without_them():
+    from kernelfleet.fleet.exporter import OfuCollector
+    from kernelfleet.fleet.reading import Reading
+    from kernelfleet.fleet.server import FiniteJSONResponse
+    from kernelfleet.ofu import ofu
+    from kernelfleet.telemetry.sample import Sample
+
+    body = FiniteJSONResponse({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}}).body
+    assert body == b'{"a":null,"b":[1.0,null],"c":{"d":null}}'
+    sample = Sample(timestamp_seconds=1.0, window_seconds=1.0, gpu_index=0, uuid="GPU-x", name="NVIDIA H200",
+                    tensor_active_ratio=float("nan"), power_mean_watts=float("inf"), sm_active_ratio=0.5)
+    families = {f.name: f for f in OfuCollector(lambda: [Reading("node", sample, None, ofu(sample, None), "idle")]).collect()}
+    assert [s.value for s in families["kernelfleet_sm_active_ratio"].samples] == [0.5]
+    assert families["kernelfleet_tensor_active_ratio"].samples == [] and families["kernelfleet_power_watts"].samples == []
