@@ -17,7 +17,7 @@ import json
 
 import torch
 
-from kernelfleet.bench.disagg import capture_replicas, restore_all
+from kernelfleet.runtime.replicas import capture_replicas, restore_all
 from kernelfleet.profile.devices import DeviceProfile
 from kernelfleet.profile.run import parse_profile
 from kernelfleet.runtime.executor import Slot, build, release, run
