@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from bench import command_line
-from kernelfleet.bench.disagg import capture_replicas, restore_all
+from kernelfleet.runtime.replicas import capture_replicas, restore_all
 from kernelfleet.profile.timing import median_seconds
 from kernelfleet.runtime.executor import Slot, build, release, run
 from kernelfleet.runtime.link import METHODS, LinkKernels, Throttle, add_copy

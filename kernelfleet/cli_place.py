@@ -1,8 +1,9 @@
 """The place half's commands: ``ptx``, ``analyze``, ``calibrate``, ``profile``, ``plan``, ``census``,
-``bench disagg`` and ``bench serve``.
+``run``, ``bench disagg`` and ``bench serve``.
 
 Plain functions; ``cli.py`` registers them on the one ``kernelfleet`` command (see ``COMMANDS``).
-They parse and print only: the work is in ``ptx/``, ``kernels/``, ``profile/`` and ``plan/``.
+They parse and print only: the work is in ``ptx/``, ``kernels/``, ``profile/``, ``plan/`` and
+``runtime/``; the benchmarks' timing and tables in ``bench/``.
 """
 
 from __future__ import annotations
@@ -318,23 +319,35 @@ def _classes(counters: Path, groups: Path | None, program: Path | None, class_on
 # (command name, function), in the order `kernelfleet --help` lists them
 COMMANDS = [("ptx", "ptx"), ("analyze", "analyze"), ("calibrate", "calibrate_command"),
             ("profile", "profile_command"), ("plan", "plan_command"),
-            ("census", "census_command")]
+            ("census", "census_command"), ("run", "run_command")]
 
 
-def _check_step_and_plans(step: str, plans: Path) -> None:
+def _check_step(step: str) -> None:
     from kernelfleet.workloads.steps import REFERENCE
 
     if step not in REFERENCE:
         raise UsageError(f"unknown step {step!r}; expected one of {', '.join(REFERENCE)}")
+
+
+def _check_step_and_plans(step: str, plans: Path) -> None:
+    _check_step(step)
     if not plans.is_dir():
         raise UsageError(f"{plans}: no such folder (write one with `kernelfleet plan PROGRAM COSTS --policy all --out {plans}`)")
 
 
-def _pair(device: list[str]) -> dict:
-    """The two device profiles of ``--device``, by name."""
+def _profiles(device: list[str]) -> dict:
+    """The device profiles of ``--device``, by name; UsageError when two share a name."""
     from kernelfleet.profile.run import parse_profile
 
     profiles = {spec.name: spec for spec in map(parse_profile, device)}
+    if len(profiles) != len(device):
+        raise UsageError(f"--device: give profiles with different names, got {', '.join(device)}")
+    return profiles
+
+
+def _pair(device: list[str]) -> dict:
+    """The two device profiles of ``--device``, by name."""
+    profiles = _profiles(device)
     if len(profiles) != 2:
         raise UsageError(f"--device: give two profiles with different names, got {', '.join(device)}")
     return profiles
@@ -367,6 +380,46 @@ def _pair_bench(step: str, plans: Path, costs: Path | None, device: list[str], w
 
     _gpus_present(profiles)
     return (lambda where, seed: reference(step, device=where, seed=seed)), profiles, table
+
+
+def run_command(
+    step: str = StepArgument,
+    plan: Path = typer.Option(..., "--plan", help="A plan for this step (kernelfleet plan --out PLAN.json), "
+                              "naming its devices as --device does."),
+    device: list[str] = typer.Option(["compute:56+64@0", "bandwidth:32@1"], "--device",
+                                     help="NAME:SMS[+HOG]@GPU, repeatable: the devices the plan names, the first "
+                                     "its home unless the plan names one."),
+    repeats: int = typer.Option(10, "--repeats", help="Launches of the plan's graph timed (median)."),
+    costs: Path | None = typer.Option(None, "--costs", help="The cost table the plan was made from: the plan is "
+                                      "checked against what it says each device can run."),
+) -> None:
+    """Run one plan of a step: capture it on every device, validate the plan, gate it on bit-identical
+    outputs, and time it."""
+    from kernelfleet.runtime import plans
+
+    _check_step(step)
+    placed = plans.read(plan)
+    if not placed.assignment:
+        raise UsageError(f"{plan}: a {placed.policy} plan shares requests between devices and places no launch; "
+                         "run each device's single plan instead")
+    if repeats < 1:
+        raise UsageError(f"--repeats must be at least 1, got {repeats}")
+    table = _cost_table(costs)
+    profiles = _profiles(device)
+    _need_gpu("running a plan", "run it on a GPU machine (`kernelfleet plan` makes and validates plans on the CPU)")
+    from kernelfleet.errors import KernelfleetError
+    from kernelfleet.runtime.command import run_plan
+    from kernelfleet.workloads.steps import reference
+
+    _gpus_present(profiles)
+    ran = run_plan(lambda where, seed: reference(step, device=where, seed=seed), profiles, placed, str(plan),
+                   repeats, table)
+    console = out_console()
+    console.print(f"{ran.policy} plan of {step}, home {ran.home}: gate {ran.gate}", markup=False, highlight=False)
+    if ran.seconds is None:
+        raise KernelfleetError(f"{plan}: the plan failed the gate and was not timed")
+    console.print(f"{ran.seconds * 1e3:.3f} ms per step (median of {repeats}), {ran.copies} copies "
+                  f"({ran.copy_bytes / 1e6:.1f} MB)", markup=False, highlight=False)
 
 
 def disagg_command(

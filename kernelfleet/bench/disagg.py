@@ -22,9 +22,10 @@ replicas of its own, as one CUDA graph (``runtime/executor.py``); its time is th
   pipeline with list-scheduled slots (``plan/slots.py``), and beside every strategy the graph
   time ``slots.makespan`` predicts.
 
-Before a strategy is timed, the executor checks its plan graph has no race (``schedule.races``) and the
-GPU runs it once from the captured state: each slot's outputs must equal, bit for bit, its own
-capture's graph replay. A strategy failing either is reported, never timed.
+Before a strategy is timed, every slot of it passes the validator (``runtime/plans.py``), the
+executor checks its plan graph has no race (``schedule.races``) and the GPU runs it once from the
+captured state: each slot's outputs must equal, bit for bit, its own capture's graph replay (the
+gate, ``runtime/gate.py``). A strategy failing any is reported, never timed.
 """
 
 from __future__ import annotations
@@ -40,19 +41,17 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from kernelfleet.errors import UsageError
-from kernelfleet.kernels.assemble import assemble
-from kernelfleet.kernels.cuda.capture import capture
-from kernelfleet.kernels.ir import Program
-from kernelfleet.kernels.cuda.replay import saved_state
-from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
-from kernelfleet.profile.timing import median_seconds
-from kernelfleet.runtime.executor import Built, Replica, Slot, build, release, run
-from kernelfleet.runtime.link import Throttle
 from kernelfleet.costs.table import CostTable
+from kernelfleet.errors import UsageError
 from kernelfleet.plan.model import Plan
 from kernelfleet.plan.schedule import Node
 from kernelfleet.plan.slots import estimate, makespan
+from kernelfleet.profile.devices import ProfileSpec
+from kernelfleet.profile.timing import median_seconds
+from kernelfleet.runtime import plans as runtime_plans
+from kernelfleet.runtime.executor import release, run
+from kernelfleet.runtime.gate import IDENTICAL, Gate
+from kernelfleet.runtime.link import Throttle
 from kernelfleet.workloads.steps import Step
 
 LINKS_GBIT = (200, 100, 25)
@@ -60,30 +59,14 @@ LINKS_GBIT = (200, 100, 25)
 
 @dataclass
 class Strategy:
+    """A row of the benchmark: each slot's placement and home (checked by the validator when the
+    gate builds it), the executor's options, and the planner's own time where a plan gives one."""
+
     name: str
     assignments: list[list[str]]  # one per slot
     homes: list[str]
     options: dict = field(default_factory=dict)
     model_seconds: float | None = None  # the planner's time per request, where a plan gives one
-
-
-def load_plans(folder: Path, program: Program, devices: list[str]) -> dict[str, Plan]:
-    """The plans of ``folder`` (each JSON file a plan) that place every launch of ``program`` on
-    ``devices``, by policy."""
-    plans = {}
-    for path in sorted(folder.glob("*.json")):
-        plan = Plan.from_json(path.read_text(), str(path))
-        assignment = plan.assignment
-        if not assignment:  # the replicas plan is a share of requests, measured as its own strategy
-            continue
-        if len(assignment) != len(program.launches):
-            raise UsageError(f"{path}: the plan places {len(assignment)} launches, the captured step has "
-                             f"{len(program.launches)}: it was made for another program")
-        unknown = sorted(set(assignment) - set(devices))
-        if unknown:
-            raise UsageError(f"{path}: the plan uses {', '.join(unknown)}, the pair is {', '.join(devices)}")
-        plans[plan.policy] = plan
-    return plans
 
 
 def strategies(plans: dict[str, Plan], devices: list[str], slots: int, single_rates: dict[str, float] | None,
@@ -123,121 +106,23 @@ def strategies(plans: dict[str, Plan], devices: list[str], slots: int, single_ra
     return out
 
 
-def capture_replicas(make_step: Callable[[str, int], Step], gpus: dict[str, int],
-                     seed: int = 0) -> tuple[dict[str, Replica], list[Callable[[], None]]]:
-    """One capture of the step per named device, on its GPU, and what restores each one's captured
-    state (bench disagg, bench serve, bench/executor_check.py and bench/plan_bisect.py replay them)."""
-    replicas, restores = {}, []
-    for name, gpu in gpus.items():
-        torch.cuda.set_device(gpu)
-        step = make_step(f"cuda:{gpu}", seed)
-        captured = capture(step.fn, step.args, module=step.module, what=step.name)
-        replicas[name] = Replica(captured, assemble(captured.raw))
-        restores.append(saved_state(replicas[name].program))
-    return replicas, restores
-
-
-def differing_elements(references: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
-    """Elements of ``outputs`` that differ from their ``references``, bit for bit."""
-    return sum(int((a != b).sum()) for a, b in zip(references, outputs))
-
-
-def restore_all(restores: list[Callable[[], None]]) -> None:
-    """Put every replica back in its captured state, and wait for it."""
-    for restore in restores:
-        restore()
-    torch.cuda.synchronize()
-
-
-class Bench:
-    """Replicas of the step per slot and device, their references, and the gate-then-time loop."""
-
-    def __init__(self, make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], slots: int,
-                 costs: CostTable | None = None) -> None:
-        self.devices = list(profiles)
-        self.slots: list[dict[str, Replica]] = []
-        self.restores: list[Callable[[], None]] = []
-        for k in track(range(slots), description="capturing replicas"):
-            replicas, restores = capture_replicas(make_step, {name: spec.device for name, spec in profiles.items()}, k)
-            self.slots.append(replicas)
-            self.restores += restores
-        self.reset()
-        self.references = []
-        for replicas in self.slots:  # each capture's own graph replay, whole GPU, from the captured state
-            for name, replica in replicas.items():
-                with torch.cuda.device(profiles[name].device):
-                    replica.captured.replay()
-            torch.cuda.synchronize()
-            self.references.append({d: [t.clone() for t in r.captured.output_tensors()] for d, r in replicas.items()})
-        self.reset()
-        self.profiles = {name: DeviceProfile(spec) for name, spec in profiles.items()}
-        if costs is not None and len(costs.seconds) != len(self.program.launches):
-            raise UsageError(f"the cost table has {len(costs.seconds)} launches, the captured step "
-                             f"{len(self.program.launches)}: it was made for another program")
-        self.seconds = estimate(costs) if costs is not None else None
-
-    def reset(self) -> None:
-        restore_all(self.restores)
-
-    def __enter__(self) -> Bench:
-        for name, profile in self.profiles.items():
-            profile.__enter__()
-            for replicas in self.slots:
-                replicas[name].context = profile.context
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for profile in self.profiles.values():
-            profile.__exit__(*exc)
-
-    @property
-    def program(self) -> Program:
-        return self.slots[0][self.devices[0]].program
-
-    def graph(self, strategy: Strategy) -> Built:
-        """The strategy's graph over the first ``len(strategy.assignments)`` slots; ``release`` it."""
-        used = self.slots[:len(strategy.assignments)]
-        options = {"resident_state": True, **strategy.options}
-        return build([Slot(r, a, h) for r, a, h in zip(used, strategy.assignments, strategy.homes)], **options)
-
-    def clear_outputs(self, homes: list[str]) -> None:
-        """Zero the outputs of slot k at ``homes[k]``, so only a run that writes them can match."""
-        for replicas, home in zip(self.slots, homes):
-            for t in replicas[home].captured.output_tensors():
-                t.fill_(0)
-
-    def differing(self, homes: list[str]) -> dict[int, int]:
-        """Elements of slot k's outputs at ``homes[k]`` that differ from its reference, for the
-        slots where any does."""
-        wrong = {k: differing_elements(self.references[k][home], replicas[home].captured.output_tensors())
-                 for k, (replicas, home) in enumerate(zip(self.slots, homes))}
-        return {k: n for k, n in wrong.items() if n}
-
-    def gate(self, built: Built, homes: list[str], stream: torch.cuda.Stream) -> str:
-        """Run ``built`` once from the captured state, outputs zeroed: "identical" when every slot's
-        outputs equal its own single-device replay bit for bit, else what differs."""
-        self.reset()
-        self.clear_outputs(homes)
-        run(built, stream.cuda_stream)
-        stream.synchronize()
-        wrong = self.differing(homes)
-        return f"outputs differ from the single-device run (slot: elements) {wrong}" if wrong else "identical"
-
-    def measure(self, strategy: Strategy, repeats: int, stream: torch.cuda.Stream) -> dict:
-        built = self.graph(strategy)
-        predicted = None  # the graph's time as plan/slots.py predicts it
-        if self.seconds is not None:
-            predicted = makespan(built.combined, lambda x: self.seconds(x.slot, x.node))
-        try:
-            gate = self.gate(built, strategy.homes, stream)
-            if gate != "identical":
-                return {"gate": gate}
-            seconds = median_seconds(lambda: run(built, stream.cuda_stream), stream, repeats)
-            return {"gate": "identical", "seconds": seconds, "predicted_seconds": predicted, "slots": built.slots,
-                    "slots_per_second": built.slots / seconds, "copies": len(built.copies),
-                    "copy_bytes": built.copy_bytes, "method": built.method}
-        finally:
-            release(built)
+def measure(gate: Gate, strategy: Strategy, repeats: int, stream: torch.cuda.Stream,
+            seconds: Callable[[int, Node], float] | None = None) -> dict:
+    """Gate the strategy's graph, then time it: the median of ``repeats`` launches on ``stream``;
+    beside it the graph's time as ``plan/slots.py`` predicts it from ``seconds`` (an estimate of
+    each node), where given. A strategy failing the gate is reported, never timed."""
+    built = gate.graph(strategy.name, strategy.assignments, strategy.homes, **strategy.options)
+    predicted = None if seconds is None else makespan(built.combined, lambda x: seconds(x.slot, x.node))
+    try:
+        verdict = gate.gate(built, strategy.homes, stream)
+        if verdict != IDENTICAL:
+            return {"gate": verdict}
+        median = median_seconds(lambda: run(built, stream.cuda_stream), stream, repeats)
+        return {"gate": IDENTICAL, "seconds": median, "predicted_seconds": predicted, "slots": built.slots,
+                "slots_per_second": built.slots / median, "copies": len(built.copies),
+                "copy_bytes": built.copy_bytes, "method": built.method}
+    finally:
+        release(built)
 
 
 def disagg(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], plans: Path, slots: int,
@@ -247,29 +132,30 @@ def disagg(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpe
     if slots < 2:
         raise UsageError(f"--slots must be at least 2 (request distribution needs one per device), got {slots}")
     out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(make_step, profiles, slots, costs)
-    loaded = load_plans(plans, bench.program, bench.devices)
+    gate = Gate(make_step, profiles, slots, costs, lambda each: track(each, description="capturing replicas"))
+    loaded = runtime_plans.load(plans, gate.problem)
+    seconds = estimate(costs) if costs is not None else None
     results: dict = {"command": " ".join(["kernelfleet"] + sys.argv[1:]), "devices": {n: asdict(s) for n, s in profiles.items()},
                      "slots": slots, "strategies": {}}
-    stream = torch.cuda.Stream(device=profiles[bench.devices[0]].device)  # graphs launch and are timed here
-    for name, replica in bench.slots[0].items():  # what the CPU replays: both captures of one slot
+    stream = torch.cuda.Stream(device=profiles[gate.devices[0]].device)  # graphs launch and are timed here
+    for name, replica in gate.slots[0].items():  # what the CPU replays: both captures of one slot
         replica.captured.raw.save(out / f"{name}.capture.json.gz")
-    with bench:
-        todo = strategies(loaded, bench.devices, slots, None, len(bench.program.launches))
+    with gate:
+        todo = strategies(loaded, gate.devices, slots, None, len(gate.program.launches))
         for pass_ in range(2):  # the singles first: request distribution splits slots by their rates
             for s in track(todo, description="gate and time", console=console):
                 try:
-                    found = bench.measure(s, repeats, stream)
+                    found = measure(gate, s, repeats, stream, seconds)
                 except Exception as exc:  # a strategy the replicas cannot run is reported, never timed
                     found = {"gate": f"refused: {exc}"}
                 found["model_seconds"] = s.model_seconds
                 results["strategies"][s.name] = found
                 (out / "disagg.json").write_text(json.dumps(results, indent=1, default=str))
             if pass_ == 0:
-                rates = {d: results["strategies"][f"single:{d}"].get("slots_per_second") for d in bench.devices}
+                rates = {d: results["strategies"][f"single:{d}"].get("slots_per_second") for d in gate.devices}
                 if None in rates.values():
                     break
-                todo = strategies(loaded, bench.devices, slots, rates, len(bench.program.launches), bench.seconds)
+                todo = strategies(loaded, gate.devices, slots, rates, len(gate.program.launches), seconds)
     show(results, console)
     return results
 

@@ -2,8 +2,9 @@
 throughput plan, request distribution, or the online monitor choosing between the first two —
 each request's latency, the SLO capacity of each mode, and a check of every request's outputs.
 
-Three graphs, built and gated as ``bench disagg`` gates (``Bench.gate``: outputs bit-identical to
-each slot's single-device replay), then timed (median of ``repeats`` launches):
+Three graphs, built and gated as ``bench disagg`` gates (``runtime/gate.py``: every slot through
+the validator, outputs bit-identical to each slot's single-device replay), then timed (median of
+``repeats`` launches):
 
 * ``latency``: the latency plan (``latency-greedy``), one slot — one request per launch;
 * ``throughput``: the throughput plan (``throughput-milp``), ``slots`` slots, slots free (or
@@ -14,18 +15,13 @@ each slot's single-device replay), then timed (median of ``repeats`` launches):
 
 A graph that fails the gate is reported and every mode that needs it is not served.
 
-The serving loop (:func:`serve`) is one thread in real time: requests arrive at pre-drawn Poisson
-times; a FIFO queue; each turn admits what has arrived, sleeps to the next arrival if nothing
-waits, picks the graph (fixed, or the monitor's choice), takes one request (latency) or up to
-``slots`` (the others), launches, waits for the stream and stamps completion. A K-slot graph runs
-all K slots whatever the queue holds: slots without a request are wasted work, which ``slot use``
-reports. After every launch the served slots' outputs must still equal their references (the
-step must be idempotent, as a prefill is); a request whose outputs differ is counted corrupted,
-and the outputs are zeroed again so the next launch has to rewrite them. When the arrival window
-closes the queue is drained; ``dropped`` = arrivals − served, zero unless a request was lost.
-
-The loop takes ``now``, ``sleep``, ``launch`` and ``check`` as arguments, so it runs on the CPU
-with a simulated clock (tests/unit/test_serve.py); the GPU part is :func:`bench_serve`.
+Requests arrive at pre-drawn Poisson times and are served by the real-time serving loop
+(``runtime/serving.py``), which ``slot use`` reports the wasted slots of. After every launch the
+served slots' outputs must still equal their references (the step must be idempotent, as a
+prefill is); a request whose outputs differ is counted corrupted, and the outputs are zeroed again
+so the next launch has to rewrite them. When the arrival window closes the queue is drained;
+``dropped`` = arrivals − served, zero unless a request was lost. The GPU part is
+:func:`bench_serve`; the rest runs on the CPU (tests/unit/test_serve.py).
 """
 
 from __future__ import annotations
@@ -34,15 +30,15 @@ import json
 import math
 import shlex
 import sys
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
 from kernelfleet.errors import UsageError
-from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT, Finished, Monitor
+from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT, Monitor
+from kernelfleet.runtime.serving import Run, serve
 from kernelfleet.workloads.requests import fixed, poisson_requests
 
 REPLICAS, MONITOR = "replicas", "monitor"
@@ -69,72 +65,6 @@ def arrival_times(rate_per_second: float, seconds: float, seed: int = 0) -> list
     the rate, so a higher rate never has fewer arrivals in the window."""
     stream = poisson_requests(rate_per_second, sys.maxsize, fixed(1), fixed(1), 1, seed)
     return [r.arrival_seconds for r in takewhile(lambda r: r.arrival_seconds <= seconds, stream)]
-
-
-@dataclass(frozen=True, slots=True)
-class Served:
-    arrival_seconds: float
-    launch_seconds: float
-    done_seconds: float
-    graph: str
-
-    @property
-    def latency_seconds(self) -> float:
-        return self.done_seconds - self.arrival_seconds
-
-
-@dataclass
-class Run:
-    arrivals: int
-    served: list[Served] = field(default_factory=list)
-    launches: dict[str, int] = field(default_factory=dict)  # by graph
-    slots_run: int = 0  # slots launched, with a request or not
-    corrupted: int = 0
-    switches: int | None = None  # the monitor's; None for a fixed graph
-
-
-def serve(arrivals_seconds: Sequence[float], slots: dict[str, int], launch: Callable[[str, int], None],
-          check: Callable[[str, int], int], now: Callable[[], float], sleep: Callable[[float], None], *,
-          graph: str | None = None, monitor: Monitor | None = None) -> Run:
-    """Serve requests arriving at ``arrivals_seconds`` (sorted, from the call) one launch at a time.
-
-    ``slots[g]``: requests graph ``g`` serves per launch; ``launch(g, n)`` runs it for ``n`` queued
-    requests and returns when its outputs are ready; ``check(g, n)``: how many of those ``n``
-    requests' outputs are wrong. Either a fixed ``graph`` or a ``monitor`` picks the graph.
-    """
-    if (graph is None) == (monitor is None):
-        raise UsageError("serve: give a fixed graph or a monitor, not both or neither")
-    missing = ({graph} if monitor is None else {LATENCY, THROUGHPUT}) - set(slots)
-    if missing:
-        raise UsageError(f"serve: no graph for {', '.join(sorted(missing))}")
-    run = Run(len(arrivals_seconds))
-    queue: deque[float] = deque()
-    start, admitted, woken = now(), 0, 0.0
-    while admitted < len(arrivals_seconds) or queue:
-        # a clock read after sleeping to an arrival may round to just before it: admit it anyway
-        t = max(now() - start, woken)
-        while admitted < len(arrivals_seconds) and arrivals_seconds[admitted] <= t:
-            queue.append(arrivals_seconds[admitted])
-            admitted += 1
-        if not queue:
-            sleep(arrivals_seconds[admitted] - t)
-            woken = arrivals_seconds[admitted]
-            continue
-        chosen = graph if monitor is None else monitor.plan_for_next_step(t)
-        batch = [queue.popleft() for _ in range(min(slots[chosen], len(queue)))]
-        launched = max(now() - start, t)
-        launch(chosen, len(batch))
-        done = now() - start
-        run.corrupted += check(chosen, len(batch))
-        run.launches[chosen] = run.launches.get(chosen, 0) + 1
-        run.slots_run += slots[chosen]
-        for arrival in batch:
-            run.served.append(Served(arrival, launched, done, chosen))
-            if monitor is not None:
-                monitor.finished(Finished(done, done - arrival, done - launched))
-    if monitor is not None:
-        run.switches = monitor.switches
-    return run
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -201,17 +131,19 @@ def bench_serve(make_step: Callable[[str, int], Any], profiles: dict, plans: Pat
 
     import torch
 
-    from kernelfleet.bench.disagg import Bench, Strategy, load_plans, strategies
+    from kernelfleet.bench.disagg import Strategy, measure, strategies
     from kernelfleet.profile.timing import median_seconds
+    from kernelfleet.runtime import plans as runtime_plans
     from kernelfleet.runtime.executor import release, run
+    from kernelfleet.runtime.gate import IDENTICAL, Gate
 
     if slots < 2:
         raise UsageError(f"--slots must be at least 2 (request distribution needs one per device), got {slots}")
     if throughput_slot_mode not in SLOT_MODES:
         raise UsageError(f"--throughput-slots: expected {' or '.join(SLOT_MODES)}, got {throughput_slot_mode!r}")
     out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(make_step, profiles, slots)
-    loaded = load_plans(plans, bench.program, bench.devices)
+    gate = Gate(make_step, profiles, slots)
+    loaded = runtime_plans.load(plans, gate.problem)
     for policy in PLANS.values():
         if policy not in loaded:
             raise UsageError(f"{plans}: no {policy} plan (write them with `kernelfleet plan PROGRAM COSTS "
@@ -223,39 +155,39 @@ def bench_serve(make_step: Callable[[str, int], Any], profiles: dict, plans: Pat
     def write() -> None:  # after every step, so a run cut short keeps what it measured
         (out / "serve.json").write_text(json.dumps(results, indent=1, default=str))
 
-    stream = torch.cuda.Stream(device=profiles[bench.devices[0]].device)
-    n, built = len(bench.program.launches), {}
+    stream = torch.cuda.Stream(device=profiles[gate.devices[0]].device)
+    n, built = len(gate.program.launches), {}
     homes: dict[str, list[str]] = {}
     try:
-        with bench:
-            singles = {s.name: bench.measure(s, repeats, stream) for s in strategies(loaded, bench.devices, slots, None, n)}
-            rates_single = {d: singles[f"single:{d}"].get("slots_per_second") for d in bench.devices}
+        with gate:
+            singles = {s.name: measure(gate, s, repeats, stream) for s in strategies(loaded, gate.devices, slots, None, n)}
+            rates_single = {d: singles[f"single:{d}"].get("slots_per_second") for d in gate.devices}
             results["single_devices"] = singles
             split = "by the measured single-device rates"
             if None in rates_single.values():
-                rates_single, split = {d: 1.0 for d in bench.devices}, "evenly (a single device failed the gate)"
+                rates_single, split = {d: 1.0 for d in gate.devices}, "evenly (a single device failed the gate)"
             latency, throughput = loaded[PLANS[LATENCY]], loaded[PLANS[THROUGHPUT]]
             todo = {
                 LATENCY: Strategy("latency-greedy, 1 slot", [latency.assignment],
-                                  [latency.details.get("home", bench.devices[0])]),
+                                  [latency.details.get("home", gate.devices[0])]),
                 THROUGHPUT: Strategy(f"throughput-milp, slots {throughput_slot_mode}", [throughput.assignment] * slots,
-                                     [throughput.details.get("home", bench.devices[0])] * slots,
+                                     [throughput.details.get("home", gate.devices[0])] * slots,
                                      {"slot_mode": throughput_slot_mode}),
-                REPLICAS: next(s for s in strategies(loaded, bench.devices, slots, rates_single, n)
+                REPLICAS: next(s for s in strategies(loaded, gate.devices, slots, rates_single, n)
                                if s.name == "replicas, slots free"),
             }
             for g, s in todo.items():
                 found: dict = {"strategy": s.name, "homes": s.homes}
                 try:
-                    graph = bench.graph(s)
+                    graph = gate.graph(s.name, s.assignments, s.homes, **s.options)
                 except Exception as exc:  # a plan the replicas cannot run is reported, never served
                     found["gate"] = f"refused: {exc}"
                 else:
                     try:
-                        found["gate"] = bench.gate(graph, s.homes, stream)
+                        found["gate"] = gate.gate(graph, s.homes, stream)
                     except Exception as exc:
                         found["gate"] = f"refused: {exc}"
-                    if found["gate"] == "identical":
+                    if found["gate"] == IDENTICAL:
                         built[g], homes[g] = graph, s.homes
                         found["seconds"] = median_seconds(lambda: run(graph, stream.cuda_stream), stream, repeats)
                         found["requests_per_second"] = len(s.homes) / found["seconds"]
@@ -273,13 +205,13 @@ def bench_serve(make_step: Callable[[str, int], Any], profiles: dict, plans: Pat
 
             def check(g: str, count: int) -> int:
                 served = homes[g][:count]
-                bad = len(bench.differing(served))  # slots whose outputs are not their references'
-                bench.clear_outputs(served)
+                bad = len(gate.differing(served))  # slots whose outputs are not their references'
+                gate.clear_outputs(served)
                 return bad
 
             def run_mode(mode: str, arrivals: list[float]) -> Run:
                 for h in homes.values():  # zeroed: the first launch of the run has to write them
-                    bench.clear_outputs(h)
+                    gate.clear_outputs(h)
                 capacity = results["graphs"][LATENCY].get("requests_per_second")
                 monitor = Monitor(window_seconds, beta, LATENCY, latency_capacity=capacity) if mode == MONITOR else None
                 return serve(arrivals, per_launch, launch, check, time.perf_counter, time.sleep,

@@ -38,13 +38,16 @@ def violations(problem: Problem, plan: Plan) -> list[str]:
     out: list[str] = []
     if len(plan.assignment) != len(launches):
         return [(f"plan assigns {len(plan.assignment)} launches, program has {len(launches)} "
-                 "(each launch exactly once)")]
+                 "(each launch exactly once): it was made for another program")]
     home = plan.details.get("home", problem.home)
     if home not in names:
         out.append(f"plan home {home!r} is not a known device")
+    unknown: set[str] = set()
     for k, device in enumerate(plan.assignment):
         if device not in names:
-            out.append(f"launch {k} assigned to unknown device {device!r}")
+            if device not in unknown:  # one line per device: a plan for another pair misplaces every launch
+                unknown.add(device)
+                out.append(f"launch {k} uses {device}, an unknown device (devices: {', '.join(problem.names)})")
             continue
         if problem.costs.seconds[k].get(device) is None:
             out.append(f"launch {k} assigned to {device}, which has no cost for it (cannot run it)")

@@ -15,7 +15,7 @@ PAIR = {"A": 64, "B": 32}  # SMs of each device's partition
 def test_split_plan_reproduces_each_replica_bit_for_bit():
     import torch
 
-    from kernelfleet.bench.disagg import capture_replicas, restore_all
+    from kernelfleet.runtime.replicas import capture_replicas, restore_all
     from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
     from kernelfleet.runtime.executor import Slot, build, release, run
     from kernelfleet.workloads.steps import reference

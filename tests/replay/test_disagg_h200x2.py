@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from kernelfleet.bench.disagg import load_plans, strategies
+from kernelfleet.bench.disagg import strategies
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import flows
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.plan.model import Plan
+from kernelfleet.plan.model import Device, Plan
 from kernelfleet.plan.transfers import AddressMap, transfers
+from kernelfleet.runtime.plans import load, problem
 
 pytestmark = pytest.mark.replay
 
@@ -96,19 +97,20 @@ def test_request_distribution_splits_slots_by_measured_rate():
 def test_plans_that_do_not_fit_the_captured_step_are_refused(tmp_path):
     program = pair("llama8b-decode")["compute"]
     n = len(program.launches)
+    checked = problem(program, [Device(d) for d in DEVICES])  # what bench disagg checks its plans against
 
     def write(name: str, policy: str, assignment: list[str], **details) -> None:
         (tmp_path / name).write_text(Plan(policy, assignment, 0.07, details=details).to_json())
 
     write("short.json", "short", ["compute"])
     with pytest.raises(UsageError, match="made for another program"):
-        load_plans(tmp_path, program, DEVICES)
+        load(tmp_path, checked)
     write("short.json", "odd", ["gpu9"] * n)
     with pytest.raises(UsageError, match="uses gpu9"):
-        load_plans(tmp_path, program, DEVICES)
+        load(tmp_path, checked)
     write("short.json", "halves", ["compute"] * (n // 2) + ["bandwidth"] * (n - n // 2), home="compute")
     write("replicas.json", "replicas", [], replicas=DEVICES)
-    assert list(load_plans(tmp_path, program, DEVICES)) == ["halves"]
+    assert list(load(tmp_path, checked)) == ["halves"]
 
 
 def test_decode_flows_translate_alike_between_the_two_gpus_captures():

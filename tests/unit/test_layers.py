@@ -208,6 +208,12 @@ def test_the_core_and_the_see_half_import_with_torch_triton_cuda_and_highs_block
     assert blocked_import_failures(names) == []
 
 
+def test_the_runtimes_pure_parts_import_with_torch_blocked():
+    """Plan loading and checking, the serving loop and the monitor run (and are tested) anywhere."""
+    pure = ["kernelfleet.runtime.plans", "kernelfleet.runtime.serving", "kernelfleet.runtime.monitor"]
+    assert blocked_import_failures(pure) == []
+
+
 def test_the_blocker_catches_a_module_that_imports_torch(tmp_path):
     root = _plant(tmp_path, {"__init__.py": "", "core.py": "import torch\n", "fine.py": "import json\n"})
     found = blocked_import_failures(["planted.core", "planted.fine"], root.parent)

@@ -1,8 +1,8 @@
-"""`kernelfleet bench serve`'s serving loop on a simulated clock: launches take fixed times (the
+"""The serving loop (runtime/serving.py) and `kernelfleet bench serve` on a simulated clock: launches take fixed times (the
 latency graph 0.14 s per request, the throughput graph 0.35 s per launch of 3, request
 distribution 0.30 s per launch of 3), so the loop, the monitor in it, the statistics and the SLO
 capacity run exactly on the CPU. The GPU path (capture, gate, time, serve, serve.json) runs on a
-CPU twin of the benchmark's replicas and executor. Bad command lines are one line, before any GPU is
+CPU twin of the runtime's gate and executor. Bad command lines are one line, before any GPU is
 looked for."""
 
 import io
@@ -13,11 +13,14 @@ from types import SimpleNamespace
 import pytest
 
 from kernelfleet.bench.serve import (LATENCY, MODES, REPLICAS, THROUGHPUT, arrival_times, parse_rates, percentile,
-                                     serve, slo_capacity, summary, sweep)
+                                     slo_capacity, summary, sweep)
 from kernelfleet.bench import disagg as disagg_bench
 from kernelfleet.cli import main
 from kernelfleet.errors import UsageError
+from kernelfleet.runtime import gate as runtime_gate
+from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.monitor import Monitor
+from kernelfleet.runtime.serving import serve
 
 pytestmark = pytest.mark.unit
 
@@ -183,14 +186,15 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, n
     assert needle in lines[0], lines[0]
 
 
-class TwinBench:
-    """bench.disagg.Bench's surface on the CPU: each slot's outputs one small tensor per device."""
+class TwinGate:
+    """runtime.gate.Gate's surface on the CPU: each slot's outputs one small tensor per device."""
 
     def __init__(self, make_step, profiles, slots, costs=None):
         import torch
 
         self.devices = list(profiles)
         self.program = SimpleNamespace(launches=[None] * 4)
+        self.problem = None  # the twin's plans are given, not loaded
         self.references = [{d: [torch.tensor([k, 7])] for d in self.devices} for k in range(slots)]
         self.slots = [{d: SimpleNamespace(captured=SimpleNamespace(output_tensors=lambda t=[torch.zeros(2)]: t))
                        for d in self.devices} for _ in range(slots)]
@@ -201,22 +205,23 @@ class TwinBench:
     def __exit__(self, *exc):
         pass
 
-    def measure(self, strategy, repeats, stream):
-        return {"gate": "identical", "slots_per_second": {"compute": 6.0, "bandwidth": 4.0}[strategy.homes[0]]}
-
-    def graph(self, strategy):
-        return SimpleNamespace(name=strategy.name, homes=strategy.homes)
+    def graph(self, name, assignments, homes, **options):
+        return SimpleNamespace(name=name, homes=homes)
 
     def gate(self, built, homes, stream):
         twin_run(built, 1)
         return "outputs differ (twin)" if built.name.startswith("latency") and TWIN.gate_fails else "identical"
 
     # the real output bookkeeping, on the twin's slots and references
-    clear_outputs = disagg_bench.Bench.clear_outputs
-    differing = disagg_bench.Bench.differing
+    clear_outputs = runtime_gate.Gate.clear_outputs
+    differing = runtime_gate.Gate.differing
 
 
-TWIN = SimpleNamespace(gate_fails=False, corrupt=False, bench=None)  # what the twin does, and its bench
+def twin_measure(gate, strategy, repeats, stream, seconds=None):
+    return {"gate": "identical", "slots_per_second": {"compute": 6.0, "bandwidth": 4.0}[strategy.homes[0]]}
+
+
+TWIN = SimpleNamespace(gate_fails=False, corrupt=False, bench=None)  # what the twin does, and its gate
 
 
 def twin_run(built, stream):
@@ -242,14 +247,15 @@ def twin(monkeypatch, tmp_path):
     from kernelfleet.runtime import executor
 
     def bench(*args):
-        TWIN.bench = TwinBench(*args)
+        TWIN.bench = TwinGate(*args)
         return TWIN.bench
 
     released = []
     plans = {"latency-greedy": Plan("latency-greedy", ["compute", "bandwidth"] * 2, 0.1, details={"home": "compute"}),
              "throughput-milp": Plan("throughput-milp", ["bandwidth"] * 4, 0.1, details={"home": "bandwidth"})}
-    monkeypatch.setattr(disagg_bench, "Bench", bench)
-    monkeypatch.setattr(disagg_bench, "load_plans", lambda folder, program, devices: plans)
+    monkeypatch.setattr(runtime_gate, "Gate", bench)
+    monkeypatch.setattr(runtime_plans, "load", lambda folder, problem: plans)
+    monkeypatch.setattr(disagg_bench, "measure", twin_measure)
     monkeypatch.setattr(executor, "run", twin_run)
     monkeypatch.setattr(executor, "release", released.append)
     monkeypatch.setattr(timing, "median_seconds", lambda run, stream, repeats: 0.005)

@@ -1,0 +1,49 @@
+"""Replicas of a step: one capture per device, and putting each back in its captured state
+(runs on GPUs).
+
+A replica is the step captured on one device (its own weights, state and activations at its own
+addresses, ``runtime/executor.py``); the executor's graph copies each launch from the replica of
+the device that runs it. A graph run changes the replicas' state (a decode step advances its
+cache), so before every run that is compared with a reference each replica is restored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from kernelfleet.kernels.assemble import assemble
+from kernelfleet.kernels.cuda.capture import capture
+from kernelfleet.kernels.cuda.replay import saved_state
+from kernelfleet.runtime.executor import Replica
+
+if TYPE_CHECKING:
+    from kernelfleet.workloads.steps import Step
+
+
+def capture_replicas(make_step: Callable[[str, int], Step], gpus: dict[str, int],
+                     seed: int = 0) -> tuple[dict[str, Replica], list[Callable[[], None]]]:
+    """One capture of the step (``make_step(torch device, seed)``) per named device, on its GPU,
+    and what restores each one's captured state."""
+    replicas, restores = {}, []
+    for name, gpu in gpus.items():
+        torch.cuda.set_device(gpu)
+        step = make_step(f"cuda:{gpu}", seed)
+        captured = capture(step.fn, step.args, module=step.module, what=step.name)
+        replicas[name] = Replica(captured, assemble(captured.raw))
+        restores.append(saved_state(replicas[name].program))
+    return replicas, restores
+
+
+def restore_all(restores: list[Callable[[], None]]) -> None:
+    """Put every replica back in its captured state, and wait for it."""
+    for restore in restores:
+        restore()
+    torch.cuda.synchronize()
+
+
+def differing_elements(references: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
+    """Elements of ``outputs`` that differ from their ``references``, bit for bit."""
+    return sum(int((a != b).sum()) for a, b in zip(references, outputs))
