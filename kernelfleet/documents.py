@@ -1,18 +1,36 @@
-"""Reading the JSON documents kernelfleet writes (programs, cost tables, plans).
+"""Reading and writing the JSON documents kernelfleet writes (programs, captures, cost tables, plans).
 
-Every document names its kind and format version in one key; anything wrong while reading
-one — bad JSON, a missing or mistyped field — becomes one UsageError that names the file.
+Every document is a typed model (STYLE rule 14): a pydantic dataclass whose one definition gives
+validation with field paths, the JSON Schema published under ``docs/schemas/`` (:func:`schemas`)
+and typed attributes. Every document names its kind and format version in one key, a field of the
+model; a reader of an older version upgrades it before validation (:func:`versioned`). Anything
+wrong while reading one — bad JSON, a missing, mistyped or out-of-range field, NaN where a finite
+number belongs — becomes one UsageError that names the file and the field path.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import gzip
 import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Annotated, Any, Callable, Iterator, Literal, TypeVar
+
+from pydantic import (AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema,
+                      field_validator)
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from kernelfleet.errors import UsageError
+
+T = TypeVar("T")
+
+# extra keys are errors (a typo is not silently ignored), floats are finite
+CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "docs" / "schemas"
+_FILE = {"file": True}  # validation context: reading a file, so a missing version key is an error
+_DOCUMENTS: dict[str, type] = {}  # schema file stem -> document class, filled by @document
 
 
 def read_text(path: str | Path, what: str = "text") -> str:
@@ -24,7 +42,7 @@ def read_text(path: str | Path, what: str = "text") -> str:
         return Path(path).read_text()
     except OSError as exc:
         raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-    except (EOFError, UnicodeDecodeError) as exc:
+    except (EOFError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
         raise UsageError(f"{path}: not {what} ({exc})") from exc
 
 
@@ -40,8 +58,160 @@ def reading(where: str, what: str) -> Iterator[None]:
 
 
 def parse(text: str, key: str, version: int) -> dict[str, Any]:
-    """The JSON object in ``text``, checked to carry ``key = version``."""
+    """The JSON object in ``text``, checked to carry ``key = version`` (documents not yet typed)."""
     doc = json.loads(text)
     if not isinstance(doc, dict) or doc.get(key) != version:
         raise UsageError(f"expected {key}={version}")
     return doc
+
+
+def one_line(exc: ValidationError, what: str, file: bool) -> str:
+    """The first error of ``exc`` in one line: ``<what>: field.path: message`` for a check of our
+    own, ``not a <what>: field.path: message`` for pydantic's (a wrong type, a missing field) when
+    reading a ``file``."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    path = ".".join(str(part) for part in first["loc"])
+    ours = first["type"] == "value_error"
+    message = str(first["ctx"]["error"]) if ours else first["msg"]
+    if not ours and "input" in first and ", got" not in message and first["type"] not in _NO_INPUT:
+        message += f", got {_short(first['input'])}"
+    more = f" ({len(errors) - 1} more error{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    return f"{what if ours or not file else 'not a ' + what}: {path + ': ' if path else ''}{message}{more}"
+
+
+def one_of(name: str, values: tuple[str, ...]) -> Any:
+    """A string field that must be one of ``values``: an enum in the schema, and an error that
+    says ``<name> must be one of (...)``."""
+
+    def check(value: str) -> str:
+        if value not in values:
+            raise ValueError(f"{name} must be one of {values}, got {value!r}")
+        return value
+
+    return Annotated[str, AfterValidator(check), WithJsonSchema({"type": "string", "enum": list(values)})]
+
+
+_NO_INPUT = ("missing", "extra_forbidden", "json_invalid")  # errors whose input says nothing more
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@functools.cache
+def adapter(cls: type[T]) -> TypeAdapter[T]:
+    """The (cached) pydantic adapter that validates and dumps ``cls``."""
+    return TypeAdapter(cls)
+
+
+def model(what: str, **options: Any) -> Callable[[type[T]], type[T]]:
+    """A pydantic dataclass (``options``: ``frozen``, ``slots``, ...) under :data:`CONFIG` whose
+    construction in code raises the one-line UsageError a bad file gives, prefixed with ``what``
+    (``ValidationError`` stays inside; callers get our errors)."""
+
+    def wrap(cls: type[T]) -> type[T]:
+        cls = pydantic_dataclass(config=CONFIG, **options)(cls)
+        init = cls.__init__
+        positional = [f.name for f in dataclasses.fields(cls) if not f.kw_only]  # type: ignore[arg-type]
+
+        @functools.wraps(init)
+        def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            try:  # by name, so that an error names the field
+                init(self, **dict(zip(positional, args)), **kwargs)
+            except ValidationError as exc:
+                raise UsageError(one_line(exc, what, file=False)) from None
+
+        cls.__init__ = checked_init  # type: ignore[method-assign]
+        return cls
+
+    return wrap
+
+
+def document(key: str, version: int, what: str,
+             upgrades: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
+             **options: Any) -> Callable[[type[T]], type[T]]:
+    """A :func:`model` that is a whole document, whose format version is the field ``key``.
+
+    The field is added here, first and keyword-only (``Literal[version]``; built in code, it is
+    ``version``). Reading a file (:func:`load`) checks it: ``version`` passes; an older version
+    ``v`` in ``upgrades`` is first rewritten by ``upgrades[v]`` (a dict in, a dict of the current
+    shape out); anything else, a missing key included, is an error. The schema is
+    ``docs/schemas/<key without "kernelfleet_">.schema.json``.
+    """
+
+    def check_version(cls: type, value: Any, info: ValidationInfo) -> Any:
+        if value is None and not (info.context or {}).get("file"):
+            return version  # built in code
+        if value != version:
+            raise ValueError(f"expected {key}={version}" + ("" if value is None else f", got {value!r}"))
+        return value
+
+    def wrap(cls: type[T]) -> type[T]:
+        cls.__annotations__ = {key: Literal[version] | None, **cls.__annotations__}  # type: ignore[valid-type]
+        setattr(cls, key, Field(None, validate_default=True, kw_only=True, repr=False))
+        cls._check_version = field_validator(key, mode="before")(classmethod(check_version))  # type: ignore[attr-defined]
+        cls = model(what, **options)(cls)
+        cls.__document__ = (key, version, what, upgrades or {})  # type: ignore[attr-defined]
+        _DOCUMENTS[key.removeprefix("kernelfleet_")] = cls
+        return cls
+
+    return wrap
+
+
+def load(cls: type[T], text: str | bytes, where: str) -> T:
+    """The document of type ``cls`` in the JSON ``text``; one UsageError naming ``where`` otherwise.
+
+    The current version validates straight from the JSON text (pydantic's parser); an older one
+    is parsed, upgraded and then validated."""
+    key, version, what, upgrades = cls.__document__  # type: ignore[attr-defined]
+    try:
+        try:
+            return adapter(cls).validate_json(text, context=_FILE)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            old = first["loc"] == (key,) and first.get("input")
+            if not (isinstance(old, int) and old in upgrades):
+                raise
+        doc = upgrades[old](json.loads(text))
+        return adapter(cls).validate_python({**doc, key: version}, context=_FILE)
+    except ValidationError as exc:
+        raise UsageError(f"{where}: {one_line(exc, what, file=True)}") from None
+
+
+def dump(value: Any, indent: int | None = None, **exclude: bool) -> str:
+    """The JSON text of a document; ``exclude``: pydantic's ``exclude_none`` or ``exclude_defaults``."""
+    return adapter(type(value)).dump_json(value, indent=indent, **exclude).decode()
+
+
+def schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schema of every document, by file stem (``costs``, ``plan``, ...): what
+    ``docs/schemas/`` publishes (``make schemas`` writes them)."""
+    import kernelfleet.costs.table  # noqa: F401  (each module registers its documents)
+    import kernelfleet.kernels.ir  # noqa: F401
+    import kernelfleet.kernels.raw  # noqa: F401
+    import kernelfleet.plan.model  # noqa: F401
+    import kernelfleet.profile.calibration  # noqa: F401
+
+    out = {}
+    for stem, cls in sorted(_DOCUMENTS.items()):
+        key, version, what, _ = cls.__document__  # type: ignore[attr-defined]
+        schema = adapter(cls).json_schema()
+        schema["required"] = [key] + [name for name in schema.get("required", []) if name != key]
+        schema["properties"][key] = {"const": version, "description": f"format version of the {what}"}
+        out[stem] = {"$schema": "https://json-schema.org/draft/2020-12/schema",
+                     "$id": f"https://kernelfleet.dev/schemas/{stem}.schema.json", **schema}
+    return out
+
+
+def write_schemas(folder: str | Path = SCHEMA_DIR) -> list[Path]:
+    """Write :func:`schemas` as ``<folder>/<stem>.schema.json``; the paths written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for stem, schema in schemas().items():
+        path = folder / f"{stem}.schema.json"
+        path.write_text(json.dumps(schema, indent=1, sort_keys=True) + "\n")
+        paths.append(path)
+    return paths

@@ -60,7 +60,7 @@ def test_eager_steps_are_fully_known_from_schemas(step):
     assert set(numbers["launches_by_source"]) <= {"schema", "graph-node"}
     # cuBLAS passes its arguments as one `extra` buffer: the pointers inside it were found
     nvjet = [launch for launch in program.launches if launch.name.startswith("nvjet")]
-    assert nvjet and all(any(p["pointers"] for p in launch.params) for launch in nvjet)
+    assert nvjet and all(any(p.pointers for p in launch.params) for launch in nvjet)
 
 
 @pytest.mark.parametrize("step", [s for s in STEPS if "compiled" in s])
