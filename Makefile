@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 KF     := $(VENV)/bin/kernelfleet
 
-.PHONY: run test system-deps docs clean
+.PHONY: run test system-deps docs schemas clean
 
 $(VENV)/.see: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,13 @@ test: $(VENV)/.all system-deps
 	$(PY) -m pytest -q
 
 # Regenerate the plots and tables in docs/ from the committed recordings (CPU only).
-docs: $(VENV)/.all
+docs: $(VENV)/.all schemas
 	$(PY) bench/plot_telemetry.py
+
+# The JSON Schema of every document kernelfleet reads and writes, from its typed model, into
+# docs/schemas/ (tests/unit/test_documents.py fails when a committed one is stale).
+schemas: $(VENV)/.see
+	$(PY) -c "from kernelfleet.documents import write_schemas; print(*write_schemas(), sep='\n')"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -16,7 +16,7 @@ import gzip
 import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterator, Literal, TypeVar
+from typing import Annotated, Any, Callable, ClassVar, Iterator, Literal, TypeVar
 
 from pydantic import (AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema,
                       field_validator)
@@ -25,6 +25,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from kernelfleet.errors import UsageError
 
 T = TypeVar("T")
+D = TypeVar("D", bound="Document")
 
 # extra keys are errors (a typo is not silently ignored), floats are finite
 CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -41,7 +42,7 @@ def read_text(path: str | Path, what: str = "text") -> str:
             return gzip.decompress(Path(path).read_bytes()).decode()
         return Path(path).read_text()
     except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+        raise UsageError(f"{path}: cannot read {what} ({exc.strerror or exc})") from exc
     except (EOFError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
         raise UsageError(f"{path}: not {what} ({exc})") from exc
 
@@ -73,7 +74,7 @@ def one_line(exc: ValidationError, what: str, file: bool) -> str:
     first = errors[0]
     path = ".".join(str(part) for part in first["loc"])
     ours = first["type"] == "value_error"
-    message = str(first["ctx"]["error"]) if ours else first["msg"]
+    message = str(first["ctx"]["error"]) if ours else _MESSAGES.get(first["type"], first["msg"])
     if not ours and "input" in first and ", got" not in message and first["type"] not in _NO_INPUT:
         message += f", got {_short(first['input'])}"
     more = f" ({len(errors) - 1} more error{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
@@ -92,7 +93,8 @@ def one_of(name: str, values: tuple[str, ...]) -> Any:
     return Annotated[str, AfterValidator(check), WithJsonSchema({"type": "string", "enum": list(values)})]
 
 
-_NO_INPUT = ("missing", "extra_forbidden", "json_invalid")  # errors whose input says nothing more
+_MESSAGES = {"unexpected_keyword_argument": "unknown field", "extra_forbidden": "unknown field"}
+_NO_INPUT = ("missing", "json_invalid", *_MESSAGES)  # errors whose input says nothing more
 
 
 def _short(value: Any) -> str:
@@ -130,14 +132,15 @@ def model(what: str, **options: Any) -> Callable[[type[T]], type[T]]:
 
 
 def document(key: str, version: int, what: str,
-             upgrades: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
+             upgrades: dict[int | None, Callable[[Any], dict[str, Any]]] | None = None,
              **options: Any) -> Callable[[type[T]], type[T]]:
     """A :func:`model` that is a whole document, whose format version is the field ``key``.
 
     The field is added here, first and keyword-only (``Literal[version]``; built in code, it is
     ``version``). Reading a file (:func:`load`) checks it: ``version`` passes; an older version
-    ``v`` in ``upgrades`` is first rewritten by ``upgrades[v]`` (a dict in, a dict of the current
-    shape out); anything else, a missing key included, is an error. The schema is
+    ``v`` in ``upgrades`` (``None``: a document from before it had the key) is first rewritten by
+    ``upgrades[v]`` (the parsed JSON in, a dict of the current shape out); anything else, a
+    missing key included, is an error. The schema is
     ``docs/schemas/<key without "kernelfleet_">.schema.json``.
     """
 
@@ -163,55 +166,90 @@ def document(key: str, version: int, what: str,
 def load(cls: type[T], text: str | bytes, where: str) -> T:
     """The document of type ``cls`` in the JSON ``text``; one UsageError naming ``where`` otherwise.
 
-    The current version validates straight from the JSON text (pydantic's parser); an older one
-    is parsed, upgraded and then validated."""
+    The current version validates straight from the JSON text (pydantic's parser, the fast path);
+    an older one, in the document's ``upgrades``, is parsed, upgraded, then validated."""
     key, version, what, upgrades = cls.__document__  # type: ignore[attr-defined]
     try:
         try:
             return adapter(cls).validate_json(text, context=_FILE)
         except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            old = first["loc"] == (key,) and first.get("input")
-            if not (isinstance(old, int) and old in upgrades):
+            try:
+                doc = json.loads(text) if upgrades else None
+            except ValueError:
+                raise exc from None
+            # None: a document from before the key (not an object); an object without it is wrong
+            old = doc.get(key, "missing") if isinstance(doc, dict) else None
+            if doc is None or old == version or old not in upgrades:
                 raise
-        doc = upgrades[old](json.loads(text))
-        return adapter(cls).validate_python({**doc, key: version}, context=_FILE)
+        return adapter(cls).validate_python({**upgrades[old](doc), key: version}, context=_FILE)
     except ValidationError as exc:
         raise UsageError(f"{where}: {one_line(exc, what, file=True)}") from None
 
 
-def dump(value: Any, indent: int | None = None, **exclude: bool) -> str:
-    """The JSON text of a document; ``exclude``: pydantic's ``exclude_none`` or ``exclude_defaults``."""
-    return adapter(type(value)).dump_json(value, indent=indent, **exclude).decode()
+class Document:
+    """What every :func:`document` class offers: ``to_json``, ``save``, ``from_json``, ``load``.
+
+    ``DUMP`` holds the class's pydantic dump options (``indent``; ``exclude_none`` or
+    ``exclude_defaults`` to leave out what reads back the same)."""
+
+    DUMP: ClassVar[dict[str, Any]] = {}
+
+    def to_json(self) -> str:
+        return adapter(type(self)).dump_json(self, **self.DUMP).decode()
+
+    def save(self, path: str | Path) -> None:
+        """Write the document, gzipped when the name ends in ``.gz``."""
+        data = self.to_json().encode()
+        Path(path).write_bytes(gzip.compress(data, mtime=0) if str(path).endswith(".gz") else data)
+
+    @classmethod
+    def from_json(cls: type[D], text: str | bytes, where: str | None = None) -> D:
+        """Read ``to_json`` output (any version the class reads); a malformed document is one
+        UsageError naming ``where`` and the field that is wrong."""
+        return load(cls, text, where or f"<{cls.__document__[2]}>")  # type: ignore[attr-defined]
+
+    @classmethod
+    def load(cls: type[D], path: str | Path) -> D:
+        """Read a file (gunzipped when its name ends in ``.gz``)."""
+        return cls.from_json(read_text(path, f"a {cls.__document__[2]}"), str(path))  # type: ignore
 
 
-def schemas() -> dict[str, dict[str, Any]]:
-    """The JSON Schema of every document, by file stem (``costs``, ``plan``, ...): what
-    ``docs/schemas/`` publishes (``make schemas`` writes them)."""
+def kinds() -> dict[str, type]:
+    """Every document class, by schema file stem (``costs``, ``plan``, ...)."""
     import kernelfleet.costs.table  # noqa: F401  (each module registers its documents)
     import kernelfleet.kernels.ir  # noqa: F401
     import kernelfleet.kernels.raw  # noqa: F401
     import kernelfleet.plan.model  # noqa: F401
     import kernelfleet.profile.calibration  # noqa: F401
 
+    return dict(sorted(_DOCUMENTS.items()))
+
+
+def schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schema of every document, by file stem: what ``docs/schemas/`` publishes
+    (``make schemas`` writes them)."""
     out = {}
-    for stem, cls in sorted(_DOCUMENTS.items()):
+    for stem, cls in kinds().items():
         key, version, what, _ = cls.__document__  # type: ignore[attr-defined]
         schema = adapter(cls).json_schema()
         schema["required"] = [key] + [name for name in schema.get("required", []) if name != key]
         schema["properties"][key] = {"const": version, "description": f"format version of the {what}"}
-        out[stem] = {"$schema": "https://json-schema.org/draft/2020-12/schema",
-                     "$id": f"https://kernelfleet.dev/schemas/{stem}.schema.json", **schema}
+        out[stem] = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
     return out
 
 
+def schema_files() -> dict[str, str]:
+    """The text of each file under ``docs/schemas/``, by name (``costs.schema.json``, ...)."""
+    return {f"{stem}.schema.json": json.dumps(schema, indent=1, sort_keys=True) + "\n"
+            for stem, schema in schemas().items()}
+
+
 def write_schemas(folder: str | Path = SCHEMA_DIR) -> list[Path]:
-    """Write :func:`schemas` as ``<folder>/<stem>.schema.json``; the paths written."""
+    """Write :func:`schema_files` into ``folder`` (``make schemas``); the paths written."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for stem, schema in schemas().items():
-        path = folder / f"{stem}.schema.json"
-        path.write_text(json.dumps(schema, indent=1, sort_keys=True) + "\n")
-        paths.append(path)
-    return paths
+    written = []
+    for name, text in schema_files().items():
+        (folder / name).write_text(text)
+        written.append(folder / name)
+    return written

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pydantic import ValidationInfo, field_validator, model_validator
 
 from kernelfleet.catalog.model import PRECISIONS
-from kernelfleet.documents import document, dump, load, one_of
+from kernelfleet.documents import Document, document, one_of
 
 COSTS_FORMAT = 1
 
 
 @document("kernelfleet_costs", COSTS_FORMAT, "cost table")
-class CostTable:
+class CostTable(Document):
     """Seconds of each launch on each device: ``seconds[launch index][device name]``.
 
     ``None`` means the launch cannot run there (unsupported), never 0 (STYLE rule 5).
@@ -28,6 +28,7 @@ class CostTable:
     flops: list[int | None] | None = None
     bytes: list[int | None] | None = None
     precision: list[one_of("precision", PRECISIONS) | None] | None = None  # type: ignore[valid-type]
+    DUMP = {"exclude_none": True}
 
     @field_validator("flops", "bytes")
     @classmethod
@@ -59,9 +60,3 @@ class CostTable:
             out += [(k, device, flops / t) for device, t in row.items() if t and flops / t > ceiling[precision]]
         return out
 
-    def to_json(self) -> str:
-        return dump(self, exclude_none=True)
-
-    @classmethod
-    def from_json(cls, text: str, where: str = "<costs>") -> CostTable:
-        return load(cls, text, where)

@@ -9,12 +9,11 @@ the reason instead of being assumed safe.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from kernelfleet.documents import document, dump, load, model, one_of, read_text
+from kernelfleet.documents import Document, document, model, one_of
 
 ROLES = ("weight", "input", "output", "activation", "workspace", "unknown")
 MODES = ("read", "write", "readwrite")
@@ -107,7 +106,7 @@ class Launch:
 
 
 @document("kernelfleet_program", FORMAT_VERSION, "kernel program")
-class Program:
+class Program(Document):
     """The buffers of a captured step and its launches in capture order (``kernelfleet_program``).
 
     Checked as a whole: buffer ids unique, ``launches[i].index == i``, every access inside a known
@@ -115,6 +114,7 @@ class Program:
 
     buffers: list[Buffer]
     launches: list[Launch]
+    DUMP = {"indent": 1}
 
     @model_validator(mode="after")
     def _consistent(self) -> Program:
@@ -134,17 +134,6 @@ class Program:
                                      f"buffer {a.buffer} of {sizes[a.buffer]} bytes")
         return self
 
-    def to_json(self) -> str:
-        return dump(self, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str, where: str = "<program>") -> Program:
-        """Read ``to_json`` output; a malformed document is a UsageError naming the field that is wrong."""
-        return load(cls, text, where)
-
-    @classmethod
-    def load(cls, path: str | Path) -> Program:
-        return cls.from_json(read_text(path), str(path))
 
 
 def merged_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -10,13 +10,11 @@ machine, so everything after the GPU is replay-tested on the CPU.
 
 from __future__ import annotations
 
-import gzip
 from dataclasses import field
-from pathlib import Path
 
 from typing_extensions import Required, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
-from kernelfleet.documents import CONFIG, document, dump, load, model, one_of, read_text
+from kernelfleet.documents import CONFIG, Document, document, model, one_of
 from kernelfleet.kernels.ir import MODES, KINDS, Count, Dim3, Positive
 
 CAPTURE_FORMAT = 1
@@ -94,7 +92,7 @@ class About(TypedDict, total=False):
 
 
 @document("kernelfleet_capture", CAPTURE_FORMAT, "raw capture")
-class RawCapture:
+class RawCapture(Document):
     """Everything a capture read off the GPU (``kernelfleet_capture``), saved as (gzip) JSON."""
 
     nodes: list[RawNode]
@@ -104,23 +102,8 @@ class RawCapture:
     ptx: dict[str, list[PtxVariant]] = field(default_factory=dict)  # kernel name -> its variants
     about: About = field(default_factory=About)  # device, driver, torch, what was captured
     allocations: list[tuple[int, Count]] = field(default_factory=list)  # allocator blocks handed out in capture
+    DUMP = {"exclude_defaults": True}  # compact: fields at their defaults left out, so a fixture stays readable
 
-    def to_json(self) -> str:
-        """Compact JSON; fields at their defaults are left out so a fixture stays readable."""
-        return dump(self, exclude_defaults=True)
-
-    def save(self, path: str | Path) -> None:
-        """Write the capture, gzipped when the name ends in ``.gz``."""
-        data = self.to_json().encode()
-        Path(path).write_bytes(gzip.compress(data, mtime=0) if str(path).endswith(".gz") else data)
-
-    @classmethod
-    def from_json(cls, text: str, where: str = "<capture>") -> RawCapture:
-        return load(cls, text, where)
-
-    @classmethod
-    def load(cls, path: str | Path) -> RawCapture:
-        return cls.from_json(read_text(path, "a raw capture"), str(path))
 
 
 def program_nodes(raw: RawCapture) -> list[int]:

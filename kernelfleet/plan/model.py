@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from kernelfleet.costs.table import CostTable
-from kernelfleet.documents import document, dump, load, model
+from kernelfleet.documents import Document, document, model
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import Edge, dependencies
 from kernelfleet.kernels.ir import Program
@@ -137,7 +137,7 @@ class PlanDetails:
 
 
 @document("kernelfleet_plan", PLAN_FORMAT, "plan")
-class Plan:
+class Plan(Document):
     """A placement (``kernelfleet_plan``): ``assignment[i]`` is the device name that runs launch ``i``.
 
     ``objective_seconds`` is the policy's own objective (time per request in steady state for
@@ -153,14 +153,8 @@ class Plan:
     objective_seconds: float
     lower_bound_seconds: float | None = None
     details: PlanDetails = field(default_factory=PlanDetails)
+    DUMP = {"indent": 1, "exclude_none": True}  # fields that are None are left out
 
-    def to_json(self) -> str:
-        """Indented JSON; fields that are None are left out."""
-        return dump(self, indent=1, exclude_none=True)
-
-    @classmethod
-    def from_json(cls, text: str, where: str = "<plan>") -> Plan:
-        return load(cls, text, where)
 
 
 class Problem:
