@@ -48,7 +48,7 @@ docs: $(VENV)/.all schemas
 # The JSON Schema of every document kernelfleet reads and writes, from its typed model, into
 # docs/schemas/ (tests/unit/test_documents.py fails when a committed one is stale).
 schemas: $(VENV)/.see
-	$(PY) -c "from kernelfleet.documents import write_schemas; print(*write_schemas(), sep='\n')"
+	$(PY) -c "from kernelfleet.schemas import write_schemas; print(*write_schemas(), sep='\n')"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,11 +1,12 @@
-"""Reading and writing the JSON documents kernelfleet writes (programs, captures, cost tables, plans).
+"""Reading and writing the documents kernelfleet writes (programs, captures, cost tables, plans, ...).
 
-Every document is a typed model (STYLE rule 14): a pydantic dataclass whose one definition gives
-validation with field paths, the JSON Schema published under ``docs/schemas/`` (:func:`schemas`)
-and typed attributes. Every document names its kind and format version in one key, a field of the
-model; a reader of an older version upgrades it before validation (:func:`versioned`). Anything
-wrong while reading one — bad JSON, a missing, mistyped or out-of-range field, NaN where a finite
-number belongs — becomes one UsageError that names the file and the field path.
+Every document is a typed model (STYLE rule 14): a pydantic dataclass (:func:`model`,
+:func:`document`) whose one definition gives validation with field paths, typed attributes and
+the JSON Schema published under ``docs/schemas/`` (``kernelfleet.schemas``). Every document names
+its kind and format version in one key, a field of the model; an older version is upgraded
+before validation. Anything wrong while reading one — bad JSON, a missing, mistyped or
+out-of-range field, NaN where a finite number belongs — becomes one UsageError that names the
+file and the field path; building one in code with a bad value raises the same kind of error.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ import dataclasses
 import functools
 import gzip
 import json
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Iterator, Literal, TypeVar
+from typing import Annotated, Any, Callable, ClassVar, Literal, TypeVar
 
 from pydantic import (AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema,
                       field_validator)
@@ -29,9 +29,11 @@ D = TypeVar("D", bound="Document")
 
 # extra keys are errors (a typo is not silently ignored), floats are finite
 CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "docs" / "schemas"
+Rate = Annotated[float, Field(gt=0, strict=True)]  # a positive number of something per second (not a bool)
 _FILE = {"file": True}  # validation context: reading a file, so a missing version key is an error
 _DOCUMENTS: dict[str, type] = {}  # schema file stem -> document class, filled by @document
+_MESSAGES = {"unexpected_keyword_argument": "unknown field", "extra_forbidden": "unknown field"}
+_NO_INPUT = ("missing", "json_invalid", *_MESSAGES)  # errors whose input says nothing more
 
 
 def read_text(path: str | Path, what: str = "text") -> str:
@@ -47,30 +49,11 @@ def read_text(path: str | Path, what: str = "text") -> str:
         raise UsageError(f"{path}: not {what} ({exc})") from exc
 
 
-@contextmanager
-def reading(where: str, what: str) -> Iterator[None]:
-    """Turn any error raised while reading a document into one line naming ``where``."""
-    try:
-        yield
-    except UsageError as exc:
-        raise UsageError(f"{where}: {exc}") from exc
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UsageError(f"{where}: not a {what} ({type(exc).__name__}: {exc})") from exc
-
-
-def parse(text: str, key: str, version: int) -> dict[str, Any]:
-    """The JSON object in ``text``, checked to carry ``key = version`` (documents not yet typed)."""
-    doc = json.loads(text)
-    if not isinstance(doc, dict) or doc.get(key) != version:
-        raise UsageError(f"expected {key}={version}")
-    return doc
-
-
-def one_line(exc: ValidationError, what: str, file: bool) -> str:
+def one_line(exc: ValidationError, what: str, file: bool, version_key: str | None = None) -> str:
     """The first error of ``exc`` in one line: ``<what>: field.path: message`` for a check of our
     own, ``not a <what>: field.path: message`` for pydantic's (a wrong type, a missing field) when
-    reading a ``file``."""
-    errors = exc.errors(include_url=False)
+    reading a ``file``. A wrong ``version_key`` goes first: it explains all the others."""
+    errors = sorted(exc.errors(include_url=False), key=lambda e: e["loc"] != (version_key,))
     first = errors[0]
     path = ".".join(str(part) for part in first["loc"])
     ours = first["type"] == "value_error"
@@ -91,10 +74,6 @@ def one_of(name: str, values: tuple[str, ...]) -> Any:
         return value
 
     return Annotated[str, AfterValidator(check), WithJsonSchema({"type": "string", "enum": list(values)})]
-
-
-_MESSAGES = {"unexpected_keyword_argument": "unknown field", "extra_forbidden": "unknown field"}
-_NO_INPUT = ("missing", "json_invalid", *_MESSAGES)  # errors whose input says nothing more
 
 
 def _short(value: Any) -> str:
@@ -126,6 +105,7 @@ def model(what: str, **options: Any) -> Callable[[type[T]], type[T]]:
                 raise UsageError(one_line(exc, what, file=False)) from None
 
         cls.__init__ = checked_init  # type: ignore[method-assign]
+        cls.__what__ = what  # type: ignore[attr-defined]
         return cls
 
     return wrap
@@ -183,7 +163,16 @@ def load(cls: type[T], text: str | bytes, where: str) -> T:
                 raise
         return adapter(cls).validate_python({**upgrades[old](doc), key: version}, context=_FILE)
     except ValidationError as exc:
-        raise UsageError(f"{where}: {one_line(exc, what, file=True)}") from None
+        raise UsageError(f"{where}: {one_line(exc, what, file=True, version_key=key)}") from None
+
+
+def validate(cls: type[T], data: Any, where: str) -> T:
+    """``data`` (parsed from a file, e.g. TOML or JSON) as a :func:`model` ``cls``; one UsageError
+    naming ``where`` and the field otherwise."""
+    try:
+        return adapter(cls).validate_python(data, context=_FILE)
+    except ValidationError as exc:
+        raise UsageError(f"{where}: {one_line(exc, cls.__what__, file=True)}") from None  # type: ignore[attr-defined]
 
 
 class Document:
@@ -214,42 +203,7 @@ class Document:
         return cls.from_json(read_text(path, f"a {cls.__document__[2]}"), str(path))  # type: ignore
 
 
-def kinds() -> dict[str, type]:
-    """Every document class, by schema file stem (``costs``, ``plan``, ...)."""
-    import kernelfleet.costs.table  # noqa: F401  (each module registers its documents)
-    import kernelfleet.kernels.ir  # noqa: F401
-    import kernelfleet.kernels.raw  # noqa: F401
-    import kernelfleet.plan.model  # noqa: F401
-    import kernelfleet.profile.calibration  # noqa: F401
-
+def registered() -> dict[str, type]:
+    """The :func:`document` classes imported so far, by schema file stem (``kernelfleet.schemas``
+    imports them all)."""
     return dict(sorted(_DOCUMENTS.items()))
-
-
-def schemas() -> dict[str, dict[str, Any]]:
-    """The JSON Schema of every document, by file stem: what ``docs/schemas/`` publishes
-    (``make schemas`` writes them)."""
-    out = {}
-    for stem, cls in kinds().items():
-        key, version, what, _ = cls.__document__  # type: ignore[attr-defined]
-        schema = adapter(cls).json_schema()
-        schema["required"] = [key] + [name for name in schema.get("required", []) if name != key]
-        schema["properties"][key] = {"const": version, "description": f"format version of the {what}"}
-        out[stem] = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
-    return out
-
-
-def schema_files() -> dict[str, str]:
-    """The text of each file under ``docs/schemas/``, by name (``costs.schema.json``, ...)."""
-    return {f"{stem}.schema.json": json.dumps(schema, indent=1, sort_keys=True) + "\n"
-            for stem, schema in schemas().items()}
-
-
-def write_schemas(folder: str | Path = SCHEMA_DIR) -> list[Path]:
-    """Write :func:`schema_files` into ``folder`` (``make schemas``); the paths written."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in schema_files().items():
-        (folder / name).write_text(text)
-        written.append(folder / name)
-    return written

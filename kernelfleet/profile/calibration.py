@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import Field
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from kernelfleet.catalog import Catalog
-from kernelfleet.documents import CONFIG, Document, document
+from kernelfleet.documents import CONFIG, Document, Rate, document
 from kernelfleet.errors import UsageError
 
 CALIBRATION_FORMAT = 1
-Rate = Annotated[float, Field(gt=0)]
 
 
 class CalibrationRow(TypedDict):

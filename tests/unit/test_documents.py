@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kernelfleet.costs.table import CostTable
-from kernelfleet.documents import SCHEMA_DIR, schema_files
+from kernelfleet.schemas import SCHEMA_DIR, schema_files
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Access, Buffer, Launch, Program
 from kernelfleet.plan.model import Plan

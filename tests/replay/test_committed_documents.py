@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelfleet.documents import kinds, read_text
+from kernelfleet.documents import read_text
+from kernelfleet.schemas import DOCUMENTS
 from kernelfleet.profile.calibration import Calibration
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -19,7 +20,7 @@ KEY = re.compile(rb'^\s*\{\s*"(kernelfleet_\w+)"')  # a document names its kind 
 def committed() -> dict[str, list[Path]]:
     """Committed documents by schema stem: those that name a registered kind in their first key,
     and the calibration sweeps from before calibration files had one."""
-    found: dict[str, list[Path]] = {stem: [] for stem in kinds()}
+    found: dict[str, list[Path]] = {stem: [] for stem in DOCUMENTS}
     for path in sorted(DATA.rglob("*.json*")):
         head = (gzip.open(path) if path.suffix == ".gz" else path.open("rb")).read(200)
         match = KEY.match(head)
@@ -44,7 +45,7 @@ def test_every_kind_has_committed_documents():
 def test_a_committed_document_loads_and_round_trips(path):
     """Each loads, and writes the current version, which reads back equal."""
     stem = next(s for s, paths in FOUND.items() if path in paths)
-    loaded = kinds()[stem].load(path)
+    loaded = DOCUMENTS[stem].load(path)
     text = loaded.to_json()
     assert json.loads(text)[f"kernelfleet_{stem}"] == 1
     assert type(loaded).from_json(text) == loaded
