@@ -99,10 +99,14 @@ def model(what: str, **options: Any) -> Callable[[type[T]], type[T]]:
 
         @functools.wraps(init)
         def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
-            try:  # by name, so that an error names the field
-                init(self, **dict(zip(positional, args)), **kwargs)
-            except ValidationError as exc:
-                raise UsageError(one_line(exc, what, file=False)) from None
+            try:
+                init(self, *args, **kwargs)
+            except ValidationError:
+                try:  # again by name, so that the error names the field, not the argument's position
+                    init(self, **dict(zip(positional, args)), **kwargs)
+                except ValidationError as exc:
+                    raise UsageError(one_line(exc, what, file=False)) from None
+                raise
 
         cls.__init__ = checked_init  # type: ignore[method-assign]
         cls.__what__ = what  # type: ignore[attr-defined]
