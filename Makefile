@@ -4,8 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 KF     := $(VENV)/bin/kernelfleet
 
-.PHONY: run test system-deps docs record record-see record-detector record-ofu record-capture record-counters \
-	record-x2 record-disagg record-demo clean
+.PHONY: run test system-deps docs schemas record record-see record-detector record-ofu record-capture \
+	record-counters record-x2 record-disagg record-demo clean
 
 $(VENV)/.see: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,7 @@ test: $(VENV)/.all system-deps
 	$(PY) -m pytest -q
 
 # Regenerate the plots and tables in docs/ from the committed recordings (CPU only).
-docs: $(VENV)/.all
+docs: $(VENV)/.all schemas
 	$(PY) -m bench.plot_telemetry
 	$(PY) -m bench.plot_ofu_validation
 	$(PY) -m bench.plot_disagg
@@ -99,6 +99,11 @@ record-disagg:
 # kernelfleet/data/demo-h200.jsonl.gz, from the recordings in tests/data (CPU)
 record-demo: $(VENV)/.see
 	$(PY) -m bench.make_demo_trace
+
+# The JSON Schema of every document kernelfleet reads and writes, from its typed model, into
+# docs/schemas/ (tests/unit/test_documents.py fails when a committed one is stale).
+schemas: $(VENV)/.see
+	$(PY) -c "from kernelfleet.schemas import write_schemas; print(*write_schemas(), sep='\n')"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -36,6 +36,7 @@ from kernelfleet.kernels.checks import probe_disagreements, unsound_writes, with
 from kernelfleet.kernels.cuda.driver import CUDA as driver
 from kernelfleet.kernels.cuda.capture import capture
 from kernelfleet.kernels.cuda.replay import observe, preludes, stepwise_matches_graph
+from kernelfleet.profile.calibration import Calibration
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.profile.run import calibrate_profiles, choose, pair_specs, sweep_specs
 from kernelfleet.profile.timing import calibrate, time_launches
@@ -124,7 +125,7 @@ def run_step(name: str, out: Path, profile: bool, flush_l2_mb: int = 0) -> None:
 
 def chosen_pair(out: Path) -> dict:
     """The swept pair closest to L40S (compute-rich) + A100 (bandwidth-rich)."""
-    choice = choose(json.loads((out / "calibration_sweep.json").read_text()))
+    choice = choose(Calibration.load(out / "calibration_sweep.json").rows)
     c, b = choice.compute, choice.bandwidth
     print(f"pair: compute {c['sms']}+{c['hog_sms']}, bandwidth {b['sms']}: "
           f"GEMM {choice.gemm_ratio:.2f} (L40S/A100 {choice.target_gemm_ratio:.2f}), "
@@ -140,7 +141,7 @@ def calibration_sweep(out: Path) -> None:
               f"GEMV {row['gemv_bytes_per_second'] / 1e9:6.0f} GB/s  "
               f"copy {row['copy_bytes_per_second'] / 1e9:6.0f} GB/s", flush=True)
 
-    (out / "calibration_sweep.json").write_text(json.dumps(calibrate_profiles(sweep_specs(), show), indent=1))
+    Calibration(calibrate_profiles(sweep_specs(), show)).save(out / "calibration_sweep.json")
 
 
 def main() -> None:

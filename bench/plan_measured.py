@@ -93,7 +93,7 @@ def main() -> None:
         milp = next(x for x in plans if x.policy == "throughput-milp")
         draw(done.problem, milp, args.out / f"{step}-gantt.png")
         single = {name: sum(v) for name, v in seconds.items()}
-        phases[step] = (single, milp.details["throughput_seconds"])
+        phases[step] = (single, milp.details.throughput_seconds)
     if {"llama8b-prefill", "llama8b-decode"} <= phases.keys():
         serving_table(phases, args, console)
 

@@ -58,13 +58,13 @@ def main() -> None:
         began = time.perf_counter()
         plan, plans, _ = throughput(p, time_limit_seconds=args.time_limit)
         solve = time.perf_counter() - began
-        replicas = next(x for x in plans if x.policy == "replicas").details["throughput_seconds"]
+        replicas = next(x for x in plans if x.policy == "replicas").details.throughput_seconds
         bound = zero_comm_bound(p)["lp"]
-        milp = plan.details["throughput_seconds"]
+        milp = plan.details.throughput_seconds
         pairs = group_replicas(p, [[f"compute{i}", f"bandwidth{i}"] for i in range(n // 2)],
-                               time_limit_seconds=args.time_limit).details["throughput_seconds"]
+                               time_limit_seconds=args.time_limit).details.throughput_seconds
         print(f"{n:>7} {solve:>8.1f} {milp * 1e3:>8.2f} {pairs * 1e3:>9.2f} {bound * 1e3:>8.2f} {replicas * 1e3:>9.2f} "
-              f"{replicas / milp:>12.2f}x {replicas / pairs:>13.2f}x {plan.details.get('started_from')}", flush=True)
+              f"{replicas / milp:>12.2f}x {replicas / pairs:>13.2f}x {plan.details.started_from}", flush=True)
 
 
 if __name__ == "__main__":

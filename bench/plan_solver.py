@@ -51,8 +51,8 @@ def main() -> None:
             problem = layered(layers, devices)
             n = len(problem.program.launches)
             plans, _ = baselines(problem)
-            base = min(p.details["throughput_seconds"] for p in plans if p.policy != "replicas")
-            reps = next(p.details["throughput_seconds"] for p in plans if p.policy == "replicas")
+            base = min(p.details.throughput_seconds for p in plans if p.policy != "replicas")
+            reps = next(p.details.throughput_seconds for p in plans if p.policy == "replicas")
             runs = [("full", lambda: solve_throughput(problem, time_limit_seconds=args.time_limit)),
                     ("compress", lambda: solve_throughput(problem, time_limit_seconds=args.time_limit, compress=True)),
                     (f"groups={devices}", lambda: solve_throughput(problem, time_limit_seconds=args.time_limit,
@@ -66,10 +66,10 @@ def main() -> None:
                     solved.append((variant, solve()))
                 except UsageError as exc:  # no feasible placement found within the limit
                     solved.append((variant, str(exc)))
-            bounds = [plan.details["zero_comm_lp_seconds"] for _, plan in solved if not isinstance(plan, str)]
+            bounds = [plan.details.zero_comm_lp_seconds for _, plan in solved if not isinstance(plan, str)]
             full = solved[0][1]
             if not isinstance(full, str):
-                bounds.append(full.details["mip_dual_bound_seconds"])
+                bounds.append(full.details.mip_dual_bound_seconds)
             bound = max(bounds)
             gurobi = GUROBI_SECONDS.get((round(n, -2), devices))
             for variant, plan in solved:
@@ -78,10 +78,10 @@ def main() -> None:
                     continue
                 d = plan.details
                 gap = (plan.objective_seconds - bound) / plan.objective_seconds
-                lp = d["lp_relaxation_seconds"]
-                print(f"{n:>7} {devices:>3} | {variant:<10} {d['solve_seconds']:>8.2f} "
-                      f"{plan.objective_seconds * 1e3:>12.4f} {gap:>7.2%} {d['status'][:18]:<18} | "
-                      f"{(lp or float('nan')) * 1e3:>8.4f} {d['zero_comm_lp_seconds'] * 1e3:>9.4f} "
+                lp = d.lp_relaxation_seconds
+                print(f"{n:>7} {devices:>3} | {variant:<10} {d.solve_seconds:>8.2f} "
+                      f"{plan.objective_seconds * 1e3:>12.4f} {gap:>7.2%} {d.status[:18]:<18} | "
+                      f"{(lp or float('nan')) * 1e3:>8.4f} {d.zero_comm_lp_seconds * 1e3:>9.4f} "
                       f"{base * 1e3:>9.4f} {reps * 1e3:>8.4f} | {gurobi if gurobi and variant == 'full' else ''}")
             sys.stdout.flush()
     print(f"total {time.perf_counter() - began:.0f} s; bounds and objectives in ms per request")

@@ -123,7 +123,7 @@ def calibrate_command(
     except UsageError as exc:
         err.print(f"no pair: {exc}")
     if out is not None:
-        out.write_text(json.dumps(rows, indent=1))
+        run.Calibration(rows).save(out)
         err.print(f"wrote {out}")
 
 

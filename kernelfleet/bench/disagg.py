@@ -84,7 +84,7 @@ def strategies(plans: dict[str, Plan], devices: list[str], slots: int, single_ra
     for policy, plan in plans.items():
         if policy.startswith("single"):
             continue
-        home, model = plan.details.get("home", devices[0]), plan.objective_seconds
+        home, model = plan.details.home or devices[0], plan.objective_seconds
         out.append(Strategy(policy, [plan.assignment] * slots, [home] * slots, model_seconds=model))
         if policy in ("throughput-milp", "pipeline"):
             out.append(Strategy(f"{policy}, slots free", [plan.assignment] * slots, [home] * slots, free, model))
@@ -94,7 +94,7 @@ def strategies(plans: dict[str, Plan], devices: list[str], slots: int, single_ra
                                     {"slot_mode": "scheduled", "seconds": seconds}, model))
     best = plans.get("throughput-milp")
     if best is not None:
-        home = best.details.get("home", devices[0])
+        home = best.details.home or devices[0]
         every = [best.assignment] * slots
         out.append(Strategy("ablation: 1 slot, conservative", [best.assignment], [home], {"overlap": False}))
         out.append(Strategy("ablation: slots chained, conservative", every, [home] * slots, {"overlap": False}))

@@ -125,7 +125,7 @@ def disagg_nccl(make_step: Callable[[str, int], Step], profiles: dict[str, Profi
 
 def _placed(rank: Rank, plan: Plan, slots: int, repeats: int, results: dict, console: Console) -> None:
     """The plan with every weight on every GPU, then with its weights placed (module docstring)."""
-    home = plan.details.get("home", rank.devices[0])
+    home = plan.details.home or rank.devices[0]
     strategy = Strategy(plan.policy, [plan.assignment] * slots, [home] * slots, model_seconds=plan.objective_seconds)
     for label, place in ((f"{plan.policy}, every weight everywhere", False), (f"{plan.policy}, weights placed", True)):
         memory = {"freed_bytes": rank.place_weights(strategy.assignments) if place else 0}

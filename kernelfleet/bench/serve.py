@@ -169,9 +169,9 @@ def bench_serve(make_step: Callable[[str, int], Any], profiles: dict, plans: Pat
             latency, throughput = loaded[PLANS[LATENCY]], loaded[PLANS[THROUGHPUT]]
             todo = {
                 LATENCY: Strategy("latency-greedy, 1 slot", [latency.assignment],
-                                  [latency.details.get("home", gate.devices[0])]),
+                                  [latency.details.home or gate.devices[0]]),
                 THROUGHPUT: Strategy(f"throughput-milp, slots {throughput_slot_mode}", [throughput.assignment] * slots,
-                                     [throughput.details.get("home", gate.devices[0])] * slots,
+                                     [throughput.details.home or gate.devices[0]] * slots,
                                      {"slot_mode": throughput_slot_mode}),
                 REPLICAS: next(s for s in strategies(loaded, gate.devices, slots, rates_single, n)
                                if s.name == "replicas, slots free"),

@@ -1,93 +1,145 @@
 """The TOML schema of ``gpus.toml`` and of user override files, and its merge rule.
 
-One schema serves both files. An override entry whose ``key`` already exists replaces only the
-fields it gives (a list or table field is replaced whole); an entry with a new key adds a SKU and
-must give every required field. Checks here are about shape (names, types); a SKU's own
-invariants are checked when the ``Sku`` is built.
+One schema serves both files: :class:`CatalogFile`, typed (pydantic, strict: a string is no
+number, ``true`` is no integer), whose JSON Schema is ``docs/schemas/catalog.schema.json``. An
+override entry whose ``key`` already exists replaces only the fields it gives (a list or table
+field is replaced whole); an entry with a new key adds a SKU and must give every field of
+:data:`REQUIRED_FIELDS`. Checks here are about shape (names, types); a SKU's own invariants are
+checked when the ``Sku`` is built.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, TypeAdapter, ValidationError
+from typing_extensions import Required, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from kernelfleet.catalog.model import PRECISIONS, TENSOR_PIPES, Price, Sku
 
 SCHEMA_VERSION = 1
-
-
-class SchemaError(ValueError):
-    """A catalog document does not fit the schema. The message omits the file; callers add it."""
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_str(value: Any) -> bool:
-    return isinstance(value, str)
-
-
-def _is_str_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(item, str) for item in value)
-
-
-def _is_int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(_is_int(item) for item in value)
-
-
-def _is_number_table(value: Any) -> bool:
-    return isinstance(value, dict) and all(_is_number(v) for v in value.values())
-
-
-def _is_table_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
-
-
-# TOML field -> (type check, what the message calls that type, required for a new SKU).
-_FIELDS: dict[str, tuple[Callable[[Any], bool], str, bool]] = {
-    "key": (_is_str, "a string", True),
-    "name": (_is_str, "a string", True),
-    "nvml_names": (_is_str_list, "a list of strings", True),
-    "pci_device_ids": (_is_int_list, "a list of integers", False),
-    "architecture": (_is_str, "a string", True),
-    "compute_capability": (_is_str, "a string like '9.0'", True),
-    "sm_count": (_is_int, "an integer", True),
-    "max_sm_clock_hertz": (_is_number, "a number", True),
-    "reference_clock_hertz": (_is_number, "a number", True),
-    "reference_clock_note": (_is_str, "a string", True),
-    "dense_peak_flops": (_is_number_table, "a table of precision = number", True),
-    "memory_bytes": (_is_int, "an integer", True),
-    "memory_bandwidth_bytes_per_second": (_is_number, "a number", True),
-    "interconnect": (_is_str, "a string", True),
-    # Both directions summed; the name says so because vendors quote either.
-    "interconnect_bidirectional_bytes_per_second": (_is_number, "a number", False),
-    "tdp_watts": (_is_number, "a number", False),
-    "source": (_is_str, "a string", True),
-    "price": (_is_table_list, "an array of tables ([[gpu.price]])", False),
-    "peak_clock_hertz": (_is_number_table, "a table of precision = number", False),
-    "tensor_clock_ratio": (_is_number_table, "a table of pipe = number", False),
-    "tensor_clock_evidence": (_is_str, "a string", False),
-}
+_STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+_KEY = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # Fields an older catalog had, and what took their place, so an old override file says what to change.
 _RETIRED = {
     "measured_ofu_clock_hertz": "OFU's clock is now per tensor pipe: give tensor_clock_ratio (and "
                                 "tensor_clock_evidence) instead, docs/telemetry.md",
     "measured_ofu_clock_evidence": "replaced by tensor_clock_evidence, docs/telemetry.md",
 }
-REQUIRED_FIELDS: tuple[str, ...] = tuple(name for name, (_, _, required) in _FIELDS.items() if required)
-_PRICE_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "usd_per_hour": (_is_number, "a number"),
-    "provider": (_is_str, "a string"),
-    "source": (_is_str, "a string"),
-    "date": (_is_str, "an ISO 8601 date string"),
-}
-_KEY = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+# What a message calls a value: by the field, where its type is more than one word, else by the error.
+_TABLES = {"nvml_names": "a list of strings", "pci_device_ids": "a list of integers",
+           "dense_peak_flops": "a table of precision = number", "peak_clock_hertz": "a table of precision = number",
+           "tensor_clock_ratio": "a table of pipe = number", "price": "an array of tables ([[gpu.price]])",
+           "gpu": "an array of tables ([[gpu]])"}
+_WORDS = {"int_type": "an integer", "float_type": "a number", "finite_number": "a finite number",
+          "string_type": "a string", "list_type": "a list", "dict_type": "a table"}
+
+
+class SchemaError(ValueError):
+    """A catalog document does not fit the schema. The message omits the file; callers add it."""
+
+
+class PriceEntry(TypedDict):
+    """One ``[[gpu.price]]``: an hourly price, who charges it, where it was read and when."""
+
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    usd_per_hour: float
+    provider: str
+    source: str
+    date: str  # ISO 8601, checked when the Sku is built
+
+
+def _key(key: str) -> str:
+    if not _KEY.match(key):
+        raise ValueError(f"key {key!r} must be lower-case letters, digits and '-'")
+    return key
+
+
+class GpuEntry(TypedDict, total=False):
+    """One ``[[gpu]]``: every field but ``key`` may be left out of an override of a known SKU."""
+
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    key: Required[Annotated[str, AfterValidator(_key)]]
+    name: str
+    nvml_names: list[str]
+    pci_device_ids: list[int]
+    architecture: str
+    compute_capability: str  # like "9.0"
+    sm_count: int
+    max_sm_clock_hertz: float
+    reference_clock_hertz: float
+    reference_clock_note: str
+    dense_peak_flops: dict[str, float]  # precision -> FLOP/s
+    memory_bytes: int
+    memory_bandwidth_bytes_per_second: float
+    interconnect: str
+    # Both directions summed; the name says so because vendors quote either.
+    interconnect_bidirectional_bytes_per_second: float
+    tdp_watts: float
+    source: str
+    price: list[PriceEntry]
+    peak_clock_hertz: dict[str, float]  # precision -> the clock its peak is quoted at, where not the reference
+    tensor_clock_ratio: dict[str, float]  # tensor pipe -> measured SM cycles per pipe cycle
+    tensor_clock_evidence: str
+
+
+REQUIRED_FIELDS: tuple[str, ...] = (
+    "key", "name", "nvml_names", "architecture", "compute_capability", "sm_count", "max_sm_clock_hertz",
+    "reference_clock_hertz", "reference_clock_note", "dense_peak_flops", "memory_bytes",
+    "memory_bandwidth_bytes_per_second", "interconnect", "source")
+"""What an entry that adds a SKU must give."""
+
+
+def _not_retired(entry: Any) -> Any:
+    for name in _RETIRED:
+        if isinstance(entry, Mapping) and name in entry:
+            raise ValueError(f"field {name!r} is retired: {_RETIRED[name]}")
+    return entry
+
+
+def _known_names(entry: GpuEntry) -> GpuEntry:
+    for table in ("dense_peak_flops", "peak_clock_hertz"):
+        for precision in entry.get(table, {}):
+            if precision not in PRECISIONS:
+                raise ValueError(f"{table} has unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    for pipe in entry.get("tensor_clock_ratio", {}):
+        if pipe not in TENSOR_PIPES:
+            raise ValueError(f"tensor_clock_ratio has unknown pipe {pipe!r}; expected one of {', '.join(TENSOR_PIPES)}")
+    return entry
+
+
+def _unique_keys(entries: list[GpuEntry]) -> list[GpuEntry]:
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        if entry["key"] in seen:
+            raise ValueError(f"gpu[{index}] ({entry['key']!r}): key {entry['key']!r} appears twice in the file")
+        seen.add(entry["key"])
+    return entries
+
+
+def _supported(version: int) -> int:
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"schema_version {version!r} is not supported; expected {SCHEMA_VERSION}")
+    return version
+
+
+class CatalogFile(TypedDict, total=False):
+    """A GPU catalog file (TOML): an optional ``schema_version`` and its ``[[gpu]]`` entries."""
+
+    __pydantic_config__ = _STRICT  # type: ignore[misc]
+    schema_version: Annotated[int, AfterValidator(_supported)]
+    gpu: Annotated[list[Annotated[GpuEntry, BeforeValidator(_not_retired), AfterValidator(_known_names)]],
+                   AfterValidator(_unique_keys)]
+
+
+_FILE = TypeAdapter(CatalogFile)
+
+
+def catalog_schema() -> dict[str, Any]:
+    """The JSON Schema of a catalog file (TOML, read as the equivalent JSON)."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **_FILE.json_schema()}
 
 
 def gpu_entries(document: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -96,63 +148,37 @@ def gpu_entries(document: Mapping[str, Any]) -> list[dict[str, Any]]:
     Entries are not checked for completeness here: whether a field is required depends on
     whether the entry adds a SKU or updates one (see ``merge``).
     """
-    unknown = sorted(set(document) - {"schema_version", "gpu"})
-    if unknown:
-        raise SchemaError(
-            f"unknown top-level key {unknown[0]!r}; expected 'schema_version' and [[gpu]] entries"
-        )
-    if "schema_version" in document and document["schema_version"] != SCHEMA_VERSION:
-        raise SchemaError(
-            f"schema_version {document['schema_version']!r} is not supported; expected {SCHEMA_VERSION}"
-        )
-    entries: list[dict[str, Any]] = document.get("gpu", [])
-    if not _is_table_list(entries):
-        raise SchemaError("'gpu' must be an array of tables ([[gpu]])")
-    seen: set[str] = set()
-    for index, entry in enumerate(entries):
-        where = f"gpu[{index}]"
-        if "key" not in entry:
-            raise SchemaError(f"{where}: missing required field 'key'")
-        _check_fields(entry, where)
-        if not _KEY.match(entry["key"]):
-            raise SchemaError(f"{where}: key {entry['key']!r} must be lower-case letters, digits and '-'")
-        if entry["key"] in seen:
-            raise SchemaError(f"{where}: key {entry['key']!r} appears twice in the file")
-        seen.add(entry["key"])
-    return entries
+    try:
+        return list(_FILE.validate_python(document).get("gpu", []))  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise SchemaError(_message(exc, document)) from None
 
 
-def _check_fields(entry: Mapping[str, Any], where: str) -> None:
-    where = f"{where} ({entry['key']!r})" if isinstance(entry.get("key"), str) else where
-    for name, value in entry.items():
-        if name in _RETIRED:
-            raise SchemaError(f"{where}: field {name!r} is retired: {_RETIRED[name]}")
-        if name not in _FIELDS:
-            raise SchemaError(f"{where}: unknown field {name!r}")
-        check, expected, _ = _FIELDS[name]
-        if not check(value):
-            raise SchemaError(f"{where}: field {name!r} must be {expected}, got {type(value).__name__}")
-    for table in ("dense_peak_flops", "peak_clock_hertz"):
-        for precision in entry.get(table, {}):
-            if precision not in PRECISIONS:
-                raise SchemaError(
-                    f"{where}: {table} has unknown precision {precision!r}; "
-                    f"expected one of {', '.join(PRECISIONS)}"
-                )
-    for pipe in entry.get("tensor_clock_ratio", {}):
-        if pipe not in TENSOR_PIPES:
-            raise SchemaError(f"{where}: tensor_clock_ratio has unknown pipe {pipe!r}; expected one of "
-                              f"{', '.join(TENSOR_PIPES)}")
-    for number, price in enumerate(entry.get("price", [])):
-        for name, value in price.items():
-            if name not in _PRICE_FIELDS:
-                raise SchemaError(f"{where}: price[{number}]: unknown field {name!r}")
-            check, expected = _PRICE_FIELDS[name]
-            if not check(value):
-                raise SchemaError(f"{where}: price[{number}]: field {name!r} must be {expected}")
-        missing = [name for name in _PRICE_FIELDS if name not in price]
-        if missing:
-            raise SchemaError(f"{where}: price[{number}]: missing required field {missing[0]!r}")
+def _message(exc: ValidationError, document: Mapping[str, Any]) -> str:
+    """The first error as the catalog says it: ``gpu[0] ('t4'): field 'sm_count' must be an integer,
+    got str``; inside a list or table, the item's path and what it should be follow in brackets."""
+    error = exc.errors(include_url=False)[0]
+    loc, kind = list(error["loc"]), error["type"]
+    where = ""
+    if len(loc) >= 2 and loc[0] == "gpu" and isinstance(loc[1], int):
+        entry = document["gpu"][loc[1]]
+        key = entry.get("key") if isinstance(entry, Mapping) else None
+        where = f"gpu[{loc[1]}]" + (f" ({key!r})" if isinstance(key, str) else "") + ": "
+        loc = loc[2:]
+        if len(loc) >= 3 and loc[0] == "price" and isinstance(loc[1], int):
+            where, loc = f"{where}price[{loc[1]}]: ", loc[2:]
+    if kind == "value_error":
+        return where + str(error["ctx"]["error"])
+    name = str(loc[0]) if loc else "gpu"
+    if kind == "missing":
+        return f"{where}missing required field {name!r}"
+    if kind == "extra_forbidden":
+        if not where:
+            return f"unknown top-level key {name!r}; expected 'schema_version' and [[gpu]] entries"
+        return f"{where}unknown field {name!r}"
+    words = _WORDS.get(kind, error["msg"])
+    inside = f" ({'.'.join(str(part) for part in loc[1:])}: {words})" if len(loc) > 1 else ""
+    return f"{where}field {name!r} must be {_TABLES.get(name, words)}, got {type(error['input']).__name__}{inside}"
 
 
 def merge(base: list[dict[str, Any]], overrides: list[dict[str, Any]]) -> list[dict[str, Any]]:

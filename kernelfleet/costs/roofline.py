@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from pydantic import field_validator
+
 from kernelfleet.catalog.model import PRECISIONS, Sku
-from kernelfleet.errors import UsageError
+from kernelfleet.documents import Rate, model, validate
 
 PRIOR_WEIGHT = 0.1  # lambda of a "sides" prior: weak, it breaks ties and fills what the data leaves open
 # lambda of a "ratio" (intensity) prior: weaker still, since a class mixes GEMMs and attention whose
@@ -30,26 +31,23 @@ INF = math.inf
 Prior = tuple
 
 
-@dataclass(frozen=True)
+@model("capability", frozen=True)
 class Capability:
     """What a device profile can do: dense peak FLOP/s per catalog precision name ("fp32" is
     the CUDA-core rate, used for launches without a precision) and memory bytes/s. From the
     catalog for a SKU (:meth:`from_sku`); from a calibration for an emulated profile."""
 
-    flops_per_second: Mapping[str, float]
-    memory_bytes_per_second: float
+    flops_per_second: dict[str, Rate]
+    memory_bytes_per_second: Rate
     source: str = "given"
 
-    def __post_init__(self) -> None:
-        for p, v in self.flops_per_second.items():
-            if p not in PRECISIONS or isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
-                raise UsageError(
-                    f"capability: flops_per_second takes precisions {PRECISIONS} with positive "
-                    f"FLOP/s, got {p!r}: {v!r}"
-                )
-        bw = self.memory_bytes_per_second
-        if isinstance(bw, bool) or not isinstance(bw, int | float) or not bw > 0:
-            raise UsageError(f"capability: memory_bytes_per_second must be positive, got {bw!r}")
+    @field_validator("flops_per_second")
+    @classmethod
+    def _precisions(cls, flops: dict[str, float]) -> dict[str, float]:
+        unknown = [p for p in flops if p not in PRECISIONS]
+        if unknown:
+            raise ValueError(f"flops_per_second takes precisions {PRECISIONS}, got {unknown[0]!r}")
+        return flops
 
     @classmethod
     def from_sku(cls, sku: Sku) -> Capability:
@@ -58,18 +56,9 @@ class Capability:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], where: str = "<capability>") -> Capability:
-        """``{"flops_per_second": {"bf16": 3.2e14, "fp32": 6e13}, "memory_bytes_per_second": 1.9e12}``."""
-        try:
-            return cls(
-                {str(k): float(v) for k, v in doc["flops_per_second"].items()},
-                float(doc["memory_bytes_per_second"]),
-                str(doc.get("source", where)),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise UsageError(
-                f"{where}: a capability needs flops_per_second {{precision: FLOP/s}} and "
-                f"memory_bytes_per_second ({type(exc).__name__}: {exc})"
-            ) from exc
+        """``{"flops_per_second": {"bf16": 3.2e14, "fp32": 6e13}, "memory_bytes_per_second": 1.9e12}``
+        (its ``source``, unless it says one: ``where``)."""
+        return validate(cls, {"source": where, **doc} if isinstance(doc, Mapping) else doc, where)
 
     def peak(self, precision: str | None) -> float | None:
         return self.flops_per_second.get(precision or "fp32")

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from typing import Any
+from pydantic import ValidationInfo, field_validator, model_validator
 
 from kernelfleet.catalog.model import PRECISIONS
-from kernelfleet.documents import parse, reading
-from kernelfleet.errors import UsageError
+from kernelfleet.documents import Document, document, one_of
 
 COSTS_FORMAT = 1
 
 
-@dataclass
-class CostTable:
+@document("kernelfleet_costs", COSTS_FORMAT, "cost table")
+class CostTable(Document):
     """Seconds of each launch on each device: ``seconds[launch index][device name]``.
 
     ``None`` means the launch cannot run there (unsupported), never 0 (STYLE rule 5).
@@ -22,30 +19,33 @@ class CostTable:
     ``flops`` (useful FLOPs of the launch), ``bytes`` (bytes it moves to and from device
     memory) and ``precision`` (a catalog precision name such as "bf16", "fp32"; None for
     work without a tensor precision). Each entry may be None (unknown); a list that is
-    absent is None. Older documents without these keys read as None.
+    absent is None, as in older documents without these keys. Every list has one entry
+    per launch.
     """
 
     seconds: list[dict[str, float | None]]
     source: str = "unknown"  # "measured on ...", "roofline model fitted on ...", "synthetic seed 3"
     flops: list[int | None] | None = None
     bytes: list[int | None] | None = None
-    precision: list[str | None] | None = None
+    precision: list[one_of("precision", PRECISIONS) | None] | None = None  # type: ignore[valid-type]
+    DUMP = {"exclude_none": True}
 
-    def __post_init__(self) -> None:
+    @field_validator("flops", "bytes")
+    @classmethod
+    def _counts(cls, values: list[int | None] | None, info: ValidationInfo) -> list[int | None] | None:
+        for k, value in enumerate(values or ()):
+            if value is not None and value < 0:
+                raise ValueError(f"launch {k}: {info.field_name} must be a number >= 0 or null, got {value!r}")
+        return values
+
+    @model_validator(mode="after")
+    def _lengths(self) -> CostTable:
         n = len(self.seconds)
         for name in ("flops", "bytes", "precision"):
             values = getattr(self, name)
-            if values is None:
-                continue
-            _need(len(values) == n, f"cost table: {name} has {len(values)} entries, seconds has {n} rows")
-            for k, value in enumerate(values):
-                if name == "precision":
-                    _need(value is None or value in PRECISIONS, f"cost table: launch {k} precision must be "
-                          f"one of {PRECISIONS} or null, got {value!r}")
-                else:
-                    _need(value is None or (isinstance(value, int | float) and not isinstance(value, bool)
-                                            and value >= 0),
-                          f"cost table: launch {k} {name} must be a number >= 0 or null, got {value!r}")
+            if values is not None and len(values) != n:
+                raise ValueError(f"{name} has {len(values)} entries, seconds has {n} rows")
+        return self
 
     def faster_than(self, ceiling: dict[str, float]) -> list[tuple[int, str, float]]:
         """(launch, device, FLOP/s) wherever a time implies more FLOP/s than ``ceiling[precision]``
@@ -60,26 +60,3 @@ class CostTable:
             out += [(k, device, flops / t) for device, t in row.items() if t and flops / t > ceiling[precision]]
         return out
 
-    def to_json(self) -> str:
-        doc: dict[str, Any] = {"kernelfleet_costs": COSTS_FORMAT, "source": self.source,
-                               "seconds": self.seconds}
-        for name in ("flops", "bytes", "precision"):
-            if getattr(self, name) is not None:
-                doc[name] = getattr(self, name)
-        return json.dumps(doc)
-
-    @classmethod
-    def from_json(cls, text: str, where: str = "<costs>") -> CostTable:
-        with reading(where, "cost table"):
-            doc = parse(text, "kernelfleet_costs", COSTS_FORMAT)
-            rows = [{str(k): (None if v is None else float(v)) for k, v in row.items()} for row in doc["seconds"]]
-            counts = {name: None if doc.get(name) is None else
-                      [None if v is None else int(v) for v in doc[name]] for name in ("flops", "bytes")}
-            precision = doc.get("precision")
-            precision = None if precision is None else [None if v is None else str(v) for v in precision]
-            return cls(rows, str(doc.get("source", "unknown")), counts["flops"], counts["bytes"], precision)
-
-
-def _need(condition: bool, message: str) -> None:
-    if not condition:
-        raise UsageError(message)

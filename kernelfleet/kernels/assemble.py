@@ -34,7 +34,7 @@ import bisect
 from dataclasses import dataclass
 
 from kernelfleet.errors import UsageError
-from kernelfleet.kernels.ir import Access, Buffer, Launch, Program
+from kernelfleet.kernels.ir import Access, Buffer, Launch, Param, Pointer, Program
 from kernelfleet.kernels.raw import RawCapture, RawNode, RawOp
 from kernelfleet.ptx.access import KernelAccess, analyze_entry
 from kernelfleet.ptx.kinds import kind_of
@@ -208,12 +208,10 @@ def _kernel_accesses(node: RawNode, hits: list[Hit], op: RawOp | None, later: bo
     return accesses, None
 
 
-def _decoded(node: RawNode, hits: list[Hit]) -> tuple[dict, ...]:
-    out = []
-    for index, (offset, size, _) in enumerate(node.params):
-        pointers = [{"at": h.at, "buffer": h.buffer, "offset_bytes": h.offset_bytes} for h in hits if h.param == index]
-        out.append({"index": index, "offset": offset, "size": size, "pointers": pointers})
-    return tuple(out)
+def _decoded(node: RawNode, hits: list[Hit]) -> tuple[Param, ...]:
+    return tuple(Param(index, offset, size, tuple(Pointer(h.at, h.buffer, h.offset_bytes) for h in hits
+                                                  if h.param == index))
+                 for index, (offset, size, _) in enumerate(node.params))
 
 
 class _PtxIndex:

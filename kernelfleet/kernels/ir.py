@@ -9,13 +9,11 @@ the reason instead of being assumed safe.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Annotated
 
-from kernelfleet.documents import parse, read_text, reading
-from kernelfleet.errors import UsageError
+from pydantic import Field, model_validator
+
+from kernelfleet.documents import Document, document, model, one_of
 
 ROLES = ("weight", "input", "output", "activation", "workspace", "unknown")
 MODES = ("read", "write", "readwrite")
@@ -23,24 +21,24 @@ SOURCES = ("ptx-static", "ptx-dynamic", "schema", "memory-diff", "conservative",
 KINDS = ("kernel", "memcpy", "memset")
 FORMAT_VERSION = 1
 
+Count = Annotated[int, Field(ge=0)]
+Positive = Annotated[int, Field(gt=0)]
+Dim3 = tuple[Positive, Positive, Positive]
 
-@dataclass(frozen=True, slots=True)
+
+@model("buffer", frozen=True, slots=True)
 class Buffer:
     """A device allocation (or a named part of one) the program touches."""
 
     id: int
-    device: int
-    address: int
-    size_bytes: int
-    role: str = "unknown"
+    device: Count
+    address: Count
+    size_bytes: Positive
+    role: one_of("role", ROLES) = "unknown"  # type: ignore[valid-type]
     name: str | None = None
 
-    def __post_init__(self) -> None:
-        _check(self.role in ROLES, f"buffer {self.id}: role must be one of {ROLES}, got {self.role!r}")
-        _check(self.size_bytes > 0, f"buffer {self.id}: size_bytes must be positive, got {self.size_bytes}")
 
-
-@dataclass(frozen=True, slots=True)
+@model("access", frozen=True, slots=True)
 class Access:
     """``length_bytes`` bytes from ``offset_bytes`` into a buffer, read and/or written.
 
@@ -48,17 +46,11 @@ class Access:
     several kernels reading back its fresh outputs), never the tensor that held those bytes before."""
 
     buffer: int
-    offset_bytes: int
-    length_bytes: int
-    mode: str
-    source: str
+    offset_bytes: Count
+    length_bytes: Positive
+    mode: one_of("mode", MODES)  # type: ignore[valid-type]
+    source: one_of("source", SOURCES)  # type: ignore[valid-type]
     own_reads: bool = False
-
-    def __post_init__(self) -> None:
-        _check(self.mode in MODES, f"access to buffer {self.buffer}: mode must be one of {MODES}, got {self.mode!r}")
-        _check(self.source in SOURCES, f"access to buffer {self.buffer}: source must be one of {SOURCES}, got {self.source!r}")
-        _check(self.offset_bytes >= 0 and self.length_bytes > 0,
-               f"access to buffer {self.buffer}: need offset >= 0 and length > 0")
 
     @property
     def end(self) -> int:
@@ -73,70 +65,75 @@ class Access:
         return self.mode in ("write", "readwrite")
 
 
-@dataclass(frozen=True, slots=True)
+@model("pointer", frozen=True, slots=True)
+class Pointer:
+    """A device pointer found in a kernel parameter: ``at`` bytes into the parameter, pointing
+    ``offset_bytes`` into ``buffer``."""
+
+    at: Count
+    buffer: int
+    offset_bytes: int
+
+
+@model("parameter", frozen=True, slots=True)
+class Param:
+    """A kernel parameter as captured: its position, byte offset and size in the parameter block,
+    and the pointers to program buffers its bytes hold."""
+
+    index: Count
+    offset: Count
+    size: Count
+    pointers: tuple[Pointer, ...] = ()
+
+
+@model("launch", frozen=True, slots=True)
 class Launch:
     """One node of the captured step, in capture order."""
 
     index: int
-    kind: str
+    kind: one_of("kind", KINDS)  # type: ignore[valid-type]
     name: str
     accesses: tuple[Access, ...] = ()
-    grid: tuple[int, int, int] | None = None
-    block: tuple[int, int, int] | None = None
-    shared_bytes: int = 0
+    grid: Dim3 | None = None
+    block: Dim3 | None = None
+    shared_bytes: Count = 0
     params_hex: str | None = None  # the raw parameter bytes, as captured
-    params: tuple[dict[str, Any], ...] = ()  # decoded (name/offset/size/value/pointer-to-buffer)
+    params: tuple[Param, ...] = ()  # decoded, with the pointers to buffers found in them
     op: str | None = None  # the ATen op whose dispatch produced it
     pinned: str | None = None  # why this launch must stay on its original device
     work: str | None = None  # tensor-core / memory-bound / other, when its PTX says (graph.deps.kernel_kind)
     op_index: int | None = None  # which ATen op call (in capture order) produced it; None without one
 
-    def __post_init__(self) -> None:
-        _check(self.kind in KINDS, f"launch {self.index}: kind must be one of {KINDS}, got {self.kind!r}")
 
+@document("kernelfleet_program", FORMAT_VERSION, "kernel program")
+class Program(Document):
+    """The buffers of a captured step and its launches in capture order (``kernelfleet_program``).
 
-@dataclass
-class Program:
-    buffers: list[Buffer] = field(default_factory=list)
-    launches: list[Launch] = field(default_factory=list)
+    Checked as a whole: buffer ids unique, ``launches[i].index == i``, every access inside a known
+    buffer."""
 
-    def __post_init__(self) -> None:
-        ids = [b.id for b in self.buffers]
-        _check(len(ids) == len(set(ids)), "buffer ids must be unique")
+    buffers: list[Buffer]
+    launches: list[Launch]
+    DUMP = {"indent": 1}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Program:
         sizes = {b.id: b.size_bytes for b in self.buffers}
+        if len(sizes) != len(self.buffers):
+            raise ValueError("buffers: buffer ids must be unique")
         for position, launch in enumerate(self.launches):
-            _check(launch.index == position, f"launch {launch.index} is at position {position}: launches must be in order")
-            for a in launch.accesses:
-                _check(a.buffer in sizes, f"launch {launch.index}: access to unknown buffer {a.buffer}")
-                _check(a.end <= sizes[a.buffer],
-                       f"launch {launch.index}: access [{a.offset_bytes}, {a.end}) beyond buffer {a.buffer} "
-                       f"of {sizes[a.buffer]} bytes")
+            if launch.index != position:
+                raise ValueError(f"launches.{position}: launch {launch.index} is at position {position}: "
+                                 "launches must be in order")
+            for k, a in enumerate(launch.accesses):
+                where = f"launches.{position}.accesses.{k}"
+                if a.buffer not in sizes:
+                    raise ValueError(f"{where}: launch {position}: access to unknown buffer {a.buffer}")
+                if a.end > sizes[a.buffer]:
+                    raise ValueError(f"{where}: launch {position}: access [{a.offset_bytes}, {a.end}) beyond "
+                                     f"buffer {a.buffer} of {sizes[a.buffer]} bytes")
+        return self
 
-    def to_json(self) -> str:
-        return json.dumps({"kernelfleet_program": FORMAT_VERSION, "buffers": [asdict(b) for b in self.buffers],
-                           "launches": [asdict(launch) for launch in self.launches]}, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str, where: str = "<program>") -> Program:
-        """Read ``to_json`` output; a malformed document is a UsageError naming what is wrong."""
-        with reading(where, "kernel program"):
-            doc = parse(text, "kernelfleet_program", FORMAT_VERSION)
-            buffers = [Buffer(**b) for b in doc["buffers"]]
-            launches = []
-            for raw in doc["launches"]:
-                raw = dict(raw)
-                raw["accesses"] = tuple(Access(**a) for a in raw.get("accesses", ()))
-                raw["params"] = tuple(raw.get("params", ()))
-                for key in ("grid", "block"):
-                    raw[key] = tuple(raw[key]) if raw.get(key) is not None else None
-                launches.append(Launch(**raw))
-            return cls(buffers, launches)
-
-    @classmethod
-    def load(cls, path: str | Path) -> Program:
-        path = Path(path)
-        text = read_text(path)
-        return cls.from_json(text, str(path))
 
 
 def merged_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -149,7 +146,3 @@ def merged_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
             out.append((start, end))
     return out
 
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise UsageError(message)

@@ -49,8 +49,8 @@ def baselines(problem: Problem) -> tuple[list[Plan], dict[str, str]]:
             continue
         ev = evaluate(problem, plan)
         plan.objective_seconds = ev.latency_seconds if plan.policy == "latency-greedy" else ev.throughput_seconds
-        plan.details.update(throughput_seconds=ev.throughput_seconds, latency_seconds=ev.latency_seconds)
-        rehomed = plan.policy == "replicas" or plan.details.get("home", problem.home) != problem.home
+        plan.details.throughput_seconds, plan.details.latency_seconds = ev.throughput_seconds, ev.latency_seconds
+        rehomed = plan.policy == "replicas" or (plan.details.home or problem.home) != problem.home
         plan.lower_bound_seconds = bound_any if rehomed else bound_home
         plans.append(plan)
     return plans, skipped

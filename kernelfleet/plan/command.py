@@ -4,7 +4,7 @@
 through the roofline cost model (``costs/model.py``) and builds the :class:`Problem`;
 :func:`make_plans` runs the chosen policy with every baseline beside it; :func:`table` gives
 the rows to print and :func:`write` the plan files. Every plan written carries the cost
-table's source in ``details["costs_source"]``, so a plan made from predicted costs says so.
+table's source in ``details.costs_source``, so a plan made from predicted costs says so.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def make_plans(problem: Problem, policy: str, time_limit_seconds: float,
     else:
         plans, skipped = baselines(problem)
     for plan in plans:
-        plan.details["costs_source"] = problem.costs.source
+        plan.details.costs_source = problem.costs.source
     if policy == "all":
         return None, plans
     wanted = {"throughput": "throughput-milp", "latency": "latency-greedy"}.get(policy, policy)
@@ -216,7 +216,7 @@ def make_plans(problem: Problem, policy: str, time_limit_seconds: float,
         raise UsageError(
             f"no valid {policy} plan for this problem: {why or 'it does not apply to this program'}"
         )
-    chosen = min(found, key=lambda p: p.details["throughput_seconds"])
+    chosen = min(found, key=lambda p: p.details.throughput_seconds)
     return chosen, [chosen] + [p for p in plans if p is not chosen]
 
 
@@ -226,18 +226,18 @@ def verdict(plans: list[Plan]) -> str | None:
     by_policy = {p.policy: p for p in plans}
     if "throughput-milp" not in by_policy or "replicas" not in by_policy:
         return None
-    flight = by_policy["throughput-milp"].details.get("in_flight")
+    flight = by_policy["throughput-milp"].details.in_flight
     if flight is not None:
-        k, milp = flight["requests"], flight["per_request_seconds"]
-        replicas = next((c["per_request_seconds"] for c in flight["candidates"] if c["plan"] == "replicas"), None)
+        k, milp = flight.requests, flight.per_request_seconds
+        replicas = next((c.per_request_seconds for c in flight.candidates if c.plan == "replicas"), None)
         if replicas is None:
             return None
         if milp < replicas:
-            return (f"with {k} requests in flight, kernel placement ({flight['chosen']}) serves {replicas / milp:.2f}x "
+            return (f"with {k} requests in flight, kernel placement ({flight.chosen}) serves {replicas / milp:.2f}x "
                     "the requests of two independent replicas (predicted)")
         return (f"with {k} requests in flight, two independent replicas serve {milp / replicas:.2f}x the requests "
-                f"of the best kernel placement found ({flight['chosen']}, predicted): run replicas on this pair")
-    milp, replicas = (by_policy[p].details["throughput_seconds"] for p in ("throughput-milp", "replicas"))
+                f"of the best kernel placement found ({flight.chosen}, predicted): run replicas on this pair")
+    milp, replicas = (by_policy[p].details.throughput_seconds for p in ("throughput-milp", "replicas"))
     if milp < replicas:
         return f"kernel placement serves {replicas / milp:.2f}x the requests of two independent replicas"
     return (f"two independent replicas serve {milp / replicas:.2f}x the requests of the best kernel placement "

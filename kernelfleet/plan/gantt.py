@@ -25,7 +25,7 @@ def plan_schedule(problem: Problem, plan: Plan) -> Schedule:
     assignment = plan.assignment
     if plan.policy == "replicas":
         n = len(problem.program.launches)
-        alone = {d: sum(problem.cost(k, d) or 0.0 for k in range(n)) for d in plan.details["replicas"]}
+        alone = {d: sum(problem.cost(k, d) or 0.0 for k in range(n)) for d in plan.details.replicas or ()}
         assignment = [min(alone, key=lambda d: alone[d])] * n
     return schedule(problem, assignment)
 

@@ -23,20 +23,18 @@ Cost model (shared by the MILP and the validator, implemented separately in each
   runs on the *home* device, the one the program was captured on (``Problem.home``, the
   first device unless named). A plan that runs the whole program on one device (a single-
   device baseline, each replica of request distribution) re-captures it there, so its home
-  is that device; such plans carry ``details["home"]``.
+  is that device; such plans carry ``details.home``.
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
 
-from kernelfleet.documents import parse, reading
+from kernelfleet.costs.table import CostTable
+from kernelfleet.documents import Document, document, model
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import Edge, dependencies
-from kernelfleet.costs.table import CostTable
 from kernelfleet.kernels.ir import Program
 
 PLAN_FORMAT = 1
@@ -59,36 +57,104 @@ class Link:
     bytes_per_second: float
 
 
-@dataclass
-class Plan:
-    """A placement: ``assignment[i]`` is the device name that runs launch ``i``.
+@model("solved repeats")
+class SolvedRepeats:
+    """The repeated layers the MILP solved once: ``count`` periods of ``period`` launches from
+    ``start``, in ``groups`` classes."""
+
+    start: int
+    period: int
+    count: int
+    groups: int
+
+
+@model("group placement")
+class GroupPlacement:
+    """One group of a group-replicas plan: its placement and its home device."""
+
+    assignment: list[str]
+    home: str
+
+
+@model("in-flight candidate")
+class Candidate:
+    """One plan the in-flight policy considered, and its figures (None: not solved or not placed)."""
+
+    plan: str
+    per_request_seconds: float | None = None
+    throughput_seconds: float | None = None
+    switches: int | None = None
+    max_switches: int | None = None
+    solve_seconds: float | None = None
+    status: str | None = None
+
+
+@model("in-flight choice")
+class InFlight:
+    """Why the throughput plan made for ``requests`` in flight is the one it is."""
+
+    requests: int
+    chosen: str  # the candidate's name, e.g. "at most 1 switch"
+    per_request_seconds: float
+    candidates: list[Candidate]
+    max_switches: int | None = None
+    switches: int | None = None
+    objective: str | None = None
+    replicas_faster: bool = False
+    note: str | None = None  # set when request distribution is predicted faster
+
+
+@model("plan details")
+class PlanDetails:
+    """What a plan says beside its assignment; every field is optional (None: not said).
+
+    The runtime reads ``home`` (the device the program is captured on, for plans that re-capture
+    it), ``replicas`` and ``share`` (request distribution), ``groups`` (group replicas); the rest
+    is what the policy and the solver report."""
+
+    home: str | None = None
+    replicas: list[str] | None = None  # request distribution: its devices
+    share: dict[str, float] | None = None  # request distribution: each device's share of requests
+    groups: list[GroupPlacement] | None = None  # group replicas: each group's placement
+    in_flight: InFlight | None = None  # the throughput policy made for K requests in flight
+    throughput_seconds: float | None = None  # the validator's objectives of the plan
+    latency_seconds: float | None = None
+    costs_source: str | None = None  # the cost table's source (a plan made from predicted costs says so)
+    status: str | None = None  # the solver's status, or what happened instead
+    started_from: str | None = None  # the plan that started the MILP
+    solve_seconds: float | None = None
+    mip_gap: float | None = None
+    mip_dual_bound_seconds: float | None = None
+    lp_relaxation_seconds: float | None = None
+    zero_comm_lp_seconds: float | None = None
+    zero_comm_simple_seconds: float | None = None
+    classes: int | None = None  # launch classes the MILP placed (identical launches share one)
+    columns: int | None = None
+    rows: int | None = None
+    repeats: SolvedRepeats | None = None
+    max_switches: int | None = None
+    switches: int | None = None
+
+
+@document("kernelfleet_plan", PLAN_FORMAT, "plan")
+class Plan(Document):
+    """A placement (``kernelfleet_plan``): ``assignment[i]`` is the device name that runs launch ``i``.
 
     ``objective_seconds`` is the policy's own objective (time per request in steady state for
     throughput policies and baselines, or with K requests in flight for the throughput policy made
-    for K (``details["in_flight"]``); one request's latency for the latency policy);
+    for K (``details.in_flight``); one request's latency for the latency policy);
     ``lower_bound_seconds`` bounds the best throughput time any plan could reach.
     Request distribution ("replicas") has an empty assignment and lists its devices in
-    ``details["replicas"]``.
+    ``details.replicas``.
     """
 
     policy: str
     assignment: list[str]
     objective_seconds: float
     lower_bound_seconds: float | None = None
-    details: dict[str, Any] = field(default_factory=dict)
+    details: PlanDetails = field(default_factory=PlanDetails)
+    DUMP = {"indent": 1, "exclude_none": True}  # fields that are None are left out
 
-    def to_json(self) -> str:
-        return json.dumps({"kernelfleet_plan": PLAN_FORMAT, "policy": self.policy, "assignment": self.assignment,
-                           "objective_seconds": self.objective_seconds,
-                           "lower_bound_seconds": self.lower_bound_seconds, "details": self.details}, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str, where: str = "<plan>") -> Plan:
-        with reading(where, "plan"):
-            doc = parse(text, "kernelfleet_plan", PLAN_FORMAT)
-            bound = doc.get("lower_bound_seconds")
-            return cls(str(doc["policy"]), [str(d) for d in doc["assignment"]], float(doc["objective_seconds"]),
-                       None if bound is None else float(bound), dict(doc.get("details", {})))
 
 
 class Problem:

@@ -13,11 +13,12 @@ fastest at K.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from kernelfleet.errors import UsageError
 from kernelfleet.plan.baselines import baselines
 from kernelfleet.plan.milp import solve_throughput, switches, zero_comm_bound
-from kernelfleet.plan.model import Plan, Problem
+from kernelfleet.plan.model import Candidate, InFlight, Plan, Problem
 from kernelfleet.plan.validate import evaluate, violations
 from kernelfleet.plan.slots import per_request
 
@@ -37,13 +38,13 @@ def throughput(problem: Problem, *, time_limit_seconds: float = 30.0, mip_rel_ga
 
     ``in_flight=K``: the plan predicted fastest per request with K requests in flight among the
     MILP under each switch budget of ``ladder``, the MILP without one and the baselines that place
-    every launch (module docstring); its objective is that prediction and ``details["in_flight"]``
+    every launch (module docstring); its objective is that prediction and ``details.in_flight``
     records every candidate's. The time limit covers all the solves."""
     began = time.perf_counter()
     plans, skipped = baselines(problem)
     if in_flight is None:
         plan = _staged(problem, plans, time_limit_seconds, mip_rel_gap, compress, groups, staged, [])
-        plan.details["solve_seconds"] = time.perf_counter() - began
+        plan.details.solve_seconds = time.perf_counter() - began
         return plan, plans, skipped
     if in_flight < 1:
         raise UsageError(f"requests in flight must be at least 1, got {in_flight}")
@@ -53,7 +54,8 @@ def throughput(problem: Problem, *, time_limit_seconds: float = 30.0, mip_rel_ga
 
 def _starts(problem: Problem, plans: list[Plan]) -> list[tuple[float, str, list[str]]]:
     """(throughput seconds, name, assignment) of every plan that is also a valid plan on the problem's home."""
-    return [(p.details.get("throughput_seconds", p.objective_seconds), p.policy, p.assignment) for p in plans
+    return [(p.objective_seconds if p.details.throughput_seconds is None else p.details.throughput_seconds, p.policy,
+             p.assignment) for p in plans
             if p.assignment and not violations(problem, Plan(p.policy, p.assignment, 0.0,
                                                              details={"home": problem.home}))]
 
@@ -89,8 +91,8 @@ def _staged(problem: Problem, plans: list[Plan], limit: float, mip_rel_gap: floa
                     details={"home": problem.home, "status": f"no MILP solution in time ({exc}); the start is "
                              "returned", "mip_gap": None})
     ev = evaluate(problem, plan)
-    plan.details.update(throughput_seconds=ev.throughput_seconds, latency_seconds=ev.latency_seconds,
-                        started_from=None if best is None else best[1])
+    plan.details.throughput_seconds, plan.details.latency_seconds = ev.throughput_seconds, ev.latency_seconds
+    plan.details.started_from = None if best is None else best[1]
     return plan
 
 
@@ -101,12 +103,13 @@ def _in_flight(problem: Problem, plans: list[Plan], requests: int, began: float,
     rows: list[dict] = []  # every candidate's figures, replicas' and failed solves' too
 
     def consider(name: str, plan: Plan, budget: int | None = None, seconds: float | None = None) -> None:
-        plan.details.setdefault("throughput_seconds", evaluate(problem, plan).throughput_seconds)
+        if plan.details.throughput_seconds is None:
+            plan.details.throughput_seconds = evaluate(problem, plan).throughput_seconds
         row = {"plan": name, "per_request_seconds": per_request(problem, plan, requests),
-               "throughput_seconds": plan.details["throughput_seconds"],
-               "switches": switches(problem, plan.assignment, plan.details.get("home")) if plan.assignment else None}
+               "throughput_seconds": plan.details.throughput_seconds,
+               "switches": switches(problem, plan.assignment, plan.details.home) if plan.assignment else None}
         if seconds is not None:
-            row.update(max_switches=budget, solve_seconds=seconds, status=plan.details.get("status"))
+            row.update(max_switches=budget, solve_seconds=seconds, status=plan.details.status)
         rows.append(row)
         if plan.assignment:
             candidates.append((row["per_request_seconds"], len(candidates), row, plan))
@@ -120,7 +123,7 @@ def _in_flight(problem: Problem, plans: list[Plan], requests: int, began: float,
         cut_began = time.perf_counter()
         cut = best_cut(problem)
         if cut is not None:  # the one-switch MILP's optimum, found in a fraction of a second
-            cut.details.update(status="every cut enumerated (exact)", max_switches=1)
+            cut.details.status, cut.details.max_switches = "every cut enumerated (exact)", 1
             solved.append(cut)
             consider("at most 1 switch", cut, 1, time.perf_counter() - cut_began)
             budgets.remove(1)
@@ -148,26 +151,22 @@ def _in_flight(problem: Problem, plans: list[Plan], requests: int, began: float,
     _, _, mine, best = min(candidates, key=lambda c: c[:2])
     replicas = next((r for r in rows if r["plan"] == "replicas"), None)
     ev = evaluate(problem, best)
-    details = {**best.details, "home": best.details.get("home", problem.home),
-               "throughput_seconds": ev.throughput_seconds, "latency_seconds": ev.latency_seconds,
-               "solve_seconds": time.perf_counter() - began}
-    details["in_flight"] = {
-        "requests": requests, "chosen": mine["plan"], "max_switches": mine.get("max_switches"),
-        "switches": mine["switches"], "per_request_seconds": mine["per_request_seconds"],
-        "objective": f"seconds per request with {requests} in flight, list-scheduled slots (plan/slots.py)",
-        "replicas_faster": replicas is not None and replicas["per_request_seconds"] < mine["per_request_seconds"],
-        "candidates": rows,
-    }
-    if details["in_flight"]["replicas_faster"]:
-        details["in_flight"]["note"] = (
-            f"request distribution (replicas) is predicted faster with {requests} in flight "
-            f"({replicas['per_request_seconds']:.6f} s per request against {mine['per_request_seconds']:.6f} s): "
-            "run replicas; this plan is the best placement of one request over the devices")
+    faster = replicas is not None and replicas["per_request_seconds"] < mine["per_request_seconds"]
+    flight = InFlight(
+        requests=requests, chosen=mine["plan"], max_switches=mine.get("max_switches"), switches=mine["switches"],
+        per_request_seconds=mine["per_request_seconds"],
+        objective=f"seconds per request with {requests} in flight, list-scheduled slots (plan/slots.py)",
+        replicas_faster=faster, candidates=[Candidate(**row) for row in rows],
+        note=(f"request distribution (replicas) is predicted faster with {requests} in flight "
+              f"({replicas['per_request_seconds']:.6f} s per request against {mine['per_request_seconds']:.6f} s): "
+              "run replicas; this plan is the best placement of one request over the devices") if faster else None)
+    details = replace(best.details, home=best.details.home or problem.home, throughput_seconds=ev.throughput_seconds,
+                      latency_seconds=ev.latency_seconds, solve_seconds=time.perf_counter() - began, in_flight=flight)
     # per request with K in flight >= the busiest device's compute: the zero-communication bound holds,
     # the MILP's own bounds (transfers charged to compute) need not
-    bound = best.details.get("zero_comm_lp_seconds", best.lower_bound_seconds)
-    if bound is None:  # the enumerated cut
-        bound = zero_comm_bound(problem)["lp"]
+    bound = best.details.zero_comm_lp_seconds
+    if bound is None:  # not from the MILP
+        bound = best.lower_bound_seconds if best.lower_bound_seconds is not None else zero_comm_bound(problem)["lp"]
     return Plan("throughput-milp", list(best.assignment), mine["per_request_seconds"], bound, details)
 
 
@@ -235,5 +234,5 @@ def group_replicas(problem: Problem, groups: list[list[str]], *, time_limit_seco
     plan = Plan("group-replicas", [], 0.0, zero_comm_bound(problem)["lp"], details={"groups": out})
     ev = evaluate(problem, plan)
     plan.objective_seconds = ev.throughput_seconds
-    plan.details.update(throughput_seconds=ev.throughput_seconds, latency_seconds=ev.latency_seconds)
+    plan.details.throughput_seconds, plan.details.latency_seconds = ev.throughput_seconds, ev.latency_seconds
     return plan

@@ -141,11 +141,11 @@ def per_request(problem: Problem, plan: Plan, slots: int) -> float | None:
     if slots < 1:
         raise UsageError(f"requests in flight must be at least 1, got {slots}")
     if plan.assignment:
-        home = plan.details.get("home", problem.home)
+        home = plan.details.home or problem.home
         order = schedule(problem.program, plan.assignment, home, resident_state=True)
         seconds = estimate(problem.costs, problem.transfer_seconds)
         return makespan(pipeline([order] * slots, "scheduled", seconds), lambda x: seconds(x.slot, x.node)) / slots
-    devices = plan.details.get("replicas")
+    devices = plan.details.replicas
     if not devices:
         return None
     whole = {d: sum(problem.cost(k, d) or 0.0 for k in range(len(problem.program.launches))) for d in devices}

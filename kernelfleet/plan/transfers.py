@@ -127,17 +127,17 @@ class AddressMap:
         address plus a flag bit, say) lands anywhere, and bytes copied by it would overwrite
         another tensor of the other capture."""
         a, b = self.home.launches[launch], self.other.launches[launch]
-        theirs_at = {(p["index"], q["at"]): q for p in b.params for q in p["pointers"]}
+        theirs_at = {(p.index, q.at): q for p in b.params for q in p.pointers}
         pairs = []
         for p in a.params:
-            for q in p["pointers"]:
-                other = theirs_at.get((p["index"], q["at"]))
-                if other is None or q["offset_bytes"] != other["offset_bytes"]:
+            for q in p.pointers:
+                other = theirs_at.get((p.index, q.at))
+                if other is None or q.offset_bytes != other.offset_bytes:
                     continue
-                mine, theirs = self._home_buffers[q["buffer"]], self._other_buffers[other["buffer"]]
+                mine, theirs = self._home_buffers[q.buffer], self._other_buffers[other.buffer]
                 if (mine.size_bytes, mine.role) == (theirs.size_bytes, theirs.role):
-                    pairs.append((mine.address + q["offset_bytes"], theirs.address + other["offset_bytes"],
-                                  mine.size_bytes - q["offset_bytes"]))
+                    pairs.append((mine.address + q.offset_bytes, theirs.address + other.offset_bytes,
+                                  mine.size_bytes - q.offset_bytes))
         return pairs
 
     def translate(self, launches: list[int | None], address: int, length: int) -> int:

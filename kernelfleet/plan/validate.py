@@ -39,7 +39,7 @@ def violations(problem: Problem, plan: Plan) -> list[str]:
     if len(plan.assignment) != len(launches):
         return [(f"plan assigns {len(plan.assignment)} launches, program has {len(launches)} "
                  "(each launch exactly once): it was made for another program")]
-    home = plan.details.get("home", problem.home)
+    home = plan.details.home or problem.home
     if home not in names:
         out.append(f"plan home {home!r} is not a known device")
     unknown: set[str] = set()
@@ -162,9 +162,9 @@ def _memory(problem: Problem, assignment: list[str]) -> dict[str, int]:
 
 
 def _replica_violations(problem: Problem, plan: Plan) -> list[str]:
-    replicas = plan.details.get("replicas")
-    if not isinstance(replicas, list) or not replicas:
-        return ["a replicas plan lists its devices in details['replicas']"]
+    replicas = plan.details.replicas
+    if not replicas:
+        return ["a replicas plan lists its devices in details.replicas"]
     out = [f"replica on unknown device {d!r}" for d in replicas if d not in problem.names]
     if len(set(replicas)) != len(replicas):
         out.append(f"a device holds two replicas: {replicas}")
@@ -184,22 +184,20 @@ def _evaluate_replicas(problem: Problem, plan: Plan) -> Evaluation:
     """Each device runs whole requests: replicas of a one-device group each (``_evaluate_groups``)."""
     n = len(problem.program.launches)
     return _evaluate_groups(problem, [Plan("group", [d] * n, 0.0, details={"home": d})
-                                      for d in plan.details["replicas"]])
+                                      for d in plan.details.replicas or ()])
 
 
 def _groups(plan: Plan) -> list[Plan]:
     """A group-replicas plan's groups, each a placement of whole requests on its own devices."""
-    return [Plan("group", list(g["assignment"]), 0.0, details={"home": g["home"]}) for g in plan.details["groups"]]
+    return [Plan("group", list(g.assignment), 0.0, details={"home": g.home}) for g in plan.details.groups or ()]
 
 
 def _group_violations(problem: Problem, plan: Plan) -> list[str]:
-    groups = plan.details.get("groups")
-    if not isinstance(groups, list) or not groups or not all(
-            isinstance(g, dict) and "assignment" in g and "home" in g for g in groups):
-        return ["a group-replicas plan lists details['groups'] as {assignment, home} placements"]
+    if not plan.details.groups:
+        return ["a group-replicas plan lists details.groups as {assignment, home} placements"]
     out, used = [], set()
     for i, group in enumerate(_groups(plan)):
-        mine = set(group.assignment) | {group.details["home"]}
+        mine = set(group.assignment) | {group.details.home}
         if mine & used:
             out.append(f"group {i} shares devices {sorted(mine & used)} with another group")
         used |= mine

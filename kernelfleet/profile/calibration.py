@@ -9,7 +9,8 @@ compute-rich, the second bandwidth-rich, as L40S against A100 — sets two targe
 
 Among candidate (compute profile, bandwidth profile) pairs, the one with the smallest sum of
 ``|log(measured / target)|`` over the two ratios wins: a pair off by 2x in either direction is
-penalised alike. Pure: the measurements come in as plain rows.
+penalised alike. Pure: the measurements come in as rows of a :class:`Calibration` document
+(``kernelfleet_calibration``), which ``kernelfleet calibrate`` measures on a GPU.
 """
 
 from __future__ import annotations
@@ -18,14 +19,52 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
 from kernelfleet.catalog import Catalog
+from kernelfleet.documents import CONFIG, Document, Rate, document
 from kernelfleet.errors import UsageError
+
+CALIBRATION_FORMAT = 1
+
+
+class CalibrationRow(TypedDict):
+    """What one device profile measured: a bf16 GEMM, a bf16 GEMV and a copy (``None``: not run).
+
+    ``sms`` is the work partition asked for (None: the whole GPU), ``granted_sms`` what the driver
+    gave, ``hog_sms`` the bandwidth hog's partition (None: no hog) and ``hog_bytes_per_second``
+    what the hog pulled meanwhile."""
+
+    __pydantic_config__ = CONFIG  # type: ignore[misc]
+    name: str
+    sms: int | None
+    granted_sms: int | None
+    hog_sms: int | None
+    gemm_flops_per_second: Rate
+    gemv_bytes_per_second: Rate
+    copy_bytes_per_second: Rate | None
+    hog_bytes_per_second: Rate | None
+
+
+def _unversioned(rows: Any) -> dict[str, Any]:
+    """The first calibration files were the bare list of rows."""
+    return {"rows": rows}
+
+
+@document("kernelfleet_calibration", CALIBRATION_FORMAT, "calibration", upgrades={None: _unversioned})
+class Calibration(Document):
+    """The rows of a calibration sweep (``kernelfleet_calibration``); rows stay dicts, typed. The
+    older bare list of rows reads too."""
+
+    rows: list[CalibrationRow]
+    DUMP = {"indent": 1}
+
 
 
 @dataclass(frozen=True, slots=True)
 class PairChoice:
-    compute: dict[str, Any]  # the calibration row of the compute-rich profile
-    bandwidth: dict[str, Any]
+    compute: CalibrationRow  # the calibration row of the compute-rich profile
+    bandwidth: CalibrationRow
     gemm_ratio: float  # measured, compute / bandwidth
     bandwidth_ratio: float  # measured GEMV bytes/s, bandwidth / compute
     target_gemm_ratio: float
@@ -47,7 +86,7 @@ def targets(compute_sku: str, bandwidth_sku: str, catalog: Catalog | None = None
     return pc / pb, b.memory_bandwidth_bytes_per_second / c.memory_bandwidth_bytes_per_second
 
 
-def pick_pair(rows: list[dict[str, Any]], gemm_target: float, bandwidth_target: float) -> PairChoice:
+def pick_pair(rows: list[CalibrationRow], gemm_target: float, bandwidth_target: float) -> PairChoice:
     """The (compute, bandwidth) pair of calibration rows closest to the targets.
 
     Rows carry ``gemm_flops_per_second`` and ``gemv_bytes_per_second``; compute candidates are the

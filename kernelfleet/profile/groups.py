@@ -20,14 +20,14 @@ groups it launched on each.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import field
 
-from kernelfleet.documents import parse, read_text, reading
+from pydantic import model_validator
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
+
+from kernelfleet.documents import CONFIG, Document, document, model
 from kernelfleet.errors import UsageError
-from kernelfleet.kernels.ir import Launch, Program
+from kernelfleet.kernels.ir import Count, Dim3, Launch, Program
 
 FORMAT_VERSION = 1
 
@@ -38,17 +38,17 @@ def signature(launch: Launch) -> tuple:
     return launch.kind, launch.name, launch.grid, launch.block, launch.shared_bytes, sizes
 
 
-@dataclass(frozen=True, slots=True)
+@model("group", frozen=True, slots=True)
 class Group:
     """Launches with one signature; ``launches[0]`` (the first in capture order) is the one profiled."""
 
     id: str
     kind: str
     name: str
-    grid: tuple[int, int, int] | None
-    block: tuple[int, int, int] | None
-    shared_bytes: int
-    launches: tuple[int, ...]
+    grid: Dim3 | None
+    block: Dim3 | None
+    shared_bytes: Count
+    launches: tuple[Count, ...]
 
     @property
     def representative(self) -> int:
@@ -67,31 +67,47 @@ def group_launches(program: Program) -> list[Group]:
     return out
 
 
-@dataclass
-class Groups:
-    """The mapping of one counters run.
+class ProfileRates(TypedDict, total=False):
+    """A profile of a counters run: its work partition's SMs (None: the whole GPU), its hog's, the
+    GPU's, and the rates ``profile/timing.calibrate`` measured on it."""
+
+    __pydantic_config__ = CONFIG  # type: ignore[misc]
+    sms: int | None
+    hog_sms: int | None
+    device_sms: int | None
+    gemm_flops_per_second: float
+    gemv_bytes_per_second: float
+    copy_bytes_per_second: float
+
+
+@document("kernelfleet_counter_groups", FORMAT_VERSION, "counter groups file")
+class Groups(Document):
+    """The mapping of one counters run (``kernelfleet_counter_groups``).
 
     ``profiles``: per profile, the SMs its work partition got (None: the whole GPU), the GPU's SMs
     and its calibrated rates (``profile/timing.calibrate``); ``launched``: per profile, the groups
     whose representative ran inside the NVTX range (a run stops early at its deadline)."""
 
     step: str
-    launches: int
+    launches: Count
     groups: list[Group]
-    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    profiles: dict[str, ProfileRates] = field(default_factory=dict)
     launched: dict[str, list[str]] = field(default_factory=dict)
+    DUMP = {"indent": 1}
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _covering(self) -> Groups:
         seen = sorted(i for g in self.groups for i in g.launches)
         if seen != list(range(self.launches)):
-            raise UsageError(f"groups cover launches {_span(seen)}, expected each of 0..{self.launches - 1} exactly once")
+            raise ValueError(f"groups cover launches {_span(seen)}, expected each of 0..{self.launches - 1} exactly once")
         ids = [g.id for g in self.groups]
         if len(set(ids)) != len(ids):
-            raise UsageError("group ids must be unique")
+            raise ValueError("group ids must be unique")
         for profile, launched in self.launched.items():
             unknown = set(launched) - set(ids)
             if unknown:
-                raise UsageError(f"profile {profile}: launched unknown groups {sorted(unknown)[:3]}")
+                raise ValueError(f"launched.{profile}: launched unknown groups {sorted(unknown)[:3]}")
+        return self
 
     def by_id(self) -> dict[str, Group]:
         return {g.id: g for g in self.groups}
@@ -107,31 +123,6 @@ class Groups:
                 if (launch.kind, launch.name) != (g.kind, g.name):
                     raise UsageError(f"launch {i} is {launch.name[:60]!r}, its group {g.id} says {g.name[:60]!r}: "
                                      "the groups are of another program")
-
-    def to_json(self) -> str:
-        return json.dumps({"kernelfleet_counter_groups": FORMAT_VERSION, "step": self.step,
-                           "launches": self.launches, "groups": [asdict(g) for g in self.groups],
-                           "profiles": self.profiles, "launched": self.launched}, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str, where: str = "<groups>") -> Groups:
-        with reading(where, "counter groups file"):
-            doc = parse(text, "kernelfleet_counter_groups", FORMAT_VERSION)
-            groups = []
-            for raw in doc["groups"]:
-                raw = dict(raw)
-                for key in ("grid", "block"):
-                    raw[key] = tuple(raw[key]) if raw.get(key) is not None else None
-                raw["launches"] = tuple(int(i) for i in raw["launches"])
-                groups.append(Group(**raw))
-            return cls(str(doc["step"]), int(doc["launches"]), groups, dict(doc.get("profiles", {})),
-                       {str(k): [str(g) for g in v] for k, v in doc.get("launched", {}).items()})
-
-    @classmethod
-    def load(cls, path: str | Path) -> Groups:
-        path = Path(path)
-        text = read_text(path)
-        return cls.from_json(text, str(path))
 
 
 def by_weight(groups: list[Group], seconds: list[float | None] | None) -> list[Group]:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernelfleet.errors import UsageError
-from kernelfleet.profile.calibration import PairChoice, pick_pair, targets
+from kernelfleet.profile.calibration import Calibration, CalibrationRow, PairChoice, pick_pair, targets
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 
 # Candidate (work SMs, hog SMs) profiles; None: the whole GPU / no hog.
@@ -31,8 +31,9 @@ def parse_profile(text: str, device: int = 0) -> ProfileSpec:
     return ProfileSpec(name, int(work) if work else None, int(hog) if hog else None, int(gpu) if at else device)
 
 
-def calibrate_profiles(specs: list[ProfileSpec], progress: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
-    """GEMM / GEMV / copy rates of each profile, with the SMs it got and the hog's own rate."""
+def calibrate_profiles(specs: list[ProfileSpec], progress: Callable[[dict], None] | None = None) -> list[CalibrationRow]:
+    """GEMM / GEMV / copy rates of each profile, with the SMs it got and the hog's own rate
+    (the rows of a :class:`Calibration`)."""
     from kernelfleet.profile.timing import calibrate
 
     rows = []
@@ -51,7 +52,7 @@ def sweep_specs(device: int = 0) -> list[ProfileSpec]:
     return [ProfileSpec(f"{sms or 'all'}+{hog or 0}", sms, hog, device) for sms, hog in SWEEP]
 
 
-def choose(rows: list[dict[str, Any]], real_pair: tuple[str, str] = REAL_PAIR) -> PairChoice:
+def choose(rows: list[CalibrationRow], real_pair: tuple[str, str] = REAL_PAIR) -> PairChoice:
     return pick_pair(rows, *targets(*real_pair))
 
 

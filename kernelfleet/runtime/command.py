@@ -44,7 +44,7 @@ def run_plan(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileS
     ``profiles`` (the devices by the names the plan uses, the first its default home)."""
     gate = Gate(make_step, profiles, 1, costs)
     plan = plans.checked(gate.problem, plan, where)
-    home = plan.details.get("home", gate.problem.home)
+    home = plan.details.home or gate.problem.home
     stream = torch.cuda.Stream(device=profiles[home].device)  # the home device's: the executor launches there
     with gate:
         built = gate.graph(plan.policy, [plan.assignment], [home])

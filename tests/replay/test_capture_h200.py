@@ -18,7 +18,7 @@ from kernelfleet.analyze import census
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.checks import probe_disagreements, unsound_writes
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.profile.calibration import pick_pair, targets
+from kernelfleet.profile.calibration import Calibration, pick_pair, targets
 from kernelfleet.profile.table import cost_table, preference
 from kernelfleet.workloads import preset
 from kernelfleet.workloads.llama import Transformer
@@ -60,7 +60,7 @@ def test_eager_steps_are_fully_known_from_schemas(step):
     assert set(numbers["launches_by_source"]) <= {"schema", "graph-node"}
     # cuBLAS passes its arguments as one `extra` buffer: the pointers inside it were found
     nvjet = [launch for launch in program.launches if launch.name.startswith("nvjet")]
-    assert nvjet and all(any(p["pointers"] for p in launch.params) for launch in nvjet)
+    assert nvjet and all(any(p.pointers for p in launch.params) for launch in nvjet)
 
 
 @pytest.mark.parametrize("step", [s for s in STEPS if "compiled" in s])
@@ -126,7 +126,7 @@ def test_which_device_each_kernel_prefers():
 
 
 def test_calibration_picks_the_pair_closest_to_l40s_and_a100():
-    rows = json.loads((HERE / "calibration_sweep.json").read_text())
+    rows = Calibration.load(HERE / "calibration_sweep.json").rows  # the older, unversioned shape
     choice = pick_pair(rows, *targets("l40s", "a100-sxm-80gb"))
     assert (choice.compute["sms"], choice.compute["hog_sms"], choice.bandwidth["sms"]) == (56, 64, 32)
     assert abs(choice.gemm_ratio / choice.target_gemm_ratio - 1) < 0.05

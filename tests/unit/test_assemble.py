@@ -92,8 +92,8 @@ def test_buffers_pointers_and_sources():
     assert modes == {(X, "read", "schema"), (W, "read", "schema"), (Y, "write", "schema"),
                      (workspace[0].address, "readwrite", "conservative")}
     assert mm.op == "aten.mm.default" and mm.pinned is None
-    pointers = [p for d in mm.params for p in d["pointers"]]
-    assert [(p["at"], p["offset_bytes"]) for p in pointers][:3] == [(8, 0), (16, 64), (24, 0)]
+    pointers = [p for d in mm.params for p in d.pointers]
+    assert [(p.at, p.offset_bytes) for p in pointers][:3] == [(8, 0), (16, 64), (24, 0)]
     # add_one: PTX says param 0 read, param 1 written, from the pointer to the buffer's end
     assert {(program.buffers[a.buffer].address, a.mode, a.source, a.offset_bytes, a.length_bytes)
             for a in add.accesses} == {(Y, "read", "ptx-static", 0, 1024), (Z, "write", "ptx-static", 512, 512)}

@@ -12,7 +12,7 @@ from kernelfleet.plan.baselines import latency_greedy
 from kernelfleet.plan.compress import Repeats, find_repeats
 from kernelfleet.plan.milp import solve_throughput, zero_comm_bound
 from kernelfleet.costs.table import CostTable
-from kernelfleet.plan.model import Device, Link, Plan, Problem
+from kernelfleet.plan.model import Device, Link, Plan, Problem, SolvedRepeats
 from kernelfleet.plan.policy import throughput
 from kernelfleet.plan.synthetic import layered, random_dag
 from kernelfleet.plan.validate import check, evaluate, latency, violations
@@ -128,9 +128,9 @@ def test_milp_beats_every_kernel_placement_baseline(n, devices, seed, pins, band
     assert plan.lower_bound_seconds <= plan.objective_seconds * (1 + 1e-6)
     assert skipped == {}
     for other in plans:
-        same_home = other.details.get("home") == problem.home
+        same_home = other.details.home == problem.home
         if other.policy != "replicas" and (same_home or pins == 0):
-            assert plan.objective_seconds <= other.details["throughput_seconds"] * (1 + 1e-9), other.policy
+            assert plan.objective_seconds <= other.details.throughput_seconds * (1 + 1e-9), other.policy
     # request distribution is a fractional placement, so it never beats the pin-free zero-comm LP
     replicas = next(p for p in plans if p.policy == "replicas")
     assert replicas.objective_seconds >= zero_comm_bound(problem, home=None)["lp"] * (1 - 1e-9)
@@ -160,7 +160,7 @@ def test_repeats_found_and_compression_matches_uncompressed_optimum():
     assert find_repeats(problem) == Repeats(start=0, period=2, count=4)
     full = solve_throughput(problem)
     small = solve_throughput(problem, compress=True)
-    assert small.details["classes"] == 2
+    assert small.details.classes == 2
     assert small.objective_seconds == pytest.approx(full.objective_seconds)
     assert evaluate(problem, small).throughput_seconds == pytest.approx(full.objective_seconds)
     assert small.assignment == ["d0", "d1"] * 4
@@ -172,7 +172,7 @@ def test_compressed_layered_problem_is_valid_and_groups_help():
     two = solve_throughput(problem, compress=True, groups=2)
     check(problem, one), check(problem, two)
     assert two.objective_seconds <= one.objective_seconds * (1 + 1e-9)  # groups=2 contains groups=1
-    assert one.details["repeats"] == {"start": 1, "period": 10, "count": 6, "groups": 1}
+    assert one.details.repeats == SolvedRepeats(start=1, period=10, count=6, groups=1)
 
 
 def test_plan_and_costs_json_round_trip():
@@ -210,8 +210,8 @@ def test_staged_policy_survives_a_grouped_solve_that_finds_nothing(monkeypatch):
     monkeypatch.setattr(policy, "solve_throughput", grouped_fails)
     plan, plans, _ = throughput(problem, time_limit_seconds=5)
     check(problem, plan)
-    best_start = min(p.details["throughput_seconds"] for p in plans if p.policy != "replicas")
-    assert plan.details["throughput_seconds"] <= best_start + 1e-12
+    best_start = min(p.details.throughput_seconds for p in plans if p.policy != "replicas")
+    assert plan.details.throughput_seconds <= best_start + 1e-12
 
 
 def test_staged_policy_returns_its_start_when_the_milp_finds_nothing(monkeypatch):
@@ -225,8 +225,8 @@ def test_staged_policy_returns_its_start_when_the_milp_finds_nothing(monkeypatch
     monkeypatch.setattr(policy, "solve_throughput", nothing)
     plan, plans, _ = throughput(problem, time_limit_seconds=5)
     check(problem, plan)
-    assert "the start is returned" in plan.details["status"]
-    assert plan.details["started_from"] != "grouped"
+    assert "the start is returned" in plan.details.status
+    assert plan.details.started_from != "grouped"
 
 
 def test_replicas_of_a_pair_placement():
@@ -246,9 +246,9 @@ def test_replicas_of_a_pair_placement():
     # two identical groups serve twice the requests of one: half the time per request
     assert evaluate(problem, plan).throughput_seconds == pytest.approx(
         evaluate(problem.restricted([a, b]), pair).throughput_seconds / 2, rel=1e-9)
-    assert [g["assignment"] for g in plan.details["groups"]][1] == [d + "2" for d in pair.assignment]
+    assert [g.assignment for g in plan.details.groups][1] == [d + "2" for d in pair.assignment]
     # groups may not share a device
-    bad = Plan("group-replicas", [], 0.0, details={"groups": [plan.details["groups"][0]] * 2})
+    bad = Plan("group-replicas", [], 0.0, details={"groups": [plan.details.groups[0]] * 2})
     assert any("shares devices" in v for v in violations(problem, bad))
 
 

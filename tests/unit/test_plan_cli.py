@@ -79,7 +79,7 @@ def test_throughput_plan_is_valid_and_the_gantt_chart_is_a_picture(files):
     plan = Plan.from_json(out.read_text())
     problem = problem_from(files)
     check(problem, plan)
-    assert plan.policy == "throughput-milp" and plan.details["costs_source"] == "synthetic roofline, 2 layers"
+    assert plan.policy == "throughput-milp" and plan.details.costs_source == "synthetic roofline, 2 layers"
     assert evaluate(problem, plan).throughput_seconds == pytest.approx(plan.objective_seconds, rel=1e-6)
     width, height = png_size(chart)
     assert width > 600 and height > 150 and chart.stat().st_size > 10_000
@@ -185,7 +185,7 @@ def test_predicted_sku_is_added_and_the_plan_is_labelled(files):
     )
     assert "h100-sxm" in result.stdout
     plan = Plan.from_json(out.read_text())
-    assert plan.details["costs_source"].startswith("roofline model fitted on a100, l40s (measured: synthetic")
+    assert plan.details.costs_source.startswith("roofline model fitted on a100, l40s (measured: synthetic")
     # the predicted H100 column matches the synthetic generator's own H100 roofline (989 TFLOP/s, 3.35 TB/s)
     problem = command.setup(
         files / "program.json", files / "costs.json", [], [], 25.0, ["h100-sxm"], ["a100=a100-sxm-80gb"]
