@@ -165,7 +165,7 @@ class Problem:
     (no cost, or too big for every device's memory), a pinned launch its home cannot run.
     """
 
-    def __init__(self, program: Program, devices: list[Device], links: list[Link], costs: CostTable,
+    def __init__(self, program: Program, devices: list[Device], links: list[Link], costs: CostTable | None,
                  edges: list[Edge] | None = None, home: str | None = None) -> None:
         self.program = program
         self.devices = list(devices)
@@ -186,8 +186,11 @@ class Problem:
             for b in self.names[i + 1:]:
                 _need((a, b) in self.bandwidth, f"no link between devices {a} and {b}: give a Link for every pair")
         n = len(program.launches)
-        _need(len(costs.seconds) == n, f"cost table has {len(costs.seconds)} rows, program has {n} launches")
-        for k, row in enumerate(costs.seconds):
+        # costs=None: a problem to check plans against (launches, devices, pins, memory) when no table
+        # was measured, e.g. at run time; every device can run every launch, and nothing is evaluated
+        rows = [] if costs is None else costs.seconds
+        _need(costs is None or len(rows) == n, f"cost table has {len(rows)} rows, program has {n} launches")
+        for k, row in enumerate(rows):
             unknown = set(row) - set(self.names)
             _need(not unknown, f"launch {k}: cost for unknown device(s) {sorted(unknown)}")
             for name, value in row.items():
@@ -204,14 +207,22 @@ class Problem:
         """The same program on a subset of the devices (home: the first of them)."""
         keep = [d for d in self.devices if d.name in names]
         links = [Link(a, b, self.bandwidth[a, b]) for i, a in enumerate(names) for b in names[i + 1:]]
-        rows = [{d: row[d] for d in names if d in row} for row in self.costs.seconds]
-        costs = CostTable(rows, self.costs.source, self.costs.flops, self.costs.bytes, self.costs.precision)
+        costs = None
+        if self.costs is not None:
+            rows = [{d: row[d] for d in names if d in row} for row in self.costs.seconds]
+            costs = CostTable(rows, self.costs.source, self.costs.flops, self.costs.bytes, self.costs.precision)
         return Problem(self.program, keep, links, costs, self.edges, home=names[0])
 
     # -- queries the planners and the validator share (pure look-ups, no cost model) --
 
     def cost(self, launch: int, device: str) -> float | None:
+        if self.costs is None:
+            raise UsageError("this problem has no cost table: its plans can be checked, not timed")
         return self.costs.seconds[launch].get(device)
+
+    def runs(self, launch: int, device: str) -> bool:
+        """Whether ``device`` can run ``launch`` at all: it has a cost for it (any, without a table)."""
+        return self.costs is None or self.costs.seconds[launch].get(device) is not None
 
     def allowed(self, launch: int, home: str | None = None) -> list[str]:
         """Devices that can run the launch by cost, pin and its own memory footprint."""
@@ -239,7 +250,7 @@ class Problem:
     def fits_alone(self, launch: int, device: str) -> bool:
         """The device has a cost for the launch and room for the buffers it touches."""
         limit = self.memory_limit(device)
-        return self.cost(launch, device) is not None and (limit is None or self.footprint_bytes(launch) <= limit)
+        return self.runs(launch, device) and (limit is None or self.footprint_bytes(launch) <= limit)
 
     def _check_runnable(self, k: int) -> None:
         launch = self.program.launches[k]
@@ -251,7 +262,7 @@ class Problem:
                              f"({self.footprint_bytes(k)} bytes needed)")
         raise UsageError(f"launch {k} ({launch.name}) fits no device: it touches {self.footprint_bytes(k)} bytes; "
                          f"memory limits {[(d.name, d.memory_bytes) for d in self.devices]}, costs "
-                         f"{self.costs.seconds[k]}")
+                         f"{self.costs.seconds[k] if self.costs is not None else 'none given'}")
 
 
 def _need(condition: bool, message: str) -> None:

@@ -49,7 +49,7 @@ def violations(problem: Problem, plan: Plan) -> list[str]:
                 unknown.add(device)
                 out.append(f"launch {k} uses {device}, an unknown device (devices: {', '.join(problem.names)})")
             continue
-        if problem.costs.seconds[k].get(device) is None:
+        if not problem.runs(k, device):
             out.append(f"launch {k} assigned to {device}, which has no cost for it (cannot run it)")
         if launches[k].pinned and device != home:
             out.append(f"launch {k} is pinned ({launches[k].pinned}) but placed on {device}, not home {home}")

@@ -9,8 +9,8 @@ file (or strategy) and why, in one line.
 The runtime's Problem holds the captured step, the devices under the names the plans give them
 with the memory of their GPUs, and which launches each device can run: the cost table's answer
 where the table the plans were made from is given, else every launch on every device, since each
-device captured the whole step. It knows no times, so it checks plans and never evaluates one:
-a time it does not have is infinite (``None`` would mean "cannot run there"), and so is each link.
+device captured the whole step (a Problem without a cost table: ``Problem.cost`` then refuses,
+so nothing is timed from it). It knows no link speeds either: each is infinite, never used.
 Pure: no torch, so plans are checked on any machine.
 """
 
@@ -26,7 +26,6 @@ from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.model import Device, Link, Plan, Problem
 from kernelfleet.plan.validate import check
 
-UNKNOWN_SECONDS = math.inf  # a launch the runtime can run but has no time for (no cost table)
 UNKNOWN_BYTES_PER_SECOND = math.inf  # a link the runtime has not measured
 
 
@@ -36,8 +35,7 @@ def problem(program: Program, devices: list[Device], costs: CostTable | None = N
     table the plans were made from, or None."""
     names = [d.name for d in devices]
     if costs is None:
-        rows = [dict.fromkeys(names, UNKNOWN_SECONDS) for _ in program.launches]
-        costs = CostTable(rows, "none given: every device captured the whole step, times unknown")
+        pass  # every device captured the whole step: each can run every launch (Problem, costs=None)
     elif len(costs.seconds) != len(program.launches):
         raise UsageError(f"the cost table has {len(costs.seconds)} launches, the captured step "
                          f"{len(program.launches)}: it was made for another program")
@@ -89,4 +87,4 @@ def check_slots(problem: Problem, name: str, assignments: list[list[str]], homes
         seen.add((tuple(assignment), home))
         # one slot's placement, not a planner's answer: the validator reads no objective, and the
         # policy is not the strategy's name, which could be one the validator reads otherwise ("replicas")
-        checked(problem, Plan("slot", list(assignment), math.nan, details={"home": home}), f"{name}, slot {k}")
+        checked(problem, Plan("slot", list(assignment), 0.0, details={"home": home}), f"{name}, slot {k}")
