@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 KF     := $(VENV)/bin/kernelfleet
 
 .PHONY: run test system-deps docs schemas record record-see record-detector record-ofu record-capture \
-	record-counters record-x2 record-disagg record-demo clean
+	record-counters record-variants record-x2 record-disagg record-demo clean
 
 $(VENV)/.see: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,7 +58,7 @@ RECORD_ENV := PYTHONPATH=$(CURDIR) PYTHONUNBUFFERED=1
 need_gpus = @found=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU '); if [ "$$found" -lt $(1) ]; then \
 	echo "make $@: needs $(1) NVIDIA GPU(s); nvidia-smi -L finds $$found here. Run it on a GPU machine." >&2; exit 1; fi
 
-record: record-see record-detector record-ofu record-capture record-counters
+record: record-see record-detector record-ofu record-capture record-counters record-variants
 
 # tests/data/h200 (bench.record_traces, bench.clock_density), with the sampler's cost benchmarks
 record-see:
@@ -84,6 +84,11 @@ record-capture:
 record-counters:
 	$(call need_gpus,1)
 	OUT=$(RECORD_OUT) $(RECORD_ENV) bash bench/profile_counters.sh
+
+# tests/data/h200-variants: one transformers step captured with different kernels for the same ops
+record-variants:
+	$(call need_gpus,1)
+	$(RECORD_ENV) python3 -m bench.record_kernel_variants --out $(RECORD_OUT)/h200-variants
 
 # tests/data/h200x2-detector (two GPUs)
 record-x2:
