@@ -33,8 +33,8 @@ from kernelfleet.analyze import census
 from kernelfleet.graph.deps import dependencies
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.checks import probe_disagreements, unsound_writes, with_observations
-from kernelfleet.kernels.cuda.driver import CUDA as driver
 from kernelfleet.kernels.cuda.capture import capture
+from kernelfleet.kernels.cuda.driver import CUDA as driver
 from kernelfleet.kernels.cuda.replay import observe, preludes, stepwise_matches_graph
 from kernelfleet.profile.calibration import Calibration
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec

@@ -25,10 +25,12 @@ from pathlib import Path
 import torch
 
 from bench import command_line
-from kernelfleet.runtime.replicas import capture_replicas, restore_all
+from kernelfleet.plan.model import Device
 from kernelfleet.profile.timing import median_seconds
+from kernelfleet.runtime import plans
 from kernelfleet.runtime.executor import Slot, build, release, run
 from kernelfleet.runtime.link import METHODS, LinkKernels, Throttle, add_copy
+from kernelfleet.runtime.replicas import capture_replicas, restore_all
 from kernelfleet.workloads.steps import reference
 
 
@@ -95,10 +97,12 @@ def check_step(name: str, devices: list[int], out: Path) -> None:
     single_seconds = median_seconds(home.replay, torch.cuda.current_stream())
     n = len(replicas["A"].program.launches)
     results.update(launches=n, single_graph_seconds=single_seconds)
+    problem = plans.problem(replicas["A"].program, [Device("A"), Device("B")])
     for plan_name, (assignment, options) in variants(n).items():
         try:
+            plans.check_slots(problem, plan_name, [assignment], ["A"])  # the executor builds only what passed
             built = build([Slot(replicas, assignment, "A")], **options)
-        except Exception as exc:  # a racy plan, or one the replicas cannot run: reported, never benchmarked
+        except Exception as exc:  # an invalid or racy plan, or one the replicas cannot run: reported, never timed
             results["plans"][plan_name] = {"error": str(exc)}
             print(f"{name} {plan_name}: REFUSED {exc}", flush=True)
             continue

@@ -18,8 +18,16 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal, TypeVar
 
-from pydantic import (AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema,
-                      field_validator)
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from kernelfleet.errors import UsageError

@@ -65,9 +65,9 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from kernelfleet.errors import UsageError
-from kernelfleet.costs.table import CostTable
 from kernelfleet.costs.roofline import INF, Capability, Prior, fit_launch, log_or_minus_inf
+from kernelfleet.costs.table import CostTable
+from kernelfleet.errors import UsageError
 
 __all__ = ["Capability", "Fitted", "LaunchFit", "ModelError", "fit", "leave_one_out", "predict_table"]
 

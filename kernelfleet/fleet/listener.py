@@ -23,7 +23,6 @@ from typing import Any
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
 
-
 TOKEN_VARIABLE = "KERNELFLEET_TOKEN"
 
 

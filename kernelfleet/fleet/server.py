@@ -20,12 +20,12 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
-from kernelfleet.fleet.exporter import OfuCollector
 from kernelfleet.fleet.agent import Agent
+from kernelfleet.fleet.exporter import OfuCollector
 from kernelfleet.fleet.local_backend import LocalBackend, NotFound
 from kernelfleet.fleet.store import Store
 

@@ -15,7 +15,7 @@ from dataclasses import field
 from typing_extensions import Required, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from kernelfleet.documents import CONFIG, Document, document, model, one_of
-from kernelfleet.kernels.ir import MODES, KINDS, Count, Dim3, Positive
+from kernelfleet.kernels.ir import KINDS, MODES, Count, Dim3
 
 CAPTURE_FORMAT = 1
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelfleet.catalog.model import PRECISIONS
+from kernelfleet.costs.table import CostTable
 from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.baselines import baselines
-from kernelfleet.costs.table import CostTable
 from kernelfleet.plan.model import Device, Link, Plan, Problem
 from kernelfleet.plan.policy import throughput
 from kernelfleet.plan.validate import evaluate

@@ -40,7 +40,6 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-
 from typing import Any
 
 import numpy as np

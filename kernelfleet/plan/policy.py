@@ -19,8 +19,8 @@ from kernelfleet.errors import UsageError
 from kernelfleet.plan.baselines import baselines
 from kernelfleet.plan.milp import solve_throughput, switches, zero_comm_bound
 from kernelfleet.plan.model import Candidate, InFlight, Plan, Problem
-from kernelfleet.plan.validate import evaluate, violations
 from kernelfleet.plan.slots import per_request
+from kernelfleet.plan.validate import evaluate, violations
 
 LADDER = (1, 2, 4, 8, 16)  # switch budgets tried with requests in flight
 LADDER_SHARE = 0.5  # of the time limit, for the budgeted solves; the unconstrained solve gets the rest

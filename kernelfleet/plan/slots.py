@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kernelfleet.errors import UsageError
 from kernelfleet.costs.table import CostTable
+from kernelfleet.errors import UsageError
 from kernelfleet.plan.model import Plan, Problem
 from kernelfleet.plan.schedule import Node, schedule
 

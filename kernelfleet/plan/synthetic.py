@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import random
 
+from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Access, Buffer, Launch, Program
-from kernelfleet.costs.table import CostTable
 from kernelfleet.plan.model import Device, Link, Problem
 
 PROFILES = {  # name: (dense bf16 FLOP/s, HBM bytes/s)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernelfleet.errors import UsageError
-from kernelfleet.profile.calibration import Calibration, CalibrationRow, PairChoice, pick_pair, targets
+from kernelfleet.profile.calibration import CalibrationRow, PairChoice, pick_pair, targets
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 
 # Candidate (work SMs, hog SMs) profiles; None: the whole GPU / no hog.

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kernelfleet.catalog.model import PRECISIONS
+from kernelfleet.costs.table import CostTable
 from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.ir import Program
 from kernelfleet.kernels.raw import RawCapture, program_nodes
-from kernelfleet.costs.table import CostTable
 
 EXACT = ("schema", "graph-node", "ptx-dynamic")
 

@@ -41,10 +41,10 @@ from typing import Any
 from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
 from kernelfleet.kernels.ir import Program, merged_ranges
 from kernelfleet.kernels.raw import program_nodes
-from kernelfleet.runtime.executor import Places, Replica, add_launch, plan_graph
-from kernelfleet.runtime.link import LinkKernels, Throttle
 from kernelfleet.plan.schedule import Node
 from kernelfleet.plan.slots import SlotNode
+from kernelfleet.runtime.executor import Places, Replica, add_launch, plan_graph
+from kernelfleet.runtime.link import LinkKernels, Throttle
 
 
 @dataclass(frozen=True, slots=True)

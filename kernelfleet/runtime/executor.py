@@ -28,10 +28,10 @@ from kernelfleet.kernels.cuda.doorway import DriverError
 from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
 from kernelfleet.kernels.ir import Program
 from kernelfleet.kernels.raw import program_nodes
-from kernelfleet.runtime.link import METHODS, LinkKernels, Throttle, add_copy
 from kernelfleet.plan.schedule import Node, races, schedule
 from kernelfleet.plan.slots import SlotNode, pipeline
 from kernelfleet.plan.transfers import AddressMap, Transfer
+from kernelfleet.runtime.link import METHODS, LinkKernels, Throttle, add_copy
 
 if TYPE_CHECKING:  # a type only: the executor never imports torch
     from kernelfleet.kernels.cuda.capture import Captured

@@ -19,7 +19,6 @@ from kernelfleet.ofu.core import ofu, ofu_ratio
 from kernelfleet.telemetry.clock import step_mean
 from kernelfleet.telemetry.sample import Sample
 
-
 STEADY_SM_ACTIVE = 0.5
 # A window's mean clock is a reference only if it rests on reads inside the window. The
 # sampler's adaptive polling reads once a window while the clock held still through the last

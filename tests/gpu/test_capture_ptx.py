@@ -18,9 +18,8 @@ BLOCK = 1024
 
 
 def step(x, y, m):
-    import torch
-
     import ptx_kernels  # the PTX tests' kernels (tests/ptx_kernels.py)
+    import torch
 
     out = torch.empty_like(x)
     ptx_kernels.add[(N // BLOCK,)](x, y, out, N, BLOCK=BLOCK)

@@ -21,8 +21,8 @@ def test_gpm_during_a_gemm_loop_gives_ofu_close_to_timed_mfu():
     from kernelfleet.bench.ofu_sweep import run_point
     from kernelfleet.catalog import Catalog
     from kernelfleet.ofu import ofu
-    from kernelfleet.validation.timeline import work_between
     from kernelfleet.telemetry.nvml import NvmlSource
+    from kernelfleet.validation.timeline import work_between
 
     sku = Catalog.load().lookup(torch.cuda.get_device_name(0), None)
     if sku is None or not sku.peak_flops("bf16"):

@@ -15,9 +15,9 @@ PAIR = {"A": 64, "B": 32}  # SMs of each device's partition
 def test_split_plan_reproduces_each_replica_bit_for_bit():
     import torch
 
-    from kernelfleet.runtime.replicas import capture_replicas, restore_all
     from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
     from kernelfleet.runtime.executor import Slot, build, release, run
+    from kernelfleet.runtime.replicas import capture_replicas, restore_all
     from kernelfleet.workloads.steps import reference
 
     # Two slots, each with a replica on A and on B (seeds 0 and 1: different weights per slot); slot 0

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelfleet.graph.deps import dependencies, kernel_kind
 from kernelfleet.analyze import census
+from kernelfleet.graph.deps import dependencies, kernel_kind
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.checks import probe_disagreements, unsound_writes
 from kernelfleet.kernels.raw import RawCapture

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kernelfleet.documents import read_text
-from kernelfleet.schemas import DOCUMENTS
 from kernelfleet.profile.calibration import Calibration
+from kernelfleet.schemas import DOCUMENTS
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 KEY = re.compile(rb'^\s*\{\s*"(kernelfleet_\w+)"')  # a document names its kind in its first key

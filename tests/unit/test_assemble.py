@@ -6,15 +6,15 @@ import itertools
 import pytest
 import torch
 
+from kernelfleet.analyze import census, load_step
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import dependencies
-from kernelfleet.analyze import census, load_step
 from kernelfleet.kernels.assemble import assemble
-from kernelfleet.kernels.cuda.capture import OpRecorder, op_tensors
 from kernelfleet.kernels.checks import probe_disagreements, unsound_writes, with_observations
 from kernelfleet.kernels.cuda._marshal import extra_buffer
-from kernelfleet.kernels.raw import RawCapture, RawNode, RawOp, RawTensor, Region
+from kernelfleet.kernels.cuda.capture import OpRecorder, op_tensors
 from kernelfleet.kernels.cuda.replay import changed_runs
+from kernelfleet.kernels.raw import RawCapture, RawNode, RawOp, RawTensor, Region
 from kernelfleet.workloads.steps import hf_llama, make
 
 pytestmark = pytest.mark.unit

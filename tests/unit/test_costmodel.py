@@ -8,9 +8,9 @@ import random
 import pytest
 
 from kernelfleet.catalog import Catalog
-from kernelfleet.errors import UsageError
-from kernelfleet.costs.table import CostTable
 from kernelfleet.costs.model import Capability, fit, leave_one_out, predict_table
+from kernelfleet.costs.table import CostTable
+from kernelfleet.errors import UsageError
 
 pytestmark = pytest.mark.unit
 

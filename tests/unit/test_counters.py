@@ -15,10 +15,19 @@ from pathlib import Path
 import pytest
 
 from kernelfleet.cli import main
-from kernelfleet.errors import UsageError
 from kernelfleet.costs.table import CostTable
-from kernelfleet.profile.counters import (LATENCY_PCT, KernelCounters, classify, function_name, launch_classes,
-                                          load_counters, parse_counters, same_kernel, seen)
+from kernelfleet.errors import UsageError
+from kernelfleet.profile.counters import (
+    LATENCY_PCT,
+    KernelCounters,
+    classify,
+    function_name,
+    launch_classes,
+    load_counters,
+    parse_counters,
+    same_kernel,
+    seen,
+)
 from kernelfleet.profile.groups import Group, Groups
 from kernelfleet.profile.table import preference_by_class
 

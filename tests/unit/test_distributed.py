@@ -10,10 +10,10 @@ import pytest
 
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.runtime.distributed import local, rank_ops, weights_read
-from kernelfleet.runtime.executor import Places, plan_graph
 from kernelfleet.plan.schedule import schedule
 from kernelfleet.plan.slots import pipeline
+from kernelfleet.runtime.distributed import local, rank_ops, weights_read
+from kernelfleet.runtime.executor import Places, plan_graph
 
 pytestmark = pytest.mark.unit
 

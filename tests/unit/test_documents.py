@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from kernelfleet.costs.table import CostTable
-from kernelfleet.schemas import SCHEMA_DIR, schema_files
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Access, Buffer, Launch, Program
 from kernelfleet.plan.model import Plan
 from kernelfleet.profile.calibration import Calibration
+from kernelfleet.schemas import SCHEMA_DIR, schema_files
 
 
 def test_the_committed_schemas_are_the_models_schemas():

@@ -14,11 +14,10 @@ import torch
 from fastapi.testclient import TestClient
 
 from kernelfleet.catalog import Catalog
-from kernelfleet.fleet.agent import Agent, attribute_recorded
+from kernelfleet.errors import UsageError
+from kernelfleet.fleet.agent import Agent, attribute_recorded, tile_corrected_ofu
 from kernelfleet.fleet.server import agent_app
 from kernelfleet.fleet.store import Store
-from kernelfleet.errors import UsageError
-from kernelfleet.fleet.agent import tile_corrected_ofu
 from kernelfleet.flops import FlopCount, precision_of
 from kernelfleet.hook import (
     KernelTrace,

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Access, Buffer, Launch, Program
 from kernelfleet.plan.baselines import latency_greedy
 from kernelfleet.plan.compress import Repeats, find_repeats
 from kernelfleet.plan.milp import solve_throughput, zero_comm_bound
-from kernelfleet.costs.table import CostTable
 from kernelfleet.plan.model import Device, Link, Plan, Problem, SolvedRepeats
 from kernelfleet.plan.policy import throughput
 from kernelfleet.plan.synthetic import layered, random_dag

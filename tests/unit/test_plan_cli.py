@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kernelfleet.cli import app, main
+from kernelfleet.costs.table import CostTable
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan import command
 from kernelfleet.plan.gantt import COLOURS
-from kernelfleet.costs.table import CostTable
 from kernelfleet.plan.model import Device, Link, Plan, Problem
 from kernelfleet.plan.synthetic import layered
 from kernelfleet.plan.validate import check, evaluate

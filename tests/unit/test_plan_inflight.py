@@ -11,9 +11,9 @@ from kernelfleet.plan.baselines import baselines
 from kernelfleet.plan.milp import solve_throughput, switches
 from kernelfleet.plan.model import Plan
 from kernelfleet.plan.policy import best_cut, throughput
+from kernelfleet.plan.slots import per_request
 from kernelfleet.plan.synthetic import layered, random_dag
 from kernelfleet.plan.validate import violations
-from kernelfleet.plan.slots import per_request
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ import pytest
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.kernels.assemble import assemble
-from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.kernels.cuda.replay import preludes
+from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.plan import command
 from kernelfleet.profile.table import cost_table
 

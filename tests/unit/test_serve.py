@@ -12,9 +12,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernelfleet.bench.serve import (LATENCY, MODES, REPLICAS, THROUGHPUT, arrival_times, parse_rates, percentile,
-                                     slo_capacity, summary, sweep)
 from kernelfleet.bench import disagg as disagg_bench
+from kernelfleet.bench.serve import (
+    LATENCY,
+    MODES,
+    REPLICAS,
+    THROUGHPUT,
+    arrival_times,
+    parse_rates,
+    percentile,
+    slo_capacity,
+    summary,
+    sweep,
+)
 from kernelfleet.cli import main
 from kernelfleet.errors import UsageError
 from kernelfleet.runtime import gate as runtime_gate

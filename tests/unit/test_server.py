@@ -101,7 +101,6 @@ def test_nan_and_infinity_in_a_hook_report_are_a_422_not_a_500(served):
 
 def test_the_hook_table_keeps_the_newest_jobs_only(served, monkeypatch):
     import kernelfleet.fleet.agent as agent_module
-
     from kernelfleet.fleet.attribution import JobIdentity
 
     monkeypatch.setattr(agent_module, "MAX_HOOK_JOBS", 3)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.costs.table import CostTable
 from kernelfleet.plan.schedule import schedule
 from kernelfleet.plan.slots import estimate, makespan, pipeline
 
@@ -97,8 +97,8 @@ def test_modes_are_checked(decode):
 
 def test_requests_in_flight_under_single_device_and_replica_plans():
     from kernelfleet.plan.baselines import baselines
-    from kernelfleet.plan.synthetic import layered
     from kernelfleet.plan.slots import per_request
+    from kernelfleet.plan.synthetic import layered
 
     problem = layered(2, 2)
     plans = {p.policy: p for p in baselines(problem)[0]}

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import torch
 
 from kernelfleet.kernels.assemble import fitting
+from kernelfleet.kernels.checks import Range
 from kernelfleet.kernels.cuda.capture import Captured
 from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
-from kernelfleet.kernels.checks import Range
 from kernelfleet.kernels.ir import Launch, Program, merged_ranges
 from kernelfleet.kernels.raw import RawNode, program_nodes
 from kernelfleet.ptx import probe as ptx_probe
