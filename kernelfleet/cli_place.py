@@ -195,9 +195,6 @@ def plan_command(
 
     from kernelfleet.plan import command
 
-    if in_flight is not None and in_flight < 1:
-        raise UsageError(f"--in-flight must be at least 1, got {in_flight}")
-
     done = command.setup(program, costs, device or [], link or [], link_gbps, predict or [], profile or [],
                          catalog)
     chosen, plans = command.make_plans(done.problem, policy, time_limit, in_flight=in_flight)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationInfo, field_validator, model_validator
+from typing import Annotated
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from kernelfleet.catalog.model import PRECISIONS
 from kernelfleet.documents import Document, document, one_of
 
 COSTS_FORMAT = 1
+
+
+# One launch's time: no kernel of an inference step runs an hour; a larger figure is a corrupt table
+# (and 1e30 s leaves the MILP's numerics nothing to place by).
+LaunchSeconds = Annotated[float, Field(ge=0, le=3600)]
 
 
 @document("kernelfleet_costs", COSTS_FORMAT, "cost table")
@@ -23,7 +30,7 @@ class CostTable(Document):
     per launch.
     """
 
-    seconds: list[dict[str, float | None]]
+    seconds: list[dict[str, LaunchSeconds | None]]
     source: str = "unknown"  # "measured on ...", "roofline model fitted on ...", "synthetic seed 3"
     flops: list[int | None] | None = None
     bytes: list[int | None] | None = None

@@ -143,7 +143,7 @@ def _hits(node: RawNode, buffers: Buffers) -> list[Hit]:
     found = []
     for index, (_, size, hexbytes) in enumerate(node.params):
         raw = bytes.fromhex(hexbytes)
-        for at in range(0, size - 7, 8):
+        for at in range(0, min(size, len(raw)) - 7, 8):  # the bytes there are, whatever size claims
             value = int.from_bytes(raw[at:at + 8], "little")
             if value < 4096:
                 continue

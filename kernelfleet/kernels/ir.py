@@ -21,8 +21,10 @@ SOURCES = ("ptx-static", "ptx-dynamic", "schema", "memory-diff", "conservative",
 KINDS = ("kernel", "memcpy", "memset")
 FORMAT_VERSION = 1
 
-Count = Annotated[int, Field(ge=0)]
-Positive = Annotated[int, Field(gt=0)]
+# Every address, size and count a GPU produces fits 64 bits; a larger one is a corrupt file (and
+# would have the assembler walk a parameter of 10^30 bytes).
+Count = Annotated[int, Field(ge=0, lt=2**64)]
+Positive = Annotated[int, Field(gt=0, lt=2**64)]
 Dim3 = tuple[Positive, Positive, Positive]
 
 

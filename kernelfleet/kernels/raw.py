@@ -11,13 +11,16 @@ machine, so everything after the GPU is replay-tested on the CPU.
 from __future__ import annotations
 
 from dataclasses import field
+from typing import Annotated
 
+from pydantic import Field
 from typing_extensions import Required, TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from kernelfleet.documents import CONFIG, Document, document, model, one_of
 from kernelfleet.kernels.ir import KINDS, MODES, Count, Dim3
 
 CAPTURE_FORMAT = 1
+HexBytes = Annotated[str, Field(pattern=r"^([0-9a-fA-F]{2})*$")]  # a parameter's bytes, two hex digits each
 
 
 @model("raw node", frozen=True, slots=True)
@@ -30,7 +33,7 @@ class RawNode:
     block: Dim3 | None = None
     shared_bytes: Count = 0
     cluster: Dim3 | None = None
-    params: tuple[tuple[Count, Count, str], ...] = ()
+    params: tuple[tuple[Count, Count, HexBytes], ...] = ()
     dst: int | None = None  # memcpy / memset
     src: int | None = None  # memcpy from device memory
     length_bytes: Count = 0

@@ -23,6 +23,9 @@ from kernelfleet.plan.model import Device, Link, Plan, Problem
 from kernelfleet.plan.policy import throughput
 from kernelfleet.plan.validate import evaluate
 
+# Requests in flight a plan is made for: slots of one graph, each with replicas of its own, so memory
+# bounds them long before this; the prediction simulates every slot (the cost grows with K).
+MAX_IN_FLIGHT = 256
 POLICIES = ("throughput", "latency", "single", "replicas", "pipeline", "attention-ffn", "all")
 GB = 1e9
 
@@ -196,8 +199,8 @@ def make_plans(problem: Problem, policy: str, time_limit_seconds: float,
         raise UsageError(f"--policy {policy!r}: expected one of {', '.join(POLICIES)}")
     if time_limit_seconds <= 0:
         raise UsageError(f"--time-limit must be positive, got {time_limit_seconds}")
-    if in_flight is not None and in_flight < 1:
-        raise UsageError(f"--in-flight must be at least 1, got {in_flight}")
+    if in_flight is not None and not 1 <= in_flight <= MAX_IN_FLIGHT:
+        raise UsageError(f"--in-flight must be at least 1 and at most {MAX_IN_FLIGHT} requests, got {in_flight}")
     if policy in ("throughput", "all"):
         milp, plans, skipped = throughput(problem, time_limit_seconds=time_limit_seconds, in_flight=in_flight)
         plans = [milp] + plans

@@ -344,9 +344,14 @@ def solve_throughput(problem: Problem, *, time_limit_seconds: float = 30.0, mip_
                          f"({h.modelStatusToString(status)}): raise the time limit or use compress=True")
     values = h.getSolution().col_value
     per_class = dict(built.fixed)
-    for (c, d), col in built.x.items():
-        if values[col] > 0.5:
-            per_class[c] = d
+    weight: dict[int, float] = {}
+    for (c, d), col in built.x.items():  # each class where its binary is largest: robust to a solver's slack
+        if values[col] > weight.get(c, 0.0):
+            per_class[c], weight[c] = d, values[col]
+    missing = sorted(set(cls) - set(per_class))
+    if missing:
+        raise UsageError(f"the MILP's answer places no device for {len(missing)} launch class(es) "
+                         "(costs far out of scale?): check the cost table")
     assignment = [per_class[c] for c in cls]
     objective = float(info.objective_function_value)
     dual = float(info.mip_dual_bound)
