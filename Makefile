@@ -31,13 +31,13 @@ run: $(VENV)/.see
 		$(KF) agent --demo; \
 	fi
 
-# System packages the end-to-end tests drive for real (Debian): the Prometheus server and
-# promtool, and Chromium for the dashboard.
+# System packages the tests drive for real (Debian): the Prometheus server and promtool, Chromium
+# for the dashboard, and Node for the dashboard's own script.
 system-deps:
-	@command -v promtool >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 || { \
+	@command -v promtool >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 && command -v node >/dev/null 2>&1 || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
-			--no-install-recommends prometheus chromium; }
+			--no-install-recommends prometheus chromium nodejs; }
 
 test: $(VENV)/.all system-deps
 	$(PY) -m pytest -q

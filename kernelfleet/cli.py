@@ -133,6 +133,9 @@ def agent(
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback listen address."),
     token: str | None = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
     scrape: str | None = typer.Option(None, "--scrape", help="Read a dcgm-exporter /metrics URL instead of NVML."),
+    expire: float = typer.Option(300.0, "--expire", help="Seconds after its last window that a silent GPU leaves "
+                                 "/metrics and the fleet figures (it shows stale after two missed windows)."),
+    api_docs: bool = typer.Option(False, "--api-docs", help="Serve the API's OpenAPI schema and pages (/docs)."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """Sample every GPU each window, store it, and serve Prometheus metrics and the API."""
@@ -147,6 +150,8 @@ def agent(
 
     token = given_token(token)
     host, port = listen_address(listen, allow_remote, token)
+    if not expire > 0:
+        raise UsageError(f"--expire must be a positive number of seconds, got {expire}")
     if scrape is not None and (replay is not None or demo):
         raise UsageError("give one source: --scrape URL, --replay FILE or --demo")
     cat = Catalog.load(catalog)
@@ -165,8 +170,8 @@ def agent(
     with source:
         the_agent = Agent(source, store, cat, identify=attribute_recorded if recorded else attribute_live,
                           pods=(lambda: source.pods) if scrape is not None else None,
-                          hosts=(lambda: source.hosts) if scrape is not None else None)
-        server = Listener(agent_app(the_agent, store, token), sock).start()
+                          hosts=(lambda: source.hosts) if scrape is not None else None, expire_seconds=expire)
+        server = Listener(agent_app(the_agent, store, token, api_docs), sock).start()
         err.print(f"kernelfleet agent: http://{host}:{port}/metrics, store {store_path}")
         stop = threading.Event()
         server.stops(stop)
@@ -188,6 +193,7 @@ def dashboard(
     listen: str = typer.Option("127.0.0.1:9401", help="HOST:PORT for the dashboard and its API."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback listen address."),
     token: str | None = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
+    api_docs: bool = typer.Option(False, "--api-docs", help="Serve the API's OpenAPI schema and pages (/docs)."),
 ) -> None:
     """The dashboard for a whole fleet, reading a Prometheus server instead of one agent's store."""
     import threading
@@ -200,7 +206,7 @@ def dashboard(
     host, port = listen_address(listen, allow_remote, token)
     backend = PrometheusBackend(prometheus)
     backend.health()  # an unreachable Prometheus is one clear line now, not an error page later
-    server = Listener(create_app(backend, token), bind(host, port)).start()
+    server = Listener(create_app(backend, token, api_docs=api_docs), bind(host, port)).start()
     err.print(f"kernelfleet dashboard: http://{host}:{port}/ reading {prometheus}")
     stop = threading.Event()
     server.stops(stop)

@@ -21,6 +21,10 @@ from kernelfleet.telemetry.scrape import PodRef
 
 log = logging.getLogger(__name__)
 MAX_HOOK_JOBS = 1024  # jobs whose last hook report is kept; any client of the port can post one
+STALE_WINDOWS = 2  # a GPU missing from this many windows in a row is stale
+# The sampler is stale when no window has come for this many windows' length (at least the floor):
+# /healthz then fails, and every reading is shown stale.
+SAMPLER_STALE_WINDOWS, SAMPLER_STALE_FLOOR_SECONDS = 3, 10.0
 
 
 class Source(Protocol):
@@ -53,6 +57,7 @@ class Agent:
         detector: RegressionDetector | None = None,
         pods: Callable[[], Mapping[tuple[str, int | None], Sequence[PodRef]]] | None = None,
         hosts: Callable[[], Mapping[tuple[str, int | None], str]] | None = None,
+        expire_seconds: float = 300.0,
     ) -> None:
         self.source = source
         self.store = store
@@ -68,8 +73,13 @@ class Agent:
         self.mfu_margin = 0.10
         self._pending: list[Event] = []
         self._latest: dict[tuple[str, int | None], Reading] = {}
+        self._missed: dict[tuple[str, int | None], int] = {}  # windows in a row each GPU was absent from
+        self._newest = 0.0  # the newest window's timestamp: the time GPUs' ages are measured on
+        self._window_seconds = 1.0
         self._lock = threading.Lock()
         self._last_retention = 0.0
+        self.expire_seconds = expire_seconds  # a GPU silent this long leaves latest(), /metrics and the fleet
+        self._last_step = clock()  # the start counts as a step: a probe passes until the first window is due
         self.windows = 0
 
     def step(self, batch: list[Sample]) -> list[Reading]:
@@ -80,8 +90,15 @@ class Agent:
             host = self.hosts().get((sample.uuid, sample.mig_instance), self.host) if self.hosts else self.host
             readings.append(Reading(host, sample, sku, ofu(sample, sku), classify(sample).value, self._jobs(sample)))
         with self._lock:
+            for key in self._missed:
+                self._missed[key] += 1
             for r in readings:
-                self._latest[r.sample.uuid, r.sample.mig_instance] = r
+                key = r.sample.uuid, r.sample.mig_instance
+                self._latest[key], self._missed[key] = r, 0
+            if batch:
+                self._newest = max(self._newest, max(s.timestamp_seconds for s in batch))
+                self._window_seconds = max(s.window_seconds for s in batch)
+            self._last_step = self.clock()
         events = self._detect(readings)
         if self.store is not None:
             self.store.write([_row(r) for r in readings])
@@ -198,9 +215,31 @@ class Agent:
                 self.store.add_event(self.clock(), "mfu-mismatch", detail, job=job)
         return result
 
+    def sampler_stale(self) -> bool:
+        """No window for longer than ``SAMPLER_STALE_WINDOWS`` windows (the counters or the loop hang)."""
+        limit = max(SAMPLER_STALE_WINDOWS * self._window_seconds, SAMPLER_STALE_FLOOR_SECONDS)
+        return self.clock() - self._last_step > limit
+
     def latest(self) -> list[Reading]:
+        """Each GPU's last reading; stale where the GPU missed ``STALE_WINDOWS`` windows in a row or
+        the sampler itself is stale (a stale reading carries no counters, so no OFU); a GPU whose
+        last window is ``expire_seconds`` older than the newest is forgotten."""
+        sampler_stale = self.sampler_stale()
         with self._lock:
-            return sorted(self._latest.values(), key=lambda r: (r.sample.gpu_index, r.sample.mig_instance or -1))
+            for key in [k for k, r in self._latest.items() if self._newest - r.sample.timestamp_seconds > self.expire_seconds]:
+                del self._latest[key], self._missed[key]
+            out = [self._aged(r, self._missed[key], sampler_stale) for key, r in self._latest.items()]
+        return sorted(out, key=lambda r: (r.sample.gpu_index, r.sample.mig_instance or -1))
+
+    def _aged(self, reading: Reading, missed: int, sampler_stale: bool) -> Reading:
+        if reading.sample.stale or (missed < STALE_WINDOWS and not sampler_stale):
+            return reading
+        why = "the sampler has taken no window" if sampler_stale else f"missing from the last {missed} windows"
+        sample = Sample(timestamp_seconds=reading.sample.timestamp_seconds, window_seconds=reading.sample.window_seconds,
+                        gpu_index=reading.sample.gpu_index, uuid=reading.sample.uuid, name=reading.sample.name,
+                        pci_device_id=reading.sample.pci_device_id, mig_instance=reading.sample.mig_instance,
+                        gpm_supported=reading.sample.gpm_supported, stale=True, error=why)
+        return Reading(reading.host, sample, reading.sku, ofu(sample, reading.sku), classify(sample).value, reading.jobs)
 
     def run(self, stop: threading.Event) -> None:
         """Step through the source until it ends or ``stop`` is set."""

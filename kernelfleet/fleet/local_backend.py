@@ -25,7 +25,10 @@ class LocalBackend:
         return self.store
 
     def health(self) -> dict[str, Any]:
-        return {"ok": True, "windows": self.agent.windows, "host": self.agent.host, "backend": "local"}
+        """``ok`` false while the sampler is stale (the server answers 503): a probe then acts."""
+        stale = self.agent.sampler_stale()
+        return {"ok": not stale, "windows": self.agent.windows, "host": self.agent.host, "backend": "local",
+                "sampler": "stale: no window lately" if stale else "sampling"}
 
     def fleet(self) -> dict[str, Any]:
         latest = self.agent.latest()
@@ -40,7 +43,7 @@ class LocalBackend:
                 "ofu_ratio": r.ofu.ofu_ratio, "ofu_unavailable_reason": r.ofu.reason,
                 "tensor_active_ratio": r.sample.tensor_active_ratio, "sm_clock_hertz": r.sample.sm_clock_mean_hertz,
                 "dram_bandwidth_ratio": r.sample.dram_bandwidth_ratio, "power_watts": r.sample.power_mean_watts,
-                "bottleneck": r.bottleneck, "stale": r.sample.stale,
+                "bottleneck": r.bottleneck, "stale": r.sample.stale, "stale_reason": r.sample.error,
                 "jobs": [{"job": j.job, "kind": j.kind, "user": j.user, "share": j.share, "approximate": j.approximate}
                          for j in r.jobs],
             }

@@ -170,8 +170,9 @@ def create_app(backend: Backend, token: str | None = None, metrics: Callable[[],
             return Response(metrics(), media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/healthz")
-    def healthz() -> dict[str, Any]:
-        return backend.health()
+    def healthz() -> Response:
+        health = backend.health()
+        return FiniteJSONResponse(health, status_code=200 if health.get("ok", True) else 503)
 
     @api.get("/api/fleet")
     def fleet() -> dict[str, Any]:

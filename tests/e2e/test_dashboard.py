@@ -2,6 +2,7 @@
 
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -34,3 +35,56 @@ def test_dashboard_shows_values_and_draws_the_chart(agent, tmp_path):
     assert re.search(r'<div id="chart">.*<canvas', dom, re.S), "uPlot drew no chart"
     console = [line for line in log.splitlines() if "CONSOLE" in line]
     assert not [line for line in console if re.search(r"error|uncaught", line, re.I)], console
+
+
+def test_dashboard_greys_out_and_says_why_when_the_agent_cannot_be_reached(tmp_path):
+    """The page from a server with no API behind it: every fetch fails, as when the agent died."""
+    import http.server
+    import shutil
+    import threading
+
+    import kernelfleet.fleet.server as server
+
+    site = tmp_path / "site"
+    shutil.copytree(server.DASHBOARD, site / "static")
+    shutil.copy(server.DASHBOARD / "index.html", site / "index.html")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(site), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        dom, _ = render(f"http://127.0.0.1:{httpd.server_address[1]}/", tmp_path)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert re.search(r'<body class="offline"', dom), "the page stayed live with no agent behind it"
+    assert re.search(r'id="status" class="alert">agent unreachable \(api/fleet: HTTP 404\)', dom)
+
+
+def test_dashboard_greys_out_when_its_data_is_old(tmp_path):
+    """A recording replayed at its own (past) timestamps: the API answers, but nothing is fresh."""
+    from pathlib import Path
+
+    from e2e_helpers import free_port, wait_http
+
+    port = free_port()
+    trace = Path(__file__).parents[1] / "data" / "h200" / "h200-idle.jsonl.gz"
+    proc = subprocess.Popen([sys.executable, "-m", "kernelfleet", "agent", "--replay", str(trace), "--speed", "1",
+                             "--store", str(tmp_path / "kf.db"), "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz")
+        time.sleep(1.5)
+        dom, _ = render(f"http://127.0.0.1:{port}/", tmp_path)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert re.search(r'<body class="offline"', dom)
+    assert re.search(r'id="status" class="alert">data is \d+ s old: the agent samples no more', dom)

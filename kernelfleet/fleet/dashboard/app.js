@@ -3,7 +3,8 @@
 "use strict";
 
 const token = new URLSearchParams(location.hash.slice(1)).get("token");
-const state = { selected: null, job: null, chart: null };
+const state = { selected: null, job: null, chart: null, lastGood: null };
+const OLD_SECONDS = 10; // newer than this the page is live; older (or a failed fetch) greys it out
 
 async function api(path) {
   const response = await fetch(path, { headers: token ? { Authorization: `Bearer ${token}` } : {} });
@@ -11,6 +12,7 @@ async function api(path) {
   return response.json();
 }
 
+const ago = (ts) => `${Math.max(0, Math.round(Date.now() / 1000 - ts))} s ago`;
 const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
 const text = (tag, value, cls) => {
   const el = document.createElement(tag);
@@ -48,9 +50,10 @@ function renderGpus(gpus) {
     if (state.selected === null) state.selected = g.uuid;
     if (g.uuid === state.selected) row.classList.add("selected");
     const gpu = g.mig_instance === null ? `${g.gpu}` : `${g.gpu}/mig${g.mig_instance}`;
+    if (g.stale) row.classList.add("stale-row");
     row.append(
       text("td", ""), text("td", gpu), text("td", g.sku || g.name),
-      g.stale ? text("td", "stale", "stale") : text("td", pct(g.ofu_ratio), "num ofu"),
+      g.stale ? text("td", `stale · last seen ${ago(g.timestamp_seconds)}`, "stale") : text("td", pct(g.ofu_ratio), "num ofu"),
       text("td", pct(g.tensor_active_ratio), "num"),
       text("td", g.sm_clock_hertz === null ? "—" : `${(g.sm_clock_hertz / 1e6).toFixed(0)} MHz`, "num"),
       text("td", pct(g.dram_bandwidth_ratio), "num"),
@@ -84,9 +87,25 @@ function renderEvents(events) {
   }
 }
 
+// A gap in the data (windows missing, the agent down) becomes a null, so uPlot breaks the line
+// there instead of drawing a flat line across it, as it would for an idle GPU.
+function withGaps(columns) {
+  const ts = columns[0];
+  if (ts.length < 3) return columns;
+  const steps = ts.slice(1).map((t, i) => t - ts[i]).sort((a, b) => a - b);
+  const limit = 2.5 * steps[Math.floor(steps.length / 2)];
+  const out = columns.map(() => []);
+  ts.forEach((t, i) => {
+    if (i && t - ts[i - 1] > limit) out.forEach((col, c) => col.push(c ? null : (t + ts[i - 1]) / 2));
+    out.forEach((col, c) => col.push(columns[c][i]));
+  });
+  return out;
+}
+
 // One chart: a GPU's OFU and tensor activity, or a job's per-minute OFU.
 function renderChart(key, title, data, labels) {
   const el = document.getElementById("chart");
+  data = withGaps(data);
   if (state.chart && state.chart.key === key) {
     state.chart.plot.setData(data);
     return;
@@ -131,10 +150,25 @@ async function refresh() {
     renderJobs(jobs);
     renderEvents(events);
     await refreshChart();
-    document.getElementById("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    const newest = Math.max(0, ...gpus.map((g) => g.timestamp_seconds));
+    const age = Date.now() / 1000 - newest;
+    state.lastGood = Date.now();
+    setLive(gpus.length === 0 || age <= OLD_SECONDS,
+      gpus.length && age > OLD_SECONDS ? `data is ${Math.round(age)} s old: the agent samples no more`
+        : `updated ${new Date().toLocaleTimeString()}`);
   } catch (error) {
-    document.getElementById("status").textContent = `error: ${error.message}`;
+    const since = state.lastGood ? `; what is shown is from ${new Date(state.lastGood).toLocaleTimeString()}` : "";
+    setLive(false, `agent unreachable (${error.message})${since}`);
   }
+}
+
+// Live, or greyed out with why: a dashboard that kept showing its last figures after the agent
+// died looked like a healthy fleet.
+function setLive(live, message) {
+  document.body.classList.toggle("offline", !live);
+  const status = document.getElementById("status");
+  status.textContent = message;
+  status.className = live ? "muted" : "alert";
 }
 
 refresh();
