@@ -5,8 +5,13 @@ Rollups hold sums (value × seconds, and the seconds that had a value), so their
 averages are exactly time-weighted; a minute is rolled up from the raw rows when
 a batch of a later minute arrives (set-based SQL, not one upsert per row, which
 is what lets the store take 50,000 rows a second on two cores), hours from
-minutes. :meth:`Store.roll_up` also rolls the open minute. Retention is
-enforced by :meth:`Store.enforce_retention`, which the agent calls.
+minutes. Retention is enforced by :meth:`Store.enforce_retention`, which the agent calls.
+
+Readers never delay the writer: the writer (the agent's loop) has a connection of its own, and
+every reading thread gets its own read-only connection, so in WAL mode a long job report neither
+waits for a window's transaction nor holds one up. A read is one snapshot (one read transaction),
+and it writes nothing: the minute still open (after ``rolled_until``) is summed from the raw rows
+as it is read, so a rollup read mid-minute shows what has arrived and is never frozen there.
 """
 
 from __future__ import annotations
@@ -73,6 +78,16 @@ CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
 """
 
 
+# One row per GPU and minute from raw windows, in rollup_1m's columns: what a minute's rollup holds.
+_MINUTE_SUMS = ", ".join(
+    f"SUM(COALESCE({m} * window_seconds, 0)) AS {m}_sum, "
+    f"SUM(CASE WHEN {m} IS NULL THEN 0 ELSE window_seconds END) AS {m}_seconds" for m in METRICS)
+_MINUTES = (f"SELECT gpu_id, CAST(ts / 60 AS INTEGER) * 60 AS bucket, SUM(window_seconds) AS seconds, "
+            f"SUM(stale * window_seconds) AS stale_seconds, {_MINUTE_SUMS} FROM samples WHERE ts >= ? AND ts < ? "
+            "GROUP BY 1, 2")
+_OPEN = 2.0**62  # the end of "every raw row from rolled_until on"
+
+
 @dataclass(frozen=True, slots=True)
 class GpuRow:
     """One window of one GPU as the store keeps it (the agent builds these from Samples)."""
@@ -119,13 +134,29 @@ class Retention:
 
 
 def _locked(method: Callable[..., T]) -> Callable[..., T]:
-    """One connection serves the agent's thread and the server's: one call at a time, so a
-    reader never lands inside the writer's transaction."""
+    """The writer's connection serves one writing call at a time."""
 
     @functools.wraps(method)
     def wrapper(self: Store, *args: object, **kwargs: object) -> T:
         with self._lock:
             return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _reading(method: Callable[..., T]) -> Callable[..., T]:
+    """Run a read on this thread's own read-only connection, as one snapshot; never the writer's lock."""
+
+    @functools.wraps(method)
+    def wrapper(self: Store, *args: object, **kwargs: object) -> T:
+        db = self._reader()
+        if db.in_transaction:  # a read inside a read (the job report's events): the same snapshot
+            return method(self, db, *args, **kwargs)
+        db.execute("BEGIN")
+        try:
+            return method(self, db, *args, **kwargs)
+        finally:
+            db.execute("COMMIT")
 
     return wrapper
 
@@ -142,6 +173,9 @@ class Store:
         self._writer_lock = _WriterLock(self.path) if writer else None
         self.retention = retention
         self.clock = clock
+        self._readers = threading.local()
+        self._readers_lock = threading.Lock()
+        self._reader_connections: list[sqlite3.Connection] = []
         try:
             self._open()
         except BaseException:
@@ -166,8 +200,18 @@ class Store:
         self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         rolled = self.db.execute("SELECT value FROM meta WHERE key='rolled_until'").fetchone()
         self._rolled_until: int | None = int(rolled[0]) if rolled else None
-        self._unrolled = True  # rows may have come after the last roll (another run, a crash)
         self._gpu_ids: dict[tuple[str, str, int], int] = {}
+
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's read-only connection (made at its first read)."""
+        db = getattr(self._readers, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
+            db.execute("PRAGMA query_only = ON")
+            self._readers.db = db
+            with self._readers_lock:  # not the writer's lock: a reader never waits for the writer
+                self._reader_connections.append(db)
+        return db
 
     def _version(self) -> int | None:
         has_meta = self.db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
@@ -178,6 +222,9 @@ class Store:
 
     @_locked
     def close(self) -> None:
+        with self._readers_lock:
+            for db in self._reader_connections:
+                db.close()
         self.db.close()
         if self._writer_lock is not None:
             self._writer_lock.release()
@@ -193,23 +240,11 @@ class Store:
                 f"INSERT OR REPLACE INTO samples VALUES (?, ?, ?, {', '.join('?' for _ in METRICS)}, ?, ?)",
                 [(self._gpu_id(r), *_ROW_VALUES(r)) for r in rows],
             )
-            self._unrolled = True
             minute = _floor(max(r.ts for r in rows), 60)
             if self._rolled_until is None:
                 self._rolled_until = _floor(min(r.ts for r in rows), 60)
             if minute > self._rolled_until:
                 self._roll(self._rolled_until, minute)
-
-    @_locked
-    def roll_up(self) -> None:
-        """Bring the rollups up to the newest raw row, the open minute included."""
-        if not self._unrolled:
-            return
-        newest = self.db.execute("SELECT MAX(ts) FROM samples").fetchone()[0]
-        if newest is not None:
-            with _transaction(self.db):
-                start = self._rolled_until if self._rolled_until is not None else 0
-                self._roll(start, _floor(newest, 60) + 60)
 
     def _roll(self, start: int, end: int) -> None:
         """Recompute the minute buckets in [start, end) from raw rows, and the hours they touch.
@@ -217,15 +252,7 @@ class Store:
         Buckets are recomputed, not added to, so rolling a bucket twice (a minute
         that was still open, or after a crash) gives the same rollup.
         """
-        sums = ", ".join(
-            f"SUM(COALESCE({m} * window_seconds, 0)), SUM(CASE WHEN {m} IS NULL THEN 0 ELSE window_seconds END)"
-            for m in METRICS
-        )
-        self.db.execute(
-            f"INSERT OR REPLACE INTO rollup_1m SELECT gpu_id, CAST(ts / 60 AS INTEGER) * 60, SUM(window_seconds), "
-            f"SUM(stale * window_seconds), {sums} FROM samples WHERE ts >= ? AND ts < ? GROUP BY 1, 2",
-            (start, end),
-        )
+        self.db.execute(f"INSERT OR REPLACE INTO rollup_1m {_MINUTES}", (start, end))
         # The fleet line of the dashboard reads one row a minute, not one per GPU a minute.
         self.db.execute(
             "INSERT OR REPLACE INTO fleet_1m SELECT bucket, COUNT(*), SUM(ofu_sum), SUM(ofu_seconds) FROM rollup_1m "
@@ -239,7 +266,6 @@ class Store:
         )
         self.db.execute("INSERT OR REPLACE INTO meta VALUES ('rolled_until', ?)", (str(end),))
         self._rolled_until = end
-        self._unrolled = False
 
     @_locked
     def write_jobs(self, rows: Sequence[JobRow]) -> None:
@@ -253,23 +279,26 @@ class Store:
                 [(r.job, r.kind, r.user, i, r.ts, r.share, int(r.approximate)) for i, r in zip(ids, rows)],
             )
 
-    @_locked
-    def fleet_series(self, start: float, end: float) -> list[dict[str, float | None]]:
-        """Fleet-wide time-weighted OFU per minute, with how many GPUs reported in it."""
-        self.roll_up()
-        rows = self.db.execute(
-            "SELECT bucket, ofu_sum / NULLIF(ofu_seconds, 0), gpus FROM fleet_1m WHERE bucket >= ? AND bucket <= ? "
-            "ORDER BY bucket", (start - 60, end))
+    @_reading
+    def fleet_series(self, db: sqlite3.Connection, start: float, end: float) -> list[dict[str, float | None]]:
+        """Fleet-wide time-weighted OFU per minute, with how many GPUs reported in it (the open
+        minute summed from its raw rows as they stand)."""
+        rolled = _rolled_until(db)
+        rows = db.execute(
+            "SELECT bucket, ofu_sum / NULLIF(ofu_seconds, 0), gpus FROM ("
+            "SELECT bucket, gpus, ofu_sum, ofu_seconds FROM fleet_1m WHERE bucket < ? UNION ALL "
+            f"SELECT bucket, COUNT(*), SUM(ofu_sum), SUM(ofu_seconds) FROM ({_MINUTES}) GROUP BY bucket"
+            ") WHERE bucket >= ? AND bucket <= ? ORDER BY bucket", (rolled, rolled, _OPEN, start - 60, end))
         return [{"ts": ts, "ofu": ofu, "gpus": n} for ts, ofu, n in rows]
 
-    @_locked
-    def jobs(self) -> list[str]:
-        return [row[0] for row in self.db.execute("SELECT DISTINCT job FROM job_windows ORDER BY job")]
+    @_reading
+    def jobs(self, db: sqlite3.Connection) -> list[str]:
+        return [row[0] for row in db.execute("SELECT DISTINCT job FROM job_windows ORDER BY job")]
 
-    @_locked
-    def job_summaries(self, since: float) -> list[dict[str, object]]:
+    @_reading
+    def job_summaries(self, db: sqlite3.Connection, since: float) -> list[dict[str, object]]:
         """Every job seen since ``since``: its GPUs and share-weighted OFU, least efficient first."""
-        rows = self.db.execute(
+        rows = db.execute(
             "SELECT j.job, MAX(j.kind), COUNT(DISTINCT j.gpu_id), "
             "SUM(s.ofu * j.share * s.window_seconds) / NULLIF(SUM(CASE WHEN s.ofu IS NULL THEN 0 "
             "ELSE j.share * s.window_seconds END), 0) AS ofu "
@@ -277,27 +306,27 @@ class Store:
             "WHERE j.ts >= ? GROUP BY j.job ORDER BY ofu IS NULL, ofu", (since,))
         return [{"job": j, "kind": k, "gpus": n, "ofu_ratio": o} for j, k, n, o in rows]
 
-    @_locked
-    def job_report(self, job: str) -> dict[str, object] | None:
+    @_reading
+    def job_report(self, db: sqlite3.Connection, job: str) -> dict[str, object] | None:
         """A job's OFU per GPU over its lifetime, its bottleneck classes, timeline and events."""
-        first = self.db.execute("SELECT MIN(ts), MAX(ts), MAX(kind), MAX(user) FROM job_windows WHERE job = ?", (job,)).fetchone()
+        first = db.execute("SELECT MIN(ts), MAX(ts), MAX(kind), MAX(user) FROM job_windows WHERE job = ?", (job,)).fetchone()
         if first[0] is None:
             return None
         per_gpu = [
             {"host": h, "uuid": u, "mig_instance": None if mig < 0 else mig, "gpu_index": i, "name": n,
              "ofu_ratio": ofu, "seconds": secs, "mean_share": share, "approximate": bool(approx)}
-            for h, u, mig, i, n, ofu, secs, share, approx in self.db.execute(
+            for h, u, mig, i, n, ofu, secs, share, approx in db.execute(
                 "SELECT g.host, g.uuid, g.mig_instance, g.gpu_index, g.name, "
                 "SUM(s.ofu * s.window_seconds) / NULLIF(SUM(CASE WHEN s.ofu IS NULL THEN 0 ELSE s.window_seconds END), 0), "
                 "SUM(s.window_seconds), AVG(j.share), MAX(j.approximate) "
                 "FROM job_windows j JOIN samples s ON s.gpu_id = j.gpu_id AND s.ts = j.ts JOIN gpus g ON g.gpu_id = j.gpu_id "
                 "WHERE j.job = ? GROUP BY j.gpu_id ORDER BY g.host, g.gpu_index", (job,))
         ]
-        classes = dict(self.db.execute(
+        classes = dict(db.execute(
             "SELECT s.bottleneck, SUM(s.window_seconds) FROM job_windows j JOIN samples s "
             "ON s.gpu_id = j.gpu_id AND s.ts = j.ts WHERE j.job = ? GROUP BY 1 ORDER BY 2 DESC", (job,)))
         timeline = [
-            {"ts": ts, "ofu_ratio": ofu} for ts, ofu in self.db.execute(
+            {"ts": ts, "ofu_ratio": ofu} for ts, ofu in db.execute(
                 "SELECT CAST(s.ts / 60 AS INTEGER) * 60, "
                 "SUM(s.ofu * j.share * s.window_seconds) / NULLIF(SUM(j.share * s.window_seconds), 0) "
                 "FROM job_windows j JOIN samples s ON s.gpu_id = j.gpu_id AND s.ts = j.ts "
@@ -307,12 +336,12 @@ class Store:
                 "gpus": per_gpu, "bottleneck_seconds": classes, "timeline_1m": timeline,
                 "events": self.events(job=job)}
 
-    @_locked
-    def events(self, since: float = 0.0, job: str | None = None) -> list[dict[str, object]]:
+    @_reading
+    def events(self, db: sqlite3.Connection, since: float = 0.0, job: str | None = None) -> list[dict[str, object]]:
         query = ("SELECT e.ts, e.kind, g.uuid, e.job, e.detail FROM events e LEFT JOIN gpus g USING (gpu_id) "
                  "WHERE e.ts >= ?" + (" AND e.job = ?" if job is not None else "") + " ORDER BY e.ts")
         params = (since, job) if job is not None else (since,)
-        return [{"ts": ts, "kind": k, "uuid": u, "job": j, "detail": d} for ts, k, u, j, d in self.db.execute(query, params)]
+        return [{"ts": ts, "kind": k, "uuid": u, "job": j, "detail": d} for ts, k, u, j, d in db.execute(query, params)]
 
     @_locked
     def add_event(self, ts: float, kind: str, detail: str, gpu_uuid: str | None = None, job: str | None = None) -> None:
@@ -351,40 +380,53 @@ class Store:
             self.db.execute("DELETE FROM events WHERE ts < ?", (now - self.retention.hour_seconds,))
 
     # -- reading -------------------------------------------------------------------
-    @_locked
-    def gpus(self) -> list[dict[str, object]]:
-        cur = self.db.execute("SELECT host, uuid, mig_instance, gpu_index, name, sku FROM gpus ORDER BY host, gpu_index, mig_instance")
+    @_reading
+    def gpus(self, db: sqlite3.Connection) -> list[dict[str, object]]:
+        cur = db.execute("SELECT host, uuid, mig_instance, gpu_index, name, sku FROM gpus ORDER BY host, gpu_index, mig_instance")
         return [
             {"host": h, "uuid": u, "mig_instance": None if mig < 0 else mig, "gpu_index": i, "name": n, "sku": s}
             for h, u, mig, i, n, s in cur
         ]
 
-    @_locked
-    def series(self, uuid: str, start: float, end: float, resolution: str = "raw",
+    @_reading
+    def series(self, db: sqlite3.Connection, uuid: str, start: float, end: float, resolution: str = "raw",
                metrics: Iterable[str] = ("ofu",)) -> list[dict[str, float | None]]:
-        """Points of one GPU between ``start`` and ``end``: raw windows or time-weighted rollups."""
+        """Points of one GPU between ``start`` and ``end``: raw windows or time-weighted rollups (the
+        open minute, and its hour, summed from the raw rows as they stand)."""
         metrics = tuple(metrics)
         unknown = set(metrics) - set(METRICS)
         if unknown:
             raise UsageError(f"unknown metric(s) {sorted(unknown)}; known: {', '.join(METRICS)}")
         if resolution == "raw":
             cols = ", ".join(f"s.{m}" for m in metrics)
-            cur = self.db.execute(
+            cur = db.execute(
                 f"SELECT s.ts, {cols} FROM samples s JOIN gpus g USING (gpu_id) "
                 "WHERE g.uuid = ? AND s.ts >= ? AND s.ts <= ? ORDER BY s.ts",
                 (uuid, start, end),
             )
         elif resolution in RESOLUTIONS:
-            self.roll_up()  # include the open minute
+            seconds = RESOLUTIONS[resolution]
+            rolled = _rolled_until(db)
+            sums = ", ".join(f"SUM({m}_sum) AS {m}_sum, SUM({m}_seconds) AS {m}_seconds" for m in METRICS)
+            columns = ", ".join(f"{m}_sum, {m}_seconds" for m in METRICS)
             cols = ", ".join(f"CASE WHEN r.{m}_seconds > 0 THEN r.{m}_sum / r.{m}_seconds END" for m in metrics)
-            cur = self.db.execute(
-                f"SELECT r.bucket, {cols} FROM rollup_{resolution} r JOIN gpus g USING (gpu_id) "
+            # rolled buckets, and the open minutes added into theirs (a rollup holds rolled minutes only)
+            cur = db.execute(
+                f"SELECT r.bucket, {cols} FROM (SELECT gpu_id, CAST(bucket / {seconds} AS INTEGER) * {seconds} AS bucket, "
+                f"{sums} FROM (SELECT gpu_id, bucket, {columns} FROM rollup_{resolution} WHERE bucket < ? UNION ALL "
+                f"SELECT gpu_id, bucket, {columns} FROM ({_MINUTES})) GROUP BY 1, 2) r JOIN gpus g USING (gpu_id) "
                 "WHERE g.uuid = ? AND r.bucket >= ? AND r.bucket <= ? ORDER BY r.bucket",
-                (uuid, start - RESOLUTIONS[resolution], end),
+                (rolled if resolution == "1m" else _OPEN, rolled, _OPEN, uuid, start - seconds, end),
             )
         else:
             raise UsageError(f"resolution must be raw, 1m or 1h, got {resolution!r}")
         return [dict(zip(("ts", *metrics), row)) for row in cur]
+
+
+def _rolled_until(db: sqlite3.Connection) -> float:
+    """Where the rolled minutes end, as this snapshot sees it (before the first roll: nothing rolled)."""
+    row = db.execute("SELECT value FROM meta WHERE key='rolled_until'").fetchone()
+    return float(row[0]) if row else float("-inf")
 
 
 _ROW_VALUES = operator.attrgetter("ts", "window_seconds", *METRICS, "bottleneck", "stale")

@@ -124,3 +124,60 @@ def test_retention_follows_the_datas_clock_so_an_old_recording_keeps_its_windows
     for sample in samples:
         agent.step([sample])  # default retention: every 60 s of data, 24 h of raw windows
     assert len(store.series(samples[0].uuid, 0, 4e9)) == 24
+
+
+def test_a_minute_read_while_it_is_still_open_is_never_frozen_there(tmp_path, h200_trace):
+    """The first half of a minute's windows, a read of the minute rollup, then the second half:
+    the next read has all of them (a read that rolled the open minute up used to freeze it)."""
+    samples = [b[0] for b in ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz").batches()]
+    minute = 60 * (int(samples[0].timestamp_seconds) // 60 + 1)
+    one_minute = [dataclasses.replace(s, timestamp_seconds=minute + 1.0 + i) for i, s in enumerate(samples)]
+    store = Store(tmp_path / "kf.db")
+    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1")
+    sku, uuid = CATALOG.get("h200-sxm"), samples[0].uuid
+    for s in one_minute[:12]:
+        agent.step([s])
+    (half,) = store.series(uuid, 0, 2e9, "1m")
+    assert half["ofu"] == pytest.approx(summarize(one_minute[:12], sku).ofu_ratio, rel=1e-9)
+    for s in one_minute[12:]:
+        agent.step([s])
+    for resolution in ("1m", "1h"):
+        (whole,) = store.series(uuid, 0, 2e9, resolution)
+        assert whole["ofu"] == pytest.approx(summarize(one_minute, sku).ofu_ratio, rel=1e-9)
+    assert summarize(one_minute[:12], sku).ofu_ratio != pytest.approx(summarize(one_minute, sku).ofu_ratio)
+    (fleet,) = store.fleet_series(0, 2e9)
+    assert fleet["gpus"] == 1 and fleet["ofu"] == pytest.approx(whole["ofu"], rel=1e-9)
+
+
+def test_readers_never_wait_for_the_writer_and_never_hold_it_up(tmp_path, h200_trace):
+    """Each reading thread has its own read-only connection: a read goes on while the writer is
+    inside a call, and a write commits while a read holds its snapshot open (WAL)."""
+    store, samples = fill(tmp_path, h200_trace)
+    uuid = samples[0].uuid
+    read: dict[str, object] = {}
+
+    def reader() -> None:
+        read["series"] = len(store.series(uuid, 0, 2e9, "1m"))
+        read["gpus"] = store.gpus()
+
+    with store._lock:  # the writer is busy inside a call of its own
+        thread = threading.Thread(target=reader)
+        thread.start()
+        thread.join(timeout=20)
+        minutes = len({int(s.timestamp_seconds // 60) for s in samples})
+        assert not thread.is_alive() and read["series"] == minutes and len(read["gpus"]) == 1
+
+    snapshot = store._reader()  # this thread's reader, inside a read transaction: a long report
+    snapshot.execute("BEGIN")
+    before = snapshot.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1")
+    later = dataclasses.replace(samples[-1], timestamp_seconds=samples[-1].timestamp_seconds + 1.0)
+    writer = threading.Thread(target=agent.step, args=([later],))
+    writer.start()
+    writer.join(timeout=20)
+    assert not writer.is_alive()  # committed while the read was open
+    assert snapshot.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == before  # the reader's snapshot
+    snapshot.execute("COMMIT")
+    assert snapshot.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == before + 1
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        snapshot.execute("DELETE FROM samples")  # and a reader writes nothing
