@@ -86,8 +86,8 @@ def fleet_query(tmp: Path) -> float:
 def metrics_8_gpus() -> tuple[float, float]:
     """A real uvicorn server on loopback, scraped 50 times; and the exposition alone."""
     source = ReplaySource(DEMO)
-    agent = Agent(source, None, Catalog.load(), identify=attribute_recorded)
     (sample,) = next(source.batches())
+    agent = Agent(source, None, Catalog.load(), identify=attribute_recorded, clock=lambda: sample.timestamp_seconds)
     agent.step([dataclasses.replace(sample, gpu_index=i, uuid=f"GPU-{i}") for i in range(8)])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,9 +114,11 @@ def metrics_8_gpus() -> tuple[float, float]:
 
 def memory_over_an_hour(tmp: Path) -> list[float]:
     source = ReplaySource(DEMO, speed=100.0, loop=True, sleep=lambda s: None)
-    agent = Agent(source, Store(tmp / "hour.db"), Catalog.load(), identify=attribute_recorded)
+    now = [0.0]  # the agent's clock follows the hour as it is fed, faster than real time
+    agent = Agent(source, Store(tmp / "hour.db"), Catalog.load(), identify=attribute_recorded, clock=lambda: now[0])
     rss = []
     for i, batch in enumerate(source.batches(count=3600)):
+        now[0] = batch[0].timestamp_seconds
         agent.step(batch)
         if i % 600 == 599:
             rss.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

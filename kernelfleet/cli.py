@@ -40,7 +40,7 @@ DEMO_TRACE = Path(__file__).parent / "data" / "demo-h200.jsonl.gz"
 
 
 def _source(replay: Path | None, demo: bool, interval: float, clock_poll: float, speed: float | None, loop: bool,
-            dense_clock: bool = False):
+            dense_clock: bool = False, rebase: bool = False):
     from kernelfleet.telemetry.nvml import NvmlSource
     from kernelfleet.telemetry.replay import ReplaySource
 
@@ -48,8 +48,8 @@ def _source(replay: Path | None, demo: bool, interval: float, clock_poll: float,
         raise UsageError("give --replay FILE or --demo, not both")
     if demo:
         return ReplaySource(DEMO_TRACE, speed=speed, loop=loop, rebase_time=True)
-    if replay is not None:
-        return ReplaySource(replay, speed=speed, loop=loop)
+    if replay is not None:  # rebase: an agent stores the recording as if it were sampled now
+        return ReplaySource(replay, speed=speed, loop=loop, rebase_time=rebase)
     return NvmlSource(interval_seconds=interval, clock_poll_seconds=clock_poll, adaptive_clock_poll=not dense_clock)
 
 
@@ -159,7 +159,8 @@ def agent(
         # dcgm-exporter refreshes its fields every 30 s by default: scraping faster reads the same values.
         source = ScrapeSource(scrape, interval_seconds=interval or 30.0)
     else:
-        source = _source(replay, demo, interval or 1.0, clock_poll, speed, loop=demo, dense_clock=dense_clock)
+        source = _source(replay, demo, interval or 1.0, clock_poll, speed, loop=demo, dense_clock=dense_clock,
+                         rebase=True)
     recorded = replay is not None or demo
     sock = bind(host, port)  # before the store and the first window: a clash exits now, not after a banner
     try:

@@ -7,6 +7,7 @@ import logging
 import socket
 import threading
 import time
+from collections import Counter
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from kernelfleet.catalog import Catalog, Sku
@@ -25,6 +26,9 @@ STALE_WINDOWS = 2  # a GPU missing from this many windows in a row is stale
 # The sampler is stale when no window has come for this many windows' length (at least the floor):
 # /healthz then fails, and every reading is shown stale.
 SAMPLER_STALE_WINDOWS, SAMPLER_STALE_FLOOR_SECONDS = 3, 10.0
+# A window dated this far ahead of the agent's clock is refused (a node's clock may run a little
+# ahead; a year is a bad clock); one older than the store keeps raw windows is refused too.
+MAX_FUTURE_SECONDS, MAX_PAST_SECONDS = 300.0, 24 * 3600.0
 
 
 class Source(Protocol):
@@ -78,12 +82,16 @@ class Agent:
         self._window_seconds = 1.0
         self._lock = threading.Lock()
         self._last_retention = 0.0
+        self.rejected: Counter[str] = Counter()  # windows refused for their date: "future", "past"
         self.expire_seconds = expire_seconds  # a GPU silent this long leaves latest(), /metrics and the fleet
         self._last_step = clock()  # the start counts as a step: a probe passes until the first window is due
         self.windows = 0
 
     def step(self, batch: list[Sample]) -> list[Reading]:
-        """Handle one batch: readings for the exporter and API, rows for the store."""
+        """Handle one batch: readings for the exporter and API, rows for the store. Windows dated
+        in the future or the far past (against the agent's clock) are refused and counted in
+        ``rejected``: they never reach the store or move its clock."""
+        batch = self._in_time(batch)
         readings = []
         for sample in batch:
             sku = self.catalog.lookup(sample.name, sample.pci_device_id)
@@ -111,14 +119,30 @@ class Agent:
                 uuid = event.key[1] if event.key[0] == "gpu" else None
                 job = event.key[1] if event.key[0] == "job" else None
                 self.store.add_event(event.ts, event.kind, event.describe(), gpu_uuid=uuid, job=job)
-            # Retention runs on the data's clock, not the wall's: a replayed recording from last
-            # month keeps its windows, and a live agent's newest window is now anyway.
-            now = max(s.timestamp_seconds for s in batch) if batch else self.clock()
+            # Retention runs on the agent's clock: one window dated a year ahead once deleted every
+            # sample, rollup and event. (A recording replayed into a store is rebased to now.)
+            now = self.clock()
             if now - self._last_retention >= self.retention_every_seconds:
                 self.store.enforce_retention(now)
                 self._last_retention = now
         self.windows += 1
         return readings
+
+    def _in_time(self, batch: list[Sample]) -> list[Sample]:
+        now = self.clock()
+        oldest = now - (self.store.retention.raw_seconds if self.store is not None else MAX_PAST_SECONDS)
+        kept = []
+        for sample in batch:
+            when = "future" if sample.timestamp_seconds > now + MAX_FUTURE_SECONDS else \
+                "past" if sample.timestamp_seconds < oldest else None
+            if when is None:
+                kept.append(sample)
+                continue
+            self.rejected[when] += 1
+            if self.rejected[when] == 1:
+                log.warning("refused a window of %s dated %+.0f s from this machine's clock (%s); such windows are "
+                            "counted, not stored", sample.uuid, sample.timestamp_seconds - now, when)
+        return kept
 
     def _jobs(self, sample: Sample) -> tuple[JobShare, ...]:
         """Which jobs held this GPU; a shared GPU is split by per-process SM use (approximate)."""

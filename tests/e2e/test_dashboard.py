@@ -69,19 +69,20 @@ def test_dashboard_greys_out_and_says_why_when_the_agent_cannot_be_reached(tmp_p
 
 
 def test_dashboard_greys_out_when_its_data_is_old(tmp_path):
-    """A recording replayed at its own (past) timestamps: the API answers, but nothing is fresh."""
+    """An agent whose source has gone quiet (a recording replayed at 1/20 speed: a window each
+    20 s): the API still answers, but with the window from before, so the page is not live."""
     from pathlib import Path
 
     from e2e_helpers import free_port, wait_http
 
     port = free_port()
     trace = Path(__file__).parents[1] / "data" / "h200" / "h200-idle.jsonl.gz"
-    proc = subprocess.Popen([sys.executable, "-m", "kernelfleet", "agent", "--replay", str(trace), "--speed", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "kernelfleet", "agent", "--replay", str(trace), "--speed", "0.05",
                              "--store", str(tmp_path / "kf.db"), "--listen", f"127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz")
-        time.sleep(1.5)
+        time.sleep(12.0)  # past the page's 10 s, before the next window
         dom, _ = render(f"http://127.0.0.1:{port}/", tmp_path)
     finally:
         proc.kill()

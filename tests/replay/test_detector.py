@@ -5,6 +5,7 @@ import random
 from pathlib import Path
 
 import pytest
+from recorded import at_end_of
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.fleet.detect import RegressionDetector
@@ -79,7 +80,8 @@ def test_a_data_parallel_slowdown_is_flagged_on_both_gpus_and_for_the_job(tmp_pa
         return JobIdentity(process.pid, job, "label", None, None, None, None, None, None, None)
 
     store = Store(tmp_path / "kf.db")
-    agent = Agent(ReplaySource(data / "h200x2-ddp.jsonl.gz"), store, Catalog.load(), identify=identify)
+    agent = Agent(ReplaySource(data / "h200x2-ddp.jsonl.gz"), store, Catalog.load(), identify=identify,
+                  clock=at_end_of(data / "h200x2-ddp.jsonl.gz"))
     for batch in agent.source.batches():
         assert len(batch) == 2
         agent.step(batch)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from recorded import at_end_of
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.errors import UsageError
@@ -77,7 +78,8 @@ def test_attention_flops_come_from_torchs_formulas():
 def agent_on_a_recording(tmp_path):
     """The clean half of an H200 recording (OFU ~0.69); every PID is the recorded job."""
     recorded = attribute_recorded(ProcessSample(pid=414, name="python3"))
-    agent = Agent(ReplaySource(DROP), Store(tmp_path / "kf.db"), Catalog.load(), identify=lambda p: recorded)
+    agent = Agent(ReplaySource(DROP), Store(tmp_path / "kf.db"), Catalog.load(), identify=lambda p: recorded,
+                  clock=at_end_of(DROP))
     for i, batch in enumerate(ReplaySource(DROP).batches()):
         agent.step(batch)
         if i == 30:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from recorded import at_end_of
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.fleet.agent import Agent, attribute_recorded
@@ -23,7 +24,8 @@ DROP = Path(__file__).parents[1] / "data" / "h200-detector" / "h200-drop.jsonl.g
 @pytest.fixture
 def drop_store(tmp_path):
     store = Store(tmp_path / "kf.db")
-    agent = Agent(ReplaySource(DROP), store, Catalog.load(), host="node-1", identify=attribute_recorded)
+    agent = Agent(ReplaySource(DROP), store, Catalog.load(), host="node-1", identify=attribute_recorded,
+                  clock=at_end_of(DROP))
     agent.run(threading.Event())
     return agent, store
 

@@ -101,7 +101,8 @@ def test_pods_come_with_each_batch_and_from_the_helper(fake_time):
 
 def test_the_agent_files_scraped_gpus_under_their_node_and_pods(fake_time):
     src = source(fake_time, text("h100x2-k8s.prom"))
-    agent = Agent(src, None, Catalog.load(), host="collector", pods=lambda: src.pods, hosts=lambda: src.hosts)
+    agent = Agent(src, None, Catalog.load(), host="collector", pods=lambda: src.pods, hosts=lambda: src.hosts,
+                  clock=fake_time.wall)
     readings = agent.step(src.read())
     assert {r.host for r in readings} == {"gpu-h100-017"}
     busy = next(r for r in readings if r.jobs)

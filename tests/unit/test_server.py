@@ -4,6 +4,7 @@ import threading
 
 import pytest
 from fastapi.testclient import TestClient
+from recorded import at_end_of
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.fleet.agent import Agent
@@ -18,7 +19,8 @@ UUID = "GPU-ba2fb2e1-e13f-855e-a2da-7a7eab16b60f"
 @pytest.fixture
 def served(tmp_path, h200_trace):
     store = Store(tmp_path / "kf.db")
-    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, Catalog.load(), host="node-1")
+    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, Catalog.load(), host="node-1",
+                  clock=at_end_of(h200_trace / "h200-bf16-gemm.jsonl.gz"))
     agent.run(threading.Event())
     return agent, store
 

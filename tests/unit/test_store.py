@@ -5,6 +5,7 @@ import sqlite3
 import threading
 
 import pytest
+from recorded import at_end_of
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.errors import UsageError
@@ -17,10 +18,14 @@ pytestmark = pytest.mark.unit
 CATALOG = Catalog.load()
 
 
+def CLOCK(h200_trace):  # noqa: N802 - the agent's clock: the recording's end
+    return at_end_of(h200_trace / "h200-bf16-gemm.jsonl.gz")
+
+
 def fill(tmp_path, h200_trace, name="h200-bf16-gemm", **store_kw):
     store = Store(tmp_path / "kf.db", **store_kw)
     source = ReplaySource(h200_trace / f"{name}.jsonl.gz")
-    agent = Agent(source, store, CATALOG, host="node-1", retention_every_seconds=1e12)
+    agent = Agent(source, store, CATALOG, host="node-1", retention_every_seconds=1e12, clock=at_end_of(source.path))
     agent.run(stop=threading.Event())
     return store, [b[0] for b in source.batches()]
 
@@ -54,7 +59,7 @@ def test_raw_series_and_rollups_agree_with_the_ofu_maths(tmp_path, h200_trace):
 
 def test_rewriting_a_window_is_idempotent_for_raw_rows(tmp_path, h200_trace):
     store, samples = fill(tmp_path, h200_trace)
-    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1")
+    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1", clock=CLOCK(h200_trace))
     agent.step([samples[3]])
     assert len(store.series(samples[3].uuid, 0, 2e9)) == 24
 
@@ -94,7 +99,7 @@ def test_a_reader_thread_never_lands_inside_the_writers_transaction(tmp_path, h2
     """The agent writes from its loop while the server reads (and rolls up) from another thread."""
     store = Store(tmp_path / "kf.db")
     samples = [b[0] for b in ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz").batches()]
-    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1")
+    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1", clock=CLOCK(h200_trace))
     errors = []
 
     def read() -> None:
@@ -115,15 +120,22 @@ def test_a_reader_thread_never_lands_inside_the_writers_transaction(tmp_path, h2
     assert errors == []
 
 
-def test_retention_follows_the_datas_clock_so_an_old_recording_keeps_its_windows(tmp_path, h200_trace):
-    month_ago = -30 * 86400.0
-    samples = [dataclasses.replace(b[0], timestamp_seconds=b[0].timestamp_seconds + month_ago)
-               for b in ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz").batches()]
-    store = Store(tmp_path / "kf.db")
-    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1")
-    for sample in samples:
-        agent.step([sample])  # default retention: every 60 s of data, 24 h of raw windows
-    assert len(store.series(samples[0].uuid, 0, 4e9)) == 24
+def test_one_bad_clock_cannot_wipe_history_and_old_windows_are_refused(tmp_path, h200_trace, caplog):
+    """Retention runs on the agent's clock. A window dated 401 days ahead once deleted every sample,
+    rollup and event (retention ran on the data's clock); now it is refused and counted, and so is
+    a window from a month ago (older than the store keeps raw windows)."""
+    store, samples = fill(tmp_path, h200_trace)
+    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1",
+                  clock=CLOCK(h200_trace), retention_every_seconds=0.0)
+    ahead = dataclasses.replace(samples[-1], timestamp_seconds=samples[-1].timestamp_seconds + 401 * 86400)
+    month_ago = dataclasses.replace(samples[0], timestamp_seconds=samples[0].timestamp_seconds - 30 * 86400)
+    with caplog.at_level("WARNING"):
+        assert agent.step([ahead]) == [] and agent.step([month_ago]) == []
+    assert agent.rejected == {"future": 1, "past": 1}
+    assert "counted, not stored" in caplog.text
+    assert len(store.series(samples[0].uuid, 0, 4e10)) == 24  # retention ran, on the agent's clock
+    assert store.series(samples[0].uuid, 0, 4e10, "1h")
+    assert agent.latest() == []  # nor shown: a refused window is no reading
 
 
 def test_a_minute_read_while_it_is_still_open_is_never_frozen_there(tmp_path, h200_trace):
@@ -133,7 +145,7 @@ def test_a_minute_read_while_it_is_still_open_is_never_frozen_there(tmp_path, h2
     minute = 60 * (int(samples[0].timestamp_seconds) // 60 + 1)
     one_minute = [dataclasses.replace(s, timestamp_seconds=minute + 1.0 + i) for i, s in enumerate(samples)]
     store = Store(tmp_path / "kf.db")
-    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1")
+    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1", clock=CLOCK(h200_trace))
     sku, uuid = CATALOG.get("h200-sxm"), samples[0].uuid
     for s in one_minute[:12]:
         agent.step([s])
@@ -170,7 +182,7 @@ def test_readers_never_wait_for_the_writer_and_never_hold_it_up(tmp_path, h200_t
     snapshot = store._reader()  # this thread's reader, inside a read transaction: a long report
     snapshot.execute("BEGIN")
     before = snapshot.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
-    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1")
+    agent = Agent(ReplaySource(h200_trace / "h200-bf16-gemm.jsonl.gz"), store, CATALOG, host="node-1", clock=CLOCK(h200_trace))
     later = dataclasses.replace(samples[-1], timestamp_seconds=samples[-1].timestamp_seconds + 1.0)
     writer = threading.Thread(target=agent.step, args=([later],))
     writer.start()
