@@ -50,20 +50,21 @@ class LocalBackend:
             for r in self.agent.latest()
         ]
 
-    def series(self, uuid: str, start: float, end: float, resolution: str, metrics: list[str]) -> list[dict[str, Any]]:
+    def series(self, uuid: str, start: float, end: float, resolution: str, metrics: list[str],
+               limit: int | None = None) -> list[dict[str, Any]]:
         store = self._store()
         if uuid not in {g["uuid"] for g in store.gpus()}:
             raise NotFound(f"no GPU with uuid {uuid!r}")
-        return store.series(uuid, start, end, resolution, metrics)
+        return store.series(uuid, start, end, resolution, metrics, limit)
 
     def fleet_series(self, start: float, end: float) -> list[dict[str, Any]]:
         return self._store().fleet_series(start, end)
 
-    def jobs(self) -> list[str]:
-        return self._store().jobs()
+    def jobs(self, limit: int | None = None) -> list[str]:
+        return self._store().jobs(limit)
 
-    def job_summaries(self, since: float) -> list[dict[str, Any]]:
-        return self._store().job_summaries(since)
+    def job_summaries(self, since: float, limit: int | None = None) -> list[dict[str, Any]]:
+        return self._store().job_summaries(since, limit)
 
     def job(self, job: str) -> dict[str, Any]:
         report = self._store().job_report(job)
@@ -71,8 +72,8 @@ class LocalBackend:
             raise NotFound(f"no job {job!r} in the store")
         return {**report, "hook": self.agent.hooks.get(job)}
 
-    def events(self, since: float) -> list[dict[str, Any]]:
-        return self._store().events(since=since)
+    def events(self, since: float, limit: int | None = None) -> list[dict[str, Any]]:
+        return self._store().events(since=since, limit=limit)
 
     def hook(self, report: dict[str, Any]) -> dict[str, Any]:
         return self.agent.hook(report)

@@ -115,7 +115,8 @@ class PrometheusBackend:
                 dram_bandwidth_ratio=row["dram_bandwidth_ratio"])).value
         return sorted(rows.values(), key=lambda r: (r["host"], r["gpu"], r["mig_instance"] or -1))
 
-    def series(self, uuid: str, start: float, end: float, resolution: str, metrics: list[str]) -> list[dict[str, Any]]:
+    def series(self, uuid: str, start: float, end: float, resolution: str, metrics: list[str],
+               limit: int | None = None) -> list[dict[str, Any]]:
         unknown = set(metrics) - set(SERIES)
         if unknown:
             raise UsageError(f"unknown metric(s) {sorted(unknown)}; known: {', '.join(SERIES)}")
@@ -131,7 +132,7 @@ class PrometheusBackend:
                     points.setdefault(float(ts), {"ts": float(ts), **{m: None for m in metrics}})[metric] = float(value)
         if not found and not self._vector(f'kernelfleet_sample_stale{{uuid="{_quote(uuid)}"}}'):
             raise NotFound(f"no GPU with uuid {uuid!r}")
-        return [points[t] for t in sorted(points)]
+        return [points[t] for t in sorted(points)][:limit]
 
     def fleet_series(self, start: float, end: float) -> list[dict[str, Any]]:
         """Fleet OFU per minute: the mean over GPUs of each GPU's mean over the minute."""
@@ -143,10 +144,10 @@ class PrometheusBackend:
         gpus = column('count(kernelfleet_ofu_ratio{mig=""})')
         return [{"ts": t, "ofu": v, "gpus": gpus.get(t)} for t, v in sorted(ofu.items())]
 
-    def jobs(self) -> list[str]:
-        return sorted({s["metric"]["job_id"] for s in self._vector("kernelfleet_job_info")})
+    def jobs(self, limit: int | None = None) -> list[str]:
+        return sorted({s["metric"]["job_id"] for s in self._vector("kernelfleet_job_info")})[:limit]
 
-    def job_summaries(self, since: float) -> list[dict[str, Any]]:
+    def job_summaries(self, since: float, limit: int | None = None) -> list[dict[str, Any]]:
         window = max(60, int(self.clock() - since))
         weighted = f"{SHARE} * on (uuid, mig) group_left () avg_over_time(kernelfleet_ofu_ratio[{window}s])"
         ofu = {s["metric"]["job_id"]: float(s["value"][1]) for s in self._vector(
@@ -154,7 +155,7 @@ class PrometheusBackend:
         info = {s["metric"]["job_id"]: s["metric"].get("kind") for s in self._vector("kernelfleet_job_info")}
         gpus = {s["metric"]["job_id"]: int(float(s["value"][1])) for s in self._vector("count by (job_id) (kernelfleet_job_info)")}
         rows = [{"job": j, "kind": info.get(j), "gpus": gpus.get(j, 0), "ofu_ratio": v} for j, v in ofu.items()]
-        return sorted(rows, key=lambda r: r["ofu_ratio"])
+        return sorted(rows, key=lambda r: r["ofu_ratio"])[:limit]
 
     def job(self, job: str) -> dict[str, Any]:
         holds = [s["metric"] for s in self._vector(f'kernelfleet_job_info{{job_id="{_quote(job)}"}}')]
@@ -176,7 +177,7 @@ class PrometheusBackend:
     def hook(self, report: dict[str, Any]) -> dict[str, Any]:
         raise NotFound("hook reports go to the agent on the job's node, not to the fleet dashboard")
 
-    def events(self, since: float) -> list[dict[str, Any]]:
+    def events(self, since: float, limit: int | None = None) -> list[dict[str, Any]]:
         out = []
         for alert in self._get("/api/v1/alerts")["alerts"]:
             if not alert["labels"].get("alertname", "").startswith("Kernelfleet"):
@@ -186,7 +187,7 @@ class PrometheusBackend:
                 out.append({"ts": ts, "kind": alert["labels"]["alertname"], "uuid": alert["labels"].get("uuid"),
                             "job": alert["labels"].get("job_id"),
                             "detail": alert.get("annotations", {}).get("summary", alert["labels"]["alertname"])})
-        return sorted(out, key=lambda e: e["ts"])
+        return sorted(out, key=lambda e: e["ts"])[-limit if limit else None:]
 
 
 def _quote(value: str) -> str:

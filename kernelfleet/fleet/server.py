@@ -31,18 +31,21 @@ from kernelfleet.fleet.store import Store
 
 DASHBOARD = Path(__file__).parent / "dashboard"
 MAX_BODY_BYTES = 256 * 1024  # a hook report is a few kB; nothing the API takes is larger
+SERIES_POINTS = 5000  # points of one /api/series answer at most (a day of raw 1-s windows takes 18 pages)
+ROWS = 1000  # jobs, job summaries or events in one answer at most
 
 
 class Backend(Protocol):
     def health(self) -> dict[str, Any]: ...
     def fleet(self) -> dict[str, Any]: ...
     def gpus(self) -> list[dict[str, Any]]: ...
-    def series(self, uuid: str, start: float, end: float, resolution: str, metrics: list[str]) -> list[dict[str, Any]]: ...
+    def series(self, uuid: str, start: float, end: float, resolution: str, metrics: list[str],
+               limit: int | None = None) -> list[dict[str, Any]]: ...
     def fleet_series(self, start: float, end: float) -> list[dict[str, Any]]: ...
-    def jobs(self) -> list[str]: ...
-    def job_summaries(self, since: float) -> list[dict[str, Any]]: ...
+    def jobs(self, limit: int | None = None) -> list[str]: ...
+    def job_summaries(self, since: float, limit: int | None = None) -> list[dict[str, Any]]: ...
     def job(self, job: str) -> dict[str, Any]: ...
-    def events(self, since: float) -> list[dict[str, Any]]: ...
+    def events(self, since: float, limit: int | None = None) -> list[dict[str, Any]]: ...
     def hook(self, report: dict[str, Any]) -> dict[str, Any]: ...
 
 
@@ -200,30 +203,35 @@ def create_app(backend: Backend, token: str | None = None, metrics: Callable[[],
         end: float | None = Query(None, description="Unix seconds; default: now"),
         resolution: str = Query("raw", pattern="^(raw|1m|1h)$"),
         metric: list[str] = Query(["ofu"]),
+        limit: int = Query(SERIES_POINTS, ge=1, le=SERIES_POINTS, description="Points at most; next_start pages on"),
     ) -> dict[str, Any]:
         metric = list(dict.fromkeys(metric))  # a metric asked for twice is one column
         end = time.time() if end is None else end
         start = end - 3600 if start is None else start
         if start > end:
             raise HTTPException(status_code=422, detail="start must not be after end")
-        points = backend.series(uuid, start, end, resolution, metric)
-        return {"uuid": uuid, "resolution": resolution, "metrics": metric, "points": points}
+        points = backend.series(uuid, start, end, resolution, metric, limit + 1)
+        more = len(points) > limit  # one point past the limit says there are more: where the next page starts
+        return {"uuid": uuid, "resolution": resolution, "metrics": metric, "points": points[:limit],
+                "next_start": points[limit]["ts"] if more else None}
 
     @api.get("/api/jobs")
-    def jobs() -> list[str]:
-        return backend.jobs()
+    def jobs(limit: int = Query(ROWS, ge=1, le=ROWS)) -> list[str]:
+        return backend.jobs(limit)
 
     @api.get("/api/jobs/summary")
-    def job_summaries(minutes: float = Query(15.0, gt=0, le=24 * 60)) -> list[dict[str, Any]]:
-        return backend.job_summaries(since=time.time() - 60 * minutes)
+    def job_summaries(minutes: float = Query(15.0, gt=0, le=24 * 60),
+                      limit: int = Query(ROWS, ge=1, le=ROWS, description="The least efficient this many")) -> list[dict[str, Any]]:
+        return backend.job_summaries(time.time() - 60 * minutes, limit)
 
     @api.get("/api/jobs/{job:path}")
     def job(job: str) -> dict[str, Any]:
         return backend.job(job)
 
     @api.get("/api/events")
-    def events(since: float = Query(0.0, description="Unix seconds")) -> list[dict[str, Any]]:
-        return backend.events(since)
+    def events(since: float = Query(0.0, description="Unix seconds"),
+               limit: int = Query(ROWS, ge=1, le=ROWS, description="The newest this many")) -> list[dict[str, Any]]:
+        return backend.events(since, limit)
 
     @api.post("/api/hook")
     def hook(report: HookReport) -> dict[str, Any]:

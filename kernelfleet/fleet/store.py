@@ -292,18 +292,19 @@ class Store:
         return [{"ts": ts, "ofu": ofu, "gpus": n} for ts, ofu, n in rows]
 
     @_reading
-    def jobs(self, db: sqlite3.Connection) -> list[str]:
-        return [row[0] for row in db.execute("SELECT DISTINCT job FROM job_windows ORDER BY job")]
+    def jobs(self, db: sqlite3.Connection, limit: int | None = None) -> list[str]:
+        return [row[0] for row in db.execute("SELECT DISTINCT job FROM job_windows ORDER BY job LIMIT ?",
+                                             (-1 if limit is None else limit,))]
 
     @_reading
-    def job_summaries(self, db: sqlite3.Connection, since: float) -> list[dict[str, object]]:
+    def job_summaries(self, db: sqlite3.Connection, since: float, limit: int | None = None) -> list[dict[str, object]]:
         """Every job seen since ``since``: its GPUs and share-weighted OFU, least efficient first."""
         rows = db.execute(
             "SELECT j.job, MAX(j.kind), COUNT(DISTINCT j.gpu_id), "
             "SUM(s.ofu * j.share * s.window_seconds) / NULLIF(SUM(CASE WHEN s.ofu IS NULL THEN 0 "
             "ELSE j.share * s.window_seconds END), 0) AS ofu "
             "FROM job_windows j JOIN samples s ON s.gpu_id = j.gpu_id AND s.ts = j.ts "
-            "WHERE j.ts >= ? GROUP BY j.job ORDER BY ofu IS NULL, ofu", (since,))
+            "WHERE j.ts >= ? GROUP BY j.job ORDER BY ofu IS NULL, ofu LIMIT ?", (since, -1 if limit is None else limit))
         return [{"job": j, "kind": k, "gpus": n, "ofu_ratio": o} for j, k, n, o in rows]
 
     @_reading
@@ -337,11 +338,14 @@ class Store:
                 "events": self.events(job=job)}
 
     @_reading
-    def events(self, db: sqlite3.Connection, since: float = 0.0, job: str | None = None) -> list[dict[str, object]]:
+    def events(self, db: sqlite3.Connection, since: float = 0.0, job: str | None = None,
+               limit: int | None = None) -> list[dict[str, object]]:
+        """Events since ``since`` (of ``job``), oldest first; with ``limit``, the newest that many."""
         query = ("SELECT e.ts, e.kind, g.uuid, e.job, e.detail FROM events e LEFT JOIN gpus g USING (gpu_id) "
-                 "WHERE e.ts >= ?" + (" AND e.job = ?" if job is not None else "") + " ORDER BY e.ts")
+                 "WHERE e.ts >= ?" + (" AND e.job = ?" if job is not None else "") + " ORDER BY e.ts DESC LIMIT ?")
         params = (since, job) if job is not None else (since,)
-        return [{"ts": ts, "kind": k, "uuid": u, "job": j, "detail": d} for ts, k, u, j, d in db.execute(query, params)]
+        rows = db.execute(query, (*params, -1 if limit is None else limit)).fetchall()
+        return [{"ts": ts, "kind": k, "uuid": u, "job": j, "detail": d} for ts, k, u, j, d in reversed(rows)]
 
     @_locked
     def add_event(self, ts: float, kind: str, detail: str, gpu_uuid: str | None = None, job: str | None = None) -> None:
@@ -390,9 +394,9 @@ class Store:
 
     @_reading
     def series(self, db: sqlite3.Connection, uuid: str, start: float, end: float, resolution: str = "raw",
-               metrics: Iterable[str] = ("ofu",)) -> list[dict[str, float | None]]:
+               metrics: Iterable[str] = ("ofu",), limit: int | None = None) -> list[dict[str, float | None]]:
         """Points of one GPU between ``start`` and ``end``: raw windows or time-weighted rollups (the
-        open minute, and its hour, summed from the raw rows as they stand)."""
+        open minute, and its hour, summed from the raw rows as they stand); the first ``limit``."""
         metrics = tuple(metrics)
         unknown = set(metrics) - set(METRICS)
         if unknown:
@@ -401,8 +405,8 @@ class Store:
             cols = ", ".join(f"s.{m}" for m in metrics)
             cur = db.execute(
                 f"SELECT s.ts, {cols} FROM samples s JOIN gpus g USING (gpu_id) "
-                "WHERE g.uuid = ? AND s.ts >= ? AND s.ts <= ? ORDER BY s.ts",
-                (uuid, start, end),
+                "WHERE g.uuid = ? AND s.ts >= ? AND s.ts <= ? ORDER BY s.ts LIMIT ?",
+                (uuid, start, end, -1 if limit is None else limit),
             )
         elif resolution in RESOLUTIONS:
             seconds = RESOLUTIONS[resolution]
@@ -415,8 +419,9 @@ class Store:
                 f"SELECT r.bucket, {cols} FROM (SELECT gpu_id, CAST(bucket / {seconds} AS INTEGER) * {seconds} AS bucket, "
                 f"{sums} FROM (SELECT gpu_id, bucket, {columns} FROM rollup_{resolution} WHERE bucket < ? UNION ALL "
                 f"SELECT gpu_id, bucket, {columns} FROM ({_MINUTES})) GROUP BY 1, 2) r JOIN gpus g USING (gpu_id) "
-                "WHERE g.uuid = ? AND r.bucket >= ? AND r.bucket <= ? ORDER BY r.bucket",
-                (rolled if resolution == "1m" else _OPEN, rolled, _OPEN, uuid, start - seconds, end),
+                "WHERE g.uuid = ? AND r.bucket >= ? AND r.bucket <= ? ORDER BY r.bucket LIMIT ?",
+                (rolled if resolution == "1m" else _OPEN, rolled, _OPEN, uuid, start - seconds, end,
+                 -1 if limit is None else limit),
             )
         else:
             raise UsageError(f"resolution must be raw, 1m or 1h, got {resolution!r}")

@@ -135,3 +135,29 @@ def test_non_finite_numbers_leave_the_api_as_null_and_metrics_without_them():
     families = {f.name: f for f in OfuCollector(lambda: [Reading("node", sample, None, ofu(sample, None), "idle")]).collect()}
     assert [s.value for s in families["kernelfleet_sm_active_ratio"].samples] == [0.5]
     assert families["kernelfleet_tensor_active_ratio"].samples == [] and families["kernelfleet_power_watts"].samples == []
+
+
+def test_a_series_comes_in_pages_that_add_up_to_the_whole(served):
+    client = TestClient(agent_app(*served))
+    whole = client.get("/api/series", params={"uuid": UUID, "start": 0, "end": 2e9}).json()
+    assert len(whole["points"]) == 24 and whole["next_start"] is None
+    pages, start = [], 0.0
+    while start is not None:
+        page = client.get("/api/series", params={"uuid": UUID, "start": start, "end": 2e9, "limit": 10}).json()
+        assert len(page["points"]) <= 10
+        pages += page["points"]
+        start = page["next_start"]
+    assert pages == whole["points"]
+    assert client.get("/api/series", params={"uuid": UUID, "limit": 10**6}).status_code == 422  # bounded
+
+
+def test_lists_are_bounded_and_events_are_the_newest(served):
+    agent, store = served
+    for k in range(5):
+        store.add_event(1000.0 + k, "test", f"event {k}")
+    client = TestClient(agent_app(*served))
+    newest = client.get("/api/events", params={"limit": 2}).json()
+    assert [e["detail"] for e in newest] == ["event 3", "event 4"]  # the newest two, oldest first
+    assert client.get("/api/events", params={"limit": 0}).status_code == 422
+    assert client.get("/api/jobs", params={"limit": 10**6}).status_code == 422
+    assert client.get("/api/jobs/summary", params={"limit": 1}).status_code == 200
