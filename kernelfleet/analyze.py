@@ -1,20 +1,19 @@
 """``kernelfleet analyze``: capture a model step and say what is known about its kernels.
 
-:func:`census` is pure (a program and its edges in, a summary out); :func:`load_step` imports
-the user's factory; :func:`analyze_step` runs the capture on the GPU and writes the raw capture,
+:func:`census` is pure (a program and its edges in, a summary out); ``workloads.targets`` makes
+the step of a target; :func:`analyze_step` runs the capture on the GPU and writes the raw capture,
 the program (JSON) and the dependency graph (DOT).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import Edge, dependencies, kernel_kind, to_dot
 from kernelfleet.kernels.ir import Program
+from kernelfleet.workloads.targets import load_step
 
 
 def census(program: Program, edges: list[Edge]) -> dict[str, Any]:
@@ -48,32 +47,12 @@ def _main_source(launch: Any) -> str:
     return "none"
 
 
-def load_step(target: str) -> Any:
-    """Call ``MODULE:FACTORY``; it returns a Step (fn, args, module, name) or (fn, args[, module])."""
-    module_name, _, factory_name = target.partition(":")
-    if not module_name or not factory_name:
-        raise UsageError(f"expected MODULE:FACTORY (e.g. kernelfleet.workloads.steps:llama_decode), got {target!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"cannot import {module_name!r}: {exc}") from exc
-    factory = getattr(module, factory_name, None)
-    if not callable(factory):
-        raise UsageError(f"{module_name} has no callable {factory_name!r}")
-    made = factory()
-    if hasattr(made, "fn") and hasattr(made, "args"):
-        return made.fn, tuple(made.args), getattr(made, "module", None), getattr(made, "name", target)
-    if isinstance(made, tuple) and len(made) in (2, 3) and callable(made[0]):
-        return made[0], tuple(made[1]), made[2] if len(made) == 3 else None, target
-    raise UsageError(f"{target} returned {type(made).__name__}; expected (fn, args[, module]) or a Step")
-
-
 def capture_step(target: str, *, record_ops: bool = True) -> tuple[Any, Program]:
     """Capture the step of ``target`` on the GPU: the live capture and its assembled program."""
     from kernelfleet.kernels.assemble import assemble
     from kernelfleet.kernels.cuda.capture import capture
 
-    fn, args, module, name = load_step(target)
+    fn, args, module, name = load_step(target)  # a reference step, MODULE:FACTORY or hf:DIR
     captured = capture(fn, args, module=module, what=name, record_ops=record_ops)
     return captured, assemble(captured.raw)
 

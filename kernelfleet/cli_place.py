@@ -57,7 +57,8 @@ def _need_gpu(what: str, instead: str) -> None:
 
 def analyze(
     target: str | None = typer.Argument(
-        None, help="MODULE:FACTORY returning a step, e.g. kernelfleet.workloads.steps:llama_decode."
+        None, help="TARGET: a reference step, MODULE:FACTORY returning a step (e.g. "
+        "kernelfleet.workloads.steps:llama_decode) or hf:DIR (a transformers model directory)."
     ),
     out: Path = typer.Option(Path("kernelfleet-analyze"), "--out", help="Folder for capture, program and graph."),
     capture_file: Path | None = typer.Option(None, "--capture", help="Analyse a recorded raw capture (no GPU)."),
@@ -73,10 +74,12 @@ def analyze(
     if capture_file is not None:
         numbers = analysis.analyze_capture(capture_file, out)
     elif target is not None:
+        _maker(target)  # a target that cannot be made is one line before the GPU is looked for
         _need_gpu("capturing a step", "pass --capture FILE to analyse a recorded capture")
         numbers = analysis.analyze_step(target, out, check=check, record_ops=ops)
     else:
-        raise UsageError("give MODULE:FACTORY to capture, or --capture FILE to analyse a recorded capture")
+        raise UsageError("give MODULE:FACTORY, a reference step or hf:DIR to capture, or --capture FILE "
+                         "to analyse a recorded capture")
     if as_json:
         print(json.dumps(numbers, indent=1))
         return
@@ -128,7 +131,7 @@ def calibrate_command(
 
 
 def profile_command(
-    target: str = typer.Argument(..., help="MODULE:FACTORY returning a step."),
+    target: str = typer.Argument(..., help="TARGET: a reference step, MODULE:FACTORY or hf:DIR."),
     out: Path = typer.Option(Path("kernelfleet-profile"), "--out", help="Folder for capture, program and costs."),
     profile: list[str] | None = typer.Option(
         None, "--profile", help="NAME:SMS[+HOG], repeatable; default: calibrate and take the pair closest to "
@@ -148,6 +151,7 @@ def profile_command(
 
     if trials < 1 or flush_l2_mb < 0:
         raise UsageError(f"--trials must be >= 1 and --flush-l2-mb >= 0, got {trials} and {flush_l2_mb}")
+    _maker(target)
     _need_gpu("profiling", "plan from a recorded cost table instead (kernelfleet plan)")
     specs = [run.parse_profile(p) for p in profile] if profile else list(run.pair_specs(
         run.choose(run.calibrate_profiles(run.sweep_specs()))))
@@ -319,15 +323,14 @@ COMMANDS = [("ptx", "ptx"), ("analyze", "analyze"), ("calibrate", "calibrate_com
             ("census", "census_command"), ("run", "run_command")]
 
 
-def _check_step(step: str) -> None:
-    from kernelfleet.workloads.steps import REFERENCE
+def _maker(step: str):
+    """``make(device, seed)`` of the target, checked now (workloads/targets.py)."""
+    from kernelfleet.workloads.targets import step_maker
 
-    if step not in REFERENCE:
-        raise UsageError(f"unknown step {step!r}; expected one of {', '.join(REFERENCE)}")
+    return step_maker(step)
 
 
-def _check_step_and_plans(step: str, plans: Path) -> None:
-    _check_step(step)
+def _check_plans(plans: Path) -> None:
     if not plans.is_dir():
         raise UsageError(f"{plans}: no such folder (write one with `kernelfleet plan PROGRAM COSTS --policy all --out {plans}`)")
 
@@ -362,21 +365,20 @@ PairOption = typer.Option(["compute:56+64@0", "bandwidth:32@1"], "--device",
                           help="NAME:SMS[+HOG]@GPU, twice: the pair, named as the plans name their devices.")
 
 
-StepArgument = typer.Argument(..., help="A reference step (kernelfleet.workloads.steps.REFERENCE), e.g. llama8b-decode.")
+StepArgument = typer.Argument(..., help="TARGET: a reference step (e.g. llama8b-decode), MODULE:FACTORY or hf:DIR.")
 PlansOption = typer.Option(..., "--plans", help="A folder of plans for this step (kernelfleet plan --policy all --out).")
 RepeatsOption = typer.Option(10, "--repeats", help="Runs timed per strategy (median).")
 
 
 def _pair_bench(step: str, plans: Path, costs: Path | None, device: list[str], what: str):
     """Checked inputs of a benchmark on the pair: the step's maker, the two profiles, the cost table."""
-    _check_step_and_plans(step, plans)
+    make = _maker(step)
+    _check_plans(plans)
     table = _cost_table(costs)
     profiles = _pair(device)
     _need_gpu(what, "its recorded results are in docs/place.md")
-    from kernelfleet.workloads.steps import reference
-
     _gpus_present(profiles)
-    return (lambda where, seed: reference(step, device=where, seed=seed)), profiles, table
+    return make, profiles, table
 
 
 def run_command(
@@ -394,7 +396,7 @@ def run_command(
     outputs, and time it."""
     from kernelfleet.runtime import plans
 
-    _check_step(step)
+    make = _maker(step)
     placed = plans.read(plan)
     if not placed.assignment:
         raise UsageError(f"{plan}: a {placed.policy} plan shares requests between devices and places no launch; "
@@ -406,11 +408,9 @@ def run_command(
     _need_gpu("running a plan", "run it on a GPU machine (`kernelfleet plan` makes and validates plans on the CPU)")
     from kernelfleet.errors import KernelfleetError
     from kernelfleet.runtime.command import run_plan
-    from kernelfleet.workloads.steps import reference
 
     _gpus_present(profiles)
-    ran = run_plan(lambda where, seed: reference(step, device=where, seed=seed), profiles, placed, str(plan),
-                   repeats, table)
+    ran = run_plan(make, profiles, placed, str(plan), repeats, table)
     console = out_console()
     console.print(f"{ran.policy} plan of {step}, home {ran.home}: gate {ran.gate}", markup=False, highlight=False)
     if ran.seconds is None:
@@ -489,7 +489,8 @@ def serve_command(
     the monitor switching between the first two: latency percentiles and SLO capacity, every output checked."""
     from kernelfleet.bench.serve import PLANS, SLOT_MODES, parse_rates
 
-    _check_step_and_plans(step, plans)
+    make = _maker(step)
+    _check_plans(plans)
     missing = [f"{p}.json" for p in PLANS.values() if not (plans / f"{p}.json").is_file()]
     if missing:
         raise UsageError(f"{plans}: no {', '.join(missing)} (write them with `kernelfleet plan PROGRAM COSTS "
@@ -507,10 +508,9 @@ def serve_command(
     _need_gpu("the serving benchmark", "the serving loop's tests run on the CPU (tests/unit/test_serve.py)")
     from kernelfleet.bench.serve import bench_serve
     from kernelfleet.errors import KernelfleetError
-    from kernelfleet.workloads.steps import reference
 
     _gpus_present(profiles)
-    results = bench_serve(lambda where, k: reference(step, device=where, seed=k), profiles, plans, slots, offered,
+    results = bench_serve(make, profiles, plans, slots, offered,
                           seconds, slo_ms, window_ms / 1e3, beta, repeats, out, out_console(), seed, throughput_slots)
     if results["corrupted"]:
         raise KernelfleetError(f"{results['corrupted']} served requests had outputs that differ from their "

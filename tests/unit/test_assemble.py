@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from kernelfleet.analyze import census, load_step
+from kernelfleet.analyze import census
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import dependencies
 from kernelfleet.kernels.assemble import assemble
@@ -16,6 +16,7 @@ from kernelfleet.kernels.cuda.capture import OpRecorder, op_tensors
 from kernelfleet.kernels.cuda.replay import changed_runs
 from kernelfleet.kernels.raw import RawCapture, RawNode, RawOp, RawTensor, Region
 from kernelfleet.workloads.steps import hf_llama, make
+from kernelfleet.workloads.targets import load_step
 
 pytestmark = pytest.mark.unit
 

@@ -1,0 +1,131 @@
+"""What a place command runs: a TARGET, named one of three ways, made on any device.
+
+* a reference step, by name (``kernelfleet.workloads.steps.REFERENCE``: ``llama8b-decode``, ...);
+* ``MODULE:FACTORY``: a function of yours that returns a step (README, "Your own model"); it is
+  called on the device being captured (as the current CUDA device; with ``device=`` and ``seed=``
+  where it takes them), and returns a :class:`~kernelfleet.workloads.steps.Step` or a tuple
+  ``(fn, args[, module])``;
+* ``hf:DIR``: a transformers model directory, loaded with ``from_pretrained`` where it holds
+  weights; a directory with only ``config.json`` gets random weights from the seed. Its step is a
+  prefill over a fixed prompt of ``batch`` × ``tokens`` token ids, logits out.
+
+:func:`step_maker` checks the target at once (a name, an importable factory, a directory with a
+config) and returns ``make(device, seed)``: a place command captures one step per device and slot.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kernelfleet.errors import UsageError
+
+PHASES = ("prefill",)  # of an hf:DIR target; a decode step with a static cache is not built yet
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def step_maker(target: str, *, phase: str = "prefill", batch: int = 2, tokens: int = 64) -> Callable[[str, int], Any]:
+    """``make(device, seed) -> Step`` for ``target`` (module docstring); UsageError naming what is
+    wrong with the target before anything is built."""
+    from kernelfleet.workloads.steps import REFERENCE
+
+    if target in REFERENCE:
+        return lambda device, seed: _reference(target, device, seed)
+    if target.startswith("hf:"):
+        return _transformers(Path(target[3:]), phase, batch, tokens)
+    if ":" in target:
+        return _factory(target)
+    raise UsageError(f"unknown step {target!r}: expected a reference step ({', '.join(REFERENCE)}), "
+                     "MODULE:FACTORY or hf:DIR")
+
+
+def load_step(target: str) -> tuple[Any, tuple, Any, str]:
+    """``(fn, args, module, name)`` of ``target`` on the current CUDA device (``kernelfleet analyze``)."""
+    import torch
+
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    return as_parts(step_maker(target)(device, 0), target)
+
+
+def as_parts(made: Any, target: str) -> tuple[Any, tuple, Any, str]:
+    """What a factory returned, checked: ``(fn, args, module, name)``."""
+    if hasattr(made, "fn") and hasattr(made, "args"):
+        return made.fn, tuple(made.args), getattr(made, "module", None), getattr(made, "name", target)
+    if isinstance(made, tuple) and len(made) in (2, 3) and callable(made[0]):
+        return made[0], tuple(made[1]), made[2] if len(made) == 3 else None, target
+    raise UsageError(f"{target} returned {type(made).__name__}; expected (fn, args[, module]) or a Step")
+
+
+def _reference(name: str, device: str, seed: int) -> Any:
+    from kernelfleet.workloads.steps import reference
+
+    return reference(name, device=device, seed=seed)
+
+
+def _factory(target: str) -> Callable[[str, int], Any]:
+    module_name, _, factory_name = target.partition(":")
+    if not module_name or not factory_name:
+        raise UsageError(f"expected MODULE:FACTORY (e.g. kernelfleet.workloads.steps:llama_decode), got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {module_name!r}: {exc}") from exc
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise UsageError(f"{module_name} has no callable {factory_name!r}")
+    takes = inspect.signature(factory).parameters
+
+    def make(device: str, seed: int) -> Any:
+        import torch
+
+        given = {k: v for k, v in (("device", device), ("seed", seed)) if k in takes}
+        if device.startswith("cuda"):
+            with torch.cuda.device(device):  # a factory builds on the current device
+                made = factory(**given)
+        else:
+            made = factory(**given)
+        from kernelfleet.workloads.steps import Step
+
+        fn, args, step_module, name = as_parts(made, target)
+        return Step(fn, args, step_module, name)
+
+    return make
+
+
+def _transformers(folder: Path, phase: str, batch: int, tokens: int) -> Callable[[str, int], Any]:
+    if not (folder / "config.json").is_file():
+        raise UsageError(f"hf:{folder}: no config.json there (a transformers model directory, as save_pretrained "
+                         "writes it)")
+    if phase not in PHASES:
+        raise UsageError(f"hf:{folder}: the {phase!r} phase is not built yet; the phases are {', '.join(PHASES)}")
+    if batch < 1 or tokens < 1:
+        raise UsageError(f"hf:{folder}: batch and tokens must be at least 1, got {batch} and {tokens}")
+    weights = any((folder / name).exists() for name in WEIGHT_FILES)
+
+    def make(device: str, seed: int) -> Any:
+        import torch
+
+        try:
+            from transformers import AutoConfig, AutoModelForCausalLM
+        except ImportError as exc:
+            raise UsageError(f"hf: targets need transformers ({exc}): pip install transformers") from exc
+        from kernelfleet.workloads.steps import Step
+
+        if weights:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+        else:  # a config alone: the model's architecture with weights drawn from the seed
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16)
+        model = model.to(device).eval().requires_grad_(False)
+        vocabulary = model.config.vocab_size
+        ids = torch.randint(0, vocabulary, (batch, tokens), generator=torch.Generator().manual_seed(seed)).to(device)
+
+        def prefill(input_ids: torch.Tensor) -> torch.Tensor:
+            return model(input_ids=input_ids, use_cache=False).logits
+
+        return Step(prefill, (ids,), model, f"hf:{folder.name}-prefill")
+
+    return make
