@@ -259,10 +259,7 @@ class Agent:
         if reading.sample.stale or (missed < STALE_WINDOWS and not sampler_stale):
             return reading
         why = "the sampler has taken no window" if sampler_stale else f"missing from the last {missed} windows"
-        sample = Sample(timestamp_seconds=reading.sample.timestamp_seconds, window_seconds=reading.sample.window_seconds,
-                        gpu_index=reading.sample.gpu_index, uuid=reading.sample.uuid, name=reading.sample.name,
-                        pci_device_id=reading.sample.pci_device_id, mig_instance=reading.sample.mig_instance,
-                        gpm_supported=reading.sample.gpm_supported, stale=True, error=why)
+        sample = reading.sample.gone_stale(why)
         return Reading(reading.host, sample, reading.sku, ofu(sample, reading.sku), classify(sample).value, reading.jobs)
 
     def run(self, stop: threading.Event) -> None:

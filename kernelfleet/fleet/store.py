@@ -294,7 +294,7 @@ class Store:
     @_reading
     def jobs(self, db: sqlite3.Connection, limit: int | None = None) -> list[str]:
         return [row[0] for row in db.execute("SELECT DISTINCT job FROM job_windows ORDER BY job LIMIT ?",
-                                             (-1 if limit is None else limit,))]
+                                             (_limit(limit),))]
 
     @_reading
     def job_summaries(self, db: sqlite3.Connection, since: float, limit: int | None = None) -> list[dict[str, object]]:
@@ -304,7 +304,7 @@ class Store:
             "SUM(s.ofu * j.share * s.window_seconds) / NULLIF(SUM(CASE WHEN s.ofu IS NULL THEN 0 "
             "ELSE j.share * s.window_seconds END), 0) AS ofu "
             "FROM job_windows j JOIN samples s ON s.gpu_id = j.gpu_id AND s.ts = j.ts "
-            "WHERE j.ts >= ? GROUP BY j.job ORDER BY ofu IS NULL, ofu LIMIT ?", (since, -1 if limit is None else limit))
+            "WHERE j.ts >= ? GROUP BY j.job ORDER BY ofu IS NULL, ofu LIMIT ?", (since, _limit(limit)))
         return [{"job": j, "kind": k, "gpus": n, "ofu_ratio": o} for j, k, n, o in rows]
 
     @_reading
@@ -344,7 +344,7 @@ class Store:
         query = ("SELECT e.ts, e.kind, g.uuid, e.job, e.detail FROM events e LEFT JOIN gpus g USING (gpu_id) "
                  "WHERE e.ts >= ?" + (" AND e.job = ?" if job is not None else "") + " ORDER BY e.ts DESC LIMIT ?")
         params = (since, job) if job is not None else (since,)
-        rows = db.execute(query, (*params, -1 if limit is None else limit)).fetchall()
+        rows = db.execute(query, (*params, _limit(limit))).fetchall()
         return [{"ts": ts, "kind": k, "uuid": u, "job": j, "detail": d} for ts, k, u, j, d in reversed(rows)]
 
     @_locked
@@ -406,7 +406,7 @@ class Store:
             cur = db.execute(
                 f"SELECT s.ts, {cols} FROM samples s JOIN gpus g USING (gpu_id) "
                 "WHERE g.uuid = ? AND s.ts >= ? AND s.ts <= ? ORDER BY s.ts LIMIT ?",
-                (uuid, start, end, -1 if limit is None else limit),
+                (uuid, start, end, _limit(limit)),
             )
         elif resolution in RESOLUTIONS:
             seconds = RESOLUTIONS[resolution]
@@ -421,11 +421,16 @@ class Store:
                 f"SELECT gpu_id, bucket, {columns} FROM ({_MINUTES})) GROUP BY 1, 2) r JOIN gpus g USING (gpu_id) "
                 "WHERE g.uuid = ? AND r.bucket >= ? AND r.bucket <= ? ORDER BY r.bucket LIMIT ?",
                 (rolled if resolution == "1m" else _OPEN, rolled, _OPEN, uuid, start - seconds, end,
-                 -1 if limit is None else limit),
+                 _limit(limit)),
             )
         else:
             raise UsageError(f"resolution must be raw, 1m or 1h, got {resolution!r}")
         return [dict(zip(("ts", *metrics), row)) for row in cur]
+
+
+def _limit(limit: int | None) -> int:
+    """SQLite's LIMIT for ``limit`` rows (-1: every row)."""
+    return -1 if limit is None else limit
 
 
 def _rolled_until(db: sqlite3.Connection) -> float:

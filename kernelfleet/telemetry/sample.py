@@ -71,6 +71,13 @@ class Sample:
     memory_used_bytes: int | None = None
     processes: tuple[ProcessSample, ...] = field(default_factory=tuple)
 
+    def gone_stale(self, error: str) -> Sample:
+        """This GPU's identity and window, with every counter gone: what a GPU that stopped
+        reporting shows (a stale sample has no values, so nothing reads it as current)."""
+        return Sample(timestamp_seconds=self.timestamp_seconds, window_seconds=self.window_seconds,
+                      gpu_index=self.gpu_index, uuid=self.uuid, name=self.name, pci_device_id=self.pci_device_id,
+                      mig_instance=self.mig_instance, gpm_supported=self.gpm_supported, stale=True, error=error)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict; ``Sample.from_dict`` reads it back exactly."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
