@@ -19,7 +19,9 @@ a launch on another device wrote (a *flow*, ``graph.deps.flows``):
 Addresses are translated launch by launch (:class:`AddressMap`): the k-th exactly known access of
 launch i in one capture is the k-th of launch i in the other, at the same offset. Buffers are not
 matched as wholes — the allocator's reuse of memory can merge different tensors into one buffer in
-one capture and not in the other.
+one capture and not in the other. Where the devices captured different kernels, a plan places
+units (``graph/units.py``) and addresses are translated through the op calls the units share
+(:class:`UnitAddressMap`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import flows
+from kernelfleet.graph.units import UnitView
 from kernelfleet.kernels.ir import Access, Program
 
 START = -1  # Transfer.before for copies made before the first launch
@@ -96,7 +99,19 @@ def _known(accesses: tuple[Access, ...]) -> list[Access]:
     return [a for a in accesses if a.source != "conservative"]
 
 
-class AddressMap:
+class _Inputs:
+    """A step input is the same named buffer in every capture."""
+
+    def __init__(self, other: Program) -> None:
+        self._inputs = {b.name: b for b in other.buffers if b.role == "input" and b.name}
+
+    def translate_input(self, name: str, address_in_buffer: int) -> int:
+        if name not in self._inputs:
+            raise UsageError(f"input {name!r} is not in the other capture")
+        return self._inputs[name].address + address_in_buffer
+
+
+class AddressMap(_Inputs):
     """Translates home-capture addresses into another capture of the same step."""
 
     def __init__(self, home: Program, other: Program) -> None:
@@ -107,7 +122,7 @@ class AddressMap:
         self._other_buffers = {b.id: b for b in other.buffers}
         self._home_at = {b.id: b.address for b in home.buffers}
         self._other_at = {b.id: b.address for b in other.buffers}
-        self._inputs = {b.name: b for b in other.buffers if b.role == "input" and b.name}
+        super().__init__(other)
 
     def _exact_pairs(self, launch: int) -> list[tuple[int, int, int]]:
         """(home start, other start, length) of the exactly known accesses ``launch`` makes alike in both."""
@@ -162,7 +177,51 @@ class AddressMap:
         raise UsageError(f"[{address:#x}, +{length}) cannot be placed in the other capture: launches {launches} "
                          "do not touch it alike in both captures (pin them together)")
 
-    def translate_input(self, name: str, address_in_buffer: int) -> int:
-        if name not in self._inputs:
-            raise UsageError(f"input {name!r} is not in the other capture")
-        return self._inputs[name].address + address_in_buffer
+
+
+class UnitAddressMap(_Inputs):
+    """Translates one device's addresses into another's capture of the same step with other kernels
+    (``graph/units.py``): through the tensors of the op calls a unit makes alike on both devices —
+    the k-th tensor of its k-th op call is the same tensor, view for view and storage for storage —
+    else through the named regions (weights, inputs, outputs, module state) of both captures."""
+
+    def __init__(self, home: UnitView, other: UnitView) -> None:
+        if len(home.ops) != len(other.ops):
+            raise UsageError(f"the two captures have {len(home.ops)} and {len(other.ops)} units: not aligned")
+        self.home, self.other = home, other
+        theirs = {r.name: r for r in other.raw.regions if r.name}
+        self._regions = [(r.address, theirs[r.name].address, r.size_bytes) for r in home.raw.regions
+                         if r.name in theirs and theirs[r.name].size_bytes == r.size_bytes]
+        super().__init__(other.program)
+
+    def _pairs(self, unit: int) -> list[tuple[int, int, int]]:
+        """(home start, other start, length) of every view and storage ``unit``'s op calls touch alike."""
+        if not self.home.same_calls(self.other, unit):
+            return []
+        (a0, a1), (b0, _) = self.home.ops[unit], self.other.ops[unit]
+        out = []
+        for k in range(a1 - a0):
+            for x, y in zip(self.home.raw.ops[a0 + k].tensors, self.other.raw.ops[b0 + k].tensors):
+                out.append((x.address, y.address, x.extent_bytes))
+                if x.storage_bytes == y.storage_bytes:
+                    out.append((x.storage_address, y.storage_address, x.storage_bytes))
+        return out
+
+    def translate(self, units: list[int | None], address: int, length: int) -> int:
+        """Where [address, address + length) of the home capture lives in the other capture, as the
+        units ``units`` (the first preferred) touch it; UsageError if no unit and no region places it,
+        or if two place it differently."""
+        for unit in (u for u in units if u is not None):
+            placed = {there + (address - here) for here, there, size in self._pairs(unit)
+                      if here <= address and address + length <= here + size}
+            if len(placed) > 1:
+                raise UsageError(f"[{address:#x}, +{length}): unit {unit}'s tensors place it at {len(placed)} "
+                                 "addresses of the other capture")
+            if placed:
+                return placed.pop()
+        for here, there, size in self._regions:
+            if here <= address and address + length <= here + size:
+                return there + (address - here)
+        raise UsageError(f"[{address:#x}, +{length}) cannot be placed in the other capture: units {units} make "
+                         "other op calls there, and it is in no named region (pin them together)")
+

@@ -40,7 +40,6 @@ from typing import Any
 
 from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
 from kernelfleet.kernels.ir import Program, merged_ranges
-from kernelfleet.kernels.raw import program_nodes
 from kernelfleet.plan.schedule import Node
 from kernelfleet.plan.slots import SlotNode
 from kernelfleet.runtime.executor import Places, Replica, add_launch, plan_graph
@@ -149,13 +148,13 @@ def build_rank(slots: list[RankSlot], device: str, alias: Callable[[int, int], A
     if throttle is not None and any(op.kind == "recv" for op in ops):
         built.link = LinkKernels(driver.current_context(), driver)
     places = [Places(s.home, s.programs) for s in slots]
-    launch_nodes: dict[int, list[int]] = {}
+    launch_nodes: dict[int, list[list[int]]] = {}
     try:
         for i, op in enumerate(ops):
             slot = slots[op.slot]
             if op.kind == "segment":
                 if op.slot not in launch_nodes:
-                    launch_nodes[op.slot] = program_nodes(slot.replica.captured.raw)
+                    launch_nodes[op.slot] = slot.replica.node_chains()
                 graph = driver.create_graph()
                 built.graphs[i] = (graph, None)
                 made: dict[int, Any] = {}

@@ -5,7 +5,9 @@ activations at its own addresses). The plan's graph holds each launch as a copy 
 device's replica captured (so every kernel reads its own device's memory, with its own
 parameters), added in the device's execution context — a green context's, to run on that
 partition's SMs — and the copies of :func:`kernelfleet.plan.transfers.transfers` between them
-(``runtime/link.py``: memcpy nodes, optionally paced to an emulated link).
+(``runtime/link.py``: memcpy nodes, optionally paced to an emulated link). Where the devices
+captured different kernels, the plan places units (``graph/units.py``) and each unit is the chain
+of the launches its device's replica made for it.
 
 Order comes from ``plan/schedule.py`` (checked race-free on the CPU by ``schedule.races``
 before the graph is built):
@@ -24,13 +26,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kernelfleet.errors import UsageError
+from kernelfleet.graph.units import UnitView
 from kernelfleet.kernels.cuda.doorway import DriverError
 from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
 from kernelfleet.kernels.ir import Program
 from kernelfleet.kernels.raw import program_nodes
 from kernelfleet.plan.schedule import Node, races, schedule
 from kernelfleet.plan.slots import SlotNode, pipeline
-from kernelfleet.plan.transfers import AddressMap, Transfer
+from kernelfleet.plan.transfers import AddressMap, Transfer, UnitAddressMap
 from kernelfleet.runtime.link import METHODS, LinkKernels, Throttle, add_copy
 
 if TYPE_CHECKING:  # a type only: the executor never imports torch
@@ -39,13 +42,23 @@ if TYPE_CHECKING:  # a type only: the executor never imports torch
 
 @dataclass
 class Replica:
+    """A device's capture of the step and the program plans place: its assembled launches, or
+    with ``units`` (devices that captured other kernels) its unit program, ``units.program``."""
+
     captured: Captured
     program: Program
     context: Any = None  # where its launches run (a green context's CUcontext); None: the capture's
+    units: UnitView | None = None
 
     @property
     def run_context(self) -> Any:
         return self.captured.context if self.context is None else self.context
+
+    def node_chains(self) -> list[list[int]]:
+        """The graph nodes of each placed launch (of each unit, in unit mode), in capture order."""
+        if self.units is not None:
+            return self.units.nodes()
+        return [[n] for n in program_nodes(self.captured.raw)]
 
 
 @dataclass
@@ -112,8 +125,8 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
     builder = _Builder(graph, method, throttle, driver)
     try:
         least, greatest = driver.priority_range() if priorities else (0, 0)
-        places = [Places(s.home, {d: r.program for d, r in s.replicas.items()}) for s in slots]
-        launch_nodes = [{d: program_nodes(r.captured.raw) for d, r in s.replicas.items()} for s in slots]
+        places = [Places(s.home, {d: r.program for d, r in s.replicas.items()}, unit_views(s.replicas)) for s in slots]
+        launch_nodes = [{d: r.node_chains() for d, r in s.replicas.items()} for s in slots]
         made: list[list[Any]] = []
         for x in combined:
             priority = max(greatest, least - (len(slots) - 1 - x.slot)) if priorities else None
@@ -129,14 +142,25 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
                  len(slots), builder.method if copies else None, list(builder.kernels.values()), combined, driver)
 
 
+def unit_views(replicas: dict[str, Replica]) -> dict[str, UnitView] | None:
+    """The replicas' unit views where every one has them (devices with different kernels), else None."""
+    views = {d: r.units for d, r in replicas.items() if r.units is not None}
+    if views and len(views) != len(replicas):
+        raise UsageError("some replicas place units and some launches: capture every device the same way")
+    return views or None
+
+
 class Places:
     """Where a slot's copied bytes are in each device's capture, given every device's program of
-    the slot (the home one's buffers and launches define the copies)."""
+    the slot (the home one's buffers and launches define the copies) and, where the devices
+    captured different kernels, their unit views."""
 
-    def __init__(self, home: str, programs: dict[str, Program]) -> None:
+    def __init__(self, home: str, programs: dict[str, Program], units: dict[str, UnitView] | None = None) -> None:
         self.home = home
         base = programs[home]
-        self.maps = {d: AddressMap(base, p) for d, p in programs.items() if d != home}
+        self.maps: dict[str, AddressMap | UnitAddressMap] = {
+            d: AddressMap(base, p) if units is None else UnitAddressMap(units[home], units[d])
+            for d, p in programs.items() if d != home}
         self.buffers = {b.id: b for b in base.buffers}
 
     def where(self, device: str, t: Transfer, seen_by: list[int | None]) -> int:
@@ -150,12 +174,18 @@ class Places:
         return self.maps[device].translate(seen_by, address, t.length_bytes)
 
 
-def add_launch(graph: Any, replica: Replica, node_of_launch: list[int], launch: int, after: list[Any],
-               driver: CudaDriver = CUDA) -> Any:
-    """A copy of ``replica``'s captured node of ``launch`` (``node_of_launch``: ``program_nodes``
-    of its capture), added to ``graph`` by ``driver`` in the replica's execution context after ``after``."""
+def add_launch(graph: Any, replica: Replica, chains: list[list[int]], launch: int, after: list[Any],
+               driver: CudaDriver = CUDA, priority: int | None = None) -> Any:
+    """Copies of ``replica``'s captured nodes of ``launch`` (``chains``: ``Replica.node_chains``),
+    one after another, added to ``graph`` by ``driver`` in the replica's execution context after
+    ``after``, kernels at launch ``priority`` where given; the last of them (what a later node
+    waits for)."""
     with driver.in_context(replica.run_context):
-        return driver.add_copy_of(graph, replica.captured.nodes[node_of_launch[launch]], after, replica.run_context)
+        for node in chains[launch]:
+            after = [driver.add_copy_of(graph, replica.captured.nodes[node], after, replica.run_context)]
+            if priority is not None and driver.node_kind(after[0]) == "kernel":
+                driver.set_priority(after[0], priority)
+    return after[0]
 
 
 class _Builder:
@@ -169,10 +199,8 @@ class _Builder:
             priority: int | None) -> list[Any]:
         if n.launch is not None:
             device = n.devices[0]
-            node = add_launch(self.graph, slot.replicas[device], launch_nodes[device], n.launch, after, self.driver)
-            if priority is not None and self.driver.node_kind(node) == "kernel":
-                self.driver.set_priority(node, priority)
-            return [node]
+            return [add_launch(self.graph, slot.replicas[device], launch_nodes[device], n.launch, after, self.driver,
+                               priority)]
         t = n.copy
         return self.copy(after, t, slot.replicas[t.src], slot.replicas[t.dst],
                          places.where(t.dst, t, [t.reader, t.writer]), places.where(t.src, t, [t.writer, t.reader]))
