@@ -93,6 +93,42 @@ def analyze_step(target: str, out: Path, *, check: bool = True, record_ops: bool
     return {**write_analysis(captured.raw, program, out), **findings}
 
 
+def profile_per_device(target: str, specs: list[Any], progress: Any, trials: int, flush_l2_bytes: int,
+                       out: Path) -> str:
+    """Devices that pick other kernels (``ProfileSpec.kernels``): capture the step once per kernel
+    choice, time each device on its own capture's launches, line the captures up into units
+    (``graph/units.py``) and write each device's capture, the home device's unit program and the
+    units' cost table under ``out`` (``kernelfleet plan`` reads them as it reads any program)."""
+    from kernelfleet.graph.units import differing_units, views
+    from kernelfleet.kernels.assemble import assemble
+    from kernelfleet.kernels.cuda.capture import capture
+    from kernelfleet.profile.devices import choosing_kernels
+    from kernelfleet.profile.run import time_on
+    from kernelfleet.profile.table import unit_table
+
+    fn, args, module, name = load_step(target)
+    captures = {}
+    for kernels in dict.fromkeys(spec.kernels for spec in specs):
+        with choosing_kernels(kernels):
+            captures[kernels] = capture(fn, args, module=module, what=f"{name} ({kernels} kernels)")
+    seconds = {spec.name: time_on(captures[spec.kernels], [spec], progress, trials, flush_l2_bytes)[spec.name]
+               for spec in specs}
+    raws = {spec.name: captures[spec.kernels].raw for spec in specs}
+    found = views(raws, {d: assemble(raw) for d, raw in raws.items()}, specs[0].name)
+    out.mkdir(parents=True, exist_ok=True)
+    for device, raw in raws.items():
+        raw.save(out / f"capture.{device}.json.gz")
+    home = found[specs[0].name].program
+    (out / "program.json").write_text(home.to_json())
+    costs = unit_table(found, seconds, f"measured on {raws[specs[0].name].about.get('device')}: "
+                                       + ", ".join(f"{s.name} ({s.kernels} kernels)" for s in specs))
+    (out / "costs.json").write_text(costs.to_json())
+    totals = ", ".join(f"{d} {sum(t or 0 for t in seconds[d]) * 1e3:.2f} ms" for d in seconds)
+    return (f"wrote {out}: {len(home.launches)} units (ops lined up across the devices' captures; "
+            f"{differing_units(found, specs[0].name)} run other kernels on some device) x {', '.join(seconds)}; "
+            f"launches summed: {totals}")
+
+
 def write_profile(captured: Any, program: Program, seconds: dict[str, list[float]], out: Path) -> str:
     """Write capture, program and cost table under ``out``; say which device each kernel prefers."""
     from kernelfleet.profile.table import cost_table, preference

@@ -134,8 +134,9 @@ def profile_command(
     target: str = typer.Argument(..., help="TARGET: a reference step, MODULE:FACTORY or hf:DIR."),
     out: Path = typer.Option(Path("kernelfleet-profile"), "--out", help="Folder for capture, program and costs."),
     profile: list[str] | None = typer.Option(
-        None, "--profile", help="NAME:SMS[+HOG], repeatable; default: calibrate and take the pair closest to "
-        "L40S + A100. The whole GPU is always timed too."
+        None, "--profile", help="NAME:SMS[+HOG][/KERNELS], repeatable; default: calibrate and take the pair closest "
+        "to L40S + A100. The whole GPU is always timed too. Devices with other KERNELS (math-attention, "
+        "efficient-attention) capture the step for themselves and the cost table is over units of matched ops."
     ),
     trials: int = typer.Option(5, "--trials", help="Timed trials per launch (the median is kept)."),
     flush_l2_mb: int = typer.Option(0, "--flush-l2-mb", help="Write this many MB before each trial (cold L2; "
@@ -155,6 +156,15 @@ def profile_command(
     _need_gpu("profiling", "plan from a recorded cost table instead (kernelfleet plan)")
     specs = [run.parse_profile(p) for p in profile] if profile else list(run.pair_specs(
         run.choose(run.calibrate_profiles(run.sweep_specs()))))
+    if len({spec.kernels for spec in specs}) > 1:  # each device captures with its own kernels
+        if not ops:
+            raise UsageError("devices with other kernels are matched by ATen op: drop --no-ops")
+        with Progress(transient=True) as bar:
+            task = bar.add_task("capturing and timing on each device", total=None)
+            done = analysis.profile_per_device(target, specs, lambda n: bar.advance(task, n), trials,
+                                               flush_l2_mb << 20, out)
+        Console().print(done)
+        return
     captured, program = analysis.capture_step(target, record_ops=ops)
     with Progress(transient=True) as bar:
         task = bar.add_task("timing kernels", total=len(program.launches) * (len(specs) + 1))
@@ -362,7 +372,8 @@ def _gpus_present(profiles: dict) -> None:
 
 
 PairOption = typer.Option(["compute:56+64@0", "bandwidth:32@1"], "--device",
-                          help="NAME:SMS[+HOG]@GPU, twice: the pair, named as the plans name their devices.")
+                          help="NAME:SMS[+HOG]@GPU[/KERNELS], twice: the pair, named as the plans name their devices (KERNELS: "
+                          "default, math-attention, efficient-attention: what the step is captured with there).")
 
 
 StepArgument = typer.Argument(..., help="TARGET: a reference step (e.g. llama8b-decode), MODULE:FACTORY or hf:DIR.")
@@ -386,7 +397,7 @@ def run_command(
     plan: Path = typer.Option(..., "--plan", help="A plan for this step (kernelfleet plan --out PLAN.json), "
                               "naming its devices as --device does."),
     device: list[str] = typer.Option(["compute:56+64@0", "bandwidth:32@1"], "--device",
-                                     help="NAME:SMS[+HOG]@GPU, repeatable: the devices the plan names, the first "
+                                     help="NAME:SMS[+HOG]@GPU[/KERNELS], repeatable: the devices the plan names, the first "
                                      "its home unless the plan names one."),
     repeats: int = typer.Option(10, "--repeats", help="Launches of the plan's graph timed (median)."),
     costs: Path | None = typer.Option(None, "--costs", help="The cost table the plan was made from: the plan is "

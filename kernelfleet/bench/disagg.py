@@ -50,7 +50,7 @@ from kernelfleet.profile.devices import ProfileSpec
 from kernelfleet.profile.timing import median_seconds
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.executor import release, run
-from kernelfleet.runtime.gate import IDENTICAL, Gate
+from kernelfleet.runtime.gate import Gate, passed
 from kernelfleet.runtime.link import Throttle
 from kernelfleet.workloads.steps import Step
 
@@ -115,10 +115,10 @@ def measure(gate: Gate, strategy: Strategy, repeats: int, stream: torch.cuda.Str
     predicted = None if seconds is None else makespan(built.combined, lambda x: seconds(x.slot, x.node))
     try:
         verdict = gate.gate(built, strategy.homes, stream)
-        if verdict != IDENTICAL:
+        if not passed(verdict):
             return {"gate": verdict}
         median = median_seconds(lambda: run(built, stream.cuda_stream), stream, repeats)
-        return {"gate": IDENTICAL, "seconds": median, "predicted_seconds": predicted, "slots": built.slots,
+        return {"gate": verdict, "seconds": median, "predicted_seconds": predicted, "slots": built.slots,
                 "slots_per_second": built.slots / median, "copies": len(built.copies),
                 "copy_bytes": built.copy_bytes, "method": built.method}
     finally:

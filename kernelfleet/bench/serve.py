@@ -135,7 +135,7 @@ def bench_serve(make_step: Callable[[str, int], Any], profiles: dict, plans: Pat
     from kernelfleet.profile.timing import median_seconds
     from kernelfleet.runtime import plans as runtime_plans
     from kernelfleet.runtime.executor import release, run
-    from kernelfleet.runtime.gate import IDENTICAL, Gate
+    from kernelfleet.runtime.gate import Gate, passed
 
     if slots < 2:
         raise UsageError(f"--slots must be at least 2 (request distribution needs one per device), got {slots}")
@@ -187,7 +187,7 @@ def bench_serve(make_step: Callable[[str, int], Any], profiles: dict, plans: Pat
                         found["gate"] = gate.gate(graph, s.homes, stream)
                     except Exception as exc:
                         found["gate"] = f"refused: {exc}"
-                    if found["gate"] == IDENTICAL:
+                    if passed(found["gate"]):
                         built[g], homes[g] = graph, s.homes
                         found["seconds"] = median_seconds(lambda: run(graph, stream.cuda_stream), stream, repeats)
                         found["requests_per_second"] = len(s.homes) / found["seconds"]

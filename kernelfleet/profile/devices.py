@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -31,23 +31,39 @@ from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
 
 SM_GRANULE = 8  # Hopper hands out partitions in multiples of 8 SMs (DESIGN.md, Facts)
 HOG_BYTES = 1 << 30
+# What kernels a device captures a step with (DESIGN, "what emulation on one GPU type can show"):
+# its libraries' own choice, or SDPA held to one of its other backends, as a device of another
+# architecture would pick other kernels for the same ops.
+KERNELS = ("default", "math-attention", "efficient-attention")
 
 
 @dataclass(frozen=True, slots=True)
 class ProfileSpec:
-    """``sms=None``: the whole GPU. ``hog_sms``: SMs of a co-running copy loop, or None."""
+    """``sms=None``: the whole GPU. ``hog_sms``: SMs of a co-running copy loop, or None.
+    ``kernels``: which kernels the step is captured with there (:data:`KERNELS`)."""
 
     name: str
     sms: int | None = None
     hog_sms: int | None = None
     device: int = 0
+    kernels: str = "default"
 
     def __post_init__(self) -> None:
+        if self.kernels not in KERNELS:
+            raise UsageError(f"profile {self.name}: kernels {self.kernels!r}: expected one of {', '.join(KERNELS)}")
         for label, value in (("sms", self.sms), ("hog_sms", self.hog_sms)):
             if value is not None and (value <= 0 or value % SM_GRANULE):
                 raise UsageError(f"profile {self.name}: {label} must be a positive multiple of {SM_GRANULE}, got {value}")
         if self.hog_sms is not None and self.sms is None:
             raise UsageError(f"profile {self.name}: a hog needs a work partition (give sms)")
+
+
+def choosing_kernels(kernels: str) -> AbstractContextManager:
+    """Where a step is warmed up and captured with ``kernels`` (:data:`KERNELS`)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"math-attention": SDPBackend.MATH, "efficient-attention": SDPBackend.EFFICIENT_ATTENTION}.get(kernels)
+    return nullcontext() if backend is None else sdpa_kernel(backend)
 
 
 _PARTITIONS: dict[tuple[CudaDriver, int, int, int], list[tuple[object, int, int]]] = {}

@@ -22,13 +22,19 @@ REAL_PAIR = ("l40s", "a100-sxm-80gb")  # compute-rich, bandwidth-rich: Tessera's
 
 def parse_profile(text: str, device: int = 0) -> ProfileSpec:
     """``NAME``, ``NAME:SMS`` or ``NAME:SMS+HOG`` (e.g. ``compute:56+64``, ``whole``), with an
-    optional ``@GPU`` index (``bandwidth:32@1``) in place of ``device``."""
+    optional ``@GPU`` index (``bandwidth:32@1``) in place of ``device`` and an optional
+    ``/KERNELS`` (``b:32@0/math-attention``: ``devices.KERNELS``)."""
+    given = text
+    text, slash, kernels = text.partition("/")
+    if slash and not kernels:
+        raise UsageError(f"profile {given!r}: nothing after '/': name the kernels (e.g. /math-attention)")
     spec, at, gpu = text.partition("@")
     name, _, shape = spec.partition(":")
     work, _, hog = shape.partition("+")
     if not name or not all(part.isdigit() for part in (work, hog) if part) or (at and not gpu.isdigit()):
         raise UsageError(f"profile {text!r}: expected NAME[:SMS[+HOG]][@GPU] with whole numbers, e.g. compute:56+64@0")
-    return ProfileSpec(name, int(work) if work else None, int(hog) if hog else None, int(gpu) if at else device)
+    return ProfileSpec(name, int(work) if work else None, int(hog) if hog else None, int(gpu) if at else device,
+                       kernels or "default")
 
 
 def calibrate_profiles(specs: list[ProfileSpec], progress: Callable[[dict], None] | None = None) -> list[CalibrationRow]:

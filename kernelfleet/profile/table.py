@@ -22,6 +22,7 @@ from kernelfleet.costs.table import CostTable
 from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import kernel_kind
+from kernelfleet.graph.units import UnitView
 from kernelfleet.kernels.ir import Program
 from kernelfleet.kernels.raw import RawCapture, program_nodes
 
@@ -61,6 +62,26 @@ def cost_table(raw: RawCapture, program: Program, seconds: dict[str, list[float 
     flops, precision = launch_flops(raw, program)
     rows = [{name: values[i] for name, values in seconds.items()} for i in range(len(program.launches))]
     return CostTable(rows, source, flops, launch_bytes(program), precision)
+
+
+def unit_table(views: dict[str, UnitView], seconds: dict[str, list[float | None]], source: str) -> CostTable:
+    """A cost table of the units of devices that captured different kernels (``graph/units.py``):
+    on each device the sum of its own launches of each unit, timed on it (``seconds[device]``: every
+    launch of that device's own capture), None where any of them cannot run there. FLOPs per unit
+    are the home device's (the first view's): the same op calls, whichever kernels run them."""
+    for name, view in views.items():
+        if len(seconds[name]) != sum(map(len, view.launches)):
+            raise UsageError(f"device {name}: {len(seconds[name])} times for {sum(map(len, view.launches))} launches")
+    rows = []
+    for u in range(len(next(iter(views.values())).ops)):
+        row: dict[str, float | None] = {}
+        for name, view in views.items():
+            times = [seconds[name][i] for i in view.launches[u]]
+            row[name] = None if any(t is None for t in times) else sum(times)
+        rows.append(row)
+    home = next(iter(views.values()))
+    flops: list[int | None] = [sum(op.flops for op in home.raw.ops[a:b]) or None for a, b in home.ops]
+    return CostTable(rows, source, flops)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,10 @@
 
 A replica is the step captured on one device (its own weights, state and activations at its own
 addresses, ``runtime/executor.py``); the executor's graph copies each launch from the replica of
-the device that runs it. A graph run changes the replicas' state (a decode step advances its
-cache), so before every run that is compared with a reference each replica is restored.
+the device that runs it. Each device captures with its own kernels (``profile.devices.KERNELS``);
+where any two launch different kernels, every replica places units (``graph/units.py``) instead of
+launches. A graph run changes the replicas' state (a decode step advances its cache), so before
+every run that is compared with a reference each replica is restored.
 """
 
 from __future__ import annotations
@@ -14,26 +16,34 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kernelfleet.graph.units import views
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.cuda.capture import capture
 from kernelfleet.kernels.cuda.replay import saved_state
+from kernelfleet.profile.devices import choosing_kernels
 from kernelfleet.runtime.executor import Replica
 
 if TYPE_CHECKING:
     from kernelfleet.workloads.steps import Step
 
 
-def capture_replicas(make_step: Callable[[str, int], Step], gpus: dict[str, int],
-                     seed: int = 0) -> tuple[dict[str, Replica], list[Callable[[], None]]]:
-    """One capture of the step (``make_step(torch device, seed)``) per named device, on its GPU,
-    and what restores each one's captured state."""
+def capture_replicas(make_step: Callable[[str, int], Step], gpus: dict[str, int], seed: int = 0,
+                     kernels: dict[str, str] | None = None) -> tuple[dict[str, Replica], list[Callable[[], None]]]:
+    """One capture of the step (``make_step(torch device, seed)``) per named device, on its GPU and
+    with its ``kernels`` (by name; default: each library's own choice), and what restores each
+    one's captured state. Replicas place units where the captures launch different kernels."""
     replicas, restores = {}, []
     for name, gpu in gpus.items():
         torch.cuda.set_device(gpu)
         step = make_step(f"cuda:{gpu}", seed)
-        captured = capture(step.fn, step.args, module=step.module, what=step.name)
+        with choosing_kernels((kernels or {}).get(name, "default")):
+            captured = capture(step.fn, step.args, module=step.module, what=step.name)
         replicas[name] = Replica(captured, assemble(captured.raw))
         restores.append(saved_state(replicas[name].program))
+    if len({tuple((n.kind, n.name) for n in r.captured.raw.nodes) for r in replicas.values()}) > 1:
+        found = views({d: r.captured.raw for d, r in replicas.items()}, {d: r.program for d, r in replicas.items()},
+                      next(iter(replicas)))
+        replicas = {d: Replica(r.captured, found[d].program, units=found[d]) for d, r in replicas.items()}
     return replicas, restores
 
 

@@ -59,3 +59,27 @@ def test_the_logits_agree_but_for_a_near_tie_as_recorded():
     assert found == RECORDED["math"]["against_default"]  # derived again from the recorded logits
     assert found["min_cosine"] >= 0.999 and found["argmax_agreement"] < 1.0
     assert found["argmax_differs_at"] == 1 and max(found["reference_margin_where_argmax_differs"]) <= 2 ** -8
+
+
+def test_the_tolerance_gate_passes_the_other_kernels_and_refuses_a_local_fault():
+    from kernelfleet.runtime.gate import agreement
+
+    logits = torch.load(DATA / "logits.pt")
+    reference, math = logits["default"].float(), logits["math"].float()
+    found = agreement(reference, math)
+    assert found.passed and str(found).startswith("within tolerance")
+    assert found.argmax_differs_at == 1 and found.near_tie_bound == pytest.approx(2 * 0.0078125, abs=2e-3)
+    # at a position of median margin (0.07), its top logit pushed one bf16 step below its runner-up: a
+    # flip no rounding explains
+    rows = reference.flatten(0, -2)
+    top2 = rows.topk(2, -1)
+    margins = top2.values[:, 0] - top2.values[:, 1]
+    position = int(margins.argsort()[len(margins) // 2])
+    faulty = math.flatten(0, -2).clone()
+    faulty[position, top2.indices[position, 0]] = top2.values[position, 1] - 2 ** -8
+    local = agreement(reference, faulty.view_as(math))
+    assert local.min_cosine >= 0.999 and not local.passed  # the cosine alone would let it through
+    assert str(local).startswith("outside tolerance")
+    # noise on every logit: the cosine refuses it
+    noisy = agreement(reference, math + torch.randn(math.shape, generator=torch.Generator().manual_seed(0)) * 0.2)
+    assert noisy.min_cosine < 0.999 and not noisy.passed

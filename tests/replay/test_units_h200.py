@@ -16,8 +16,8 @@ from kernelfleet.kernels.cuda.capture import Captured
 from kernelfleet.kernels.cuda.null import NullDriver
 from kernelfleet.kernels.ir import merged_ranges
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.plan.transfers import UnitAddressMap, transfers
 from kernelfleet.runtime.executor import Replica, Slot, build
+from recorded import misplaced_copies
 
 pytestmark = pytest.mark.replay
 
@@ -84,28 +84,11 @@ def test_every_copy_lands_in_the_bytes_its_unit_touches_in_the_other_capture(uni
     """A copy's bytes, translated into the math capture, lie inside what its reader reads there (for
     the destination) or what its writer writes there (for the source): the op calls the two
     captures share place them."""
-    home, other = unit_views["default"], unit_views["math"]
-    translate = UnitAddressMap(home, other)
-    buffers = {b.id: b for b in home.program.buffers}
-    theirs = {b.id: b for b in other.program.buffers}
-
-    def touches(unit: int, address: int, length: int, mode: str) -> bool:
-        return any(theirs[a.buffer].address + a.offset_bytes <= address
-                   and address + length <= theirs[a.buffer].address + a.end
-                   for a in other.program.launches[unit].accesses if a.mode == mode)
-
     counted = 0
     for assignment in plans(unit_views).values():
-        for t in transfers(home.program, assignment, "default"):
-            b = buffers[t.buffer]
-            if t.writer is None:
-                assert translate.translate_input(b.name, t.offset_bytes) >= 0
-                continue
-            at = translate.translate([t.reader, t.writer] if t.dst == "math" else [t.writer, t.reader],
-                                     b.address + t.offset_bytes, t.length_bytes)
-            unit, mode = (t.reader, "read") if t.dst == "math" else (t.writer, "write")
-            assert unit is None or touches(unit, at, t.length_bytes, mode), t
-            counted += 1
+        checked, wrong = misplaced_copies(unit_views, "default", "math", assignment)
+        assert wrong == []
+        counted += checked
     assert counted > 50
 
 

@@ -51,7 +51,9 @@ def test_profile_specs():
     assert parse_profile("bandwidth:32").sms == 32 and parse_profile("bandwidth:32").hog_sms is None
     assert parse_profile("whole").sms is None
     assert parse_profile("bandwidth:32@1").device == 1 and parse_profile("compute:56+64").device == 0
-    for bad in ("compute:5x", ":32", "odd:12", "bandwidth:32@x", "bandwidth:32@"):
+    assert parse_profile("b:32@0/math-attention").kernels == "math-attention"
+    assert parse_profile("a:64").kernels == "default" and parse_profile("a:64/default").sms == 64
+    for bad in ("compute:5x", ":32", "odd:12", "bandwidth:32@x", "bandwidth:32@", "b:32/cudnn-please", "b:32/"):
         with pytest.raises(UsageError):
             parse_profile(bad)
 

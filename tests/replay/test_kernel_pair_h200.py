@@ -1,0 +1,103 @@
+"""The different-kernel pair as an H200 ran it (tests/data/h200-kernel-pair, recorded by
+``KF_RECORD=DIR pytest -m gpu tests/gpu/test_kernel_pair.py``): two partitions of one GPU, a with
+the default kernels (cuDNN attention), b with SDPA's math attention, each capturing the step
+itself, through ``kernelfleet profile``, ``plan`` and ``bench disagg``, for a transformers Llama
+prefill and the reference Llama decode step. Checked again on the CPU from what was recorded:
+
+* the unit program ``profile`` wrote is what the two recorded captures line up into;
+* every plan ``plan`` wrote passes the validator against it and the units' cost table;
+* the benchmark's replicas (other weights, other addresses: a model per device) translate every
+  copy of every recorded plan into bytes its unit touches on the other device;
+* each strategy's recorded gate is bit-exact exactly when it runs no unit whose kernels differ
+  away from its home, and within the tolerance otherwise — never outside it.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kernelfleet.costs.table import CostTable
+from kernelfleet.graph.units import views
+from kernelfleet.kernels.assemble import assemble
+from kernelfleet.kernels.ir import Program
+from kernelfleet.kernels.raw import RawCapture
+from kernelfleet.plan.model import Device
+from kernelfleet.runtime import plans as runtime_plans
+from kernelfleet.runtime.gate import COSINE_FLOOR
+from recorded import misplaced_copies
+
+pytestmark = pytest.mark.replay
+
+DATA = Path(__file__).parents[1] / "data" / "h200-kernel-pair"
+TARGETS = ("hf-llama-prefill", "llama-decode")
+DEVICES = ("a", "b")
+
+
+def unit_views(target: str, stage: str):
+    raws = {d: RawCapture.load(DATA / target / f"{stage}.capture.{d}.json.gz" if stage == "profile"
+                               else DATA / target / f"disagg.{d}.capture.json.gz") for d in DEVICES}
+    return views(raws, {d: assemble(r) for d, r in raws.items()}, "a")
+
+
+def differing(found) -> set[int]:
+    kernels = {d: [[v.raw.nodes[i].name for i in unit] for unit in v.nodes()] for d, v in found.items()}
+    return {u for u in range(len(kernels["a"])) if kernels["a"][u] != kernels["b"][u]}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_written_unit_program_is_what_the_captures_line_up_into(target):
+    found = unit_views(target, "profile")
+    written = Program.from_json((DATA / target / "profile.program.json").read_text())
+    assert found["a"].program == written
+    assert len(differing(found)) == 2  # the two layers' attentions; every other unit launches alike
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_written_plan_passes_the_validator_on_the_units(target):
+    program = Program.from_json((DATA / target / "profile.program.json").read_text())
+    costs = CostTable.from_json((DATA / target / "profile.costs.json").read_text())
+    problem = runtime_plans.problem(program, [Device(d, 80 << 30) for d in DEVICES], costs)
+    for path in sorted((DATA / target).glob("plans.*.json")):
+        plan = runtime_plans.read(path)
+        if plan.assignment:
+            runtime_plans.checked(problem, plan, str(path))
+            assert len(plan.assignment) == len(program.launches)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_copy_of_every_plan_lands_in_its_units_bytes_on_the_other_replica(target):
+    found = unit_views(target, "disagg")
+    assert found["a"].raw.regions[0].address != found["b"].raw.regions[0].address  # a model per device
+    counted = 0
+    for path in sorted((DATA / target).glob("plans.*.json")):
+        plan = runtime_plans.read(path)
+        if not plan.assignment or len(set(plan.assignment)) == 1:
+            continue
+        home = plan.details.home or "a"
+        checked, wrong = misplaced_copies(found, home, "b" if home == "a" else "a", plan.assignment)
+        assert wrong == [], path.name
+        counted += checked
+    assert counted > 20
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_gate_is_bit_exact_exactly_when_no_differing_unit_runs_away_from_home(target):
+    found = unit_views(target, "disagg")
+    other_kernels = differing(found)
+    results = json.loads((DATA / target / "disagg.disagg.json").read_text())["strategies"]
+    assert not [n for n, r in results.items() if not (r["gate"] == "identical" or r["gate"].startswith("within"))]
+    checked = 0
+    for path in sorted((DATA / target).glob("plans.*.json")):
+        plan = runtime_plans.read(path)
+        if not plan.assignment or plan.policy not in results:
+            continue
+        home = plan.details.home or "a"
+        away = {u for u, d in enumerate(plan.assignment) if d != home}
+        gate = results[plan.policy]["gate"]
+        assert (gate == "identical") == (not away & other_kernels), (plan.policy, gate)
+        if gate != "identical":
+            cosine = float(gate.split("min cosine ")[1].split()[0])
+            assert cosine >= COSINE_FLOOR and "seconds" in results[plan.policy]
+        checked += 1
+    assert checked >= 4
