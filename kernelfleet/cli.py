@@ -341,3 +341,10 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:  # torch's OutOfMemoryError, named so this module never imports torch
+        if type(exc).__name__ != "OutOfMemoryError":
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else "out of memory"
+        err.print(f"kernelfleet: error: the GPU ran out of memory ({first[:160]}); run fewer --slots, a smaller "
+                  "step, or on a GPU with more free memory", markup=False, highlight=False, emoji=False)
+        sys.exit(1)

@@ -5,9 +5,19 @@
   called on the device being captured (as the current CUDA device; with ``device=`` and ``seed=``
   where it takes them), and returns a :class:`~kernelfleet.workloads.steps.Step` or a tuple
   ``(fn, args[, module])``;
-* ``hf:DIR``: a transformers model directory, loaded with ``from_pretrained`` where it holds
-  weights; a directory with only ``config.json`` gets random weights from the seed. Its step is a
-  prefill over a fixed prompt of ``batch`` × ``tokens`` token ids, logits out.
+* ``hf:DIR[,PHASE][,batch=N][,tokens=N][,context=N]``: a transformers model directory, loaded with
+  ``from_pretrained`` where it holds weights; a directory with only ``config.json`` gets random
+  weights from the seed. ``prefill`` (the default): a fixed prompt of ``batch`` × ``tokens`` token
+  ids, logits out. ``decode``: one token per sequence into a static KV cache of ``context``
+  positions, ``context - 1`` of them filled by a prefill of a fixed prompt when the step is made;
+  logits of the new token out.
+
+The decode step keeps its own position (an input tensor) and writes it into the cache's counters
+first: transformers' static cache advances a device counter on every call, so a captured graph
+replayed as it is would write each replay one position further. With the counter reset, a replay
+writes the same cache row with the same values and reads the same cache: a replay changes nothing
+that the next replay reads, so the step needs no state restored between replays, and the cache is
+named (``cache_L_keys``, ``cache_L_values``) so placement sees it as state.
 
 :func:`step_maker` checks the target at once (a name, an importable factory, a directory with a
 config) and returns ``make(device, seed)``: a place command captures one step per device and slot.
@@ -23,19 +33,33 @@ from typing import Any
 
 from kernelfleet.errors import UsageError
 
-PHASES = ("prefill",)  # of an hf:DIR target; a decode step with a static cache is not built yet
+PHASES = ("prefill", "decode")  # of an hf:DIR target
+SIZES = ("batch", "tokens", "context")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
-def step_maker(target: str, *, phase: str = "prefill", batch: int = 2, tokens: int = 64) -> Callable[[str, int], Any]:
-    """``make(device, seed) -> Step`` for ``target`` (module docstring); UsageError naming what is
-    wrong with the target before anything is built."""
+def step_maker(target: str, *, phase: str = "prefill", batch: int = 2, tokens: int = 64,
+               context: int = 128) -> Callable[[str, int], Any]:
+    """``make(device, seed) -> Step`` for ``target`` (module docstring; an ``hf:`` target's own
+    options override the keywords); UsageError naming what is wrong with the target before
+    anything is built."""
     from kernelfleet.workloads.steps import REFERENCE
 
     if target in REFERENCE:
         return lambda device, seed: _reference(target, device, seed)
     if target.startswith("hf:"):
-        return _transformers(Path(target[3:]), phase, batch, tokens)
+        folder, *options = target[3:].split(",")
+        sizes = {"batch": batch, "tokens": tokens, "context": context}
+        for option in options:
+            key, equals, value = option.partition("=")
+            if not equals and key in PHASES:
+                phase = key
+            elif equals and key in SIZES and value.isdigit():
+                sizes[key] = int(value)
+            else:
+                raise UsageError(f"{target}: option {option!r}: expected a phase ({', '.join(PHASES)}) or "
+                                 f"{'|'.join(SIZES)}=N")
+        return _transformers(Path(folder), phase, **sizes)
     if ":" in target:
         return _factory(target)
     raise UsageError(f"unknown step {target!r}: expected a reference step ({', '.join(REFERENCE)}), "
@@ -95,14 +119,16 @@ def _factory(target: str) -> Callable[[str, int], Any]:
     return make
 
 
-def _transformers(folder: Path, phase: str, batch: int, tokens: int) -> Callable[[str, int], Any]:
+def _transformers(folder: Path, phase: str, batch: int, tokens: int, context: int) -> Callable[[str, int], Any]:
     if not (folder / "config.json").is_file():
         raise UsageError(f"hf:{folder}: no config.json there (a transformers model directory, as save_pretrained "
                          "writes it)")
     if phase not in PHASES:
-        raise UsageError(f"hf:{folder}: the {phase!r} phase is not built yet; the phases are {', '.join(PHASES)}")
+        raise UsageError(f"hf:{folder}: unknown phase {phase!r}; the phases are {', '.join(PHASES)}")
     if batch < 1 or tokens < 1:
         raise UsageError(f"hf:{folder}: batch and tokens must be at least 1, got {batch} and {tokens}")
+    if context < 2:
+        raise UsageError(f"hf:{folder}: a decode context holds the prompt and the new token: at least 2, got {context}")
     weights = any((folder / name).exists() for name in WEIGHT_FILES)
 
     def make(device: str, seed: int) -> Any:
@@ -121,7 +147,12 @@ def _transformers(folder: Path, phase: str, batch: int, tokens: int) -> Callable
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16)
         model = model.to(device).eval().requires_grad_(False)
         vocabulary = model.config.vocab_size
-        ids = torch.randint(0, vocabulary, (batch, tokens), generator=torch.Generator().manual_seed(seed)).to(device)
+        draw = torch.Generator().manual_seed(seed)
+        if phase == "decode":
+            prompt = torch.randint(0, vocabulary, (batch, context - 1), generator=draw).to(device)
+            token = torch.randint(0, vocabulary, (batch, 1), generator=draw).to(device)
+            return _decode(model, prompt, token, context, f"hf:{folder.name}-decode")
+        ids = torch.randint(0, vocabulary, (batch, tokens), generator=draw).to(device)
 
         def prefill(input_ids: torch.Tensor) -> torch.Tensor:
             return model(input_ids=input_ids, use_cache=False).logits
@@ -129,3 +160,39 @@ def _transformers(folder: Path, phase: str, batch: int, tokens: int) -> Callable
         return Step(prefill, (ids,), model, f"hf:{folder.name}-prefill")
 
     return make
+
+
+def _decode(model: Any, prompt: Any, token: Any, context: int, name: str) -> Any:
+    """The decode step of the module docstring: the cache filled by ``prompt``, ``token`` next."""
+    import inspect
+
+    import torch
+    from transformers import StaticCache
+
+    from kernelfleet.workloads.steps import Step
+
+    cache = StaticCache(config=model.config, max_cache_len=context)
+    # transformers 5 renames past_key_values to cache; take whichever this version's forward has
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with torch.no_grad():
+        model(input_ids=prompt, use_cache=True, **{key: cache})
+    recurrent = sorted({type(layer).__name__ for layer in cache.layers if not hasattr(layer, "cumulative_length")})
+    if recurrent:  # a recurrent state (Mamba's) moves on at every replay: no fixed-position step to capture
+        raise UsageError(f"{name}: {type(model).__name__}'s cache holds recurrent state ({', '.join(recurrent)}), "
+                         "which every decode step advances; decode is built for attention KV caches only (use "
+                         "prefill, or the reference step mamba-decode)")
+    counters = [layer.cumulative_length for layer in cache.layers]
+    position = torch.tensor([context - 1], device=prompt.device)
+    holder = torch.nn.Module()  # names the weights and the cache, so placement sees the cache as state
+    holder.model = model
+    for i, layer in enumerate(cache.layers):
+        holder.register_buffer(f"cache_{i}_keys", layer.keys)
+        holder.register_buffer(f"cache_{i}_values", layer.values)
+
+    def decode(new: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        for counter in counters:
+            counter.copy_(at[0])
+        return model(input_ids=new, use_cache=True, cache_position=at, position_ids=at.expand(new.shape[0], 1),
+                     **{key: cache}).logits
+
+    return Step(decode, (token, position), holder, name)

@@ -123,3 +123,22 @@ def test_ptx_census_of_an_nvcc_file_and_a_malformed_one(tmp_path):
     bad = tmp_path / "bad.ptx"
     bad.write_text(".version 8.0\n.target sm_90\n.visible .entry k(\n  .param .u64 p\n{\n}\n")
     one_line_error(kf("ptx", str(bad)), 2, "bad.ptx: PTX line 5")
+
+
+def test_a_gpu_out_of_memory_is_one_line_saying_what_to_do(monkeypatch, capsys):
+    """torch's OutOfMemoryError out of any command (bench disagg on an 8B step with four replicas
+    on one H200 raised it from deep in the gate) ends as one line, not a traceback."""
+    import torch
+
+    import kernelfleet.cli as cli
+
+    def out_of_memory() -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1024.00 MiB.\nIncluding non-PyTorch memory")
+
+    monkeypatch.setattr(cli, "app", out_of_memory)
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kernelfleet: error: the GPU ran out of memory (CUDA out of")
+    assert "fewer --slots" in lines[0]

@@ -62,10 +62,61 @@ def test_a_directory_with_weights_loads_them(tmp_path):
     ("no.such.module:f", {}, "cannot import 'no.such.module'"),
     ("kernelfleet.workloads.steps:nothing_here", {}, "no callable 'nothing_here'"),
     ("hf:/nowhere", {}, "no config.json there"),
-    ("hf:{tmp}", {"phase": "decode"}, "the 'decode' phase is not built yet"),
+    ("hf:{tmp}", {"phase": "chat"}, "unknown phase 'chat'"),
+    ("hf:{tmp},generate", {}, "option 'generate': expected a phase"),
+    ("hf:{tmp},batch=two", {}, "option 'batch=two'"),
+    ("hf:{tmp},decode,context=1", {}, "at least 2, got 1"),
     ("hf:{tmp}", {"tokens": 0}, "batch and tokens must be at least 1"),
 ])
 def test_a_bad_target_is_one_line_before_anything_is_built(tmp_path, target, kw, needle):
     tiny_llama_config().save_pretrained(tmp_path)
     with pytest.raises(UsageError, match=needle):
         step_maker(target.format(tmp=tmp_path), **kw)
+
+
+def architectures():
+    """Small configs of the transformers families the place half supports: dense, MoE, GPT-NeoX, Mamba."""
+    from transformers import GPTNeoXConfig, MambaConfig, Qwen2MoeConfig
+
+    return {"llama": tiny_llama_config(),
+            "qwen2-moe": Qwen2MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                        shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=64),
+            "gpt-neox": GPTNeoXConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, max_position_embeddings=64),
+            "mamba": MambaConfig(vocab_size=128, hidden_size=64, state_size=8, num_hidden_layers=2)}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2-moe", "gpt-neox"])
+def test_a_decode_step_is_the_full_forward_at_its_position_and_replays_alike(tmp_path, family):
+    """One token into a static cache of 16 positions (15 filled by the prompt): its logits are the
+    full forward's at position 15, and calling the step again gives them again bit for bit (it
+    resets the cache's counter from its own position, so a captured graph replays alike)."""
+    architectures()[family].save_pretrained(tmp_path)
+    step = step_maker(f"hf:{tmp_path},decode,batch=2,context=16")("cpu", 0)
+    token, position = step.args
+    assert token.shape == (2, 1) and position.tolist() == [15]
+    with torch.no_grad():
+        first, again = step.fn(*step.args), step.fn(*step.args)
+        model = step.module.model
+        prompt = torch.randint(0, 128, (2, 15), generator=torch.Generator().manual_seed(0))  # as the step drew it
+        full = model(input_ids=torch.cat([prompt, token], 1), use_cache=False).logits[:, -1:]
+    assert torch.equal(first, again)
+    torch.testing.assert_close(first.float(), full.float(), atol=3e-2, rtol=3e-2)
+    names = {n for n, _ in step.module.named_buffers()}
+    assert {"cache_0_keys", "cache_0_values", "cache_1_keys", "cache_1_values"} <= names  # state, by name
+
+
+@pytest.mark.parametrize("family", ["qwen2-moe", "gpt-neox", "mamba"])
+def test_every_family_prefills(tmp_path, family):
+    architectures()[family].save_pretrained(tmp_path)
+    step = step_maker(f"hf:{tmp_path},batch=2,tokens=8")("cpu", 0)
+    with torch.no_grad():
+        assert step.fn(*step.args).shape == (2, 8, 128)
+
+
+def test_a_mamba_decode_says_why_it_is_not_built(tmp_path):
+    architectures()["mamba"].save_pretrained(tmp_path)
+    with pytest.raises(UsageError, match="recurrent state"):
+        step_maker(f"hf:{tmp_path},decode,context=16")("cpu", 0)
