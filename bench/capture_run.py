@@ -35,7 +35,7 @@ from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.checks import probe_disagreements, unsound_writes, with_observations
 from kernelfleet.kernels.cuda.capture import capture
 from kernelfleet.kernels.cuda.driver import CUDA as driver
-from kernelfleet.kernels.cuda.replay import observe, preludes, stepwise_matches_graph
+from kernelfleet.kernels.cuda.replay import observe, replay_preludes, stepwise_matches_graph
 from kernelfleet.profile.calibration import Calibration
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.profile.run import calibrate_profiles, choose, pair_specs, sweep_specs
@@ -87,7 +87,7 @@ def run_step(name: str, out: Path, profile: bool, flush_l2_mb: int = 0) -> None:
         chosen = chosen_pair(out)
         specs = chosen.pop("specs")
         report["pair"] = chosen
-        resets = preludes(program)
+        resets = replay_preludes(program)
         for spec_ in specs + (ProfileSpec("whole"),):
             with DeviceProfile(spec_) as device, device.active() as stream:
                 calib = guarded(f"{name}: calibrate {spec_.name}", calibrate, stream)

@@ -48,7 +48,7 @@ def run(step_name: str, out: Path, profiles: str, seconds: float, order_by: Path
 
     from kernelfleet.kernels.assemble import assemble
     from kernelfleet.kernels.cuda.capture import capture
-    from kernelfleet.kernels.cuda.replay import preludes
+    from kernelfleet.kernels.cuda.replay import replay_preludes
     from kernelfleet.kernels.raw import program_nodes
     from kernelfleet.profile.devices import DeviceProfile
     from kernelfleet.profile.run import parse_profile
@@ -66,7 +66,7 @@ def run(step_name: str, out: Path, profiles: str, seconds: float, order_by: Path
     path = out / f"{step_name}.groups.json"
     path.write_text(doc.to_json())  # the mapping exists even if the run is cut off
     nodes = program_nodes(captured.raw)
-    resets = preludes(program)  # memsets a kernel needs before it, or it skips its work
+    resets = replay_preludes(program)  # memsets and writers a kernel needs before it, or it skips or repeats work
     order = by_weight([g for g in groups if g.kind == "kernel"], whole_seconds(order_by))
     log(f"{step_name}: {len(program.launches)} launches, {len(groups)} groups ({len(order)} of kernels), "
         f"captured in {time.monotonic() - t0:.1f} s")

@@ -71,10 +71,10 @@ def time_on(captured: Any, specs: list[ProfileSpec], progress: Callable[[int], N
             trials: int = 5, flush_l2_bytes: int = 0) -> dict[str, list[float]]:
     """Seconds of every launch of a captured step on each profile: ``{profile: [seconds]}``."""
     from kernelfleet.kernels.assemble import assemble
-    from kernelfleet.kernels.cuda.replay import preludes
+    from kernelfleet.kernels.cuda.replay import replay_preludes
     from kernelfleet.profile.timing import time_launches
 
-    resets = preludes(assemble(captured.raw))
+    resets = replay_preludes(assemble(captured.raw))
     out = {}
     for spec in specs:
         with DeviceProfile(spec) as device, device.active() as stream:

@@ -33,7 +33,7 @@ def time_launches(captured: Captured, stream: torch.cuda.Stream, *, resets: Mapp
                   progress: Callable[[int], None] | None = None) -> list[float]:
     """Median seconds of every launch of the program on ``stream``, its graphs built in ``context``
     (a partition's: :attr:`DeviceProfile.context`; None: the capture's, the whole GPU).
-    ``resets``: ``replay.preludes`` of the captured program, the memsets each kernel runs after.
+    ``resets``: ``replay.replay_preludes`` of the captured program: the memsets and fills each kernel runs after.
 
     ``flush_l2_bytes`` > 0 writes a buffer that large before every trial and times one copy of the
     launch (a cold L2, as when the kernel before it on its device touched other data; the H200's L2

@@ -26,8 +26,9 @@ def kf(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kernelfleet", *args], capture_output=True, text=True, timeout=300)
 
 
-def test_analyze_captures_a_config_only_transformers_directory(model_dir, tmp_path):
-    done = kf("analyze", f"hf:{model_dir}", "--out", str(tmp_path / "an"), "--json")
+@pytest.mark.parametrize("options", ["", ",decode,batch=4,context=128"])
+def test_analyze_captures_a_config_only_transformers_directory(model_dir, tmp_path, options):
+    done = kf("analyze", f"hf:{model_dir}{options}", "--out", str(tmp_path / "an"), "--json")
     print(done.stdout[-2000:], done.stderr[-2000:])
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)

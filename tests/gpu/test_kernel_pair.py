@@ -6,7 +6,8 @@ model on GPUs that run different kernels"), through the CLI a user runs:
     kernelfleet bench disagg TARGET --plans PLANS --device a:64@0 --device b:32@0/math-attention
 
 Device b captures the step with SDPA's math attention, a with the default (cuDNN on an H200): each
-device captures for itself, ops are lined up into units, each device is timed on its own kernels,
+device captures for itself (a transformers Llama prefill, the reference Llama decode, and
+transformers Llama and Qwen2-MoE decode steps into a static KV cache), ops are lined up into units, each device is timed on its own kernels,
 and every strategy is gated against the single-device run — bit for bit where a strategy runs one
 device's kernels only, within the tolerance where it mixes them. ``KF_RECORD=DIR`` keeps what the
 runs wrote (the replay tests' data).
@@ -26,6 +27,21 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 PAIR = {"a": "a:64@0", "b": "b:32@0/math-attention"}
+SIZES = dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+             max_position_embeddings=256)
+
+
+def target_of(name: str, folder: Path) -> str:
+    """A reference step by name, or a transformers decode step of a config-only directory made here."""
+    if name not in ("hf-llama-decode", "hf-qwen2moe-decode"):
+        return name
+    from transformers import LlamaConfig, Qwen2MoeConfig
+
+    config = LlamaConfig(intermediate_size=688, **SIZES) if name == "hf-llama-decode" else \
+        Qwen2MoeConfig(intermediate_size=688, moe_intermediate_size=128, shared_expert_intermediate_size=256,
+                       num_experts=8, num_experts_per_tok=2, **SIZES)
+    config.save_pretrained(folder / name)
+    return f"hf:{folder / name},decode,batch=4,context=128"
 
 
 def kf(*args: str) -> subprocess.CompletedProcess:
@@ -34,8 +50,9 @@ def kf(*args: str) -> subprocess.CompletedProcess:
     return done
 
 
-@pytest.mark.parametrize("target", ["hf-llama-prefill", "llama-decode"])
-def test_a_different_kernel_pair_is_profiled_planned_gated_and_timed(tmp_path, target):
+@pytest.mark.parametrize("name", ["hf-llama-prefill", "llama-decode", "hf-llama-decode", "hf-qwen2moe-decode"])
+def test_a_different_kernel_pair_is_profiled_planned_gated_and_timed(tmp_path, name):
+    target = target_of(name, tmp_path)
     prof, plans, runs = tmp_path / "profile", tmp_path / "plans", tmp_path / "disagg"
     done = kf("profile", target, "--profile", "a:64", "--profile", "b:32/math-attention", "--trials", "3",
               "--out", str(prof))
@@ -57,7 +74,7 @@ def test_a_different_kernel_pair_is_profiled_planned_gated_and_timed(tmp_path, t
     assert any(r["gate"].startswith("within tolerance") and r.get("seconds") for r in mixed.values())
     record = os.environ.get("KF_RECORD")
     if record:
-        (Path(record) / target).mkdir(parents=True, exist_ok=True)
+        (Path(record) / name).mkdir(parents=True, exist_ok=True)
         for folder in (prof, plans, runs):
             for path in folder.iterdir():
-                shutil.copy(path, Path(record) / target / f"{folder.name}.{path.name}")
+                shutil.copy(path, Path(record) / name / f"{folder.name}.{path.name}")

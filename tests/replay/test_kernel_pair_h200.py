@@ -2,7 +2,8 @@
 ``KF_RECORD=DIR pytest -m gpu tests/gpu/test_kernel_pair.py``): two partitions of one GPU, a with
 the default kernels (cuDNN attention), b with SDPA's math attention, each capturing the step
 itself, through ``kernelfleet profile``, ``plan`` and ``bench disagg``, for a transformers Llama
-prefill and the reference Llama decode step. Checked again on the CPU from what was recorded:
+prefill, the reference Llama decode step, and transformers Llama and Qwen2-MoE decode steps into
+a static KV cache. Checked again on the CPU from what was recorded:
 
 * the unit program ``profile`` wrote is what the two recorded captures line up into;
 * every plan ``plan`` wrote passes the validator against it and the units' cost table;
@@ -30,7 +31,7 @@ from recorded import misplaced_copies
 pytestmark = pytest.mark.replay
 
 DATA = Path(__file__).parents[1] / "data" / "h200-kernel-pair"
-TARGETS = ("hf-llama-prefill", "llama-decode")
+TARGETS = ("hf-llama-prefill", "llama-decode", "hf-llama-decode", "hf-qwen2moe-decode")
 DEVICES = ("a", "b")
 
 
@@ -101,3 +102,15 @@ def test_a_gate_is_bit_exact_exactly_when_no_differing_unit_runs_away_from_home(
             assert cosine >= COSINE_FLOOR and "seconds" in results[plan.policy]
         checked += 1
     assert checked >= 4
+
+
+def test_the_profiler_refilled_the_moe_routing_histogram_before_each_replay():
+    """Qwen2-MoE's routing counts (``histc``: a zero fill, then atomics onto it) are what made the
+    grouped GEMM assert when the profiler replayed the count kernel on its own; it is replayed after
+    its fill, one per MoE layer, and nothing else in the step gained a prelude."""
+    from kernelfleet.kernels.cuda.replay import preludes, refills
+
+    program = assemble(RawCapture.load(DATA / "hf-qwen2moe-decode" / "profile.capture.a.json.gz"))
+    memsets = preludes(program)
+    gained = [k for k, v in refills(program).items() if set(v) - set(memsets.get(k, ()))]
+    assert [program.launches[k].op for k in gained] == ["aten.histc.default"] * 2

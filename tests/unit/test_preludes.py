@@ -112,3 +112,25 @@ def test_the_planner_warns_of_times_no_gpu_of_the_catalog_could_reach(step, time
     assert len(warnings) == (1 if flagged else 0)
     if flagged:
         assert f"warning: {len(flagged)} launches" in warnings[0]
+
+
+def test_a_kernel_accumulating_onto_a_fill_is_replayed_after_the_fill():
+    """The reference MoE decode step scatters routing weights into fresh zeros: replayed alone again
+    and again it would scatter onto its own last result, so its fill goes first (and pow of a scalar
+    base, which computes in place over a fill). Nothing else gains a prelude: a split-K reduction
+    after its GEMM recomputes its bytes on every replay."""
+    from kernelfleet.kernels.cuda.replay import FILL_KERNEL, refills, replay_preludes
+
+    prog = assemble(RawCapture.load(HERE / "moe-decode.capture.json.gz"))
+    found = refills(prog)
+    memsets = preludes(prog)
+    new = {k: [w for w in v if w not in memsets.get(k, [])] for k, v in found.items()}
+    new = {k: v for k, v in new.items() if v}
+    assert {prog.launches[k].op for k in new} == {"aten.scatter_.value", "aten.scatter_.src", "aten.pow.Scalar"}
+    assert sum(prog.launches[k].op.startswith("aten.scatter_") for k in new) == 4  # two per MoE layer
+    assert all(FILL_KERNEL in prog.launches[w].name for v in new.values() for w in v)
+    merged = replay_preludes(prog)
+    assert all(set(v) <= set(merged[k]) for k, v in {**memsets, **found}.items())
+    decode = assemble(RawCapture.load(HERE / "llama8b-decode.capture.json.gz"))
+    gained = {k for k, v in replay_preludes(decode).items() if v != preludes(decode).get(k)}
+    assert {decode.launches[k].op for k in gained} == {"aten.pow.Scalar"}  # not its 160 split-K reductions

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernelfleet.graph.deps import flows
 from kernelfleet.kernels.assemble import fitting
 from kernelfleet.kernels.checks import Range
 from kernelfleet.kernels.cuda.capture import Captured
@@ -80,6 +81,45 @@ def preludes(program: Program) -> dict[int, list[int]]:
         if resets:
             out[launch.index] = resets
     return out
+
+
+# ATen's fill kernel (zeros, full, zero_, fill_ and the zeroing inside ops such as histc), by the
+# functor its mangled name carries
+FILL_KERNEL = "FillFunctor"
+
+
+def refills(program: Program) -> dict[int, list[int]]:
+    """For each kernel that accumulates onto a constant — reads and writes bytes that a fill (a
+    memset, or ATen's fill kernel: ``zeros``, ``full``, ``zero_``, the zeroing inside ``histc``) wrote
+    last, as a histogram's atomics or a ``scatter_`` into fresh zeros do — those fills: ``{kernel: [fills]}``.
+
+    Replayed alone, again and again, such a kernel adds to its own last result. On an H200, a
+    Qwen2-MoE decode step's routing counts grew past the tokens there were, and the grouped GEMM
+    reading their offsets stopped on a device-side assert. The profiler therefore replays each
+    with its fills, as with the memsets of :func:`preludes`. Only fills: a reader-writer after a
+    computed value (a split-K reduction after its GEMM) recomputes the same bytes on each replay."""
+    launches = program.launches
+    out: dict[int, set[int]] = {}
+    for f in flows(program)[0]:
+        reader, writer = launches[f.dst], launches[f.src]
+        if reader.kind != "kernel" or f.scratch:
+            continue
+
+        def on(launch: Launch, mode: str) -> list[str]:
+            return [a.mode for a in launch.accesses if a.buffer == f.buffer and a.offset_bytes < f.end
+                    and f.start < a.end and (mode == "any" or a.mode == mode)]
+
+        if on(reader, "readwrite") and set(on(writer, "any")) == {"write"} and (
+                writer.kind == "memset" or FILL_KERNEL in writer.name):
+            out.setdefault(reader.index, set()).add(writer.index)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def replay_preludes(program: Program) -> dict[int, list[int]]:
+    """What the profiler replays before each launch: its memsets (:func:`preludes`) and the writers
+    it accumulates onto (:func:`refills`), in capture order."""
+    memsets, writers = preludes(program), refills(program)
+    return {k: sorted(set(memsets.get(k, ())) | set(writers.get(k, ()))) for k in sorted(set(memsets) | set(writers))}
 
 
 def observe(captured: Captured, program: Program, *, max_bytes: int = 1 << 30, probe: bool = True,
