@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 KF     := $(VENV)/bin/kernelfleet
 
-.PHONY: run test system-deps docs schemas record record-see record-detector record-ofu record-capture \
+.PHONY: run test system-deps docs schemas k8s-manifests record record-see record-detector record-ofu record-capture \
 	record-counters record-variants record-x2 record-disagg record-demo clean
 
 $(VENV)/.see: pyproject.toml
@@ -109,6 +109,11 @@ record-demo: $(VENV)/.see
 # docs/schemas/ (tests/unit/test_documents.py fails when a committed one is stale).
 schemas: $(VENV)/.see
 	$(PY) -c "from kernelfleet.schemas import write_schemas; print(*write_schemas(), sep='\n')"
+
+# deploy/kubernetes's PrometheusRule and Grafana ConfigMap, from deploy/prometheus/rules.yml and
+# deploy/grafana/kernelfleet.json (tests/e2e/test_deploy.py fails when the committed ones are stale).
+k8s-manifests:
+	$(PYTHON) deploy/kubernetes/generate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

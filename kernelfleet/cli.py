@@ -6,7 +6,9 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -15,6 +17,10 @@ from rich.live import Live
 from kernelfleet import cli_place
 from kernelfleet.cli_common import CatalogOption, err, out_console
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
+
+if TYPE_CHECKING:
+    from kernelfleet.telemetry.sample import Sample
+    from kernelfleet.telemetry.scrape import PodRef, ScrapeSource
 
 app = typer.Typer(
     help="See how well every GPU uses its tensor cores (OFU), and place models across GPUs.",
@@ -136,6 +142,9 @@ def agent(
     expire: float = typer.Option(300.0, "--expire", help="Seconds after its last window that a silent GPU leaves "
                                  "/metrics and the fleet figures (it shows stale after two missed windows)."),
     api_docs: bool = typer.Option(False, "--api-docs", help="Serve the API's OpenAPI schema and pages (/docs)."),
+    pod_resources_socket: Path | None = typer.Option(
+        None, "--pod-resources-socket", help="The kubelet's pod-resources socket (in Kubernetes, "
+        "/var/lib/kubelet/pod-resources/kubelet.sock): name each GPU's namespace, pod and container."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """Sample every GPU each window, store it, and serve Prometheus metrics and the API."""
@@ -162,6 +171,7 @@ def agent(
         source = _source(replay, demo, interval or 1.0, clock_poll, speed, loop=demo, dense_clock=dense_clock,
                          rebase=True)
     recorded = replay is not None or demo
+    pods = _pod_holders(source if scrape is not None else None, pod_resources_socket)
     sock = bind(host, port)  # before the store and the first window: a clash exits now, not after a banner
     try:
         store = Store(store_path, writer=True)
@@ -170,7 +180,7 @@ def agent(
         raise
     with source:
         the_agent = Agent(source, store, cat, identify=attribute_recorded if recorded else attribute_live,
-                          pods=(lambda: source.pods) if scrape is not None else None,
+                          pods=pods,
                           hosts=(lambda: source.hosts) if scrape is not None else None, expire_seconds=expire)
         server = Listener(agent_app(the_agent, store, token, api_docs), sock).start()
         err.print(f"kernelfleet agent: http://{host}:{port}/metrics, store {store_path}")
@@ -186,6 +196,20 @@ def agent(
             store.close()
         if died:
             raise EnvironmentProblem(f"the HTTP server on {host}:{port} stopped; the agent stops with it (see its log above)")
+
+
+def _pod_holders(scrape: ScrapeSource | None, socket_path: Path | None) -> Callable[[Sample], Sequence[PodRef]] | None:
+    """Who Kubernetes gave each GPU: dcgm-exporter's pod labels when scraping, else the kubelet's
+    pod-resources API when its socket is given (a missing socket is one log line, no attribution)."""
+    if scrape is not None:
+        return lambda s: scrape.pods.get((s.uuid, s.mig_instance), ())
+    if socket_path is None:
+        return None
+    from kernelfleet.fleet.pods import sample_holders
+    from kernelfleet.telemetry.podresources import PodResources
+
+    kubelet = PodResources.open(socket_path)
+    return None if kubelet is None else lambda s: sample_holders(kubelet.holders(), s)
 
 
 @app.command()

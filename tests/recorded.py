@@ -48,3 +48,52 @@ def misplaced_copies(views: dict, home: str, other: str, assignment: list[str]) 
         if unit is not None and not touches(unit, at, t.length_bytes, mode):
             wrong.append(t)
     return checked, wrong
+
+def kubelet_reply(doc: dict) -> bytes:
+    """A pod-resources ``List`` reply (protobuf JSON form, tests/data/kubelet) as a kubelet sends it:
+    encoded with the fuller v1 schema (CPU ids, memory, NUMA topology), which kernelfleet reads only
+    part of, so its parser meets fields it does not declare."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+
+    def msg(name: str, *fields: tuple[str, int, int, int, str | None]) -> descriptor_pb2.DescriptorProto:
+        return descriptor_pb2.DescriptorProto(name=name, field=[
+            F(name=n, number=num, label=F.LABEL_REPEATED if rep else F.LABEL_OPTIONAL, type=kind, type_name=t)
+            for n, num, rep, kind, t in fields])
+
+    S, I, U, M = F.TYPE_STRING, F.TYPE_INT64, F.TYPE_UINT64, F.TYPE_MESSAGE
+    proto = descriptor_pb2.FileDescriptorProto(name="kubelet_podresources_v1.proto", package="v1", syntax="proto3",
+                                               message_type=[
+        msg("ListPodResourcesResponse", ("pod_resources", 1, 1, M, ".v1.PodResources")),
+        msg("PodResources", ("name", 1, 0, S, None), ("namespace", 2, 0, S, None),
+            ("containers", 3, 1, M, ".v1.ContainerResources")),
+        msg("ContainerResources", ("name", 1, 0, S, None), ("devices", 2, 1, M, ".v1.ContainerDevices"),
+            ("cpu_ids", 3, 1, I, None), ("memory", 4, 1, M, ".v1.ContainerMemory")),
+        msg("ContainerDevices", ("resource_name", 1, 0, S, None), ("device_ids", 2, 1, S, None),
+            ("topology", 3, 0, M, ".v1.TopologyInfo")),
+        msg("ContainerMemory", ("memory_type", 1, 0, S, None), ("size", 2, 0, U, None),
+            ("topology", 3, 0, M, ".v1.TopologyInfo")),
+        msg("TopologyInfo", ("nodes", 1, 1, M, ".v1.NUMANode")),
+        msg("NUMANode", ("ID", 1, 0, I, None)),
+    ])
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    reply = message_factory.GetMessages([proto], pool=pool)["v1.ListPodResourcesResponse"]()
+    return json_format.ParseDict(doc, reply).SerializeToString()
+
+
+def serve_pod_resources(socket_path: Path, answer):
+    """A real gRPC server on a unix socket that answers ``v1.PodResourcesLister/List`` with
+    ``answer(request_bytes, context)`` (bytes out, unparsed: a test can send anything). Stop it."""
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    handler = grpc.unary_unary_rpc_method_handler(answer, request_deserializer=None, response_serializer=None)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister", {"List": handler}),))
+    if not server.add_insecure_port(f"unix://{socket_path}"):
+        raise OSError(f"cannot serve on {socket_path}")
+    server.start()
+    return server

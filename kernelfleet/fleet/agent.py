@@ -14,6 +14,7 @@ from kernelfleet.catalog import Catalog, Sku
 from kernelfleet.errors import UsageError
 from kernelfleet.fleet.attribution import JobIdentity, attribute, clean, split_shared
 from kernelfleet.fleet.detect import Event, RegressionDetector
+from kernelfleet.fleet.pods import pod_jobs
 from kernelfleet.fleet.reading import JobShare, Reading
 from kernelfleet.fleet.store import GpuRow, JobRow, Store
 from kernelfleet.ofu import classify, corrected_ofu, ofu
@@ -59,7 +60,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
         identify: Callable[[ProcessSample], JobIdentity] = attribute_live,
         detector: RegressionDetector | None = None,
-        pods: Callable[[], Mapping[tuple[str, int | None], Sequence[PodRef]]] | None = None,
+        pods: Callable[[Sample], Sequence[PodRef]] | None = None,
         hosts: Callable[[], Mapping[tuple[str, int | None], str]] | None = None,
         expire_seconds: float = 300.0,
     ) -> None:
@@ -70,7 +71,7 @@ class Agent:
         self.retention_every_seconds = retention_every_seconds
         self.clock = clock
         self.identify = identify
-        self.pods = pods  # a dcgm-exporter source names pods instead of processes
+        self.pods = pods  # the containers Kubernetes gave a GPU (dcgm-exporter's labels, the kubelet's)
         self.hosts = hosts  # ... and the node of each GPU, which is not this machine
         self.detector = detector if detector is not None else RegressionDetector()
         self.hooks: dict[str, dict[str, object]] = {}  # the last hook report per job
@@ -145,11 +146,11 @@ class Agent:
         return kept
 
     def _jobs(self, sample: Sample) -> tuple[JobShare, ...]:
-        """Which jobs held this GPU; a shared GPU is split by per-process SM use (approximate)."""
-        if self.pods is not None:
-            refs = self.pods().get((sample.uuid, sample.mig_instance), ())
-            return tuple(JobShare(clean(f"k8s:{r.namespace}/{r.pod}"), "kubernetes", None, 1.0 / len(refs), len(refs) > 1)
-                         for r in refs)
+        """Which jobs held this GPU: the workloads of the pods Kubernetes gave it where it says, else
+        its processes' jobs; a shared GPU is split by per-process SM use (approximate)."""
+        refs = self.pods(sample) if self.pods is not None else ()
+        if refs:
+            return pod_jobs(refs)
         if not sample.processes:
             return ()
         shares = split_shared({p.pid: p.sm_active_ratio for p in sample.processes})

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from kernelfleet.errors import UsageError
+from kernelfleet.fleet.owners import owner
 
 LABEL_MAX_CHARS = 128
 # A hostile process can make its environ as large as the stack rlimit allows;
@@ -200,7 +201,8 @@ def attribute(
         job, kind = f"slurm-{slurm_job_id}", "slurm"
         decided_by = slurm[1] if slurm else None
     elif pod:
-        job = f"k8s:{namespace}/{pod_name}" if namespace and pod_name else f"k8s-pod:{pod_uid}"
+        # One job per workload (a Job's, a Deployment's pods), as with the kubelet's pod names.
+        job = f"k8s:{namespace}/{owner(pod_name)}" if namespace and pod_name else f"k8s-pod:{pod_uid}"
         kind, decided_by = "kubernetes", pod[1]
     elif docker:
         job, kind, decided_by = f"docker:{docker[0][:12]}", "docker", docker[1]

@@ -2,7 +2,8 @@
 
 Names follow Prometheus conventions (base units, ``_ratio`` for 0-1 values).
 Series carry only ``gpu``, ``uuid``, ``model`` and ``hostname`` (plus ``mig``
-for MIG slices) to keep cardinality low; what a GPU is, its reference clock and
+for MIG slices, and ``namespace``, ``pod``, ``container`` for the one Kubernetes
+container holding the GPU, empty outside Kubernetes) to keep cardinality low; what a GPU is, its reference clock and
 its dense peaks are separate series to join on ``uuid``. A GPU whose window is
 stale exports ``kernelfleet_sample_stale 1`` and no counters, never zeros; a
 counter a GPU lacks is simply absent for that GPU. The job label is ``job_id``:
@@ -18,9 +19,10 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from kernelfleet.catalog import TENSOR_PRECISIONS
-from kernelfleet.fleet.reading import Reading
+from kernelfleet.fleet.reading import JobShare, Reading
 
-LABELS = ("gpu", "uuid", "model", "hostname", "mig")
+POD_LABELS = ("namespace", "pod", "container")
+LABELS = ("gpu", "uuid", "model", "hostname", "mig", *POD_LABELS)
 
 # metric name, help, how to read it from a Reading
 _GAUGES: tuple[tuple[str, str, Callable[[Reading], float | None]], ...] = (
@@ -52,7 +54,7 @@ class OfuCollector(Collector):
                                  labels=("uuid", "precision"))
         info = InfoMetricFamily("kernelfleet_gpu", "What a GPU is.", labels=("uuid", "hostname", "gpu", "name", "sku"))
         jobs = InfoMetricFamily("kernelfleet_job", "A job holding a GPU (join on uuid, mig).",
-                                labels=("uuid", "mig", "job_id", "kind", "user"))
+                                labels=("uuid", "mig", "job_id", "kind", "user", *POD_LABELS))
         share = GaugeMetricFamily("kernelfleet_job_gpu_share_ratio",
                                   "A job's share of a GPU; below 1 when shared (split by per-process SM use, approximate).",
                                   labels=("uuid", "mig", "job_id"))
@@ -60,9 +62,9 @@ class OfuCollector(Collector):
         for r in readings:
             labels = _labels(r)
             stale.add_metric(labels, 1.0 if r.sample.stale else 0.0)
+            mig = labels[LABELS.index("mig")]
             for j in r.jobs:
-                mig = labels[-1]
-                jobs.add_metric([r.sample.uuid, mig, j.job, j.kind, j.user or ""], {})
+                jobs.add_metric([r.sample.uuid, mig, j.job, j.kind, j.user or "", *_pod(j)], {})
                 share.add_metric([r.sample.uuid, mig, j.job], j.share)
             if not r.sample.stale:
                 for name, _, read in _GAUGES:
@@ -86,4 +88,12 @@ class OfuCollector(Collector):
 
 def _labels(r: Reading) -> list[str]:
     s = r.sample
-    return [str(s.gpu_index), s.uuid, r.sku.key if r.sku else s.name, r.host, "" if s.mig_instance is None else str(s.mig_instance)]
+    # The holder's names only when one job holds the GPU: a time-shared GPU's jobs are on
+    # kernelfleet_job_info, so a GPU stays one series, never one per pod.
+    holder = _pod(r.jobs[0]) if len(r.jobs) == 1 else ["", "", ""]
+    return [str(s.gpu_index), s.uuid, r.sku.key if r.sku else s.name, r.host,
+            "" if s.mig_instance is None else str(s.mig_instance), *holder]
+
+
+def _pod(j: JobShare) -> list[str]:
+    return [j.namespace or "", j.pod or "", j.container or ""]

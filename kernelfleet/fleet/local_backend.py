@@ -44,7 +44,8 @@ class LocalBackend:
                 "tensor_active_ratio": r.sample.tensor_active_ratio, "sm_clock_hertz": r.sample.sm_clock_mean_hertz,
                 "dram_bandwidth_ratio": r.sample.dram_bandwidth_ratio, "power_watts": r.sample.power_mean_watts,
                 "bottleneck": r.bottleneck, "stale": r.sample.stale, "stale_reason": r.sample.error,
-                "jobs": [{"job": j.job, "kind": j.kind, "user": j.user, "share": j.share, "approximate": j.approximate}
+                "jobs": [{"job": j.job, "kind": j.kind, "user": j.user, "share": j.share, "approximate": j.approximate,
+                          "namespace": j.namespace, "pod": j.pod, "container": j.container}
                          for j in r.jobs],
             }
             for r in self.agent.latest()

@@ -19,6 +19,7 @@ import urllib.request
 from typing import Any, Callable
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
+from kernelfleet.fleet.exporter import POD_LABELS
 from kernelfleet.fleet.local_backend import NotFound
 from kernelfleet.ofu.bottleneck import classify
 from kernelfleet.telemetry.sample import Sample
@@ -106,7 +107,7 @@ class PrometheusBackend:
             row = rows.get((m["uuid"], m.get("mig", "")))
             if row is not None:
                 row["jobs"].append({"job": m["job_id"], "kind": m.get("kind"), "user": m.get("user") or None,
-                                    "share": None, "approximate": False})
+                                    "share": None, "approximate": False, **{k: m.get(k) or None for k in POD_LABELS}})
         for row in rows.values():
             row["bottleneck"] = classify(Sample(
                 timestamp_seconds=row["timestamp_seconds"], window_seconds=0.0, gpu_index=row["gpu"], uuid=row["uuid"],

@@ -19,6 +19,10 @@ class JobShare:
     user: str | None
     share: float  # of the GPU, by per-process SM use when shared
     approximate: bool  # the GPU was shared by several jobs
+    # Who holds the GPU in Kubernetes (None outside it; pod and container None when several do)
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,12 @@ promtool checks the scrape fragment (inside a full prometheus.yml), the rules
 and their unit tests; a real Prometheus scrapes a real agent through the
 fragment's bearer-token job and evaluates the rules; the Grafana dashboard only
 queries series the exporter or the recording rules define; the systemd unit
-passes ``systemd-analyze verify``; the Kubernetes manifests are parsed and
-their cross-references (selectors, ports, Secret, job label) checked.
+passes ``systemd-analyze verify``; the Kubernetes manifests validate against the
+Kubernetes API schemas (kubernetes-validate), the Operator's objects against the
+fields of their CRDs they use, the PrometheusRule's groups pass promtool, the
+generated objects equal their sources, their cross-references (selectors, ports,
+Secret, job label) hold; the Dockerfile copies only what exists, and its probe
+passes /healthz with the token on a real agent.
 
 YAML is read with PyYAML (a test dependency).
 """
@@ -27,10 +31,12 @@ import urllib.request
 import warnings
 from pathlib import Path
 
+import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
-
 from e2e_helpers import binary, free_port, wait_http
+
 from kernelfleet.fleet.exporter import OfuCollector
 
 pytestmark = pytest.mark.e2e
@@ -43,7 +49,8 @@ RULES = PROM / "rules.yml"
 RULES_TEST = PROM / "rules.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "kernelfleet.json"
 UNIT = DEPLOY / "systemd" / "kernelfleet-agent.service"
-DAEMONSET = DEPLOY / "kubernetes" / "daemonset.yaml"
+KUBE = DEPLOY / "kubernetes"
+DOCKERFILE = ROOT / "Dockerfile"
 IMAGE_PLACEHOLDER = "ghcr.io/kernelfleet/kernelfleet:0.1.0"
 
 
@@ -419,69 +426,312 @@ def test_systemd_unit(tmp_path):
 # Kubernetes
 # --------------------------------------------------------------------------
 
+def kube_objects() -> dict[str, dict]:
+    """Every object of deploy/kubernetes by kind (kustomization.yaml is kustomize's, not an object)."""
+    objects: dict[str, dict] = {}
+    for path in sorted(KUBE.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in load_yaml(path):
+            assert doc["kind"] not in objects, f"{path.name}: a second {doc['kind']}"
+            objects[doc["kind"]] = doc
+    return objects
+
+
+OPERATOR_KINDS = ("ServiceMonitor", "PrometheusRule")
+
+
+def test_kubernetes_objects_validate_against_the_api_schemas():
+    objects = kube_objects()
+    assert set(objects) == {"Namespace", "ServiceAccount", "DaemonSet", "Service", "ConfigMap", *OPERATOR_KINDS}
+    version = kubernetes_validate.latest_version()
+    for kind, doc in objects.items():
+        if kind not in OPERATOR_KINDS:
+            kubernetes_validate.validate(doc, version, strict=True)
+    # Strict means a misspelt field fails (the API server would drop it, probe and all).
+    planted = json.loads(json.dumps(objects["DaemonSet"]))
+    container = planted["spec"]["template"]["spec"]["containers"][0]
+    container["readinesProbe"] = container.pop("readinessProbe")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(planted, version, strict=True)
+
+
+# kubernetes-validate knows only the built-in kinds. What the Prometheus Operator's CRDs
+# (monitoring.coreos.com/v1) define of the fields we use, with nothing else allowed: a misspelt
+# field fails here, where the API server's structural schema would prune it without a word.
+def _obj(properties: dict, required: tuple[str, ...] = ()) -> dict:
+    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+
+
+_STR, _DURATION = {"type": "string"}, {"type": "string", "pattern": r"^(\d+(ms|s|m|h|d|w|y))+$"}
+_LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
+_META = _obj({"name": _STR, "namespace": _STR, "labels": _LABELS}, ("name",))
+_RELABEL = _obj({"sourceLabels": {"type": "array", "items": _STR}, "targetLabel": _STR, "regex": _STR,
+                 "replacement": _STR, "separator": _STR,
+                 "action": {"enum": ["replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep",
+                                     "lowercase", "uppercase", "keepequal", "dropequal"]}})
+CRD_FIELDS = {
+    "ServiceMonitor": _obj({
+        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "ServiceMonitor"}, "metadata": _META,
+        "spec": _obj({
+            "jobLabel": _STR, "selector": _obj({"matchLabels": _LABELS}),
+            "namespaceSelector": _obj({"matchNames": {"type": "array", "items": _STR}, "any": {"type": "boolean"}}),
+            "endpoints": {"type": "array", "minItems": 1, "items": _obj({
+                "port": _STR, "path": _STR, "interval": _DURATION, "scrapeTimeout": _DURATION,
+                "honorLabels": {"type": "boolean"},
+                "authorization": _obj({"type": _STR, "credentials": _obj({"name": _STR, "key": _STR}, ("name", "key"))}),
+                "relabelings": {"type": "array", "items": _RELABEL}}, ("port",))},
+        }, ("selector", "endpoints"))}, ("apiVersion", "kind", "metadata", "spec")),
+    "PrometheusRule": _obj({
+        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "PrometheusRule"}, "metadata": _META,
+        "spec": _obj({"groups": {"type": "array", "minItems": 1, "items": _obj({
+            "name": _STR, "interval": _DURATION, "rules": {"type": "array", "minItems": 1, "items": _obj({
+                "record": _STR, "alert": _STR, "expr": _STR, "for": _DURATION, "keep_firing_for": _DURATION,
+                "labels": _LABELS, "annotations": _LABELS}, ("expr",))}}, ("name", "rules"))}}, ("groups",)),
+    }, ("apiVersion", "kind", "metadata", "spec")),
+}
+
+
+def test_operator_objects_use_only_fields_their_crds_define():
+    objects = kube_objects()
+    for kind in OPERATOR_KINDS:
+        jsonschema.validate(objects[kind], CRD_FIELDS[kind])
+    planted = json.loads(json.dumps(objects["ServiceMonitor"]))
+    planted["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(planted, CRD_FIELDS["ServiceMonitor"])
+
+
+def test_prometheusrule_is_rules_yml_and_its_groups_pass_promtool(tmp_path):
+    rule = kube_objects()["PrometheusRule"]
+    (rules_doc,) = load_yaml(RULES)
+    assert rule["spec"] == rules_doc
+    extracted = tmp_path / "prometheusrule-groups.yml"
+    extracted.write_text(yaml.safe_dump(rule["spec"], sort_keys=False))
+    done = _run([binary("promtool"), "check", "rules", str(extracted)])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {sum(len(g['rules']) for g in rule['spec']['groups'])} rules found" in done.stdout
+
+
+def test_grafana_configmap_is_the_dashboard_byte_for_byte():
+    configmap = kube_objects()["ConfigMap"]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["data"] == {"kernelfleet.json": DASHBOARD.read_text()}
+
+
+def test_generated_objects_are_current_and_a_stale_one_is_named(tmp_path):
+    generate = [sys.executable, str(KUBE / "generate.py")]
+    done = _run([*generate, "--check"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The same check on a folder where one of them is stale: exit 1, one line naming it.
+    for name in ("prometheusrule.yaml", "grafana-dashboard.yaml"):
+        shutil.copy(KUBE / name, tmp_path / name)
+    (tmp_path / "prometheusrule.yaml").write_text((KUBE / "prometheusrule.yaml").read_text() + "# edited by hand\n")
+    done = _run([*generate, "--check", "--out", str(tmp_path)])
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"{tmp_path}: prometheusrule.yaml differ from their sources: run make k8s-manifests"]
+
+
+def test_kustomization_lists_every_manifest_and_builds():
+    (kustomization,) = load_yaml(KUBE / "kustomization.yaml")
+    files = {p.name for p in KUBE.glob("*.yaml")} - {"kustomization.yaml"}
+    assert sorted(kustomization["resources"]) == sorted(files)
+    assert kustomization["namespace"] == "kernelfleet"
+    (image,) = kustomization["images"]
+    assert f"{image['name']}:{image['newTag']}" == IMAGE_PLACEHOLDER
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        warnings.warn("kubectl is not installed: `kubectl kustomize deploy/kubernetes` was not run", stacklevel=1)
+        return
+    done = _run([kubectl, "kustomize", str(KUBE)])
+    assert done.returncode == 0, done.stderr
+    built = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert sorted(d["kind"] for d in built) == sorted(kube_objects())
+    version = kubernetes_validate.latest_version()
+    for doc in built:
+        assert doc["kind"] == "Namespace" or doc["metadata"]["namespace"] == "kernelfleet"
+        if doc["kind"] not in OPERATOR_KINDS:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
 def _env(container: dict) -> dict[str, dict]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
-def test_kubernetes_manifests():
-    docs = load_yaml(DAEMONSET)
-    for doc in docs:
-        assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"], doc
-    by_kind = {d["kind"]: d for d in docs}
-    assert {"DaemonSet", "Service", "PodMonitor"} <= by_kind.keys()
-    ds, svc, pm = by_kind["DaemonSet"], by_kind["Service"], by_kind["PodMonitor"]
-    namespace = ds["metadata"]["namespace"]
-    assert svc["metadata"]["namespace"] == pm["metadata"]["namespace"] == namespace
-    assert ds["apiVersion"] == "apps/v1" and pm["apiVersion"] == "monitoring.coreos.com/v1"
-
-    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
-    assert ds["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+def test_daemonset_names_pods_without_privilege():
+    objects = kube_objects()
+    ds, account = objects["DaemonSet"], objects["ServiceAccount"]
     pod = ds["spec"]["template"]["spec"]
-    assert pod["hostPID"] is True
-    assert any("nvidia.com/gpu" in k for k in pod["nodeSelector"])
-    assert any(t.get("key") == "nvidia.com/gpu" for t in pod["tolerations"])
     (agent,) = pod["containers"]
+    security = agent["securityContext"]
+    # No ptrace, no privileged container, no host PID namespace, no API access.
+    assert not pod.get("hostPID") and not security.get("privileged")
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert pod["automountServiceAccountToken"] is False and account["automountServiceAccountToken"] is False
+    assert not {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"} & objects.keys()
+    # The kubelet's pod-resources socket, read-only, and the flag pointing into it.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    kubelet = mounts["/var/lib/kubelet/pod-resources"]
+    assert kubelet["readOnly"] is True
+    assert volumes[kubelet["name"]]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    args = agent["args"]
+    socket_path = Path(args[args.index("--pod-resources-socket") + 1])
+    assert str(socket_path.parent) == kubelet["mountPath"]
+    # GPUs through the NVIDIA runtime, none requested.
     env = _env(agent)
-    assert pod.get("runtimeClassName") == "nvidia" or env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
-    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert pod.get("runtimeClassName") == "nvidia" and env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert "nvidia.com/gpu" not in agent["resources"].get("limits", {}), "the agent must not take a GPU"
     for kind in ("requests", "limits"):
         assert {"cpu", "memory"} <= agent["resources"][kind].keys()
-
-    # The placeholder image is there and marked as one.
-    assert agent["image"] == IMAGE_PLACEHOLDER
-    text = DAEMONSET.read_text()
-    (image_line,) = re.finditer(rf"^\s+image: {re.escape(IMAGE_PLACEHOLDER)}$", text, re.M)
-    before = text[: image_line.start()].splitlines()[-2:]
-    assert any("PLACEHOLDER" in line and "replace" in line for line in before), before
-
-    # Token from a Secret; the agent listens off-loopback only with it.
-    secret = env["KERNELFLEET_TOKEN"]["valueFrom"]["secretKeyRef"]
-    args = agent["args"]
-    assert args[0] == "agent" and "--allow-remote" in args
+    assert any("nvidia.com/gpu" in k for k in pod["nodeSelector"])
+    assert any(t.get("key") == "nvidia.com/gpu" for t in pod["tolerations"])
     # The store lives on a volume.
     store = Path(args[args.index("--store") + 1])
-    mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert str(store.parent) in mounts
-    store_volume = volumes[mounts[str(store.parent)]]
+    store_volume = volumes[mounts[str(store.parent)]["name"]]
     assert "emptyDir" in store_volume or "hostPath" in store_volume
-    assert agent["securityContext"]["allowPrivilegeEscalation"] is False
-    assert agent["securityContext"]["readOnlyRootFilesystem"] is True
+    # The placeholder image is marked as one, on its own line.
+    assert agent["image"] == IMAGE_PLACEHOLDER
+    (line,) = [ln for ln in (KUBE / "daemonset.yaml").read_text().splitlines() if IMAGE_PLACEHOLDER in ln]
+    assert "PLACEHOLDER" in line
 
+
+def test_daemonset_probes_healthz_with_the_token_on_its_listen_address():
+    objects = kube_objects()
+    ds = objects["DaemonSet"]
+    (agent,) = ds["spec"]["template"]["spec"]["containers"]
+    env, args = _env(agent), agent["args"]
+    assert args[0] == "agent" and "--allow-remote" in args
     (port,) = [p for p in agent["ports"] if p["name"] == "metrics"]
-    listen = args[args.index("--listen") + 1]
-    assert listen.endswith(f":{port['containerPort']}")
+    names = [e["name"] for e in agent["env"]]
+    # --listen and the probe both read KERNELFLEET_LISTEN, made from HOST_IP (defined before it).
+    assert args[args.index("--listen") + 1] == "$(KERNELFLEET_LISTEN)"
+    assert env["KERNELFLEET_LISTEN"]["value"] == f"$(HOST_IP):{port['containerPort']}"
+    assert names.index("HOST_IP") < names.index("KERNELFLEET_LISTEN")
+    assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    secret = env["KERNELFLEET_TOKEN"]["valueFrom"]["secretKeyRef"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert agent[probe]["exec"]["command"] == ["python", "-m", "kernelfleet.fleet.probe"], probe
+        assert agent[probe]["timeoutSeconds"] > 3  # the probe's own timeout (kernelfleet/fleet/probe.py)
+    assert (ROOT / "kernelfleet" / "fleet" / "probe.py").exists()
 
-    # Service and PodMonitor find the pods and their port; the PodMonitor sends the same token.
+    # Service and ServiceMonitor find the agents and their port, with the same token and job label.
+    svc, monitor = objects["Service"], objects["ServiceMonitor"]
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert svc["spec"]["selector"].items() <= pod_labels.items()
-    assert svc["spec"]["ports"][0]["targetPort"] in (port["name"], port["containerPort"])
-    assert pm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    assert namespace in pm["spec"]["namespaceSelector"]["matchNames"]
-    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
-    assert endpoint["port"] == port["name"] and endpoint["interval"] == "15s"
+    (svc_port,) = svc["spec"]["ports"]
+    assert svc_port["targetPort"] in (port["name"], port["containerPort"])
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert svc["metadata"]["namespace"] in monitor["spec"]["namespaceSelector"]["matchNames"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == svc_port["name"] and endpoint["interval"] == "15s"
     assert endpoint["authorization"]["credentials"] == {"name": secret["name"], "key": secret["key"]}
-    # job="kernelfleet", which KernelfleetAgentDown selects.
-    assert pod_labels[pm["spec"]["jobLabel"]] == "kernelfleet"
+    assert svc["metadata"]["labels"][monitor["spec"]["jobLabel"]] == "kernelfleet"
     (down,) = [r for g in rule_groups() for r in g["rules"] if r.get("alert") == "KernelfleetAgentDown"]
     assert 'job="kernelfleet"' in down["expr"]
+    # The Operator's own namespace/pod/container target labels would rename the workload's.
+    (drop,) = [r for r in endpoint["relabelings"] if r.get("action") == "labeldrop"]
+    assert all(re.fullmatch(drop["regex"], label) for label in ("namespace", "pod", "container"))
+    assert not re.fullmatch(drop["regex"], "node")
+
+
+# --------------------------------------------------------------------------
+# Dockerfile and its health probe
+# --------------------------------------------------------------------------
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order: continuation lines joined, comments dropped."""
+    out, pending = [], ""
+    for line in text.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        instruction, _, arguments = (pending + line).strip().partition(" ")
+        out.append((instruction.upper(), arguments.strip()))
+        pending = ""
+    return out
+
+
+def dockerfile_problems(text: str, context: Path, ignore: str) -> list[str]:
+    """What is wrong with a Dockerfile for the agent's image: one line each."""
+    problems = []
+    steps = dockerfile_instructions(text)
+    kinds = [k for k, _ in steps]
+    known = {"FROM", "WORKDIR", "COPY", "RUN", "ENV", "USER", "VOLUME", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD",
+             "ARG", "LABEL"}
+    problems += [f"unknown instruction {k}" for k in kinds if k not in known]
+    if not kinds or kinds[0] not in ("FROM", "ARG"):
+        problems.append("does not start with FROM")
+    reincluded = {line[1:].rstrip("/") for line in ignore.splitlines() if line.startswith("!")}
+    for kind, arguments in steps:
+        if kind == "COPY" and not arguments.startswith("--from="):
+            *sources, _ = arguments.split()
+            for source in sources:
+                if not (context / source).exists():
+                    problems.append(f"COPY {source}: no such file in the build context")
+                elif source.rstrip("/") not in reincluded:
+                    problems.append(f"COPY {source}: excluded by .dockerignore")
+        if kind == "RUN" and "pip install" in arguments and "[" in arguments.split("pip install", 1)[1]:
+            problems.append(f"RUN {arguments[:60]}: installs an extra (the image is the see half only)")
+    users = [a for k, a in steps if k == "USER"]
+    if not users or users[-1].split(":")[0] in ("0", "root"):
+        problems.append("runs as root (no USER, or USER 0)")
+    return problems
+
+
+def test_dockerfile_copies_only_what_exists_and_probes_healthz():
+    text = DOCKERFILE.read_text()
+    ignore = (ROOT / ".dockerignore").read_text()
+    assert dockerfile_problems(text, ROOT, ignore) == []
+    steps = dict(dockerfile_instructions(text))  # the last of each kind
+    assert steps["EXPOSE"] == "9400"
+    assert json.loads(steps["ENTRYPOINT"]) == ["kernelfleet"]
+    assert 'kernelfleet = "kernelfleet.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert json.loads(steps["HEALTHCHECK"].split("CMD", 1)[1]) == ["python", "-m", "kernelfleet.fleet.probe"]
+    command = json.loads(steps["CMD"])
+    assert command[0] == "agent" and command[command.index("--listen") + 1].endswith(":9400")
+    # The checker finds what it is for.
+    planted = text.replace("COPY kernelfleet ./kernelfleet", "COPY kernelfleet tests ./") + "USER root\n"
+    assert dockerfile_problems(planted, ROOT, ignore) == [
+        "COPY tests: excluded by .dockerignore", "runs as root (no USER, or USER 0)"]
+    assert "COPY nope: no such file in the build context" in dockerfile_problems(
+        text.replace("COPY pyproject.toml", "COPY nope pyproject.toml"), ROOT, ignore)
+
+    docker = shutil.which("docker") or shutil.which("podman")
+    if docker is None or _run([docker, "info"]).returncode != 0:
+        warnings.warn("no Docker or Podman daemon here: the Dockerfile was checked, not built", stacklevel=1)
+        return
+    done = subprocess.run([docker, "build", "-q", "-t", "kernelfleet-test:ci", str(ROOT)],
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_probe_passes_on_a_healthy_agent_and_fails_in_one_line(tmp_path):
+    from kernelfleet.fleet.probe import check
+
+    agent, port = _agent_with_token(tmp_path, "probe-token")
+    probe = [sys.executable, "-m", "kernelfleet.fleet.probe"]
+    try:
+        deadline = time.monotonic() + 30
+        while check(f"127.0.0.1:{port}", "probe-token") is not None:
+            assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+            assert time.monotonic() < deadline, check(f"127.0.0.1:{port}", "probe-token")
+            time.sleep(0.2)
+        env = {**os.environ, "KERNELFLEET_TOKEN": "probe-token", "KERNELFLEET_LISTEN": f"127.0.0.1:{port}"}
+        assert _run(probe, env=env).returncode == 0
+        wrong = _run(probe, env={**env, "KERNELFLEET_TOKEN": "wrong"})
+        assert wrong.returncode == 1 and wrong.stderr.strip().splitlines() == [
+            f"kernelfleet probe: 127.0.0.1:{port}: 401, the token is missing or wrong (set KERNELFLEET_TOKEN as for "
+            "the agent)"]
+    finally:
+        agent.kill()
+        agent.wait(timeout=10)
+    gone = _run([*probe, f"127.0.0.1:{port}"], env=env)
+    assert gone.returncode == 1 and len(gone.stderr.strip().splitlines()) == 1
+    assert gone.stderr.startswith(f"kernelfleet probe: 127.0.0.1:{port}: no answer")

@@ -104,7 +104,7 @@ def test_slurm_comes_before_kubernetes(tmp_path):
 def test_kubernetes_systemd_driver_with_downward_api_names(tmp_path):
     pid = fake_proc(tmp_path, cgroup="k8s-systemd.cgroup", environ="k8s-pod.environ")
     assert attribute(pid, tmp_path, USERS) == identity(
-        job="k8s:ml-training/llama-finetune-7d9f8c6b5-x2k4q", kind="kubernetes", pod_uid=K8S_SYSTEMD_UID,
+        job="k8s:ml-training/llama-finetune", kind="kubernetes", pod_uid=K8S_SYSTEMD_UID,  # its Deployment
         namespace="ml-training", pod_name="llama-finetune-7d9f8c6b5-x2k4q", container_id=K8S_SYSTEMD_CID,
         cgroup=recorded("k8s-systemd.cgroup")[3:-1])
 
@@ -112,7 +112,8 @@ def test_kubernetes_systemd_driver_with_downward_api_names(tmp_path):
 def test_pod_name_prefers_pod_name_over_hostname(tmp_path):
     pid = fake_proc(tmp_path, cgroup="k8s-systemd.cgroup", environ="k8s-pod.environ",
                     env=["POD_NAME=llama-finetune-0", "KUBERNETES_NAMESPACE=ignored"])
-    assert attribute(pid, tmp_path, USERS).job == "k8s:ml-training/llama-finetune-0"
+    got = attribute(pid, tmp_path, USERS)
+    assert (got.job, got.kubernetes_pod_name) == ("k8s:ml-training/llama-finetune", "llama-finetune-0")
 
 
 def test_kubernetes_cgroupfs_driver_without_names(tmp_path):

@@ -80,7 +80,7 @@ def test_job_api_and_404(drop_store):
     assert client.get("/api/jobs/nope").status_code == 404
     assert len(client.get("/api/events").json()) == 2
     text = client.get("/metrics").text
-    assert f'kernelfleet_job_info{{job_id="{job}",kind="recorded",mig="",user="",uuid=' in text
+    assert f'kernelfleet_job_info{{container="",job_id="{job}",kind="recorded",mig="",namespace="",pod="",user="",uuid=' in text
 
 
 def test_job_cli(drop_store):

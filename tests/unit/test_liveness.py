@@ -57,8 +57,8 @@ def test_a_gpu_is_stale_after_two_missed_windows_and_shows_no_ofu(agent):
     assert gone["ofu_ratio"] is None and gone["stale_reason"] == "missing from the last 2 windows"
     assert gone["timestamp_seconds"] == 1003.0  # the page says how long ago it was last seen
     metrics = client.get("/metrics").text
-    assert 'kernelfleet_sample_stale{gpu="1",hostname="node-1",mig="",model="h200-sxm",uuid="GPU-1"} 1.0' in metrics
-    assert 'kernelfleet_ofu_ratio{gpu="1"' not in metrics and 'kernelfleet_ofu_ratio{gpu="0"' in metrics
+    assert 'kernelfleet_sample_stale{container="",gpu="1",hostname="node-1",mig="",model="h200-sxm",namespace="",pod="",uuid="GPU-1"} 1.0' in metrics
+    assert 'kernelfleet_ofu_ratio{container="",gpu="1"' not in metrics and 'kernelfleet_ofu_ratio{container="",gpu="0"' in metrics
     fleet = client.get("/api/fleet").json()
     assert (fleet["gpus"], fleet["gpus_with_ofu"]) == (2, 1)  # a frozen GPU no longer halves the mean
     step(agent, clock, 1006.0, 0, 1)

@@ -101,12 +101,14 @@ def test_pods_come_with_each_batch_and_from_the_helper(fake_time):
 
 def test_the_agent_files_scraped_gpus_under_their_node_and_pods(fake_time):
     src = source(fake_time, text("h100x2-k8s.prom"))
-    agent = Agent(src, None, Catalog.load(), host="collector", pods=lambda: src.pods, hosts=lambda: src.hosts,
+    agent = Agent(src, None, Catalog.load(), host="collector", pods=lambda s: src.pods.get((s.uuid, s.mig_instance), ()), hosts=lambda: src.hosts,
                   clock=fake_time.wall)
     readings = agent.step(src.read())
     assert {r.host for r in readings} == {"gpu-h100-017"}
     busy = next(r for r in readings if r.jobs)
-    assert [(j.job, j.kind, j.share) for j in busy.jobs] == [("k8s:llm-train/llama-8b-pretrain-worker-0", "kubernetes", 1.0)]
+    # The StatefulSet's pod is a job of its StatefulSet's name (kernelfleet.fleet.owners).
+    assert [(j.job, j.kind, j.share, j.pod, j.container) for j in busy.jobs] == [
+        ("k8s:llm-train/llama-8b-pretrain-worker", "kubernetes", 1.0, "llama-8b-pretrain-worker-0", "trainer")]
     assert busy.sku is not None and busy.sku.key == "h100-sxm" and busy.ofu.ofu_ratio is not None
 
 

@@ -28,7 +28,7 @@ def served(tmp_path, h200_trace):
 def test_metrics_and_gpus(served):
     client = TestClient(agent_app(*served))
     text = client.get("/metrics").text
-    assert f'kernelfleet_sample_stale{{gpu="0",hostname="node-1",mig="",model="h200-sxm",uuid="{UUID}"}} 0.0' in text
+    assert f'kernelfleet_sample_stale{{container="",gpu="0",hostname="node-1",mig="",model="h200-sxm",namespace="",pod="",uuid="{UUID}"}} 0.0' in text
     assert 'kernelfleet_reference_clock_hertz{source="catalog:h200-sxm:measured"' in text
     (gpu,) = client.get("/api/gpus").json()
     assert gpu["uuid"] == UUID and gpu["bottleneck"] == "idle"  # the recording ends idle
