@@ -15,7 +15,6 @@ def at_end_of(*recordings: Path):
     return lambda: end
 
 
-
 def misplaced_copies(views: dict, home: str, other: str, assignment: list[str]) -> tuple[int, list]:
     """Copies of a unit plan (``graph/units.py`` views by device, outputs at ``home``) to or from
     ``other`` whose bytes, translated into its capture, fall outside what their unit touches there
@@ -48,6 +47,7 @@ def misplaced_copies(views: dict, home: str, other: str, assignment: list[str]) 
         if unit is not None and not touches(unit, at, t.length_bytes, mode):
             wrong.append(t)
     return checked, wrong
+
 
 def kubelet_reply(doc: dict) -> bytes:
     """A pod-resources ``List`` reply (protobuf JSON form, tests/data/kubelet) as a kubelet sends it:
