@@ -17,6 +17,7 @@ from rich.console import Console
 from kernelfleet.cli_common import CatalogOption, err, out_console
 from kernelfleet.documents import read_text
 from kernelfleet.errors import EnvironmentProblem, UsageError
+from kernelfleet.plan.command import COPY_US
 
 
 def ptx(
@@ -184,6 +185,8 @@ def plan_command(
         None, "--link", help="DEVICE:DEVICE:GBPS in gigabytes/s, repeatable."
     ),
     link_gbps: float = typer.Option(25.0, "--link-gbps", help="GB/s of every device pair --link leaves out."),
+    copy_us: float = typer.Option(COPY_US, "--copy-us", help="Microseconds each copy between devices costs beyond "
+                                  "its bytes (default: measured on an H200's partitions, docs/place.md)."),
     policy: str = typer.Option(
         "throughput", "--policy", help="throughput|latency|single|replicas|pipeline|attention-ffn|all"
     ),
@@ -210,7 +213,7 @@ def plan_command(
     from kernelfleet.plan import command
 
     done = command.setup(program, costs, device or [], link or [], link_gbps, predict or [], profile or [],
-                         catalog)
+                         catalog, copy_us)
     chosen, plans = command.make_plans(done.problem, policy, time_limit, in_flight=in_flight)
     console = out_console()
     for note in done.notes:

@@ -9,7 +9,7 @@ table's source in ``details.costs_source``, so a plan made from predicted costs 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kernelfleet.catalog.model import PRECISIONS
@@ -26,6 +26,11 @@ from kernelfleet.plan.validate import evaluate
 # Requests in flight a plan is made for: slots of one graph, each with replicas of its own, so memory
 # bounds them long before this; the prediction simulates every slot (the cost grows with K).
 MAX_IN_FLIGHT = 256
+# What one copy costs the executor's graph beyond its bytes: on an H200's two partitions, plans of
+# the Llama decode and prefill steps with 54 and 23 copies ran 4.3 and 3.1 us per copy slower than
+# their zero-cost prediction (docs/place.md, "Devices that capture different kernels").
+COPY_US = 4.0
+MAX_COPY_US = 10_000.0
 POLICIES = ("throughput", "latency", "single", "replicas", "pipeline", "attention-ffn", "all")
 GB = 1e9
 
@@ -83,9 +88,11 @@ def setup(
     predict: list[str],
     profiles: list[str],
     catalog_path: Path | None = None,
+    copy_us: float = 0.0,
 ) -> Setup:
     """The problem the CLI plans: devices from ``--device`` (default: every measured device) plus
-    ``--predict`` SKUs, links from ``--link`` with ``link_gbps`` for every pair left out."""
+    ``--predict`` SKUs, links from ``--link`` with ``link_gbps`` for every pair left out, each copy
+    over any of them ``copy_us`` microseconds beyond its bytes."""
     program = Program.load(program_path)
     costs = load_costs(costs_path)
     measured = sorted({d for row in costs.seconds for d, v in row.items() if v is not None})
@@ -105,9 +112,11 @@ def setup(
             )
     if link_gbps <= 0:
         raise UsageError(f"--link-gbps must be positive, got {link_gbps}")
+    if not 0 <= copy_us <= MAX_COPY_US:
+        raise UsageError(f"--copy-us must be between 0 and {MAX_COPY_US:g} microseconds, got {copy_us}")
     given = {frozenset((lk.a, lk.b)): lk for lk in (parse_link(spec, names) for spec in links)}
     all_links = [
-        given.get(frozenset((a, b)), Link(a, b, link_gbps * GB))
+        replace(given.get(frozenset((a, b)), Link(a, b, link_gbps * GB)), seconds_per_copy=copy_us * 1e-6)
         for i, a in enumerate(names)
         for b in names[i + 1 :]
     ]

@@ -189,20 +189,24 @@ def _build(problem: Problem, cls: list[int], home: str | None, transfers: bool, 
 
     if transfers and len(names) > 1:
         pairs: dict[tuple[int, int], int] = defaultdict(int)
+        copies: dict[tuple[int, int], int] = defaultdict(int)
+        counts = problem.edge_counts()
         for (i, j), nbytes in problem.edge_bytes().items():
             a, b = cls[i], cls[j]
             if a != b and nbytes > 0:
                 pairs[min(a, b), max(a, b)] += nbytes
-        uniform = len(set(problem.bandwidth.values())) == 1
+                copies[min(a, b), max(a, b)] += counts[i, j]
+        uniform = len(set(problem.bandwidth.values())) == 1 and len(set(problem.copy_seconds.values())) == 1
         for (a, b), nbytes in pairs.items():
             if a in fixed and b in fixed:
                 if fixed[a] != fixed[b]:
-                    s = problem.transfer_seconds(nbytes, fixed[a], fixed[b])
+                    s = problem.cut_seconds(nbytes, copies[a, b], fixed[a], fixed[b])
                     const[fixed[a]] += s
                     const[fixed[b]] += s
                 continue
             if uniform:
-                seconds = nbytes / next(iter(problem.bandwidth.values()))
+                seconds = copies[a, b] * next(iter(problem.copy_seconds.values())) + \
+                    nbytes / next(iter(problem.bandwidth.values()))
                 shared = None
                 for d in names:
                     (ca, ka), (cb, kb) = on(a, d), on(b, d)
@@ -237,7 +241,7 @@ def _build(problem: Problem, cls: list[int], home: str | None, transfers: bool, 
                     if cb is not None:
                         terms[cb] = -1.0
                     m.row(ka + kb - 1.0, INF, terms)
-                    s = problem.transfer_seconds(nbytes, da, db)
+                    s = problem.cut_seconds(nbytes, copies[a, b], da, db)
                     for d in (da, db):
                         load[d][w] = load[d].get(w, 0.0) - s
     for d in names:

@@ -50,11 +50,14 @@ class Device:
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """A bidirectional link; a transfer of n bytes over it takes ``n / bytes_per_second``."""
+    """A bidirectional link; a transfer of n bytes over it takes ``seconds_per_copy +
+    n / bytes_per_second`` (the fixed part: what one copy costs the executor's graph beyond its
+    bytes, its node and the waits around it)."""
 
     a: str
     b: str
     bytes_per_second: float
+    seconds_per_copy: float = 0.0
 
 
 @model("solved repeats")
@@ -177,11 +180,14 @@ class Problem:
         _need(len(set(self.names)) == len(self.names), f"device names must be unique, got {self.names}")
         _need(self.home in self.names, f"home device {self.home!r} is not one of the devices {self.names}")
         self.bandwidth: dict[tuple[str, str], float] = {}
+        self.copy_seconds: dict[tuple[str, str], float] = {}
         for link in links:
             _need(link.a in self.names and link.b in self.names and link.a != link.b,
                   f"link {link.a}-{link.b}: both ends must be distinct known devices {self.names}")
             _need(link.bytes_per_second > 0, f"link {link.a}-{link.b}: bytes_per_second must be positive")
+            _need(link.seconds_per_copy >= 0, f"link {link.a}-{link.b}: seconds_per_copy must be >= 0")
             self.bandwidth[link.a, link.b] = self.bandwidth[link.b, link.a] = float(link.bytes_per_second)
+            self.copy_seconds[link.a, link.b] = self.copy_seconds[link.b, link.a] = float(link.seconds_per_copy)
         for i, a in enumerate(self.names):
             for b in self.names[i + 1:]:
                 _need((a, b) in self.bandwidth, f"no link between devices {a} and {b}: give a Link for every pair")
@@ -206,7 +212,8 @@ class Problem:
     def restricted(self, names: list[str]) -> Problem:
         """The same program on a subset of the devices (home: the first of them)."""
         keep = [d for d in self.devices if d.name in names]
-        links = [Link(a, b, self.bandwidth[a, b]) for i, a in enumerate(names) for b in names[i + 1:]]
+        links = [Link(a, b, self.bandwidth[a, b], self.copy_seconds[a, b]) for i, a in enumerate(names)
+                 for b in names[i + 1:]]
         costs = None
         if self.costs is not None:
             rows = [{d: row[d] for d in names if d in row} for row in self.costs.seconds]
@@ -232,7 +239,11 @@ class Problem:
         return [d for d in self.names if self.fits_alone(launch, d)]
 
     def transfer_seconds(self, nbytes: int, a: str, b: str) -> float:
-        return 0.0 if a == b else nbytes / self.bandwidth[a, b]
+        return self.cut_seconds(nbytes, 1, a, b)
+
+    def cut_seconds(self, nbytes: int, copies: int, a: str, b: str) -> float:
+        """Seconds of ``copies`` copies of ``nbytes`` in all from ``a`` to ``b`` (0 on one device)."""
+        return 0.0 if a == b else copies * self.copy_seconds[a, b] + nbytes / self.bandwidth[a, b]
 
     def footprint_bytes(self, launch: int) -> int:
         return sum(self.buffer_bytes[b] for b in self.touches[launch])
@@ -245,6 +256,13 @@ class Problem:
         out: dict[tuple[int, int], int] = defaultdict(int)
         for e in self.edges:
             out[e.src, e.dst] += e.bytes
+        return dict(out)
+
+    def edge_counts(self) -> dict[tuple[int, int], int]:
+        """Edges (one copy each when cut: one per buffer) by (src, dst)."""
+        out: dict[tuple[int, int], int] = defaultdict(int)
+        for e in self.edges:
+            out[e.src, e.dst] += 1
         return dict(out)
 
     def fits_alone(self, launch: int, device: str) -> bool:

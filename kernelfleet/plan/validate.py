@@ -84,7 +84,7 @@ def evaluate(problem: Problem, plan: Plan) -> Evaluation:
     for e in problem.edges:
         a, b = plan.assignment[e.src], plan.assignment[e.dst]
         if a != b:
-            seconds = e.bytes / problem.bandwidth[a, b]
+            seconds = problem.transfer_seconds(e.bytes, a, b)
             for end in (a, b):
                 transfer[end] += seconds
                 busy[end] += seconds
@@ -143,7 +143,7 @@ def schedule(problem: Problem, assignment: list[str]) -> Schedule:
             incoming[src] = incoming.get(src, 0) + nbytes
         for src, nbytes in incoming.items():
             there = assignment[src]
-            arrive = finish[src] + (0.0 if there == device else nbytes / problem.bandwidth[there, device])
+            arrive = finish[src] + problem.transfer_seconds(nbytes, there, device)
             if there != device:
                 transfers.append(Transfer(src, k, there, device, nbytes, finish[src], arrive))
             ready = max(ready, arrive)

@@ -114,3 +114,25 @@ def test_the_profiler_refilled_the_moe_routing_histogram_before_each_replay():
     memsets = preludes(program)
     gained = [k for k, v in refills(program).items() if set(v) - set(memsets.get(k, ()))]
     assert [program.launches[k].op for k in gained] == ["aten.histc.default"] * 2
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_with_the_measured_copy_cost_the_planner_says_what_the_gpu_measured_best(target):
+    """Request distribution (replicas) measured fastest on every recorded row. Planned with copies
+    free (``--copy-us 0``) the planner said kernel placement wins on the decode rows, and what it
+    chose measured up to 3.2x replicas' time; with the per-copy cost measured on these partitions
+    (the default) it says to run replicas, as measured."""
+    from kernelfleet.plan import command
+
+    results = json.loads((DATA / target / "disagg.disagg.json").read_text())["strategies"]
+    timed = {n: r["seconds"] for n, r in results.items() if "seconds" in r and n in
+             ("single:a", "single:b", "replicas", "pipeline", "attention-ffn", "latency-greedy", "throughput-milp")}
+    assert min(timed, key=timed.get) == "replicas"
+    said = {}
+    for copy_us in (0.0, command.COPY_US):
+        setup = command.setup(DATA / target / "profile.program.json", DATA / target / "profile.costs.json", [], [],
+                              25.0, [], [], copy_us=copy_us)
+        said[copy_us] = command.verdict(command.make_plans(setup.problem, "all", 10.0)[1])
+    assert said[command.COPY_US].endswith("run replicas on this pair")
+    if target.endswith("decode"):
+        assert said[0.0].startswith("kernel placement serves")
