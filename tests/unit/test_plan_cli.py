@@ -37,14 +37,15 @@ def plan_cli(*args):
     return result
 
 
-def problem_from(files, memory_bytes=None, gbps=25.0):
-    """The problem the CLI should have built, rebuilt here without the CLI's code."""
+def problem_from(files, memory_bytes=None, gbps=25.0, copy_us=4.0):
+    """The problem the CLI should have built (its default --copy-us is 4), rebuilt here without the
+    CLI's code."""
     program = Program.load(files / "program.json")
     costs = CostTable.from_json((files / "costs.json").read_text())
     return Problem(
         program,
         [Device("a100", memory_bytes), Device("l40s", memory_bytes)],
-        [Link("a100", "l40s", gbps * 1e9)],
+        [Link("a100", "l40s", gbps * 1e9, copy_us * 1e-6)],
         costs,
     )
 
@@ -217,6 +218,9 @@ def run_main(monkeypatch, capsys, *args):
         (["--policy", "fastest"], "expected one of throughput, latency"),
         (["--device", "l40s:0.1", "--device", "a100:1.0", "--policy", "replicas"], "no valid replicas plan"),
         (["--in-flight", "0"], "--in-flight must be at least 1"),
+        (["--copy-us", "-1"], "--copy-us must be between 0 and"),
+        (["--copy-us", "1e9"], "--copy-us must be between 0 and"),
+        (["--copy-us", "nan"], "--copy-us must be between 0 and"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(files, monkeypatch, capsys, extra, needle):
