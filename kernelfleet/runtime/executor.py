@@ -49,6 +49,7 @@ class Replica:
     program: Program
     context: Any = None  # where its launches run (a green context's CUcontext); None: the capture's
     units: UnitView | None = None
+    decode: Any = None  # the step's workloads.steps.Decode where it is a decode step (the multi-step gate)
 
     @property
     def run_context(self) -> Any:

@@ -12,15 +12,17 @@ else what differs.
 Where the devices captured different kernels (units, ``graph/units.py``) bits cannot match, and the
 gate is :func:`agreement` with the home device's own run instead: logits cosine at least
 :data:`COSINE_FLOOR` at every position, and every position whose argmax differs a near-tie of the
-reference (its top-2 margin at most :attr:`Agreement.near_tie_bound`). Every verdict says which
-gate it passed.
+reference (its top-2 margin at most :attr:`Agreement.near_tie_bound`); for a decode step
+(``workloads.steps.Decode``) over :data:`DECODE_STEPS` teacher-forced steps as well, both runs fed
+the prompt's own tokens, and a free-running greedy decode from the same start is reported beside the
+reference's. Every verdict says which gate it passed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +41,7 @@ IDENTICAL = "identical"
 WITHIN = "within tolerance"
 COSINE_FLOOR = 0.999  # DESIGN, "Place, second shape"
 NEAR_TIE_QUANTILE = 0.999
+DECODE_STEPS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +192,75 @@ class Gate:
             return verdict(wrong)
         found = self.agreements(homes)
         failed = [a for a in found if not a.passed]
-        return str(failed[0] if failed else min(found, key=lambda a: a.min_cosine))
+        said = str(failed[0] if failed else min(found, key=lambda a: a.min_cosine))
+        if failed or self.slots[0][homes[0]].decode is None:
+            return said
+        ok, over = self.decode_verdict(lambda: run(built, stream.cuda_stream), homes[0], stream)
+        return f"{said}; {over}" if ok else f"outside tolerance over decode steps: {over}; one step {said}"
+
+    def decoded(self, step: Callable[[], None], home: str, stream: torch.cuda.Stream, forced: bool,
+                steps: int = DECODE_STEPS) -> tuple[torch.Tensor, list[list[int]]]:
+        """:func:`decode_steps` of slot 0 at ``home``, each step ``step()``, from the captured state
+        and back to it."""
+        replica = self.slots[0][home]
+        self.reset()
+        try:
+            return decode_steps(step, replica.captured.args, replica.decode,
+                                lambda: replica.captured.output_tensors()[0], forced, steps,
+                                lambda: torch.cuda.synchronize(stream.device))
+        finally:
+            self.reset()
+
+    def decode_verdict(self, step: Callable[[], None], home: str, stream: torch.cuda.Stream) -> tuple[bool, str]:
+        """The multi-step part of the gate (module docstring): passed, and what it found."""
+        replica = self.slots[0][home]
+
+        def reference() -> None:
+            with torch.cuda.device(stream.device):
+                replica.captured.replay()
+
+        forced = agreement(self.decoded(reference, home, stream, True)[0], self.decoded(step, home, stream, True)[0])
+        ref_tokens, tokens = self.decoded(reference, home, stream, False)[1], self.decoded(step, home, stream, False)[1]
+        same = sum(a == b for a, b in zip(ref_tokens, tokens))
+        flips = forced.reference_margin_where_argmax_differs
+        return forced.passed, (
+            f"teacher-forced over {len(tokens)} decode steps: min cosine {forced.min_cosine:.6f}, argmax agreement "
+            f"{forced.argmax_agreement:.2%}{f', largest flip margin {max(flips):.4g}' if flips else ''} (near-tie "
+            f"bound {forced.near_tie_bound:.4g}); free-running greedy: {same} of {len(tokens)} steps chose the "
+            f"reference's tokens (last step: reference {ref_tokens[-1]}, placed {tokens[-1]})")
+
+
+def decode_steps(step: Callable[[], None], args: tuple, decode: Any, output: Callable[[], torch.Tensor], forced: bool,
+                 steps: int, sync: Callable[[], None] = lambda: None) -> tuple[torch.Tensor, list[list[int]]]:
+    """Logits (steps × batch rows) and greedy tokens of ``steps`` decode steps, each ``step()`` with
+    the new token and position written into ``args`` (``decode``: a ``workloads.steps.Decode``) and
+    read back from ``output()``: the prompt's last ``steps`` positions decoded again (the last one
+    the step's own), fed the prompt's tokens (``forced``) or, after the first, each step's own
+    greedy choice. ``args`` are left as they came."""
+    token, position = args[decode.token], args[decode.position]
+    kept = token.clone(), position.clone()
+    last = int(position.reshape(-1)[0])
+    start = max(0, last - steps + 1)
+    logits, chosen = [], []
+    feed = decode.prompt[:, start:start + 1]
+    try:
+        for p in range(start, last + 1):
+            token.copy_(feed)
+            position.fill_(p)
+            step()
+            sync()
+            out = output()
+            logits.append(out.detach().float().reshape(-1, out.shape[-1]).clone())
+            greedy = out[:, -1:].argmax(-1).to(token.dtype)
+            chosen.append(greedy.flatten().tolist())
+            if not forced:
+                feed = greedy
+            else:  # the prompt's next token; after the prompt, the step's own new token
+                feed = decode.prompt[:, p + 1:p + 2] if p + 1 < decode.prompt.shape[1] else kept[0]
+    finally:
+        token.copy_(kept[0])
+        position.copy_(kept[1])
+    return torch.cat(logits), chosen
 
 
 def passed(verdict_: str) -> bool:

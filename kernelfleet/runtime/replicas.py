@@ -38,12 +38,13 @@ def capture_replicas(make_step: Callable[[str, int], Step], gpus: dict[str, int]
         step = make_step(f"cuda:{gpu}", seed)
         with choosing_kernels((kernels or {}).get(name, "default")):
             captured = capture(step.fn, step.args, module=step.module, what=step.name)
-        replicas[name] = Replica(captured, assemble(captured.raw))
+        replicas[name] = Replica(captured, assemble(captured.raw), decode=getattr(step, "decode", None))
         restores.append(saved_state(replicas[name].program))
     if len({tuple((n.kind, n.name) for n in r.captured.raw.nodes) for r in replicas.values()}) > 1:
         found = views({d: r.captured.raw for d, r in replicas.items()}, {d: r.program for d, r in replicas.items()},
                       next(iter(replicas)))
-        replicas = {d: Replica(r.captured, found[d].program, units=found[d]) for d, r in replicas.items()}
+        replicas = {d: Replica(r.captured, found[d].program, units=found[d], decode=r.decode)
+                    for d, r in replicas.items()}
     return replicas, restores
 
 

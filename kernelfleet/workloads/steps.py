@@ -24,6 +24,19 @@ class Step:
     args: tuple
     module: torch.nn.Module
     name: str
+    decode: Decode | None = None  # a decode step's inputs, for the multi-step gate
+
+
+@dataclass(frozen=True)
+class Decode:
+    """What makes a step a decode step the gate can run for several steps: ``fn(*args)`` reads its
+    new tokens from ``args[token]`` and their position from ``args[position]`` (both written in
+    place between replays), and ``prompt`` (batch × positions) are the tokens the cache was filled
+    with, so a teacher-forced run decodes the prompt's last positions again."""
+
+    token: int
+    position: int
+    prompt: torch.Tensor
 
 
 def make(family: str, preset: str = "tiny", phase: str = "decode", *, device: str = "cuda", seed: int = 0,

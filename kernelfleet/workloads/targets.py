@@ -169,7 +169,7 @@ def _decode(model: Any, prompt: Any, token: Any, context: int, name: str) -> Any
     import torch
     from transformers import StaticCache
 
-    from kernelfleet.workloads.steps import Step
+    from kernelfleet.workloads.steps import Decode, Step
 
     cache = StaticCache(config=model.config, max_cache_len=context)
     # transformers 5 renames past_key_values to cache; take whichever this version's forward has
@@ -195,4 +195,4 @@ def _decode(model: Any, prompt: Any, token: Any, context: int, name: str) -> Any
         return model(input_ids=new, use_cache=True, cache_position=at, position_ids=at.expand(new.shape[0], 1),
                      **{key: cache}).logits
 
-    return Step(decode, (token, position), holder, name)
+    return Step(decode, (token, position), holder, name, Decode(0, 1, prompt))

@@ -120,3 +120,32 @@ def test_a_mamba_decode_says_why_it_is_not_built(tmp_path):
     architectures()["mamba"].save_pretrained(tmp_path)
     with pytest.raises(UsageError, match="recurrent state"):
         step_maker(f"hf:{tmp_path},decode,context=16")("cpu", 0)
+
+
+def test_the_multi_step_gate_decodes_the_prompts_last_positions_again(tmp_path):
+    """What the gate runs on a decode step (``runtime.gate.decode_steps``), here eagerly on the CPU:
+    teacher-forced, each step's logits are the full forward's at that position; free-running, its
+    greedy tokens are transformers' own greedy ``generate`` from the same prefix; the step's inputs
+    are as they were after."""
+    from kernelfleet.runtime.gate import decode_steps
+
+    tiny_llama_config().save_pretrained(tmp_path)
+    step = step_maker(f"hf:{tmp_path},decode,batch=2,context=24")("cpu", 0)
+    token, position = (t.clone() for t in step.args)
+    out: list[torch.Tensor] = []
+
+    def once() -> None:
+        with torch.no_grad():
+            out[:] = [step.fn(*step.args)]
+
+    logits, forced = decode_steps(once, step.args, step.decode, lambda: out[0], True, 6)
+    prompt, model = step.decode.prompt, step.module.model
+    with torch.no_grad():
+        full = model(input_ids=torch.cat([prompt, token], 1), use_cache=False).logits[:, 18:24]
+    assert logits.shape == (6 * 2, 128)
+    torch.testing.assert_close(logits.view(6, 2, 128).transpose(0, 1), full.float(), atol=3e-2, rtol=3e-2)
+    _, free = decode_steps(once, step.args, step.decode, lambda: out[0], False, 6)
+    with torch.no_grad():
+        generated = model.generate(prompt[:, :19], max_new_tokens=6, do_sample=False)[:, 19:]
+    assert free == generated.T.tolist()
+    assert torch.equal(step.args[0], token) and torch.equal(step.args[1], position)
