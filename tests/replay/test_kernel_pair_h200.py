@@ -100,6 +100,9 @@ def test_a_gate_is_bit_exact_exactly_when_no_differing_unit_runs_away_from_home(
         if gate != "identical":
             cosine = float(gate.split("min cosine ")[1].split()[0])
             assert cosine >= COSINE_FLOOR and "seconds" in results[plan.policy]
+            if target.startswith("hf-") and target.endswith("decode"):  # eight steps more, teacher-forced, then free
+                forced = float(gate.split("teacher-forced over 8 decode steps: min cosine ")[1].split(",")[0])
+                assert forced >= COSINE_FLOOR and "free-running greedy: 8 of 8 steps" in gate
         checked += 1
     assert checked >= 4
 
