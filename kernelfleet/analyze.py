@@ -95,37 +95,84 @@ def analyze_step(target: str, out: Path, *, check: bool = True, record_ops: bool
 
 def profile_per_device(target: str, specs: list[Any], progress: Any, trials: int, flush_l2_bytes: int,
                        out: Path) -> str:
-    """Devices that pick other kernels (``ProfileSpec.kernels``): capture the step once per kernel
-    choice, time each device on its own capture's launches, line the captures up into units
-    (``graph/units.py``) and write each device's capture, the home device's unit program and the
-    units' cost table under ``out`` (``kernelfleet plan`` reads them as it reads any program)."""
-    from kernelfleet.graph.units import differing_units, views
+    """Devices that may launch other kernels — other kernel choices (``ProfileSpec.kernels``) or
+    other GPUs: capture the step once per (GPU, kernels), on that GPU, time each device on its own
+    capture's launches, and write under ``out`` each device's capture and launch costs
+    (``capture.DEVICE.json.gz``, ``launches.DEVICE.json``) and, lined up into units
+    (:func:`merge_profiles`), the home device's unit program and the units' cost table."""
+    import torch
+
     from kernelfleet.kernels.assemble import assemble
     from kernelfleet.kernels.cuda.capture import capture
     from kernelfleet.profile.devices import choosing_kernels
     from kernelfleet.profile.run import time_on
+    from kernelfleet.profile.table import cost_table
+
+    captures = {}
+    for gpu, kernels in dict.fromkeys((spec.device, spec.kernels) for spec in specs):
+        torch.cuda.set_device(gpu)
+        fn, args, module, name = load_step(target)  # built on this GPU
+        with choosing_kernels(kernels):
+            captures[gpu, kernels] = capture(fn, args, module=module, what=f"{name} ({kernels} kernels)")
+    out.mkdir(parents=True, exist_ok=True)
+    for spec in specs:
+        captured = captures[spec.device, spec.kernels]
+        seconds = time_on(captured, [spec], progress, trials, flush_l2_bytes)[spec.name]
+        about = captured.raw.about
+        table = cost_table(captured.raw, assemble(captured.raw), {spec.name: seconds},
+                           f"measured on {about.get('device')} GPU {spec.device}, profile {spec.name} "
+                           f"({spec.kernels} kernels)")
+        captured.raw.save(out / f"capture.{spec.name}.json.gz")
+        (out / f"launches.{spec.name}.json").write_text(table.to_json())
+    return merge_profiles([out], out)
+
+
+def merge_profiles(folders: list[Path], out: Path) -> str:
+    """Line up every device's capture found in ``folders`` (``capture.DEVICE.json.gz`` with its
+    ``launches.DEVICE.json``, as :func:`profile_per_device` writes them, from one run or several)
+    into units, the first folder's first device the home, and write the home's unit program and
+    the units' cost table (``program.json``, ``costs.json``) and every device's files under ``out``."""
+    import shutil
+
+    from kernelfleet.costs.table import CostTable
+    from kernelfleet.documents import read_text
+    from kernelfleet.errors import UsageError
+    from kernelfleet.graph.units import differing_units, views
+    from kernelfleet.kernels.assemble import assemble
+    from kernelfleet.kernels.raw import RawCapture
     from kernelfleet.profile.table import unit_table
 
-    fn, args, module, name = load_step(target)
-    captures = {}
-    for kernels in dict.fromkeys(spec.kernels for spec in specs):
-        with choosing_kernels(kernels):
-            captures[kernels] = capture(fn, args, module=module, what=f"{name} ({kernels} kernels)")
-    seconds = {spec.name: time_on(captures[spec.kernels], [spec], progress, trials, flush_l2_bytes)[spec.name]
-               for spec in specs}
-    raws = {spec.name: captures[spec.kernels].raw for spec in specs}
-    found = views(raws, {d: assemble(raw) for d, raw in raws.items()}, specs[0].name)
+    raws, seconds, sources, where = {}, {}, [], {}
+    for folder in folders:
+        found = sorted(folder.glob("capture.*.json.gz"))
+        if not found:
+            raise UsageError(f"{folder}: no capture.DEVICE.json.gz there (write one with kernelfleet profile)")
+        for path in found:
+            device = path.name[len("capture."):-len(".json.gz")]
+            if device in raws:
+                raise UsageError(f"{path}: device {device!r} is also in {where[device]}: give each device its own name")
+            launches = folder / f"launches.{device}.json"
+            table = CostTable.from_json(read_text(launches, "a launch cost table"), str(launches))
+            raws[device], where[device] = RawCapture.load(path), folder
+            column = [row.get(device) for row in table.seconds]
+            if len(column) != len(assemble(raws[device]).launches):
+                raise UsageError(f"{launches}: {len(column)} launches, its capture {path.name} has "
+                                 f"{len(assemble(raws[device]).launches)}")
+            seconds[device] = column
+            sources.append(table.source)
+    home = next(iter(raws))
+    lined = views(raws, {d: assemble(raw) for d, raw in raws.items()}, home)
     out.mkdir(parents=True, exist_ok=True)
-    for device, raw in raws.items():
-        raw.save(out / f"capture.{device}.json.gz")
-    home = found[specs[0].name].program
-    (out / "program.json").write_text(home.to_json())
-    costs = unit_table(found, seconds, f"measured on {raws[specs[0].name].about.get('device')}: "
-                                       + ", ".join(f"{s.name} ({s.kernels} kernels)" for s in specs))
-    (out / "costs.json").write_text(costs.to_json())
+    for device, folder in where.items():
+        for name in (f"capture.{device}.json.gz", f"launches.{device}.json"):
+            if folder.resolve() != out.resolve():
+                shutil.copy(folder / name, out / name)
+    program = lined[home].program
+    (out / "program.json").write_text(program.to_json())
+    (out / "costs.json").write_text(unit_table(lined, seconds, "; ".join(sources)).to_json())
     totals = ", ".join(f"{d} {sum(t or 0 for t in seconds[d]) * 1e3:.2f} ms" for d in seconds)
-    return (f"wrote {out}: {len(home.launches)} units (ops lined up across the devices' captures; "
-            f"{differing_units(found, specs[0].name)} run other kernels on some device) x {', '.join(seconds)}; "
+    return (f"wrote {out}: {len(program.launches)} units (ops lined up across the devices' captures; "
+            f"{differing_units(lined, home)} run other kernels on some device) x {', '.join(seconds)}; "
             f"launches summed: {totals}")
 
 

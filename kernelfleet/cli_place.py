@@ -136,8 +136,9 @@ def profile_command(
     out: Path = typer.Option(Path("kernelfleet-profile"), "--out", help="Folder for capture, program and costs."),
     profile: list[str] | None = typer.Option(
         None, "--profile", help="NAME:SMS[+HOG][/KERNELS], repeatable; default: calibrate and take the pair closest "
-        "to L40S + A100. The whole GPU is always timed too. Devices with other KERNELS (math-attention, "
-        "efficient-attention) capture the step for themselves and the cost table is over units of matched ops."
+        "to L40S + A100. The whole GPU is always timed too. Devices on other GPUs (@GPU) or with other KERNELS "
+        "(math-attention, efficient-attention) capture the step for themselves and the cost table is over units "
+        "of matched ops (merge runs of other machines with kernelfleet profile-merge)."
     ),
     trials: int = typer.Option(5, "--trials", help="Timed trials per launch (the median is kept)."),
     flush_l2_mb: int = typer.Option(0, "--flush-l2-mb", help="Write this many MB before each trial (cold L2; "
@@ -157,7 +158,7 @@ def profile_command(
     _need_gpu("profiling", "plan from a recorded cost table instead (kernelfleet plan)")
     specs = [run.parse_profile(p) for p in profile] if profile else list(run.pair_specs(
         run.choose(run.calibrate_profiles(run.sweep_specs()))))
-    if len({spec.kernels for spec in specs}) > 1:  # each device captures with its own kernels
+    if len({(spec.device, spec.kernels) for spec in specs}) > 1:  # each device captures with its own kernels
         if not ops:
             raise UsageError("devices with other kernels are matched by ATen op: drop --no-ops")
         with Progress(transient=True) as bar:
@@ -173,6 +174,21 @@ def profile_command(
                               flush_l2_mb << 20)
     done = analysis.write_profile(captured, program, seconds, out)
     Console().print(done)
+
+
+def profile_merge_command(
+    folders: list[Path] = typer.Argument(..., help="Folders kernelfleet profile wrote for devices that capture "
+                                         "for themselves (from one machine or several), the home device's first."),
+    out: Path = typer.Option(..., "--out", help="Folder for the merged unit program and cost table."),
+) -> None:
+    """Merge per-device profiles (each device timed on its own kernels, on this machine or another) into one
+    program of units and one cost table for `kernelfleet plan`."""
+    from kernelfleet import analyze as analysis
+
+    for folder in folders:
+        if not folder.is_dir():
+            raise UsageError(f"{folder}: no such folder (kernelfleet profile --out writes one)")
+    Console().print(analysis.merge_profiles(folders, out))
 
 
 def plan_command(
@@ -332,7 +348,7 @@ def _classes(counters: Path, groups: Path | None, program: Path | None, class_on
 
 # (command name, function), in the order `kernelfleet --help` lists them
 COMMANDS = [("ptx", "ptx"), ("analyze", "analyze"), ("calibrate", "calibrate_command"),
-            ("profile", "profile_command"), ("plan", "plan_command"),
+            ("profile", "profile_command"), ("profile-merge", "profile_merge_command"), ("plan", "plan_command"),
             ("census", "census_command"), ("run", "run_command")]
 
 

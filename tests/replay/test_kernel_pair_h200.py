@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
+from recorded import misplaced_copies
 
 from kernelfleet.costs.table import CostTable
 from kernelfleet.graph.units import views
@@ -26,7 +27,6 @@ from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.plan.model import Device
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.gate import COSINE_FLOOR
-from recorded import misplaced_copies
 
 pytestmark = pytest.mark.replay
 
@@ -139,3 +139,61 @@ def test_with_the_measured_copy_cost_the_planner_says_what_the_gpu_measured_best
     assert said[command.COPY_US].endswith("run replicas on this pair")
     if target.endswith("decode"):
         assert said[0.0].startswith("kernel placement serves")
+
+
+def split_profile(tmp_path, target: str) -> list[Path]:
+    """The recorded pair as two machines would have profiled it: a folder per device with its capture
+    and a launch cost table (each launch's time here: its grid's blocks in nanoseconds, a stand-in
+    that differs from launch to launch)."""
+    from kernelfleet.profile.table import cost_table
+
+    folders = []
+    for device in DEVICES:
+        folder = tmp_path / f"machine-{device}"
+        folder.mkdir()
+        source = DATA / target / f"profile.capture.{device}.json.gz"
+        raw = RawCapture.load(source)
+        program = assemble(raw)
+        seconds = [(x.grid[0] * x.grid[1] * x.grid[2] if x.grid else 1) * 1e-9 for x in program.launches]
+        (folder / f"launches.{device}.json").write_text(cost_table(raw, program, {device: seconds}, device).to_json())
+        (folder / f"capture.{device}.json.gz").write_bytes(source.read_bytes())
+        folders.append(folder)
+    return folders
+
+
+def test_profiles_of_separate_runs_merge_into_one_unit_program_and_table(tmp_path):
+    from kernelfleet.analyze import merge_profiles
+
+    folders = split_profile(tmp_path, "hf-qwen2moe-decode")
+    said = merge_profiles(folders, tmp_path / "merged")
+    assert "196 units" in said and "2 run other kernels" in said
+    merged = tmp_path / "merged"
+    assert Program.from_json((merged / "program.json").read_text()) == \
+        Program.from_json((DATA / "hf-qwen2moe-decode" / "profile.program.json").read_text())
+    costs = CostTable.from_json((merged / "costs.json").read_text())
+    for device, folder in zip(DEVICES, folders):  # every launch's time lands in exactly one unit
+        launches = CostTable.from_json((folder / f"launches.{device}.json").read_text())
+        assert sum(row[device] for row in costs.seconds) == pytest.approx(sum(r[device] for r in launches.seconds))
+    found = unit_views("hf-qwen2moe-decode", "profile")
+    b_launches = CostTable.from_json((folders[1] / "launches.b.json").read_text())
+    for u in differing(found):  # the math attention's launches, summed on b
+        assert costs.seconds[u]["b"] == pytest.approx(sum(b_launches.seconds[i]["b"] for i in found["b"].launches[u]))
+        assert len(found["b"].launches[u]) > len(found["a"].launches[u])
+
+
+def test_a_merge_with_two_devices_of_one_name_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    first, second = split_profile(tmp_path, "llama-decode")
+    for name in ("capture.b.json.gz", "launches.b.json"):
+        (second / name).rename(second / name.replace(".b.", ".a."))
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", "profile-merge", str(first), str(second), "--out",
+                           str(tmp_path / "m")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "device 'a' is also in" in done.stderr
+    (second / "launches.a.json").unlink()
+    (first / "launches.a.json").unlink()
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", "profile-merge", str(first), "--out",
+                           str(tmp_path / "m")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "launches.a.json" in done.stderr and "Traceback" not in done.stderr
