@@ -136,10 +136,17 @@ def agent(
     expire: float = typer.Option(300.0, "--expire", help="Seconds after its last window that a silent GPU leaves "
                                  "/metrics and the fleet figures (it shows stale after two missed windows)."),
     api_docs: bool = typer.Option(False, "--api-docs", help="Serve the API's OpenAPI schema and pages (/docs)."),
+    label_names: str = typer.Option("kernelfleet", "--label-names", help="Label names of /metrics: kernelfleet's "
+                                    "(uuid, hostname, model) or dcgm's (UUID, Hostname, modelName), to join dcgm-exporter."),
+    process_series: int = typer.Option(0, "--process-series", help="Export the GPU memory of this many of each GPU's "
+                                       "largest processes (0..64; default none: one series per process is costly)."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """Sample every GPU each window, store it, and serve Prometheus metrics and the API."""
     import threading
+
+    from kernelfleet.fleet.exporter_devices import check_process_series
+    from kernelfleet.fleet.exporter_labels import check_style
 
     from kernelfleet.catalog import Catalog
     from kernelfleet.fleet.agent import Agent, attribute_live, attribute_recorded
@@ -148,6 +155,7 @@ def agent(
     from kernelfleet.fleet.store import Store
     from kernelfleet.telemetry.scrape import ScrapeSource
 
+    check_style(label_names), check_process_series(process_series)
     token = given_token(token)
     host, port = listen_address(listen, allow_remote, token)
     if not expire > 0:
@@ -172,7 +180,7 @@ def agent(
         the_agent = Agent(source, store, cat, identify=attribute_recorded if recorded else attribute_live,
                           pods=(lambda: source.pods) if scrape is not None else None,
                           hosts=(lambda: source.hosts) if scrape is not None else None, expire_seconds=expire)
-        server = Listener(agent_app(the_agent, store, token, api_docs), sock).start()
+        server = Listener(agent_app(the_agent, store, token, api_docs, label_names, process_series), sock).start()
         err.print(f"kernelfleet agent: http://{host}:{port}/metrics, store {store_path}")
         stop = threading.Event()
         server.stops(stop)
