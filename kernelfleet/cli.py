@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.live import Live
 
 from kernelfleet import cli_place
 from kernelfleet.cli_common import CatalogOption, err, out_console
@@ -65,32 +63,29 @@ def watch(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     catalog: Path | None = CatalogOption,
 ) -> None:
-    """Live OFU for every GPU, refreshed every window."""
+    """Live OFU for every GPU, refreshed every window: q quits, s sorts, up/down or a digit selects a GPU."""
     from kernelfleet.catalog import Catalog
-    from kernelfleet.watch import rows, table
+    from kernelfleet.fleet.agent import attribute_live, attribute_recorded
+    from kernelfleet.watch import live
+    from kernelfleet.watch.rows import identify_with, rows
+    from kernelfleet.watch.screen import snapshot
 
     cat = Catalog.load(catalog)
-    # A pipe or file gets the full table, not one squeezed to 80 columns.
+    identify = identify_with(attribute_recorded if replay is not None or demo else attribute_live)
+    # A pipe or file gets the whole view, not one squeezed to 80 columns.
     out = out_console()
-    title = "demo (H200 recording)" if demo else f"replay of {replay.name}" if replay else "live"
+    where = "demo (H200 recording)" if demo else f"replay of {replay.name}" if replay else "live"
     with _source(replay, demo, interval, clock_poll, None if once else speed, loop=demo and not once,
                  dense_clock=dense_clock) as source:
-        batches = source.batches(count=1 if once else None)
         if once or as_json:
-            for batch in batches:
-                view = rows(batch, cat)
+            for batch in source.batches(count=1 if once else None):
+                view = rows(batch, cat, identify)
                 if as_json:
                     print(json.dumps(view), flush=True)
                 else:
-                    out.print(table(view, _title(title)))
+                    out.print(snapshot(view, f"kernelfleet watch — {where}", out.width, cat))
             return
-        with Live(console=out, auto_refresh=False) as live:
-            for batch in batches:
-                live.update(table(rows(batch, cat), _title(title)), refresh=True)
-
-
-def _title(where: str) -> str:
-    return f"kernelfleet watch — {where} — {time.strftime('%H:%M:%S')}"
+        live.run(source, cat, where, out, identify)
 
 
 @app.command()
