@@ -140,11 +140,10 @@ def agent(
     """Sample every GPU each window, store it, and serve Prometheus metrics and the API."""
     import threading
 
-    from kernelfleet.fleet.exporter_devices import check_process_series
-    from kernelfleet.fleet.exporter_labels import check_style
-
     from kernelfleet.catalog import Catalog
     from kernelfleet.fleet.agent import Agent, attribute_live, attribute_recorded
+    from kernelfleet.fleet.exporter_devices import check_process_series
+    from kernelfleet.fleet.exporter_labels import check_style
     from kernelfleet.fleet.listener import Listener, bind, given_token, listen_address
     from kernelfleet.fleet.server import agent_app
     from kernelfleet.fleet.store import Store
@@ -308,6 +307,7 @@ def catalog_command(
     from rich.table import Table
 
     from kernelfleet.catalog import Catalog
+    from kernelfleet.watch.clock_note import same_die_note
 
     cat = Catalog.load(catalog)
     skus = [cat.get(key)] if key else list(cat)
@@ -325,6 +325,9 @@ def catalog_command(
             f"{s.memory_bandwidth_bytes_per_second / 1e9:.0f}", "—" if price is None else f"{price:.2f}",
         )
     Console().print(t)
+    notes = {same_die_note(cat, s) for s in skus} - {None}
+    for note in sorted(notes):  # a mixed H100/H200 fleet reads OFU against two reference clocks
+        Console().print(note, markup=False, highlight=False)
 
 
 for _name, _function in cli_place.COMMANDS:
