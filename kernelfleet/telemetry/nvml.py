@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from kernelfleet.errors import EnvironmentProblem, KernelfleetError, Unsupported, UsageError
+from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 from kernelfleet.telemetry.clock import ClockPoller, ClockWindow
 from kernelfleet.telemetry.health import HealthReader
 from kernelfleet.telemetry.nvml_api import REPLAY_HINT, Nvml, NvmlCallFailed
-from kernelfleet.telemetry.sample import ProcessSample, Sample
+from kernelfleet.telemetry.processes import running_processes
+from kernelfleet.telemetry.sample import Sample
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +279,7 @@ class NvmlSource:
             current = self._gpm_sample(target)
             end, end_wall = self.clock(), self.wall()
             metrics = self._gpm_metrics(target.previous, current) if current is not None else {}
-            processes = self._processes(target, prev_proc)
+            processes = running_processes(self.nvml, target.info_handle, prev_proc, self.proc_root)
             memory = self.nvml.optional("nvmlDeviceGetMemoryInfo", target.info_handle)
             # Board power is already a 1-s average on Ampere and newer (NVML docs), so one
             # read per window does; MIG slices have no power of their own.
@@ -346,27 +347,6 @@ class NvmlSource:
                 values[name] = metric.value * scale
         return values
 
-    def _processes(self, target: _Target, since_microseconds: int) -> tuple[ProcessSample, ...]:
-        running = self.nvml.optional("nvmlDeviceGetComputeRunningProcesses", target.info_handle) or []
-        sm_by_pid: dict[int, float] = {}
-        # Per-process SM use only matters to split a shared GPU, and costs ~2.4 ms of CPU
-        # per call on an H200 (bench/nvml_calls.py), so it is read only when shared.
-        if len(running) > 1:
-            try:
-                for entry in self.nvml.call("nvmlDeviceGetProcessUtilization", target.info_handle, since_microseconds):
-                    sm_by_pid[entry.pid] = entry.smUtil / 100.0
-            except (NvmlCallFailed, Unsupported):
-                pass  # NOT_FOUND when no process ran in the window; the list stays empty
-        return tuple(
-            ProcessSample(
-                pid=p.pid,
-                name=_process_name(self.proc_root, p.pid),
-                used_memory_bytes=p.usedGpuMemory,
-                sm_active_ratio=sm_by_pid.get(p.pid),
-            )
-            for p in running
-        )
-
     def _stale(self, target: _Target, error: str, end: float) -> Sample:
         return Sample(
             timestamp_seconds=self.wall(),
@@ -431,10 +411,3 @@ def _identity(target: _Target) -> dict[str, Any]:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def _process_name(proc_root: Path, pid: int) -> str | None:
-    try:
-        return (proc_root / str(pid) / "comm").read_text().strip() or None
-    except OSError:
-        return None  # another PID namespace, or the process has exited
