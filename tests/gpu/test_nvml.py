@@ -58,7 +58,7 @@ def test_gpm_during_a_gemm_loop_gives_ofu_close_to_timed_mfu():
 
 def test_health_fields_are_read_on_a_real_gpu():
     """The device health reads answer on a data-centre GPU: memory, temperature, clock-event reasons,
-    ECC (on, as on H100/H200 by default) and a registered Xid event set (0 events on a healthy GPU)."""
+    ECC (on, as on H100/H200 by default); Xid events as the driver allows."""
     from kernelfleet.telemetry.health import clock_event_reasons
     from kernelfleet.telemetry.nvml import NvmlSource
 
@@ -70,4 +70,6 @@ def test_health_fields_are_read_on_a_real_gpu():
     assert 0 < s.memory_used_bytes < s.memory_total_bytes
     assert 10 < s.temperature_celsius < 110
     assert s.clock_event_reasons_bitmask is not None
-    assert s.xid_errors_total is not None and s.ecc_corrected_errors_total is not None
+    assert s.ecc_corrected_errors_total is not None
+    # Xid events are printed, not asserted: whether a VM's driver lets a guest register for them is
+    # what this run finds out (None with one warning if it does not).
