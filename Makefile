@@ -32,12 +32,13 @@ run: $(VENV)/.see
 	fi
 
 # System packages the tests drive for real (Debian): the Prometheus server and promtool, Chromium
-# for the dashboard, and Node for the dashboard's own script.
+# for the dashboard, Node for the dashboard's own script, and tmux, the terminal `watch` is tested in.
 system-deps:
-	@command -v promtool >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 && command -v node >/dev/null 2>&1 || { \
+	@command -v promtool >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 && command -v node >/dev/null 2>&1 \
+		&& command -v tmux >/dev/null 2>&1 || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
-			--no-install-recommends prometheus chromium nodejs; }
+			--no-install-recommends prometheus chromium nodejs tmux; }
 
 test: $(VENV)/.all system-deps
 	$(PY) -m pytest -q

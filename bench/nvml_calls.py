@@ -47,6 +47,28 @@ def main() -> None:
     def alloc_free() -> None:
         m.nvmlGpmSampleFree(m.nvmlGpmSampleAlloc())
 
+    # The health reads (telemetry/health.py): one of each a window per GPU; an unsupported one
+    # costs its failed call, which is what the sampler pays for it too.
+    events = m.nvmlEventSetCreate()
+    try:
+        m.nvmlDeviceRegisterEvents(h, m.nvmlEventTypeXidCriticalError, events)
+    except m.NVMLError as exc:
+        print(f"Xid events not available here ({exc}): the wait below times an empty set")
+
+    def answered(fn, *args) -> None:
+        try:
+            fn(*args)
+        except m.NVMLError:
+            pass  # NOT_SUPPORTED, or TIMEOUT from an empty event set: the usual answer
+
+    health = {
+        "nvmlDeviceGetTemperature": lambda: answered(m.nvmlDeviceGetTemperature, h, m.NVML_TEMPERATURE_GPU),
+        "nvmlDeviceGetCurrentClocksEventReasons": lambda: answered(m.nvmlDeviceGetCurrentClocksEventReasons, h),
+        "nvmlDeviceGetTotalEccErrors (x2)": lambda: [answered(m.nvmlDeviceGetTotalEccErrors, h, kind, m.NVML_VOLATILE_ECC)
+                                                     for kind in (0, 1)],
+        "nvmlEventSetWait_v2(0 ms, empty)": lambda: answered(m.nvmlEventSetWait_v2, events, 0),
+    }
+
     calls = {
         "nvmlGpmSampleAlloc + Free": alloc_free,
         "nvmlDeviceGetClockInfo(SM)": lambda: m.nvmlDeviceGetClockInfo(h, m.NVML_CLOCK_SM),
@@ -57,6 +79,7 @@ def main() -> None:
         "nvmlDeviceGetProcessUtilization": proc_util,
         "nvmlDeviceGetMemoryInfo": lambda: m.nvmlDeviceGetMemoryInfo(h),
         "nvmlDeviceGetPowerUsage": lambda: m.nvmlDeviceGetPowerUsage(h),
+        **health,
     }
     print(f"{'call':40} {'CPU us':>9} {'wall us':>9}")
     for name, fn in calls.items():
@@ -69,6 +92,7 @@ def main() -> None:
         print(f"{name:40} {cpu:9.1f} {wall:9.1f}")
     for _ in (s1, s2):
         m.nvmlGpmSampleFree(_)
+    m.nvmlEventSetFree(events)
     nvml.shutdown()
     poll_loop_costs(args.reps)
 

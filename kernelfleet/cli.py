@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.live import Live
 
 from kernelfleet import cli_place
 from kernelfleet.cli_common import CatalogOption, err, out_console
@@ -71,32 +69,29 @@ def watch(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     catalog: Path | None = CatalogOption,
 ) -> None:
-    """Live OFU for every GPU, refreshed every window."""
+    """Live OFU for every GPU, refreshed every window: q quits, s sorts, up/down or a digit selects a GPU."""
     from kernelfleet.catalog import Catalog
-    from kernelfleet.watch import rows, table
+    from kernelfleet.fleet.agent import attribute_live, attribute_recorded
+    from kernelfleet.watch import live
+    from kernelfleet.watch.rows import identify_with, rows
+    from kernelfleet.watch.screen import snapshot
 
     cat = Catalog.load(catalog)
-    # A pipe or file gets the full table, not one squeezed to 80 columns.
+    identify = identify_with(attribute_recorded if replay is not None or demo else attribute_live)
+    # A pipe or file gets the whole view, not one squeezed to 80 columns.
     out = out_console()
-    title = "demo (H200 recording)" if demo else f"replay of {replay.name}" if replay else "live"
+    where = "demo (H200 recording)" if demo else f"replay of {replay.name}" if replay else "live"
     with _source(replay, demo, interval, clock_poll, None if once else speed, loop=demo and not once,
                  dense_clock=dense_clock) as source:
-        batches = source.batches(count=1 if once else None)
         if once or as_json:
-            for batch in batches:
-                view = rows(batch, cat)
+            for batch in source.batches(count=1 if once else None):
+                view = rows(batch, cat, identify)
                 if as_json:
                     print(json.dumps(view), flush=True)
                 else:
-                    out.print(table(view, _title(title)))
+                    out.print(snapshot(view, f"kernelfleet watch — {where}", out.width, cat))
             return
-        with Live(console=out, auto_refresh=False) as live:
-            for batch in batches:
-                live.update(table(rows(batch, cat), _title(title)), refresh=True)
-
-
-def _title(where: str) -> str:
-    return f"kernelfleet watch — {where} — {time.strftime('%H:%M:%S')}"
+        live.run(source, cat, where, out, identify)
 
 
 @app.command()
@@ -145,6 +140,10 @@ def agent(
     pod_resources_socket: Path | None = typer.Option(
         None, "--pod-resources-socket", help="The kubelet's pod-resources socket (in Kubernetes, "
         "/var/lib/kubelet/pod-resources/kubelet.sock): name each GPU's namespace, pod and container."),
+    label_names: str = typer.Option("kernelfleet", "--label-names", help="Label names of /metrics: kernelfleet's "
+                                    "(uuid, hostname, model) or dcgm's (UUID, Hostname, modelName), to join dcgm-exporter."),
+    process_series: int = typer.Option(0, "--process-series", help="Export the GPU memory of this many of each GPU's "
+                                       "largest processes (0..64; default none: one series per process is costly)."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """Sample every GPU each window, store it, and serve Prometheus metrics and the API."""
@@ -152,11 +151,14 @@ def agent(
 
     from kernelfleet.catalog import Catalog
     from kernelfleet.fleet.agent import Agent, attribute_live, attribute_recorded
+    from kernelfleet.fleet.exporter_devices import check_process_series
+    from kernelfleet.fleet.exporter_labels import check_style
     from kernelfleet.fleet.listener import Listener, bind, given_token, listen_address
     from kernelfleet.fleet.server import agent_app
     from kernelfleet.fleet.store import Store
     from kernelfleet.telemetry.scrape import ScrapeSource
 
+    check_style(label_names), check_process_series(process_series)
     token = given_token(token)
     host, port = listen_address(listen, allow_remote, token)
     if not expire > 0:
@@ -182,7 +184,7 @@ def agent(
         the_agent = Agent(source, store, cat, identify=attribute_recorded if recorded else attribute_live,
                           pods=pods,
                           hosts=(lambda: source.hosts) if scrape is not None else None, expire_seconds=expire)
-        server = Listener(agent_app(the_agent, store, token, api_docs), sock).start()
+        server = Listener(agent_app(the_agent, store, token, api_docs, label_names, process_series), sock).start()
         err.print(f"kernelfleet agent: http://{host}:{port}/metrics, store {store_path}")
         stop = threading.Event()
         server.stops(stop)
@@ -329,6 +331,7 @@ def catalog_command(
     from rich.table import Table
 
     from kernelfleet.catalog import Catalog
+    from kernelfleet.watch.clock_note import same_die_note
 
     cat = Catalog.load(catalog)
     skus = [cat.get(key)] if key else list(cat)
@@ -346,6 +349,9 @@ def catalog_command(
             f"{s.memory_bandwidth_bytes_per_second / 1e9:.0f}", "—" if price is None else f"{price:.2f}",
         )
     Console().print(t)
+    notes = {same_die_note(cat, s) for s in skus} - {None}
+    for note in sorted(notes):  # a mixed H100/H200 fleet reads OFU against two reference clocks
+        Console().print(note, markup=False, highlight=False)
 
 
 for _name, _function in cli_place.COMMANDS:

@@ -25,6 +25,7 @@ NVML_ERROR_LIBRARY_NOT_FOUND = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
 NVML_ERROR_DRIVER_NOT_LOADED = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
 NVML_ERROR_NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
 NVML_ERROR_FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+NVML_ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
 
 
 class MetricsRequest:
@@ -64,6 +65,12 @@ class TwinGpu:
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, bytes)
     process_sm_percent: dict[int, int] = field(default_factory=dict)
     lost: bool = False  # every call on it fails with GPU_IS_LOST until cleared
+    # health (telemetry/health.py): None makes the call answer NOT_SUPPORTED
+    temperature_c: int | None = 52
+    clock_event_reasons: int | None = 0x4  # SW power cap, as an H200 GEMM loop runs
+    ecc_errors: tuple[int, int] | None = (3, 0)  # (corrected, uncorrected)
+    events: bool = True  # whether the GPU registers for Xid events
+    pending_xids: list[int] = field(default_factory=list)  # Xid codes an event set will hand out
 
 
 class Twin:
@@ -80,6 +87,11 @@ class Twin:
     NVML_ERROR_DRIVER_NOT_LOADED = NVML_ERROR_DRIVER_NOT_LOADED
     NVML_ERROR_NO_PERMISSION = NVML_ERROR_NO_PERMISSION
     NVML_ERROR_FUNCTION_NOT_FOUND = NVML_ERROR_FUNCTION_NOT_FOUND
+    NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
 
     def __init__(self, gpus: list[TwinGpu], now: Any, library: bool = True) -> None:
         self.gpus = gpus
@@ -87,6 +99,7 @@ class Twin:
         self.library = library
         self.inits = 0
         self.live_samples = 0
+        self.live_event_sets = 0
 
     # -- helpers -----------------------------------------------------------------
     def _gpu(self, handle: Any) -> TwinGpu:
@@ -192,3 +205,37 @@ class Twin:
             raise NVMLError(NVML_ERROR_NOT_FOUND)
         return [SimpleNamespace(pid=p, smUtil=u) for p, u in gpu.process_sm_percent.items()]
 
+
+    # -- health --------------------------------------------------------------------
+    def _supported(self, value: Any) -> Any:
+        if value is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
+        return self._supported(self._gpu(h).temperature_c)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any) -> int:
+        return self._supported(self._gpu(h).clock_event_reasons)
+
+    def nvmlDeviceGetTotalEccErrors(self, h: Any, kind: int, counter: int) -> int:
+        return self._supported(self._gpu(h).ecc_errors)[kind]
+
+    def nvmlEventSetCreate(self) -> Any:
+        self.live_event_sets += 1
+        return SimpleNamespace(gpus=[])
+
+    def nvmlEventSetFree(self, events: Any) -> None:
+        self.live_event_sets -= 1
+
+    def nvmlDeviceRegisterEvents(self, h: Any, types: int, events: Any) -> None:
+        gpu = self._gpu(h)
+        if not gpu.events:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        events.gpus.append(gpu)
+
+    def nvmlEventSetWait_v2(self, events: Any, timeout_ms: int) -> Any:
+        for gpu in events.gpus:
+            if gpu.pending_xids:
+                return SimpleNamespace(eventType=0x8, eventData=gpu.pending_xids.pop(0))
+        raise NVMLError(NVML_ERROR_TIMEOUT)

@@ -97,3 +97,19 @@ def serve_pod_resources(socket_path: Path, answer):
         raise OSError(f"cannot serve on {socket_path}")
     server.start()
     return server
+
+def side_by_side(recordings: list[Path], out: Path, windows: slice = slice(None)) -> Path:
+    """A trace in which recording i is GPU i of one machine, window by window (as long as the shortest):
+    what a multi-GPU node looks like, built from single-GPU recordings without changing a value but
+    the GPU's index, its uuid (made distinct) and the window's time (the first recording's)."""
+    import dataclasses
+
+    from kernelfleet.telemetry.replay import ReplaySource, TraceWriter
+
+    runs = [list(ReplaySource(path).batches())[windows] for path in recordings]
+    with TraceWriter(out, note="side by side: " + ", ".join(p.name for p in recordings)) as writer:
+        for batches in zip(*runs):
+            stamp = batches[0][0].timestamp_seconds
+            writer.write([dataclasses.replace(batch[0], gpu_index=i, uuid=f"{batch[0].uuid}-{i}", timestamp_seconds=stamp)
+                          for i, batch in enumerate(batches)])
+    return out

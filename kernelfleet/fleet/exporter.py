@@ -7,18 +7,22 @@ container holding the GPU, empty outside Kubernetes) to keep cardinality low; wh
 its dense peaks are separate series to join on ``uuid``. A GPU whose window is
 stale exports ``kernelfleet_sample_stale 1`` and no counters, never zeros; a
 counter a GPU lacks is simply absent for that GPU. The job label is ``job_id``:
-``job`` is the scrape target's label in Prometheus and would be renamed.
+``job`` is the scrape target's label in Prometheus and would be renamed. The device families
+(memory, temperature, throttle reasons, Xid, ECC, links) are in ``exporter_devices``; dcgm-exporter's
+label names, as an option, in ``exporter_labels``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from kernelfleet.catalog import TENSOR_PRECISIONS
+from kernelfleet.fleet.exporter_devices import check_process_series, device_families
+from kernelfleet.fleet.exporter_labels import check_style, dcgm_labels
 from kernelfleet.fleet.reading import JobShare, Reading
 
 POD_LABELS = ("namespace", "pod", "container")
@@ -40,13 +44,28 @@ _GAUGES: tuple[tuple[str, str, Callable[[Reading], float | None]], ...] = (
 
 
 class OfuCollector(Collector):
-    """Reads ``readings()`` at every scrape; one failing GPU or field never stops the others."""
+    """Reads ``readings()`` at every scrape; one failing GPU or field never stops the others.
 
-    def __init__(self, readings: Callable[[], Sequence[Reading]]) -> None:
+    ``label_names="dcgm"`` names the labels as dcgm-exporter does; ``process_series_per_gpu``
+    (default 0: none) exports the memory of that many of each GPU's largest processes.
+    """
+
+    def __init__(self, readings: Callable[[], Sequence[Reading]], label_names: str = "kernelfleet",
+                 process_series_per_gpu: int = 0) -> None:
         self.readings = readings
+        self.label_names = check_style(label_names)
+        self.process_series_per_gpu = check_process_series(process_series_per_gpu)
 
     def collect(self) -> Iterator[GaugeMetricFamily | InfoMetricFamily]:
         readings = self.readings()
+        families = [*self._families(readings),
+                    *device_families(readings, LABELS, _labels, self.process_series_per_gpu)]
+        if self.label_names == "dcgm":
+            yield from dcgm_labels(families, {r.sample.uuid: r.sample.name for r in readings})
+        else:
+            yield from families
+
+    def _families(self, readings: Sequence[Reading]) -> Iterator[GaugeMetricFamily | InfoMetricFamily]:
         families = {name: GaugeMetricFamily(name, text, labels=LABELS) for name, text, _ in _GAUGES}
         stale = GaugeMetricFamily("kernelfleet_sample_stale", "1 when the last window could not be read.", labels=LABELS)
         ref = GaugeMetricFamily("kernelfleet_reference_clock_hertz", "The clock OFU is normalised by.", labels=("uuid", "source"))

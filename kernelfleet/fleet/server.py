@@ -245,8 +245,10 @@ def _error(status: int, detail: str) -> Response:
     return Response(json.dumps({"detail": detail}), status_code=status, media_type="application/json")
 
 
-def agent_app(agent: Agent, store: Store | None, token: str | None = None, api_docs: bool = False) -> FastAPI:
-    """An agent's server: its own data, and its readings' exposition at /metrics."""
+def agent_app(agent: Agent, store: Store | None, token: str | None = None, api_docs: bool = False,
+              label_names: str = "kernelfleet", process_series_per_gpu: int = 0) -> FastAPI:
+    """An agent's server: its own data, and its readings' exposition at /metrics (label names and
+    per-process series as :class:`OfuCollector` takes them)."""
     registry = CollectorRegistry(auto_describe=False)  # its own registry: nothing global
-    registry.register(OfuCollector(agent.latest))
+    registry.register(OfuCollector(agent.latest, label_names, process_series_per_gpu))
     return create_app(LocalBackend(agent, store), token, lambda: generate_latest(registry), api_docs)

@@ -1,4 +1,4 @@
-"""Counter source on NVML: GPM metrics, dense SM clock, power and processes.
+"""Counter source on NVML: GPM metrics, dense SM clock, power, memory, health and processes.
 
 GPM metrics are computed between two GPM samples, so the source keeps the last
 sample of each GPU and MIG instance and yields one :class:`Sample` per window
@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from kernelfleet.errors import EnvironmentProblem, KernelfleetError, Unsupported, UsageError
+from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 from kernelfleet.telemetry.clock import ClockPoller, ClockWindow
+from kernelfleet.telemetry.health import HealthReader
 from kernelfleet.telemetry.nvml_api import REPLAY_HINT, Nvml, NvmlCallFailed
-from kernelfleet.telemetry.sample import ProcessSample, Sample
+from kernelfleet.telemetry.processes import running_processes
+from kernelfleet.telemetry.sample import Sample
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,7 @@ class NvmlSource:
     _handles: dict[int, Any] = field(default_factory=dict, init=False)
     _window_clocks: dict[int, ClockWindow] = field(default_factory=dict, init=False)
     _cycle_counters: bool = field(default=True, init=False)  # off once the driver refuses them
+    _health: HealthReader = field(init=False)
 
     def __post_init__(self) -> None:
         if self.clock_poll_seconds <= 0:
@@ -113,6 +116,7 @@ class NvmlSource:
                 f"--interval must be at least {MIN_INTERVAL_SECONDS} s "
                 f"(GPM windows shorter than that read as zeros), got {self.interval_seconds}"
             )
+        self._health = HealthReader(self.nvml, self._warn_once)
 
     # -- lifecycle -----------------------------------------------------------------
     def open(self) -> NvmlSource:
@@ -123,12 +127,14 @@ class NvmlSource:
             raise EnvironmentProblem(f"NVML found no GPU on this machine; {REPLAY_HINT}")
         self._poller = ClockPoller(self._read_clock, self.clock)
         self._poller.watch(self._gpu_indices())
+        self._health.watch(self._whole_gpus())
         self._prime()
         return self
 
     def close(self) -> None:
         for target in self._targets:
             self._free(target)
+        self._health.close()
         self.nvml.shutdown()
 
     def __enter__(self) -> NvmlSource:
@@ -228,6 +234,9 @@ class NvmlSource:
         self._handles = {t.gpu_index: t.handle for t in self._targets if t.mig_instance is None}
         return sorted(self._handles)
 
+    def _whole_gpus(self) -> dict[str, Any]:
+        return {t.uuid: t.handle for t in self._targets if t.mig_instance is None and not t.failed}
+
     def _read_clock(self, gpu_index: object) -> float:
         handle = self._handles[gpu_index]  # type: ignore[index]
         return self.nvml.call("nvmlDeviceGetClockInfo", handle, self.nvml.m.NVML_CLOCK_SM) * 1e6
@@ -270,11 +279,12 @@ class NvmlSource:
             current = self._gpm_sample(target)
             end, end_wall = self.clock(), self.wall()
             metrics = self._gpm_metrics(target.previous, current) if current is not None else {}
-            processes = self._processes(target, prev_proc)
+            processes = running_processes(self.nvml, target.info_handle, prev_proc, self.proc_root)
             memory = self.nvml.optional("nvmlDeviceGetMemoryInfo", target.info_handle)
             # Board power is already a 1-s average on Ampere and newer (NVML docs), so one
             # read per window does; MIG slices have no power of their own.
             milliwatts = None if target.mig_instance is not None else self.nvml.optional("nvmlDeviceGetPowerUsage", target.handle)
+            health = self._health.read(target.uuid, target.handle) if target.mig_instance is None else {}
         except NvmlCallFailed as exc:
             target.failed = str(exc)
             log.warning("GPU %d: %s; re-initialising NVML", target.gpu_index, exc)
@@ -292,8 +302,10 @@ class NvmlSource:
             sm_clock_polls=clock.reads if clock else 0,
             power_mean_watts=None if milliwatts is None else milliwatts / 1000.0,
             memory_used_bytes=int(memory.used) if memory is not None else None,
+            memory_total_bytes=int(memory.total) if memory is not None else None,
             processes=processes,
             **metrics,
+            **health,
         )
 
     def _clock_window(self, target: _Target, start: float, end: float) -> ClockWindow | None:
@@ -335,27 +347,6 @@ class NvmlSource:
                 values[name] = metric.value * scale
         return values
 
-    def _processes(self, target: _Target, since_microseconds: int) -> tuple[ProcessSample, ...]:
-        running = self.nvml.optional("nvmlDeviceGetComputeRunningProcesses", target.info_handle) or []
-        sm_by_pid: dict[int, float] = {}
-        # Per-process SM use only matters to split a shared GPU, and costs ~2.4 ms of CPU
-        # per call on an H200 (bench/nvml_calls.py), so it is read only when shared.
-        if len(running) > 1:
-            try:
-                for entry in self.nvml.call("nvmlDeviceGetProcessUtilization", target.info_handle, since_microseconds):
-                    sm_by_pid[entry.pid] = entry.smUtil / 100.0
-            except (NvmlCallFailed, Unsupported):
-                pass  # NOT_FOUND when no process ran in the window; the list stays empty
-        return tuple(
-            ProcessSample(
-                pid=p.pid,
-                name=_process_name(self.proc_root, p.pid),
-                used_memory_bytes=p.usedGpuMemory,
-                sm_active_ratio=sm_by_pid.get(p.pid),
-            )
-            for p in running
-        )
-
     def _stale(self, target: _Target, error: str, end: float) -> Sample:
         return Sample(
             timestamp_seconds=self.wall(),
@@ -369,6 +360,7 @@ class NvmlSource:
         """After an NVML failure: start NVML again and open fresh windows."""
         for target in self._targets:
             target.previous = target.spare = None  # buffers died with the old NVML session
+        self._health.close()
         self.nvml.shutdown()
         try:
             self.nvml.init()
@@ -386,6 +378,7 @@ class NvmlSource:
                 self._targets.append(target)
         if self._poller is not None:
             self._poller.watch(self._gpu_indices())
+        self._health.watch(self._whole_gpus())
         self._prime()
 
     def _free(self, target: _Target) -> None:
@@ -418,10 +411,3 @@ def _identity(target: _Target) -> dict[str, Any]:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-def _process_name(proc_root: Path, pid: int) -> str | None:
-    try:
-        return (proc_root / str(pid) / "comm").read_text().strip() or None
-    except OSError:
-        return None  # another PID namespace, or the process has exited

@@ -69,6 +69,14 @@ class Sample:
     sm_clock_max_hertz: float | None = None
     power_mean_watts: float | None = None
     memory_used_bytes: int | None = None
+    # Device health (telemetry/health.py); recordings made before these existed read them as None.
+    memory_total_bytes: int | None = None
+    temperature_celsius: float | None = None
+    clock_event_reasons_bitmask: int | None = None  # NVML's nvmlClocksEventReason* bits at the window's end
+    xid_errors_total: int | None = None  # Xid events seen since the source opened
+    xid_last: int | None = None  # the code of the latest of them
+    ecc_corrected_errors_total: int | None = None  # volatile counts: since the driver loaded
+    ecc_uncorrected_errors_total: int | None = None
     processes: tuple[ProcessSample, ...] = field(default_factory=tuple)
 
     def gone_stale(self, error: str) -> Sample:

@@ -80,6 +80,7 @@ FIELDS: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_MAX_SM_CLOCK": ("sm_clock_max_hertz", 1e6),
     "DCGM_FI_DEV_POWER_USAGE": ("power_mean_watts", 1.0),
     "DCGM_FI_DEV_FB_USED": ("memory_used_bytes", MIB),
+    "DCGM_FI_DEV_GPU_TEMP": ("temperature_celsius", 1.0),
     "DCGM_FI_DEV_PCI_COMBINED_ID": ("pci_device_id", 1.0),  # in no shipped CSV; read if added
 }
 
@@ -94,6 +95,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "sm_clock_max_hertz": (1.0, 1e10),
     "power_mean_watts": (0.0, 5000.0),
     "memory_used_bytes": (0.0, 2.0**50),
+    "temperature_celsius": (0.0, 200.0),  # a die past 200 C is a broken sensor, not a reading
     "pci_device_id": (0.0, 2.0**32),
 }
 RATIO_SLACK = 1e-6  # DCGM's float fractions may round a hair above 1; such a value reads as 1
@@ -190,7 +192,9 @@ class _Gpu:
     def sample(self, timestamp: float, window: float) -> Sample:
         values: dict[str, float | int | None] = dict(self.values)
         if self.mig_instance is not None:
-            values.pop("power_mean_watts", None)  # the board's power, repeated on each slice
+            # the board's power and die temperature, repeated on each slice: the whole GPU's, not a slice's
+            values.pop("power_mean_watts", None)
+            values.pop("temperature_celsius", None)
         if "memory_used_bytes" in values:
             values["memory_used_bytes"] = int(self.values["memory_used_bytes"])
         if "pci_device_id" in values:  # NVML's (device << 16) | vendor: keep the device id

@@ -5,8 +5,6 @@ import time
 import pytest
 
 
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -33,3 +31,44 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+class Tmux:
+    """A real terminal: a detached tmux session ``width`` x ``height`` running ``command`` in bash, on a
+    tmux server of its own (``-L``), so no other tmux on the machine is touched."""
+
+    def __init__(self, command: str, width: int, height: int, cwd: str) -> None:
+        import subprocess
+        import uuid
+
+        self._run = subprocess.run
+        self.socket = f"kf-test-{uuid.uuid4().hex[:12]}"  # a server per terminal: a killed one never lingers into the next
+        self._tmux("new-session", "-d", "-s", "t", "-x", str(width), "-y", str(height), "-c", cwd, command)
+
+    def _tmux(self, *args: str) -> str:
+        done = self._run([binary("tmux"), "-L", self.socket, *args], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def capture(self, escapes: bool = False) -> str:
+        return self._tmux("capture-pane", "-p", "-t", "t", *(["-e"] if escapes else []))
+
+    def send(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", "t", *keys)
+
+    def alternate_screen(self) -> bool:
+        return self._tmux("display-message", "-p", "-t", "t", "#{alternate_on}").strip() == "1"
+
+    def wait_for(self, ready, timeout: float = 60.0) -> str:
+        """The pane's text once ``ready(text)`` holds; fails with the last text after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.capture()
+            if ready(text):
+                return text
+            if time.monotonic() > deadline:
+                pytest.fail(f"the terminal never showed what was waited for; it shows:\n{text}")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self._run([binary("tmux"), "-L", self.socket, "kill-server"], capture_output=True, timeout=30)

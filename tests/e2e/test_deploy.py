@@ -66,8 +66,9 @@ def exporter_metric_names() -> set[str]:
     """Series names the agent exposes, from the collector itself (no GPU needed)."""
     names = set()
     for family in OfuCollector(lambda: []).collect():
-        assert family.type in ("gauge", "info"), f"update this test for {family.type} {family.name}"
-        names.add(family.name + ("_info" if family.type == "info" else ""))
+        suffix = {"gauge": "", "info": "_info", "counter": "_total"}  # what each type's series is named
+        assert family.type in suffix, f"update this test for {family.type} {family.name}"
+        names.add(family.name + suffix[family.type])
     assert {"kernelfleet_ofu_ratio", "kernelfleet_gpu_info", "kernelfleet_job_info"} <= names
     return names
 

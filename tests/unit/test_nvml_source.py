@@ -191,3 +191,65 @@ def test_a_driver_refusing_the_cycle_counters_costs_nothing_else(fake_time):
         assert not s.stale and s.tensor_active_ratio == pytest.approx(0.9363)
         assert s.sm_cycles_elapsed_raw is None
     assert source._cycle_counters is False  # asked once, then not again
+
+
+def test_health_fields_come_through_the_doorway(fake_time, caplog):
+    gpu = TwinGpu(temperature_c=61, clock_event_reasons=0x4 | 0x20, ecc_errors=(3, 1))
+    twin, source = open_source([gpu], fake_time)
+    with source:
+        (first,) = tick(source, fake_time, [1400], gpu)
+        gpu.pending_xids = [79, 48]
+        (second,) = tick(source, fake_time, [1400], gpu)
+        (third,) = tick(source, fake_time, [1400], gpu)
+    assert (first.memory_used_bytes, first.memory_total_bytes) == (1 << 30, 141 << 30)
+    assert first.temperature_celsius == 61.0 and first.clock_event_reasons_bitmask == 0x24
+    assert (first.ecc_corrected_errors_total, first.ecc_uncorrected_errors_total) == (3, 1)
+    assert (first.xid_errors_total, first.xid_last) == (0, None)
+    assert (second.xid_errors_total, second.xid_last) == (2, 48)
+    assert (third.xid_errors_total, third.xid_last) == (2, 48)  # a count, not a rate
+    assert twin.live_event_sets == 0 and not caplog.records
+
+
+def test_unsupported_health_fields_are_none_and_logged_once(fake_time, caplog):
+    gpu = TwinGpu(temperature_c=None, clock_event_reasons=None, ecc_errors=None, events=False)
+    _, source = open_source([gpu], fake_time)
+    with source:
+        batches = [tick(source, fake_time, [1400], gpu) for _ in range(3)]
+    (s,) = batches[-1]
+    assert (s.temperature_celsius, s.clock_event_reasons_bitmask, s.xid_errors_total, s.xid_last) == (None,) * 4
+    assert (s.ecc_corrected_errors_total, s.ecc_uncorrected_errors_total) == (None, None)
+    assert s.tensor_active_ratio == pytest.approx(0.9363)  # the rest of the window is read
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 4, messages  # temperature, clock events, ECC, Xid: once each, not per window
+    assert any("nvmlDeviceGetTotalEccErrors is not supported" in m for m in messages)
+
+
+def test_mig_slices_carry_no_whole_gpu_health(fake_time):
+    gpu = TwinGpu(mig_instances=[1])
+    _, source = open_source([gpu], fake_time)
+    with source:
+        whole, mig = tick(source, fake_time, [1400], gpu)
+    assert whole.temperature_celsius == 52.0 and whole.xid_errors_total == 0
+    assert mig.temperature_celsius is None and mig.xid_errors_total is None and mig.memory_total_bytes == 141 << 30
+
+
+def test_xid_count_survives_a_lost_gpu(fake_time):
+    gpu = TwinGpu(pending_xids=[79])
+    twin, source = open_source([gpu], fake_time)
+    with source:
+        tick(source, fake_time, [1400], gpu)
+        gpu.lost = True
+        (stale,) = tick(source, fake_time, [1400], gpu)
+        gpu.lost = False
+        for _ in range(3):
+            (back,) = tick(source, fake_time, [1400], gpu)
+    assert stale.stale and stale.xid_errors_total is None
+    assert not back.stale and (back.xid_errors_total, back.xid_last) == (1, 79)
+    assert twin.live_event_sets == 0
+
+
+def test_a_gpu_refusing_xid_events_leaves_no_event_set(fake_time):
+    twin, source = open_source([TwinGpu(events=False)], fake_time)
+    source.open()
+    assert twin.live_event_sets == 0
+    source.close()

@@ -80,6 +80,8 @@ def test_two_h100_node_gives_every_field_exactly(fake_time):
     assert busy.sm_clock_mean_hertz == busy.sm_clock_instant_hertz == 1755e6 and busy.sm_clock_polls == 1
     assert busy.power_mean_watts == 612.418
     assert busy.memory_used_bytes == 71234 * MIB
+    assert (busy.temperature_celsius, idle.temperature_celsius) == (61.0, 33.0)
+    assert busy.memory_total_bytes is None and busy.xid_errors_total is None  # not read from an exporter
     assert busy.gpm_supported and not busy.stale and busy.error is None and busy.mig_instance is None
     # what dcgm-exporter does not serve stays None, never 0
     assert busy.hmma_active_ratio is None and busy.integer_active_ratio is None
@@ -222,6 +224,7 @@ def test_mig_instances_are_separate_samples_of_their_parent_gpu(fake_time):
     # the board's power is not a slice's; the exporter serves no framebuffer lines for slices
     assert gi2.power_mean_watts is None and gi2.memory_used_bytes is None
     assert whole.power_mean_watts == 455.603 and whole.memory_used_bytes == 38210 * MIB
+    assert gi2.temperature_celsius is None and whole.temperature_celsius == 57.0  # the die's, not a slice's
     assert whole.tensor_active_ratio == 0.387501 and whole.pcie_rx_bytes_per_second == 9437184456
     assert src.pods == {
         (MIG_GPU, 2): (PodRef("inference", "vllm-qwen2-7b-6d9f8c7b5-x2kqp", "vllm"),),
