@@ -53,7 +53,8 @@ def test_device_families_carry_the_twins_values(fake_time):
     gpu = TwinGpu(processes=[(4242, 3 << 30), (4243, 1 << 30)], clock_event_reasons=0x4 | 0x40,
                   ecc_errors=(3, 1), pending_xids=[79])
     metrics = scrape(twin_batch(fake_time, [gpu], windows=2))
-    gpu_labels = {"gpu": "0", "uuid": "GPU-twin-0", "model": "h200-sxm", "hostname": "node-1", "mig": ""}
+    gpu_labels = {"gpu": "0", "uuid": "GPU-twin-0", "model": "h200-sxm", "hostname": "node-1", "mig": "",
+                  "namespace": "", "pod": "", "container": ""}  # outside Kubernetes, the pod labels are empty
 
     def value(name, **extra):
         (v,) = [v for labels, v in metrics[name] if labels == {**gpu_labels, **extra}]
@@ -86,7 +87,7 @@ def test_dcgm_label_names_join_dcgm_exporter_series(fake_time):
     metrics = scrape(twin_batch(fake_time, [TwinGpu()]), label_names="dcgm")
     ((labels, value),) = metrics["kernelfleet_temperature_celsius"]
     assert labels == {"gpu": "0", "UUID": "GPU-twin-0", "modelName": "NVIDIA H200", "Hostname": "node-1",
-                      "GPU_I_ID": ""}
+                      "GPU_I_ID": "", "namespace": "", "pod": "", "container": ""}  # dcgm-exporter's pod labels too
     assert value == 52.0
     ((ref_labels, _),) = metrics["kernelfleet_reference_clock_hertz"]
     assert set(ref_labels) == {"UUID", "source"}  # every family, not only the new ones
