@@ -19,6 +19,7 @@ as it is read, so a rollup read mid-minute shows what has arrived and is never f
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import os
 import socket
@@ -32,10 +33,20 @@ from typing import TypeVar
 
 from kernelfleet.errors import UsageError
 from kernelfleet.fleet import store_schema
-from kernelfleet.fleet.store_schema import BOTTLENECKS, JOB_SUMS, METRICS, OPEN, RESOLUTIONS, SCHEMA_VERSION
+from kernelfleet.fleet.store_schema import (
+    BOTTLENECKS,
+    IN_SPAN,
+    JOB_SUMS,
+    KEY,
+    METRICS,
+    OPEN,
+    RESOLUTIONS,
+    SCHEMA_VERSION,
+    span,
+)
 
 T = TypeVar("T")
-_MINUTES = store_schema.minutes()
+_MINUTES = store_schema.minutes()  # every GPU's minutes in a span
 _CODES = {name: i for i, name in enumerate(BOTTLENECKS)}
 
 
@@ -89,9 +100,16 @@ class Retention:
 
 
 # What the budget may never take: the last hour of raw windows, day of minutes, week of hours.
-_BUDGET_FLOORS = (("samples", "ts", 3600.0, ()), ("rollup_1m", "bucket", 86400.0, ("fleet_1m", "job_1m")),
-                  ("rollup_1h", "bucket", 7 * 86400.0, ("job_1h",)))
-_INSERT_SAMPLE = f"INSERT OR REPLACE INTO samples VALUES (?, ?, ?, {', '.join('?' for _ in METRICS)}, ?, ?)"
+# (table, how to find its oldest and newest time, the floor, the tables cut with it)
+_BUDGET_FLOORS = (
+    ("samples", "SELECT (SELECT ts FROM samples ORDER BY key LIMIT 1), (SELECT ts FROM samples ORDER BY key DESC LIMIT 1)",
+     3600.0, ()),
+    ("rollup_1m", "SELECT MIN(bucket), MAX(bucket) FROM rollup_1m", 86400.0, ("rollup_1m", "fleet_1m", "job_1m")),
+    ("rollup_1h", "SELECT MIN(bucket), MAX(bucket) FROM rollup_1h", 7 * 86400.0, ("rollup_1h", "job_1h")),
+)
+# ?1 gpu_id, ?2 ts, ?3 window_seconds, the metrics, bottleneck, stale; the key made of ?2 and ?1
+_INSERT_SAMPLE = (f"INSERT OR REPLACE INTO samples VALUES ({KEY.replace(':ts', '?2').replace(':gpu_id', '?1')}, "
+                  f"{', '.join(f'?{i}' for i in range(1, 6 + len(METRICS)))})")
 
 
 def _locked(method: Callable[..., T]) -> Callable[..., T]:
@@ -139,9 +157,10 @@ class Store:
         self._reader_connections: list[sqlite3.Connection] = []
         self._gpu_ids: dict[tuple[str, str, int], int] = {}
         self._job_ids: dict[str, tuple[int, str, str | None]] = {}
-        # The holds this writer has open: gpu_id -> job_id -> [since, last window, share, approximate].
-        # A span's end reaches the file when it closes, not at every window.
-        self._holds: dict[int, dict[int, list]] = {}
+        # The holds this writer has open: gpu_id -> job_id -> (share, approximate), and where each
+        # began. A hold's end reaches the file when it closes, not at every window.
+        self._holds: dict[int, dict[int, tuple[float, bool]]] = {}
+        self._since: dict[tuple[int, int], float] = {}
         self._newest: dict[int, float] = {}  # each GPU's newest window written here
         self._holds_adopted = False
         try:
@@ -175,14 +194,23 @@ class Store:
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             rolled = self.db.execute("SELECT value FROM meta WHERE key='rolled_until'").fetchone()
             self._rolled_until: int | None = int(rolled[0]) if rolled else None
-            first = self.db.execute("SELECT MIN(ts) FROM samples").fetchone()[0]
-            if version == 1 and self._rolled_until is not None and first is not None:
-                self._roll_jobs(_floor(first, 60), self._rolled_until)  # the job rollups v1 had not
+            if version == 1 and self._rolled_until is not None:
+                self._migrated_rollups(self._rolled_until)
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
             self.db.close()
             raise
+
+    def _migrated_rollups(self, rolled: int) -> None:
+        """The job rollups version 1 had not; its hour of the open hour (v1 rolled hours every minute)
+        gives way to that hour's minutes, as in version 2."""
+        hour = _floor(rolled, 3600)
+        self.db.execute("DELETE FROM rollup_1h WHERE bucket >= ?", (hour,))
+        first = self.db.execute("SELECT ts FROM samples ORDER BY key LIMIT 1").fetchone()
+        if first is not None:
+            self.db.execute(f"INSERT OR REPLACE INTO job_1m {_JOB_MINUTES}", span(_floor(first[0], 60), rolled))
+            self._roll_hours(_floor(first[0], 3600), hour, gpus=False)
 
     def _reader(self) -> sqlite3.Connection:
         """This thread's read-only connection (made at its first read)."""
@@ -202,19 +230,19 @@ class Store:
         row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         return int(row[0]) if row else None
 
-    @_locked
     def close(self) -> None:
-        with self._readers_lock:
-            for db in self._reader_connections:
-                db.close()
-        with _transaction(self.db):  # a clean stop ends the open holds where their windows end
-            for gpu, spans in self._holds.items():
-                for job_id, span in spans.items():
-                    self._close_hold(gpu, job_id, span)
-        self._holds.clear()
-        self.db.close()
-        if self._writer_lock is not None:
-            self._writer_lock.release()
+        with self._lock:
+            with self._readers_lock:
+                for db in self._reader_connections:
+                    db.close()
+            with _transaction(self.db):  # a clean stop ends the open holds at their last windows
+                for gpu, spans in self._holds.items():
+                    for job_id in spans:
+                        self._close_hold(gpu, job_id, self._newest[gpu])
+            self._holds.clear()
+            self.db.close()
+            if self._writer_lock is not None:
+                self._writer_lock.release()
 
     # -- writing -------------------------------------------------------------------
     @_locked
@@ -226,8 +254,8 @@ class Store:
         with _transaction(self.db):
             if not self._holds_adopted:
                 # holds a writer before this one left open (a crash) end at the newest window on file
-                self.db.execute("UPDATE holds SET until = MAX(since, COALESCE((SELECT MAX(ts) FROM samples), since)) "
-                                "WHERE until = ?", (OPEN,))
+                self.db.execute("UPDATE holds SET until = MAX(since, COALESCE((SELECT ts FROM samples ORDER BY key DESC "
+                                "LIMIT 1), since)) WHERE until = ?", (OPEN,))
                 self._holds_adopted = True
             ids = [self._gpu_id(r) for r in rows]
             self.db.executemany(_INSERT_SAMPLE, [(i, *_ROW_VALUES(r), _CODES.get(r.bottleneck, _UNKNOWN), r.stale)
@@ -240,36 +268,37 @@ class Store:
                 self._roll(self._rolled_until, minute)
 
     def _hold(self, ids: Sequence[int], rows: Sequence[GpuRow], jobs: Sequence[JobRow]) -> None:
-        """Extend, close or open the holds of the batch's GPUs. A window no newer than its GPU's
-        newest (late, or written again) changes no hold."""
+        """Open or close the holds of the batch's GPUs where their jobs changed. A window no newer
+        than its GPU's newest (late, or written again) changes no hold."""
         held: dict[int, dict[int, tuple[float, bool]]] = {}
         for j in jobs:
             gpu = self._gpu_ids[(j.host, j.uuid, -1 if j.mig_instance is None else j.mig_instance)]
             held.setdefault(gpu, {})[self._job_id(j)] = (j.share, j.approximate)
         for gpu, r in zip(ids, rows):
-            if r.ts <= self._newest.get(gpu, float("-inf")):
+            last = self._newest.get(gpu)
+            if last is not None and r.ts <= last:
                 continue
             self._newest[gpu] = r.ts
-            now, spans = held.get(gpu, {}), self._holds.setdefault(gpu, {})
-            for job_id, span in list(spans.items()):
-                if now.get(job_id) != (span[2], span[3]):
-                    self._close_hold(gpu, job_id, span)
-                    del spans[job_id]
+            now, spans = held.get(gpu, _NONE), self._holds.get(gpu, _NONE)
+            if now == spans:  # the same jobs at the same shares: every open hold goes on, in memory
+                continue
+            for job_id, kept in spans.items():
+                if now.get(job_id) != kept:
+                    self._close_hold(gpu, job_id, last)
             for job_id, (share, approximate) in now.items():
-                if job_id in spans:
-                    spans[job_id][1] = r.ts
-                else:
+                if spans.get(job_id) != (share, approximate):
                     self.db.execute("INSERT OR REPLACE INTO holds VALUES (?, ?, ?, ?, ?, ?)",
                                     (job_id, gpu, r.ts, OPEN, share, int(approximate)))
-                    spans[job_id] = [r.ts, r.ts, share, approximate]
+                    self._since[gpu, job_id] = r.ts
+            self._holds[gpu] = now
 
-    def _close_hold(self, gpu: int, job_id: int, span: list) -> None:
+    def _close_hold(self, gpu: int, job_id: int, until: float) -> None:
         self.db.execute("UPDATE holds SET until = ? WHERE gpu_id = ? AND since = ? AND job_id = ?",
-                        (span[1], gpu, span[0], job_id))
+                        (until, gpu, self._since.pop((gpu, job_id)), job_id))
 
     def _job_id(self, j: JobRow) -> int:
         found = self._job_ids.get(j.job)
-        if found is None or found[1:] != (j.kind, j.user):
+        if found is None or found[1] != j.kind or found[2] != j.user:
             self.db.execute("INSERT INTO jobs (name, kind, user) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
                             "kind = excluded.kind, user = COALESCE(excluded.user, user)", (j.job, j.kind, j.user))
             job_id = self.db.execute("SELECT job_id FROM jobs WHERE name = ?", (j.job,)).fetchone()[0]
@@ -277,33 +306,35 @@ class Store:
         return found[0]
 
     def _roll(self, start: int, end: int) -> None:
-        """Recompute the minute buckets in [start, end) from raw rows, and the hours they touch.
+        """Recompute the minute buckets in [start, end) from raw rows and holds, and the hours that
+        closed with them.
 
-        Buckets are recomputed, not added to, so rolling a bucket twice (a minute
-        that was still open, or after a crash) gives the same rollup.
+        Buckets are recomputed, not added to, so rolling a bucket twice (after a crash) gives the
+        same rollup. An hour is rolled once, when it closes: until then its rolled minutes stand in
+        for it (rolling it every minute cost more than the minute itself).
         """
-        self.db.execute(f"INSERT OR REPLACE INTO rollup_1m {_MINUTES}", (start, end))
+        params = span(start, end)
+        self.db.execute(f"INSERT OR REPLACE INTO rollup_1m {_MINUTES}", params)
         # The fleet line of the dashboard reads one row a minute, not one per GPU a minute.
         self.db.execute(
             "INSERT OR REPLACE INTO fleet_1m SELECT bucket, COUNT(*), SUM(ofu_sum), SUM(ofu_seconds) FROM rollup_1m "
             "WHERE bucket >= ? AND bucket < ? GROUP BY bucket", (start, end),
         )
-        hour_sums = ", ".join(f"SUM({m}_sum), SUM({m}_seconds)" for m in METRICS)
-        self.db.execute(
-            f"INSERT OR REPLACE INTO rollup_1h SELECT gpu_id, CAST(bucket / 3600 AS INTEGER) * 3600, SUM(seconds), "
-            f"SUM(stale_seconds), {hour_sums} FROM rollup_1m WHERE bucket >= ? AND bucket < ? GROUP BY 1, 2",
-            _hours(start, end),
-        )
-        self._roll_jobs(start, end)
+        self.db.execute(f"INSERT OR REPLACE INTO job_1m {_JOB_MINUTES}", params)
+        if _floor(end, 3600) > _floor(start, 3600):
+            self._roll_hours(_floor(start, 3600), _floor(end, 3600))
         self.db.execute("INSERT OR REPLACE INTO meta VALUES ('rolled_until', ?)", (str(end),))
         self._rolled_until = end
 
-    def _roll_jobs(self, start: int, end: int) -> None:
-        """The job rollups of the minutes in [start, end), and of the hours they touch."""
-        self.db.execute(f"INSERT OR REPLACE INTO job_1m {store_schema.job_minutes()}", (start, end))
-        sums = ", ".join(f"MAX({c})" if c == "approximate" else f"SUM({c})" for c in JOB_SUMS)
-        self.db.execute(f"INSERT OR REPLACE INTO job_1h SELECT job_id, CAST(bucket / 3600 AS INTEGER) * 3600, gpu_id, "
-                        f"{sums} FROM job_1m WHERE bucket >= ? AND bucket < ? GROUP BY 1, 2, 3", _hours(start, end))
+    def _roll_hours(self, start: int, end: int, gpus: bool = True) -> None:
+        """The hour buckets in [start, end) from their minutes: of every GPU (``gpus``) and job."""
+        hour = "CAST(bucket / 3600 AS INTEGER) * 3600"
+        if gpus:
+            sums = ", ".join(f"SUM({m}_sum), SUM({m}_seconds)" for m in METRICS)
+            self.db.execute(f"INSERT OR REPLACE INTO rollup_1h SELECT gpu_id, {hour}, SUM(seconds), SUM(stale_seconds), "
+                            f"{sums} FROM rollup_1m WHERE bucket >= ? AND bucket < ? GROUP BY 1, 2", (start, end))
+        self.db.execute(f"INSERT OR REPLACE INTO job_1h SELECT job_id, {hour}, gpu_id, {_JOB_ROLLUP_SUMS} FROM job_1m "
+                        "WHERE bucket >= ? AND bucket < ? GROUP BY 1, 2, 3", (start, end))
 
     @_locked
     def add_event(self, ts: float, kind: str, detail: str, gpu_uuid: str | None = None, job: str | None = None) -> None:
@@ -336,7 +367,7 @@ class Store:
         now = self.clock() if now is None else now
         r = self.retention
         with _transaction(self.db):
-            self.db.execute("DELETE FROM samples WHERE ts < ?", (now - r.raw_seconds,))
+            self.db.execute("DELETE FROM samples WHERE key < ?", (span(now - r.raw_seconds, OPEN)["lo_key"],))
             for table in ("rollup_1m", "fleet_1m", "job_1m"):
                 self.db.execute(f"DELETE FROM {table} WHERE bucket < ?", (now - r.minute_seconds,))
             for table in ("rollup_1h", "job_1h"):
@@ -359,14 +390,16 @@ class Store:
         return (pages - free) * size
 
     def _fit_budget(self) -> None:
-        for table, column, floor_seconds, alongside in _BUDGET_FLOORS:
+        for table, ends, floor_seconds, alongside in _BUDGET_FLOORS:
             while self.used_bytes() > self.retention.budget_bytes:
-                low, high = self.db.execute(f"SELECT MIN({column}), MAX({column}) FROM {table}").fetchone()
+                low, high = self.db.execute(ends).fetchone()
                 if low is None or high - low <= floor_seconds + 60:
                     break
                 cut = low + (high - low - floor_seconds) / 2  # halve what is over the floor, and look again
-                for name in (table, *alongside):
-                    self.db.execute(f"DELETE FROM {name} WHERE {column} < ?", (cut,))
+                if table == "samples":
+                    self.db.execute("DELETE FROM samples WHERE key < ?", (span(cut, OPEN)["lo_key"],))
+                for name in alongside:  # rollups: the table itself is among them
+                    self.db.execute(f"DELETE FROM {name} WHERE bucket < ?", (cut,))
 
     # -- reading -------------------------------------------------------------------
     @_reading
@@ -387,25 +420,20 @@ class Store:
         if unknown:
             raise UsageError(f"unknown metric(s) {sorted(unknown)}; known: {', '.join(METRICS)}")
         if resolution == "raw":
-            cols = ", ".join(metrics)
-            cur = db.execute(f"SELECT ts, {cols} FROM samples WHERE ts >= ? AND ts <= ? AND gpu_id IN ({_OF_UUID}) "
-                             "ORDER BY ts LIMIT ?", (start, end, uuid, _limit(limit)))
+            cur = db.execute(f"SELECT s.ts, {', '.join(f's.{m}' for m in metrics)} FROM samples s WHERE {IN_SPAN} AND "
+                             f"s.gpu_id IN ({_OF_UUID}) ORDER BY s.key LIMIT :limit",
+                             {**span(start, math.nextafter(end, math.inf)), "uuid": uuid, "limit": _limit(limit)})
         elif resolution in RESOLUTIONS:
             seconds = RESOLUTIONS[resolution]
-            rolled = _rolled_until(db)
-            sums = ", ".join(f"SUM({m}_sum) AS {m}_sum, SUM({m}_seconds) AS {m}_seconds" for m in METRICS)
             columns = ", ".join(f"{m}_sum, {m}_seconds" for m in METRICS)
+            sums = ", ".join(f"SUM({m}_sum) AS {m}_sum, SUM({m}_seconds) AS {m}_seconds" for m in METRICS)
             cols = ", ".join(f"CASE WHEN {m}_seconds > 0 THEN {m}_sum / {m}_seconds END" for m in metrics)
-            # this GPU's rolled buckets in range, and its open minutes added into theirs
-            open_minutes = store_schema.minutes(f"AND s.gpu_id IN ({_OF_UUID})")
+            rolled, params = _rolled(db, resolution, "rollup", f"gpu_id, bucket, {columns}", f"gpu_id IN ({_OF_UUID})",
+                                     store_schema.minutes(f"AND s.gpu_id IN ({_OF_UUID})"), start - seconds, end)
             cur = db.execute(
                 f"SELECT bucket, {cols} FROM (SELECT gpu_id, CAST(bucket / {seconds} AS INTEGER) * {seconds} AS bucket, "
-                f"{sums} FROM (SELECT gpu_id, bucket, {columns} FROM rollup_{resolution} WHERE gpu_id IN ({_OF_UUID}) "
-                f"AND bucket >= ? AND bucket <= ? AND bucket < ? UNION ALL SELECT gpu_id, bucket, {columns} "
-                f"FROM ({open_minutes})) GROUP BY 1, 2) WHERE bucket >= ? AND bucket <= ? ORDER BY bucket LIMIT ?",
-                (uuid, start - seconds, end, rolled if resolution == "1m" else OPEN, rolled, OPEN, uuid,
-                 start - seconds, end, _limit(limit)),
-            )
+                f"{sums} FROM ({rolled}) GROUP BY 1, 2) WHERE bucket >= :from AND bucket <= :to ORDER BY bucket "
+                "LIMIT :limit", {**params, "uuid": uuid, "limit": _limit(limit)})
         else:
             raise UsageError(f"resolution must be raw, 1m or 1h, got {resolution!r}")
         return [dict(zip(("ts", *metrics), row)) for row in cur]
@@ -417,9 +445,10 @@ class Store:
         rolled = _rolled_until(db)
         rows = db.execute(
             "SELECT bucket, ofu_sum / NULLIF(ofu_seconds, 0), gpus FROM ("
-            "SELECT bucket, gpus, ofu_sum, ofu_seconds FROM fleet_1m WHERE bucket >= ? AND bucket <= ? AND bucket < ? "
-            f"UNION ALL SELECT bucket, COUNT(*), SUM(ofu_sum), SUM(ofu_seconds) FROM ({_MINUTES}) GROUP BY bucket"
-            ") WHERE bucket >= ? AND bucket <= ? ORDER BY bucket", (start - 60, end, rolled, rolled, OPEN, start - 60, end))
+            "SELECT bucket, gpus, ofu_sum, ofu_seconds FROM fleet_1m WHERE bucket >= :from AND bucket <= :to "
+            f"AND bucket < :rolled UNION ALL SELECT bucket, COUNT(*), SUM(ofu_sum), SUM(ofu_seconds) FROM ({_MINUTES}) "
+            "GROUP BY bucket) WHERE bucket >= :from AND bucket <= :to ORDER BY bucket",
+            {**span(rolled, OPEN), "from": start - 60, "to": end, "rolled": rolled})
         return [{"ts": ts, "ofu": ofu, "gpus": n} for ts, ofu, n in rows]
 
     @_reading
@@ -434,9 +463,10 @@ class Store:
         columns = "job_id, gpu_id, share_ofu_sum, share_ofu_seconds"
         rows = db.execute(
             "SELECT j.name, j.kind, COUNT(DISTINCT x.gpu_id), SUM(x.share_ofu_sum) / NULLIF(SUM(x.share_ofu_seconds), 0) "
-            f"AS ofu FROM (SELECT {columns} FROM job_1m WHERE bucket >= ? AND bucket < ? UNION ALL "
-            f"SELECT {columns} FROM ({store_schema.job_minutes()})) x JOIN jobs j USING (job_id) "
-            "GROUP BY x.job_id ORDER BY ofu IS NULL, ofu LIMIT ?", (_floor(since, 60), rolled, rolled, OPEN, _limit(limit)))
+            f"AS ofu FROM (SELECT {columns} FROM job_1m WHERE bucket >= :from AND bucket < :rolled UNION ALL "
+            f"SELECT {columns} FROM ({_JOB_MINUTES})) x JOIN jobs j USING (job_id) "
+            "GROUP BY x.job_id ORDER BY ofu IS NULL, ofu LIMIT :limit",
+            {**span(rolled, OPEN), "from": _floor(since, 60), "rolled": rolled, "limit": _limit(limit)})
         return [{"job": j, "kind": k, "gpus": n, "ofu_ratio": o} for j, k, n, o in rows]
 
     @_reading
@@ -447,42 +477,42 @@ class Store:
         if found is None:
             return None
         job_id, kind, user = found
-        newest = db.execute("SELECT MAX(ts) FROM samples").fetchone()[0]
+        newest = db.execute("SELECT ts FROM samples ORDER BY key DESC LIMIT 1").fetchone()
         first, last = db.execute("SELECT MIN(since), MAX(CASE WHEN until = ? THEN COALESCE(?, since) ELSE until END) "
-                                 "FROM holds WHERE job_id = ?", (OPEN, newest, job_id)).fetchone()
+                                 "FROM holds WHERE job_id = ?", (OPEN, newest and newest[0], job_id)).fetchone()
         if first is None:
             return None
-        rolled = _rolled_until(db)
-        sums = ", ".join(JOB_SUMS)
-        open_minutes = store_schema.job_minutes("AND h.job_id = ?")
-        life = (f"SELECT gpu_id, bucket, {sums} FROM job_1h WHERE job_id = ? UNION ALL SELECT gpu_id, bucket, {sums} "
-                f"FROM ({open_minutes})")
-        life_params = (job_id, rolled, OPEN, job_id)
+        open_minutes = store_schema.job_minutes("AND h.job_id = :job_id")
+
+        def rows(resolution: str, columns: str, since: float) -> tuple[str, dict[str, object]]:
+            sql, params = _rolled(db, resolution, "job", columns, "job_id = :job_id", open_minutes, since, OPEN)
+            return sql, {**params, "job_id": job_id}
+
+        life, params = rows("1h", f"gpu_id, bucket, {', '.join(JOB_SUMS)}", float("-inf"))
         per_gpu = [
             {"host": h, "uuid": u, "mig_instance": None if mig < 0 else mig, "gpu_index": i, "name": n,
              "ofu_ratio": ofu, "seconds": secs, "mean_share": share, "approximate": bool(approx)}
             for h, u, mig, i, n, ofu, secs, share, approx in db.execute(
                 "SELECT g.host, g.uuid, g.mig_instance, g.gpu_index, g.name, SUM(x.ofu_sum) / NULLIF(SUM(x.ofu_seconds), 0), "
                 f"SUM(x.seconds), SUM(x.share_sum) / SUM(x.windows), MAX(x.approximate) FROM ({life}) x "
-                "JOIN gpus g USING (gpu_id) GROUP BY x.gpu_id ORDER BY g.host, g.gpu_index", life_params)
+                "JOIN gpus g USING (gpu_id) GROUP BY x.gpu_id ORDER BY g.host, g.gpu_index", params)
         ]
         classes = db.execute(f"SELECT {', '.join(f'SUM(b{i}_seconds)' for i in range(len(BOTTLENECKS)))} FROM ({life})",
-                             life_params).fetchone()
+                             params).fetchone()
         by_class = sorted(((name, s) for name, s in zip(BOTTLENECKS, classes) if s), key=lambda c: -c[1])
 
-        def timeline(seconds: int, rollup: str, since: float) -> list[dict[str, float | None]]:
+        def timeline(resolution: str, since: float) -> list[dict[str, float | None]]:
+            seconds = RESOLUTIONS[resolution]
+            sql, params = rows(resolution, "bucket, share_ofu_sum, share_ofu_seconds", since)
             return [{"ts": ts, "ofu_ratio": ofu} for ts, ofu in db.execute(
-                f"SELECT CAST(bucket / {seconds} AS INTEGER) * {seconds} AS b, "
-                "SUM(share_ofu_sum) / SUM(share_ofu_seconds) FROM (SELECT bucket, share_ofu_sum, share_ofu_seconds "
-                f"FROM {rollup} WHERE job_id = ? AND bucket >= ? AND bucket < ? UNION ALL SELECT bucket, share_ofu_sum, "
-                f"share_ofu_seconds FROM ({open_minutes})) GROUP BY b HAVING SUM(share_ofu_seconds) > 0 ORDER BY b",
-                (job_id, since, rolled if rollup == "job_1m" else OPEN, rolled, OPEN, job_id))]
+                f"SELECT CAST(bucket / {seconds} AS INTEGER) * {seconds} AS b, SUM(share_ofu_sum) / SUM(share_ofu_seconds) "
+                f"FROM ({sql}) GROUP BY b HAVING SUM(share_ofu_seconds) > 0 ORDER BY b", params)]
 
         return {"job": job, "kind": kind, "user": user, "first_seen": first, "last_seen": last,
                 "gpus": per_gpu, "bottleneck_seconds": dict(by_class),
-                # what a chart of the job draws: a day of minutes, a life of hours
-                "timeline_1m": timeline(60, "job_1m", _floor(last, 60) - 86400 + 60),
-                "timeline_1h": timeline(3600, "job_1h", float("-inf")),
+                # what a chart of the job draws: its last day in minutes, its life in hours
+                "timeline_1m": timeline("1m", _floor(last, 60) - 86400 + 60),
+                "timeline_1h": timeline("1h", float("-inf")),
                 "events": self.events(job=job)}
 
     @_reading
@@ -496,13 +526,27 @@ class Store:
         return [{"ts": ts, "kind": k, "uuid": u, "job": j, "detail": d} for ts, k, u, j, d in reversed(rows)]
 
 
-_OF_UUID = "SELECT gpu_id FROM gpus WHERE uuid = ?"
+def _rolled(db: sqlite3.Connection, resolution: str, prefix: str, columns: str, where: str, open_minutes: str,
+            since: float, to: float) -> tuple[str, dict[str, float]]:
+    """The rows of ``{prefix}_1m`` or ``_1h`` (``columns``, ``where``) with buckets in [since, to]
+    as this snapshot sees them: for hours, the closed hours and the rolled minutes of the open one;
+    then the open minutes from raw rows (``open_minutes``). Group them by the resolution's bucket."""
+    rolled = _rolled_until(db)
+    hour_rolled = _floor(rolled, 3600) if math.isfinite(rolled) else rolled
+    minutes_from = ":hour_rolled" if resolution == "1h" else ":from"
+    parts = [(f"SELECT {columns} FROM {prefix}_1h WHERE {where} AND bucket >= :from AND bucket <= :to "
+             "AND bucket < :hour_rolled")] if resolution == "1h" else []
+    parts += [(f"SELECT {columns} FROM {prefix}_1m WHERE {where} AND bucket >= {minutes_from} AND bucket <= :to "
+              "AND bucket < :rolled"), f"SELECT {columns} FROM ({open_minutes})"]
+    return " UNION ALL ".join(parts), {**span(rolled, OPEN), "from": since, "to": to, "rolled": rolled,
+                                       "hour_rolled": hour_rolled}
+
+
+_OF_UUID = "SELECT gpu_id FROM gpus WHERE uuid = :uuid"
 _UNKNOWN = BOTTLENECKS.index("unknown")
-
-
-def _hours(start: int, end: int) -> tuple[int, int]:
-    """The hours that minutes in [start, end) fall in, as a bucket range."""
-    return _floor(start, 3600), _floor(end - 1, 3600) + 3600
+_NONE: dict = {}  # a GPU no job holds
+_JOB_MINUTES = store_schema.job_minutes()
+_JOB_ROLLUP_SUMS = ", ".join(f"MAX({c})" if c == "approximate" else f"SUM({c})" for c in JOB_SUMS)
 
 
 def _limit(limit: int | None) -> int:
