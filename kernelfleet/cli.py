@@ -136,6 +136,8 @@ def agent(
     expire: float = typer.Option(300.0, "--expire", help="Seconds after its last window that a silent GPU leaves "
                                  "/metrics and the fleet figures (it shows stale after two missed windows)."),
     api_docs: bool = typer.Option(False, "--api-docs", help="Serve the API's OpenAPI schema and pages (/docs)."),
+    store_budget: int = typer.Option(5 * 10**9, "--store-budget", min=1, help="Bytes the store may hold: past them "
+                                     "retention drops the oldest raw windows, then minutes, then hours."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """Sample every GPU each window, store it, and serve Prometheus metrics and the API."""
@@ -145,7 +147,7 @@ def agent(
     from kernelfleet.fleet.agent import Agent, attribute_live, attribute_recorded
     from kernelfleet.fleet.listener import Listener, bind, given_token, listen_address
     from kernelfleet.fleet.server import agent_app
-    from kernelfleet.fleet.store import Store
+    from kernelfleet.fleet.store import Retention, Store
     from kernelfleet.telemetry.scrape import ScrapeSource
 
     token = given_token(token)
@@ -164,7 +166,7 @@ def agent(
     recorded = replay is not None or demo
     sock = bind(host, port)  # before the store and the first window: a clash exits now, not after a banner
     try:
-        store = Store(store_path, writer=True)
+        store = Store(store_path, Retention(budget_bytes=store_budget), writer=True)
     except BaseException:
         sock.close()
         raise
