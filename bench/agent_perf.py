@@ -27,26 +27,17 @@ import uvicorn
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bench import command_line
+from bench.fleet_scale import gpu_row as row
+from bench.fleet_scale import job_row as job
 from kernelfleet.catalog import Catalog
 from kernelfleet.fleet.agent import Agent, attribute_recorded
 from kernelfleet.fleet.exporter import OfuCollector
 from kernelfleet.fleet.server import agent_app
-from kernelfleet.fleet.store import GpuRow, JobRow, Store, _transaction
+from kernelfleet.fleet.store import Store, _transaction
 from kernelfleet.telemetry.replay import ReplaySource
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "kernelfleet" / "data" / "demo-h200.jsonl.gz"
-
-
-def row(g: int, ts: float) -> GpuRow:
-    return GpuRow(host=f"node-{g // 8}", uuid=f"GPU-{g:05d}", mig_instance=None, gpu_index=g % 8, name="NVIDIA H200",
-                  sku="h200-sxm", ts=ts, window_seconds=1.0, bottleneck="tensor-bound", stale=False, ofu=0.5 + (g % 7) / 20,
-                  tensor_active=0.7, sm_clock_hertz=1.4e9, sm_active=0.9, sm_occupancy=0.2, dram_bandwidth=0.3,
-                  power_watts=650.0)
-
-
-def job(g: int, ts: float) -> JobRow:
-    return JobRow(f"job-{g // 8}", "slurm", "ana", f"node-{g // 8}", f"GPU-{g:05d}", None, ts, 1.0, False)
 
 
 def ingest(tmp: Path) -> tuple[float, float]:
