@@ -33,7 +33,8 @@ from kernelfleet.catalog import Catalog
 from kernelfleet.fleet.agent import Agent, attribute_recorded
 from kernelfleet.fleet.exporter import OfuCollector
 from kernelfleet.fleet.server import agent_app
-from kernelfleet.fleet.store import Store, _transaction
+from kernelfleet.fleet.store import Store
+from kernelfleet.fleet.store_lock import transaction
 from kernelfleet.telemetry.replay import ReplaySource
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ def ingest(tmp: Path) -> tuple[float, float]:
                  "sm_occupancy, dram_bandwidth, power_watts, bottleneck, stale)")
     t0 = time.perf_counter()
     for batch in batches[1:]:
-        with _transaction(base):
+        with transaction(base):
             base.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              [(i + 1, r.ts, 1.0, r.ofu, r.tensor_active, r.sm_clock_hertz, r.sm_active,
                                r.sm_occupancy, r.dram_bandwidth, r.power_watts, 1, 0)
@@ -72,7 +73,7 @@ def fleet_query(tmp: Path) -> float:
     store.write([row(g, 1.8e9) for g in range(1000)])  # registers the GPUs
     start = int(1.8e9 // 60) * 60
     cols = 2 + 2 * 7 + 2
-    with _transaction(store.db):
+    with transaction(store.db):
         store.db.executemany(f"INSERT OR REPLACE INTO rollup_1m VALUES ({', '.join('?' * cols)})",
                              ((g + 1, start + 60 * m, 60.0, 0.0, *([30.0, 60.0] * 7)) for m in range(1440) for g in range(1000)))
         store._roll(start, start + 86400)  # what the agent does minute by minute, done at once

@@ -21,8 +21,6 @@ from __future__ import annotations
 import functools
 import math
 import operator
-import os
-import socket
 import sqlite3
 import threading
 import time
@@ -33,6 +31,7 @@ from typing import TypeVar
 
 from kernelfleet.errors import UsageError
 from kernelfleet.fleet import store_schema
+from kernelfleet.fleet.store_lock import WriterLock, transaction
 from kernelfleet.fleet.store_schema import (
     BOTTLENECKS,
     IN_SPAN,
@@ -149,7 +148,7 @@ class Store:
         self._lock = threading.RLock()
         # One writer per store: two agents on one file write rollups that diverge. Readers (the job
         # report, a second dashboard) take no lock; SQLite's WAL lets them read beside the writer.
-        self._writer_lock = _WriterLock(self.path) if writer else None
+        self._writer_lock = WriterLock(self.path) if writer else None
         self.retention = retention
         self.clock = clock
         self._readers = threading.local()
@@ -235,7 +234,7 @@ class Store:
             with self._readers_lock:
                 for db in self._reader_connections:
                     db.close()
-            with _transaction(self.db):  # a clean stop ends the open holds at their last windows
+            with transaction(self.db):  # a clean stop ends the open holds at their last windows
                 for gpu, spans in self._holds.items():
                     for job_id in spans:
                         self._close_hold(gpu, job_id, self._newest[gpu])
@@ -251,7 +250,7 @@ class Store:
         (``jobs``, for GPUs among ``rows``); roll up the minutes it closed."""
         if not rows:
             return
-        with _transaction(self.db):
+        with transaction(self.db):
             if not self._holds_adopted:
                 # holds a writer before this one left open (a crash) end at the newest window on file
                 self.db.execute("UPDATE holds SET until = MAX(since, COALESCE((SELECT ts FROM samples ORDER BY key DESC "
@@ -366,7 +365,7 @@ class Store:
         holds more than the budget, the oldest raw windows, minutes and hours."""
         now = self.clock() if now is None else now
         r = self.retention
-        with _transaction(self.db):
+        with transaction(self.db):
             self.db.execute("DELETE FROM samples WHERE key < ?", (span(now - r.raw_seconds, OPEN)["lo_key"],))
             for table in ("rollup_1m", "fleet_1m", "job_1m"):
                 self.db.execute(f"DELETE FROM {table} WHERE bucket < ?", (now - r.minute_seconds,))
@@ -565,49 +564,3 @@ _ROW_VALUES = operator.attrgetter("ts", "window_seconds", *METRICS)
 
 def _floor(ts: float, seconds: int) -> int:
     return int(ts // seconds) * seconds
-
-
-class _transaction:
-    """BEGIN ... COMMIT on an autocommit connection; ROLLBACK on error."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-
-    def __enter__(self) -> None:
-        self.db.execute("BEGIN")
-
-    def __exit__(self, kind: object, *rest: object) -> None:
-        self.db.execute("ROLLBACK" if kind else "COMMIT")
-
-
-class _WriterLock:
-    """An exclusive ``flock`` on ``STORE.lock`` for the life of the writer, holding who took it.
-
-    The kernel drops the lock when the process dies (kill -9 included), so a crash never leaves a
-    store locked; the file's text only says who holds it now.
-    """
-
-    def __init__(self, store: Path) -> None:
-        import fcntl
-
-        self.path = store.with_name(store.name + ".lock")
-        try:
-            self._file = open(self.path, "a+")  # noqa: SIM115 - held open for the writer's life: it is the lock
-        except OSError as exc:
-            raise UsageError(f"{self.path}: cannot open the store's lock file ({exc.strerror})") from exc
-        try:
-            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._file.seek(0)
-            holder = self._file.read().strip() or "another process"
-            self._file.close()
-            raise UsageError(f"{store}: another agent writes this store ({holder}); stop it, or give this one "
-                             "--store OTHER.db") from None
-        self._file.seek(0)
-        self._file.truncate()
-        self._file.write(f"pid {os.getpid()} on {socket.gethostname()} since "
-                         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}\n")
-        self._file.flush()
-
-    def release(self) -> None:
-        self._file.close()  # closing the descriptor releases the flock
