@@ -155,12 +155,12 @@ def endpoints(uuid: str, job: str, end: float) -> dict[str, str]:
     day = urllib.parse.urlencode({"uuid": uuid, "start": end - 86400, "end": end, "resolution": "1m"})
     return {"/api/fleet": "/api/fleet", "/api/gpus": "/api/gpus", "/api/jobs": "/api/jobs",
             "/api/jobs/summary": "/api/jobs/summary", "/api/events": "/api/events", "/healthz": "/healthz",
-            "/api/jobs/JOB (24 h of 8 GPUs)": f"/api/jobs/{job}", "/api/series (15 min raw)": f"/api/series?{series}",
+            "/api/jobs/JOB (a job of 8 GPUs)": f"/api/jobs/{job}", "/api/series (15 min raw)": f"/api/series?{series}",
             "/api/series (24 h at 1 min)": f"/api/series?{day}",
             "/api/fleet/series (24 h)": f"/api/fleet/series?start={end - 86400}&end={end}"}
 
 
-REFRESH = ("/api/fleet", "/api/gpus", "/api/jobs/summary", "/api/events", "/api/jobs/JOB (24 h of 8 GPUs)")
+REFRESH = ("/api/fleet", "/api/gpus", "/api/jobs/summary", "/api/events", "/api/jobs/JOB (a job of 8 GPUs)")
 
 
 def embedded(tmp: Path, gpus: int, seconds: int, repeats: int, sampler_seconds: float) -> dict[str, Any]:
@@ -325,6 +325,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute (what CI runs)")
     parser.add_argument("--prometheus-gpus", default="1000,10000", help="fleet sizes on Prometheus (comma-separated)")
     parser.add_argument("--no-prometheus", action="store_true", help="the embedded store only")
+    parser.add_argument("--no-embedded", action="store_true", help="Prometheus only")
     args = parser.parse_args()
     try:
         prom_sizes = [int(n) for n in args.prometheus_gpus.split(",")] if not args.no_prometheus else []
@@ -337,6 +338,8 @@ def main() -> None:
         writes, stores, repeats, sampler = [(8, 1200), (64, 600), (1000, 120)], [(8, 30 * 86400), (64, 86400)], 20, 20
     result: dict[str, Any] = {"command": command_line(), "quick": args.quick}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.no_embedded:
+            writes, stores = writes[:1], []
         result["writes"] = {str(g): write_rate(Path(tmp), g, w) for g, w in writes}
         result["write_ratio_to_bare_wal"] = min(w["ratio"] for w in result["writes"].values())
         result["bytes_per_gpu_window"] = result["writes"][str(writes[0][0])]["bytes_per_gpu_window"]

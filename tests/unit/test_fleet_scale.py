@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).parents[2]
 ENDPOINTS = {"/api/fleet", "/api/gpus", "/api/jobs", "/api/jobs/summary", "/api/events",
-             "/api/jobs/JOB (24 h of 8 GPUs)", "/api/series (15 min raw)", "/api/series (24 h at 1 min)",
+             "/api/jobs/JOB (a job of 8 GPUs)", "/api/series (15 min raw)", "/api/series (24 h at 1 min)",
              "/api/fleet/series (24 h)"}
 
 
