@@ -388,7 +388,9 @@ def export_store(out: Path) -> None:
     events = [dict(zip(("ts", "kind", "job", "detail"), row))
               for row in db.execute("SELECT ts, kind, job, detail FROM events ORDER BY ts")]
     jobs = [dict(zip(("job", "kind", "ts", "share"), row))
-            for row in db.execute("SELECT job, kind, ts, share FROM job_windows ORDER BY ts")]
+            for row in db.execute("SELECT j.name, j.kind, s.ts, h.share FROM holds h JOIN jobs j USING (job_id) "
+                                  "JOIN samples s ON s.gpu_id = h.gpu_id AND s.ts BETWEEN h.since AND h.until "
+                                  "ORDER BY s.ts")]  # a window of each hold: what schema 1 kept as job_windows
     (out / "agent-events.json").write_text(json.dumps({"events": events, "job_windows": jobs}, indent=1))
     db.close()
 

@@ -144,6 +144,8 @@ def agent(
                                     "(uuid, hostname, model) or dcgm's (UUID, Hostname, modelName), to join dcgm-exporter."),
     process_series: int = typer.Option(0, "--process-series", help="Export the GPU memory of this many of each GPU's "
                                        "largest processes (0..64; default none: one series per process is costly)."),
+    store_budget: int = typer.Option(5 * 10**9, "--store-budget", min=1, help="Bytes the store may hold: past them "
+                                     "retention drops the oldest raw windows, then minutes, then hours."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """Sample every GPU each window, store it, and serve Prometheus metrics and the API."""
@@ -155,7 +157,7 @@ def agent(
     from kernelfleet.fleet.exporter_labels import check_style
     from kernelfleet.fleet.listener import Listener, bind, given_token, listen_address
     from kernelfleet.fleet.server import agent_app
-    from kernelfleet.fleet.store import Store
+    from kernelfleet.fleet.store import Retention, Store
     from kernelfleet.telemetry.scrape import ScrapeSource
 
     check_style(label_names), check_process_series(process_series)
@@ -176,7 +178,7 @@ def agent(
     pods = _pod_holders(source if scrape is not None else None, pod_resources_socket)
     sock = bind(host, port)  # before the store and the first window: a clash exits now, not after a banner
     try:
-        store = Store(store_path, writer=True)
+        store = Store(store_path, Retention(budget_bytes=store_budget), writer=True)
     except BaseException:
         sock.close()
         raise

@@ -8,7 +8,8 @@ import socket
 import threading
 import time
 from collections import Counter
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from kernelfleet.catalog import Catalog, Sku
 from kernelfleet.errors import UsageError
@@ -110,8 +111,7 @@ class Agent:
             self._last_step = self.clock()
         events = self._detect(readings)
         if self.store is not None:
-            self.store.write([_row(r) for r in readings])
-            self.store.write_jobs([
+            self.store.write([_row(r) for r in readings], [  # one transaction: the windows and their jobs
                 JobRow(j.job, j.kind, j.user, r.host, r.sample.uuid, r.sample.mig_instance, r.sample.timestamp_seconds,
                        j.share, j.approximate)
                 for r in readings for j in r.jobs

@@ -2,21 +2,28 @@
 dashboard scales past one machine (``kernelfleet dashboard --prometheus URL``).
 
 Everything comes from PromQL over the agents' own series (kernelfleet/fleet/exporter.py);
-regressions are the firing alerts of deploy/prometheus/rules.yml. Jobs are read from
-``kernelfleet_job_info`` as it is now, so a job report covers the GPUs the job holds
-at query time, over at most the last 24 hours: an approximation the local store
-does not need.
+regressions are the firing alerts of deploy/prometheus/rules.yml (a pending alert is not one yet).
+Jobs are read from ``kernelfleet_job_info`` as it is now, so a job report covers the GPUs the job
+holds at query time, over at most the last 24 hours: an approximation the local store does not need.
+
+Shaped for a fleet (issue 21): charts read the recording rules of rules.yml (one series a point,
+not one per GPU) and fall back to the raw series where a rule is missing (a Prometheus loaded
+without rules.yml, or before its first evaluation); a range query's step grows with the range so
+that a chart gets at most :data:`MAX_POINTS` points; a job's per-GPU figures select the job's GPUs
+by uuid before they average a day of them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-from datetime import datetime
 import urllib.parse
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.fleet.exporter import POD_LABELS
@@ -31,6 +38,7 @@ SERIES = {  # store metric name -> exported series
     "power_watts": "kernelfleet_power_watts",
 }
 STEPS = {"raw": 15, "1m": 60, "1h": 3600}
+MAX_POINTS = 1440  # a range query's points at most: a day at one a minute, what a chart can show
 # Job series go on the "many" side of a join: a GPU shared by two jobs has two of them.
 SHARE = "kernelfleet_job_gpu_share_ratio"
 
@@ -64,6 +72,19 @@ class PrometheusBackend:
         result = self._vector(query)
         return float(result[0]["value"][1]) if result else None
 
+    def _vector_or(self, *queries: str) -> list[dict[str, Any]]:
+        """The first of ``queries`` (a recorded series, then what it records) that has a result."""
+        for query in queries:
+            if result := self._vector(query):
+                return result
+        return []
+
+    def _range_or(self, start: float, end: float, step: int, *queries: str) -> list[dict[str, Any]]:
+        for query in queries:
+            if result := self._get("/api/v1/query_range", query=query, start=start, end=end, step=step)["result"]:
+                return result
+        return []
+
     def health(self) -> dict[str, Any]:
         self._get("/api/v1/status/buildinfo")
         return {"ok": True, "backend": "prometheus", "url": self.url}
@@ -85,12 +106,19 @@ class PrometheusBackend:
 
     def gpus(self) -> list[dict[str, Any]]:
         rows: dict[tuple[str, str], dict[str, Any]] = {}
+        # when each GPU's last sample was scraped: the value's own time is the query's, not the sample's
+        sampled = {(s["metric"]["uuid"], s["metric"].get("mig", "")): float(s["value"][1])
+                   for s in self._vector("timestamp(kernelfleet_sample_stale)")}
+        # the NVML name and the catalog SKU, where the agent exported its kernelfleet_gpu_info
+        info = {s["metric"]["uuid"]: s["metric"] for s in self._vector("kernelfleet_gpu_info")}
         for s in self._vector("kernelfleet_sample_stale"):
             m = s["metric"]
-            rows[m["uuid"], m.get("mig", "")] = {
+            key = m["uuid"], m.get("mig", "")
+            named = info.get(m["uuid"], {})
+            rows[key] = {
                 "host": m["hostname"], "gpu": int(m["gpu"]), "mig_instance": int(m["mig"]) if m.get("mig") else None,
-                "uuid": m["uuid"], "name": m["model"], "sku": m["model"], "stale": s["value"][1] == "1",
-                "timestamp_seconds": float(s["value"][0]), "jobs": [],
+                "uuid": m["uuid"], "name": named.get("name") or m["model"], "sku": named.get("sku") or m["model"],
+                "stale": s["value"][1] == "1", "timestamp_seconds": sampled.get(key, float(s["value"][0])), "jobs": [],
                 **{f: None for f in ("ofu_ratio", "tensor_active_ratio", "sm_clock_hertz", "dram_bandwidth_ratio",
                                      "power_watts", "sm_active_ratio", "sm_occupancy_ratio")},
             }
@@ -121,13 +149,14 @@ class PrometheusBackend:
         unknown = set(metrics) - set(SERIES)
         if unknown:
             raise UsageError(f"unknown metric(s) {sorted(unknown)}; known: {', '.join(SERIES)}")
+        step = step_for(start, end, STEPS[resolution])
         points: dict[float, dict[str, Any]] = {}
         found = False
         for metric in metrics:
             query = f'{SERIES[metric]}{{uuid="{_quote(uuid)}", mig=""}}'
-            if resolution != "raw":
-                query = f"avg_over_time({query}[{STEPS[resolution]}s])"
-            for s in self._get("/api/v1/query_range", query=query, start=start, end=end, step=STEPS[resolution])["result"]:
+            if step > STEPS["raw"]:  # a point stands for its step: the mean over it, not the sample at its end
+                query = f"avg_over_time({query}[{step}s])"
+            for s in self._get("/api/v1/query_range", query=query, start=start, end=end, step=step)["result"]:
                 found = True
                 for ts, value in s["values"]:
                     points.setdefault(float(ts), {"ts": float(ts), **{m: None for m in metrics}})[metric] = float(value)
@@ -136,13 +165,17 @@ class PrometheusBackend:
         return [points[t] for t in sorted(points)][:limit]
 
     def fleet_series(self, start: float, end: float) -> list[dict[str, Any]]:
-        """Fleet OFU per minute: the mean over GPUs of each GPU's mean over the minute."""
-        def column(query: str) -> dict[float, float]:
-            result = self._get("/api/v1/query_range", query=query, start=start, end=end, step=60)["result"]
+        """Fleet OFU per step (a minute, or more for a range of over a day): the mean over GPUs of
+        each GPU's mean over the step, from the recorded fleet series where there is one."""
+        step = step_for(start, end, 60)
+
+        def column(*queries: str) -> dict[float, float]:
+            result = self._range_or(start, end, step, *queries)
             return {float(t): float(v) for t, v in (result[0]["values"] if result else [])}
 
-        ofu = column('avg(avg_over_time(kernelfleet_ofu_ratio{mig=""}[60s]))')
-        gpus = column('count(kernelfleet_ofu_ratio{mig=""})')
+        ofu = column(f"avg_over_time(kernelfleet:fleet_gpu_ofu:avg[{step}s])",
+                     f'avg(avg_over_time(kernelfleet_ofu_ratio{{mig=""}}[{step}s]))')
+        gpus = column("kernelfleet:fleet_gpus_with_ofu:count", 'count(kernelfleet_ofu_ratio{mig=""})')
         return [{"ts": t, "ofu": v, "gpus": gpus.get(t)} for t, v in sorted(ofu.items())]
 
     def jobs(self, limit: int | None = None) -> list[str]:
@@ -151,22 +184,28 @@ class PrometheusBackend:
     def job_summaries(self, since: float, limit: int | None = None) -> list[dict[str, Any]]:
         window = max(60, int(self.clock() - since))
         weighted = f"{SHARE} * on (uuid, mig) group_left () avg_over_time(kernelfleet_ofu_ratio[{window}s])"
-        ofu = {s["metric"]["job_id"]: float(s["value"][1]) for s in self._vector(
-            f"sum by (job_id) ({weighted}) / sum by (job_id) ({SHARE})")}
+        ofu = {s["metric"]["job_id"]: float(s["value"][1]) for s in self._vector_or(
+            f"avg_over_time(kernelfleet:job_ofu:avg[{window}s])", f"sum by (job_id) ({weighted}) / sum by (job_id) ({SHARE})")}
         info = {s["metric"]["job_id"]: s["metric"].get("kind") for s in self._vector("kernelfleet_job_info")}
-        gpus = {s["metric"]["job_id"]: int(float(s["value"][1])) for s in self._vector("count by (job_id) (kernelfleet_job_info)")}
-        rows = [{"job": j, "kind": info.get(j), "gpus": gpus.get(j, 0), "ofu_ratio": v} for j, v in ofu.items()]
+        gpus = {s["metric"]["job_id"]: int(float(s["value"][1])) for s in self._vector_or(
+            "kernelfleet:job_gpus:count", "count by (job_id) (kernelfleet_job_info)")}
+        rows = [{"job": j, "kind": info.get(j), "gpus": gpus.get(j, 0), "ofu_ratio": v} for j, v in ofu.items() if j in info]
         return sorted(rows, key=lambda r: r["ofu_ratio"])[:limit]
 
     def job(self, job: str) -> dict[str, Any]:
-        holds = [s["metric"] for s in self._vector(f'kernelfleet_job_info{{job_id="{_quote(job)}"}}')]
+        selector = f'kernelfleet_job_info{{job_id="{_quote(job)}"}}'
+        holds = [s["metric"] for s in self._vector(selector)]
         if not holds:
             raise NotFound(f"no job {job!r} in Prometheus (kernelfleet_job_info)")
-        selector = f'kernelfleet_job_info{{job_id="{_quote(job)}"}}'
-        per_gpu = self._vector(f"avg_over_time(kernelfleet_ofu_ratio[24h]) * on (uuid, mig) group_left () {selector}")
+        # a day of the job's GPUs only, not of every GPU in the fleet before the join drops them
+        uuids = "|".join(sorted({_regex(h["uuid"]) for h in holds}))
+        per_gpu = self._vector(f'avg_over_time(kernelfleet_ofu_ratio{{uuid=~"{_quote(uuids)}"}}[24h]) '
+                               f"* on (uuid, mig) group_left () {selector}")
         now = self.clock()
-        timeline = self._get("/api/v1/query_range", query=f"avg(kernelfleet_ofu_ratio * on (uuid, mig) group_left () {selector})",
-                             start=now - 86400, end=now, step=60)["result"]
+        step = step_for(now - 86400, now, 60)
+        timeline = self._range_or(
+            now - 86400, now, step, f'avg_over_time(kernelfleet:job_ofu:avg{{job_id="{_quote(job)}"}}[{step}s])',
+            f"avg(kernelfleet_ofu_ratio * on (uuid, mig) group_left () {selector})")
         return {
             "job": job, "kind": holds[0].get("kind"), "user": holds[0].get("user") or None,
             "gpus": [{"host": s["metric"]["hostname"], "uuid": s["metric"]["uuid"], "gpu_index": int(s["metric"]["gpu"]),
@@ -181,7 +220,8 @@ class PrometheusBackend:
     def events(self, since: float, limit: int | None = None) -> list[dict[str, Any]]:
         out = []
         for alert in self._get("/api/v1/alerts")["alerts"]:
-            if not alert["labels"].get("alertname", "").startswith("Kernelfleet"):
+            # pending is a condition not yet held for the rule's `for:`: no regression yet
+            if not alert["labels"].get("alertname", "").startswith("Kernelfleet") or alert.get("state") != "firing":
                 continue
             ts = _rfc3339(alert.get("activeAt"))
             if ts is not None and ts >= since:
@@ -189,6 +229,16 @@ class PrometheusBackend:
                             "job": alert["labels"].get("job_id"),
                             "detail": alert.get("annotations", {}).get("summary", alert["labels"]["alertname"])})
         return sorted(out, key=lambda e: e["ts"])[-limit if limit else None:]
+
+
+def step_for(start: float, end: float, base: int) -> int:
+    """The smallest multiple of ``base`` seconds that draws [start, end] in at most MAX_POINTS points."""
+    return base * max(1, math.ceil((end - start) / base / MAX_POINTS))
+
+
+def _regex(value: str) -> str:
+    """``value`` matched literally in a PromQL (RE2) regular expression."""
+    return re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", value)
 
 
 def _quote(value: str) -> str:

@@ -38,6 +38,7 @@ import yaml
 from e2e_helpers import binary, free_port, wait_http
 
 from kernelfleet.fleet.exporter import OfuCollector
+from kernelfleet.fleet.prometheus_backend import PrometheusBackend, http_json
 
 pytestmark = pytest.mark.e2e
 
@@ -289,7 +290,8 @@ def test_prometheus_scrapes_an_agent_with_the_fragment_token_and_evaluates_the_r
 
         wanted = ['up{job="kernelfleet"} == 1', "kernelfleet:fleet_ofu:avg",
                   "kernelfleet:gpu_achieved_bf16_flops", "kernelfleet:fleet_ofu:capacity_weighted",
-                  "kernelfleet:job_ofu:avg", "kernelfleet:job_achieved_bf16_flops:sum"]
+                  "kernelfleet:job_ofu:avg", "kernelfleet:job_achieved_bf16_flops:sum",
+                  "kernelfleet:fleet_gpu_ofu:avg", "kernelfleet:fleet_gpus_with_ofu:count", "kernelfleet:job_gpus:count"]
         deadline = time.monotonic() + 60
         while not all(query(q) for q in wanted) and time.monotonic() < deadline:
             time.sleep(1)
@@ -303,6 +305,22 @@ def test_prometheus_scrapes_an_agent_with_the_fragment_token_and_evaluates_the_r
         assert set(job["metric"]) == {"__name__", "job_id"}
         assert job["metric"]["job_id"] == info["metric"]["job_id"]
         assert 0.0 <= float(job["value"][1]) <= 1.1
+        # The fleet dashboard's backend reads the recorded series, not every GPU's
+        asked: list[str] = []
+
+        def fetch(url: str):
+            asked.append(urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).get("query", [""])[0])
+            return http_json(url)
+
+        backend = PrometheusBackend(f"http://127.0.0.1:{port}", fetch=fetch)
+        now = time.time()
+        points = backend.fleet_series(now - 120, now)
+        assert points and all(p["gpus"] == 1 and 0.0 <= p["ofu"] <= 1.1 for p in points)
+        assert asked == ["avg_over_time(kernelfleet:fleet_gpu_ofu:avg[60s])", "kernelfleet:fleet_gpus_with_ofu:count"]
+        (summary,) = backend.job_summaries(now - 900)
+        assert summary["job"] == info["metric"]["job_id"] and summary["gpus"] == 1
+        assert backend.job(summary["job"])["timeline_1m"]
+        assert "kernelfleet:job_gpus:count" in asked and not any("count by (job_id)" in q for q in asked)
     finally:
         if prom is not None:
             prom.send_signal(signal.SIGTERM)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 CATALOG = Catalog.load()
 
 
-def CLOCK(h200_trace):  # noqa: N802 - the agent's clock: the recording's end
+def CLOCK(h200_trace):
     return at_end_of(h200_trace / "h200-bf16-gemm.jsonl.gz")
 
 
@@ -34,7 +34,7 @@ def test_wal_mode_and_schema_version(tmp_path, h200_trace):
     store, _ = fill(tmp_path, h200_trace)
     db = sqlite3.connect(tmp_path / "kf.db")
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "1"
+    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "2"
     assert store.gpus() == [{"host": "node-1", "uuid": "GPU-ba2fb2e1-e13f-855e-a2da-7a7eab16b60f", "mig_instance": None,
                              "gpu_index": 0, "name": "NVIDIA H200", "sku": "h200-sxm"}]
 

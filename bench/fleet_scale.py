@@ -1,0 +1,378 @@
+"""Benchmark: the see half at node and fleet scale (issue 21), in one run, each figure beside its floor.
+
+    python -m bench.fleet_scale [--quick] [--prometheus-gpus 1000,10000] [--no-prometheus]
+
+1. Write rate of the embedded store (the agent's Store.write of a window batch with its jobs, and
+   retention every minute) against a bare SQLite WAL ``executemany`` of rows as wide, one
+   transaction a window, on the same disk: ``write_ratio_to_bare_wal``; bytes per GPU-window.
+2. p50/p95 of every dashboard endpoint, through the app's HTTP stack (FastAPI's test client), on
+   embedded stores of 8 GPUs x 30 days and 64 GPUs x 24 h; and the windows a sampler writing once a
+   second misses while two readers refresh the dashboard without pause. A month of raw 1-s windows
+   would take hours to write through the store, so the stores are made in SQL, in the store's own
+   schema: raw windows for the last day (the raw retention), minute rollups written directly before
+   that, and the store's own roll-up for the raw day and every hour.
+3. The same endpoints on Debian's Prometheus over a TSDB backfilled with ``promtool tsdb
+   create-blocks-from openmetrics``: GPUs x 24 h at one sample a minute, with the recorded series of
+   rules.yml written beside them as the rules compute them; each endpoint against its PromQL floor
+   (the same queries sent straight to Prometheus's HTTP API).
+
+The table ends with the command that made it and a last line of JSON holding every figure.
+``--quick`` runs the same at small sizes in under a minute (CI runs it: tests/unit/test_fleet_scale.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import sqlite3
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from bench import command_line
+from kernelfleet.catalog import Catalog
+from kernelfleet.fleet.agent import Agent
+from kernelfleet.fleet.prometheus_backend import PrometheusBackend, http_json
+from kernelfleet.fleet.server import agent_app, create_app
+from kernelfleet.fleet.store import GpuRow, JobRow, Store
+from kernelfleet.fleet.store_schema import METRICS
+from kernelfleet.telemetry.replay import ReplaySource
+from kernelfleet.telemetry.sample import Sample
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "kernelfleet" / "data" / "demo-h200.jsonl.gz"
+GPUS_PER_JOB = 8
+TARGETS = {"embedded_p95_ms": 100.0, "job_report_24h_ms": 300.0, "store_bytes_30d": 5e9, "write_ratio": 0.5,
+           "prometheus_1000_p95_ms": 300.0, "prometheus_1000_refresh_ms": 500.0, "prometheus_10000_ms": 1000.0}
+
+
+def gpu_row(g: int, ts: float) -> GpuRow:
+    return GpuRow(host=f"node-{g // 8}", uuid=f"GPU-{g:05d}", mig_instance=None, gpu_index=g % 8, name="NVIDIA H200",
+                  sku="h200-sxm", ts=ts, window_seconds=1.0, bottleneck="tensor-bound", stale=False, ofu=0.5 + (g % 7) / 20,
+                  tensor_active=0.7, sm_clock_hertz=1.4e9, sm_active=0.9, sm_occupancy=0.2, dram_bandwidth=0.3,
+                  power_watts=650.0)
+
+
+def job_row(g: int, ts: float) -> JobRow:
+    return JobRow(f"job-{g // GPUS_PER_JOB}", "slurm", "ana", f"node-{g // 8}", f"GPU-{g:05d}", None, ts, 1.0, False)
+
+
+# -- 1. write rate ------------------------------------------------------------------------------
+def write_rate(tmp: Path, gpus: int, windows: int) -> dict[str, float]:
+    t0 = 1.8e9 + 0.331
+    batches = [([gpu_row(g, t0 + w) for g in range(gpus)], [job_row(g, t0 + w) for g in range(gpus)])
+               for w in range(windows + 1)]
+    store = Store(tmp / f"write-{gpus}.db", clock=lambda: t0 + windows)
+    store.write(*batches[0])  # registers the GPUs and jobs
+    start = time.perf_counter()
+    for w, (rows, jobs) in enumerate(batches[1:], 1):
+        store.write(rows, jobs)
+        if w % 60 == 0:
+            store.enforce_retention()
+    full = gpus * windows / (time.perf_counter() - start)
+    per_window = store.used_bytes() / (gpus * (windows + 1))
+    store.close()
+    bare = sqlite3.connect(tmp / f"bare-{gpus}.db", isolation_level=None)
+    bare.execute("PRAGMA journal_mode=WAL")
+    bare.execute("PRAGMA synchronous=NORMAL")
+    width = 3 + len(METRICS) + 2  # gpu_id, ts, window_seconds, the metrics, bottleneck, stale
+    bare.execute(f"CREATE TABLE samples ({', '.join(f'c{i}' for i in range(width))})")
+    values = [[(i, r.ts, r.window_seconds, r.ofu, r.tensor_active, r.sm_clock_hertz, r.sm_active, r.sm_occupancy,
+                r.dram_bandwidth, r.power_watts, 1, 0) for i, r in enumerate(rows)] for rows, _ in batches[1:]]
+    start = time.perf_counter()
+    for rows in values:
+        bare.execute("BEGIN")
+        bare.executemany(f"INSERT INTO samples VALUES ({', '.join('?' * width)})", rows)
+        bare.execute("COMMIT")
+    floor = gpus * windows / (time.perf_counter() - start)
+    bare.close()
+    return {"rows_per_second": full, "bare_wal_rows_per_second": floor, "ratio": full / floor,
+            "bytes_per_gpu_window": per_window}
+
+
+# -- 2. embedded stores made in SQL -------------------------------------------------------------
+def synthetic_store(path: Path, gpus: int, seconds: int, end: float) -> Store:
+    """A store holding ``seconds`` of ``gpus`` ending at ``end``: raw windows for its last day (at
+    most), minute rollups before, every GPU held by a job of GPUS_PER_JOB GPUs since the start."""
+    start = int(end - seconds) // 3600 * 3600
+    raw_from = max(start, int(end) - 86400) // 60 * 60
+    store = Store(path, clock=lambda: end)
+    db = store.db
+    ofu = "(0.5 + (g.gpu_id % 7) / 20.0)"
+    with_gpus = "WITH RECURSIVE g(gpu_id) AS (SELECT 1 UNION ALL SELECT gpu_id + 1 FROM g WHERE gpu_id < :gpus)"
+    db.execute("BEGIN")
+    db.execute(f"{with_gpus} INSERT INTO gpus SELECT gpu_id, 'node-' || ((gpu_id - 1) / 8), printf('GPU-%05d', gpu_id - 1), "
+               "-1, (gpu_id - 1) % 8, 'NVIDIA H200', 'h200-sxm' FROM g", {"gpus": gpus})
+    db.execute(f"{with_gpus} INSERT INTO jobs SELECT DISTINCT (gpu_id - 1) / {GPUS_PER_JOB} + 1, "
+               f"'job-' || ((gpu_id - 1) / {GPUS_PER_JOB}), 'slurm', 'ana' FROM g", {"gpus": gpus})
+    db.execute(f"{with_gpus} INSERT INTO holds SELECT (gpu_id - 1) / {GPUS_PER_JOB} + 1, gpu_id, :since, :until, 1.0, 0 "
+               "FROM g", {"gpus": gpus, "since": float(start), "until": end - 1})
+    minutes = ("WITH RECURSIVE m(bucket) AS (SELECT :start UNION ALL SELECT bucket + 60 FROM m WHERE bucket + 60 < :end), "
+               "g(gpu_id) AS (SELECT 1 UNION ALL SELECT gpu_id + 1 FROM g WHERE gpu_id < :gpus)")
+    span = {"start": start, "end": raw_from, "gpus": gpus}
+    if raw_from > start:
+        metric_sums = ", ".join(f"{ofu} * 60, 60" if m == "ofu" else "30, 60" for m in METRICS)
+        db.execute(f"{minutes} INSERT INTO rollup_1m SELECT g.gpu_id, m.bucket, 60, 0, {metric_sums} FROM m, g", span)
+        db.execute("INSERT INTO fleet_1m SELECT bucket, COUNT(*), SUM(ofu_sum), SUM(ofu_seconds) FROM rollup_1m GROUP BY 1")
+        db.execute(f"{minutes} INSERT INTO job_1m SELECT (g.gpu_id - 1) / {GPUS_PER_JOB} + 1, m.bucket, g.gpu_id, "
+                   f"60, 60, 60, {ofu} * 60, 60, {ofu} * 60, 60, 0, 0, 60, 0, 0, 0, 0, 0 FROM m, g", span)
+    metrics = ", ".join(ofu if m == "ofu" else "0.5" for m in METRICS)
+    db.execute("WITH RECURSIVE t(ts) AS (SELECT :start UNION ALL SELECT ts + 1 FROM t WHERE ts + 1 < :end), "
+               "g(gpu_id) AS (SELECT 1 UNION ALL SELECT gpu_id + 1 FROM g WHERE gpu_id < :gpus) "
+               "INSERT INTO samples SELECT (CAST(t.ts * 1000 AS INTEGER) << 20) | g.gpu_id, g.gpu_id, t.ts, 1.0, "
+               f"{metrics}, 1, 0 FROM t, g ORDER BY 1", {"start": raw_from + 0.331, "end": end - 1, "gpus": gpus})
+    store._roll(raw_from, int(end - 1) // 60 * 60)  # the store's own roll-up of the raw day, then every hour
+    store._roll_hours(start, int(end - 1) // 3600 * 3600)
+    db.execute("COMMIT")
+    return store
+
+
+def timed(client: TestClient, path: str, repeats: int) -> tuple[float, float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        response = client.get(path)
+        times.append(time.perf_counter() - start)
+        if response.status_code != 200:
+            raise SystemExit(f"{path}: HTTP {response.status_code} {response.text[:200]}")
+    times.sort()
+    return statistics.median(times) * 1000, times[min(len(times) - 1, round(0.95 * (len(times) - 1)))] * 1000
+
+
+def endpoints(uuid: str, job: str, end: float) -> dict[str, str]:
+    """Every endpoint the dashboard reads, as it reads them (and the longer ranges the API serves)."""
+    series = urllib.parse.urlencode({"uuid": uuid, "start": end - 900, "end": end + 60})
+    day = urllib.parse.urlencode({"uuid": uuid, "start": end - 86400, "end": end, "resolution": "1m"})
+    return {"/api/fleet": "/api/fleet", "/api/gpus": "/api/gpus", "/api/jobs": "/api/jobs",
+            "/api/jobs/summary": "/api/jobs/summary", "/api/events": "/api/events", "/healthz": "/healthz",
+            "/api/jobs/JOB (a job of 8 GPUs)": f"/api/jobs/{job}", "/api/series (15 min raw)": f"/api/series?{series}",
+            "/api/series (24 h at 1 min)": f"/api/series?{day}",
+            "/api/fleet/series (24 h)": f"/api/fleet/series?start={end - 86400}&end={end}"}
+
+
+REFRESH = ("/api/fleet", "/api/gpus", "/api/jobs/summary", "/api/events", "/api/jobs/JOB (a job of 8 GPUs)")
+
+
+def embedded(tmp: Path, gpus: int, seconds: int, repeats: int, sampler_seconds: float) -> dict[str, Any]:
+    end = time.time()
+    store = synthetic_store(tmp / f"embedded-{gpus}.db", gpus, seconds, end)
+    size = store.used_bytes()
+    agent = Agent(ReplaySource(DEMO), store, Catalog.load(), host="node-0", clock=time.time)
+    agent.step([Sample(timestamp_seconds=end, window_seconds=1.0, gpu_index=g % 8, uuid=f"GPU-{g:05d}",
+                       name="NVIDIA H200", tensor_active_ratio=0.7, sm_active_ratio=0.9, sm_occupancy_ratio=0.2,
+                       dram_bandwidth_ratio=0.3) for g in range(gpus)])
+    client = TestClient(agent_app(agent, store))
+    paths = endpoints("GPU-00000", "job-0", end)
+    figures = {name: timed(client, path, repeats) for name, path in paths.items()}
+    refresh = sum(figures[name][0] for name in REFRESH)
+    missed = sampler_under_readers(store, client, [paths[n] for n in REFRESH], gpus, end, sampler_seconds)
+    store.close()
+    return {"gpus": gpus, "days": seconds / 86400, "store_bytes": size, "endpoints_ms": figures,
+            "refresh_ms": refresh, **missed}
+
+
+def sampler_under_readers(store: Store, client: TestClient, paths: list[str], gpus: int, end: float,
+                          seconds: float) -> dict[str, float]:
+    """A sampler writing a window a second (as the agent does) while two readers refresh without pause:
+    a window is missed when its write ends after the next one is due."""
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            for path in paths:
+                client.get(path)
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for reader in readers:
+        reader.start()
+    writes, missed, due = [], 0, time.monotonic()
+    for w in range(int(seconds)):
+        due += 1.0
+        time.sleep(max(0.0, due - 1.0 - time.monotonic()))
+        start = time.perf_counter()
+        ts = end + 1 + w
+        store.write([gpu_row(g, ts) for g in range(gpus)], [job_row(g, ts) for g in range(gpus)])
+        writes.append(time.perf_counter() - start)
+        missed += time.monotonic() > due
+    stop.set()
+    for reader in readers:
+        reader.join()
+    return {"sampler_windows": len(writes), "sampler_windows_missed": missed,
+            "sampler_write_max_ms": max(writes) * 1000}
+
+
+# -- 3. Prometheus --------------------------------------------------------------------------------
+def openmetrics(path: Path, gpus: int, end: float, seconds: int, step: int) -> None:
+    """GPUs x ``seconds`` at one sample every ``step`` s, in the exporter's names, with the recorded
+    series of rules.yml as the rules compute them (constant shares, so averages are exact)."""
+    times = [end - seconds + step * i for i in range(seconds // step + 1)]
+    jobs = (gpus + GPUS_PER_JOB - 1) // GPUS_PER_JOB
+    ofu = [0.5 + (g % 7) / 20 for g in range(gpus)]
+
+    def labels(g: int) -> str:
+        return f'gpu="{g % 8}",uuid="GPU-{g:05d}",model="h200-sxm",hostname="node-{g // 8}",mig=""'
+
+    families: list[tuple[str, list[tuple[str, float]]]] = [
+        ("kernelfleet_ofu_ratio", [(labels(g), ofu[g]) for g in range(gpus)]),
+        ("kernelfleet_sample_stale", [(labels(g), 0.0) for g in range(gpus)]),
+        ("kernelfleet_gpu_info", [((f'uuid="GPU-{g:05d}",hostname="node-{g // 8}",gpu="{g % 8}",name="NVIDIA H200",'
+                                   'sku="h200-sxm"'), 1.0) for g in range(gpus)]),
+        ("kernelfleet_job_info", [(f'uuid="GPU-{g:05d}",mig="",job_id="job-{g // GPUS_PER_JOB}",kind="slurm",user="ana"',
+                                   1.0) for g in range(gpus)]),
+        ("kernelfleet_job_gpu_share_ratio", [(f'uuid="GPU-{g:05d}",mig="",job_id="job-{g // GPUS_PER_JOB}"', 1.0)
+                                             for g in range(gpus)]),
+        ("kernelfleet:fleet_gpu_ofu:avg", [("", sum(ofu) / gpus)]),
+        ("kernelfleet:fleet_gpus_with_ofu:count", [("", float(gpus))]),
+        ("kernelfleet:job_ofu:avg", [(f'job_id="job-{j}"', statistics.fmean(ofu[j * GPUS_PER_JOB:(j + 1) * GPUS_PER_JOB]))
+                                     for j in range(jobs)]),
+        ("kernelfleet:job_gpus:count", [(f'job_id="job-{j}"', float(len(ofu[j * GPUS_PER_JOB:(j + 1) * GPUS_PER_JOB])))
+                                        for j in range(jobs)]),
+    ]
+    with path.open("w") as f:
+        for name, series in families:
+            f.write(f"# TYPE {name} gauge\n")
+            for label, value in series:
+                head = f"{name}{{{label},instance=\"bench\",job=\"kernelfleet\"}} " if label else \
+                    f'{name}{{instance="bench",job="kernelfleet"}} '
+                f.write("".join(f"{head}{value} {t:.3f}\n" for t in times))
+        f.write("# EOF\n")
+
+
+def prometheus(tmp: Path, gpus: int, repeats: int, step: int) -> dict[str, Any]:
+    end = time.time() // step * step
+    data, tsdb = tmp / f"prom-{gpus}.om", tmp / f"tsdb-{gpus}"
+    made = time.perf_counter()
+    openmetrics(data, gpus, end, 86400, step)
+    subprocess.run([_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(data), str(tsdb)],
+                   check=True, capture_output=True)
+    data.unlink()
+    backfill_seconds = time.perf_counter() - made
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 15s\n")
+    server = subprocess.Popen([_binary("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tsdb}",
+                               f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _ready(f"{url}/-/ready", server)
+        asked: list[str] = []
+
+        def fetch(address: str) -> Any:
+            asked.append(address)
+            return http_json(address)
+
+        backend = PrometheusBackend(url, fetch=fetch, clock=lambda: end)
+        client = TestClient(create_app(backend))
+        paths = endpoints("GPU-00000", "job-0", end)
+        paths.pop("/healthz")
+        figures, floors = {}, {}
+        for name, path in paths.items():
+            client.get(path)  # the first answer warms Prometheus's caches, as a dashboard's second refresh finds them
+            asked.clear()
+            figures[name] = timed(client, path, repeats)
+            queries = asked[: len(asked) // repeats]
+            floors[name] = statistics.median(_direct(queries) for _ in range(repeats)) * 1000
+        return {"gpus": gpus, "step_seconds": step, "backfill_seconds": backfill_seconds, "endpoints_ms": figures,
+                "promql_floor_ms": floors, "refresh_ms": sum(figures[name][0] for name in REFRESH)}
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        shutil.rmtree(tsdb, ignore_errors=True)
+
+
+def _ready(url: str, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"Prometheus did not start on the backfilled TSDB ({url})") from None
+            time.sleep(0.5)
+
+
+def _direct(queries: list[str]) -> float:
+    start = time.perf_counter()
+    for query in queries:
+        http_json(query)
+    return time.perf_counter() - start
+
+
+def _binary(name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        raise SystemExit(f"{name} not found: install Debian's prometheus package (make system-deps)")
+    return found
+
+
+# -- the table --------------------------------------------------------------------------------------
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m bench.fleet_scale")
+    parser.add_argument("--quick", action="store_true", help="small sizes, under a minute (what CI runs)")
+    parser.add_argument("--prometheus-gpus", default="1000,10000", help="fleet sizes on Prometheus (comma-separated)")
+    parser.add_argument("--no-prometheus", action="store_true", help="the embedded store only")
+    parser.add_argument("--no-embedded", action="store_true", help="Prometheus only")
+    args = parser.parse_args()
+    try:
+        prom_sizes = [int(n) for n in args.prometheus_gpus.split(",")] if not args.no_prometheus else []
+    except ValueError:
+        raise SystemExit(f"--prometheus-gpus: expected sizes such as 1000,10000, got {args.prometheus_gpus!r}") from None
+    if args.quick:
+        writes, stores, repeats, sampler, prom_sizes = [(8, 120), (64, 60)], [(8, 2 * 86400), (64, 3600)], 5, 3, \
+            [20][: len(prom_sizes)]
+    else:
+        writes, stores, repeats, sampler = [(8, 1200), (64, 600), (1000, 120)], [(8, 30 * 86400), (64, 86400)], 20, 20
+    result: dict[str, Any] = {"command": command_line(), "quick": args.quick}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.no_embedded:
+            writes, stores = writes[:1], []
+        result["writes"] = {str(g): write_rate(Path(tmp), g, w) for g, w in writes}
+        result["write_ratio_to_bare_wal"] = min(w["ratio"] for w in result["writes"].values())
+        result["bytes_per_gpu_window"] = result["writes"][str(writes[0][0])]["bytes_per_gpu_window"]
+        result["embedded"] = [embedded(Path(tmp), g, s, repeats, sampler) for g, s in stores]
+        result["prometheus"] = [prometheus(Path(tmp), g, repeats, 60) for g in prom_sizes]
+    print_table(result)
+    print(json.dumps(result, separators=(",", ":")))
+
+
+def print_table(r: dict[str, Any]) -> None:
+    print(f"{'measure':62} {'value':>14} {'floor / target':>16}")
+    for gpus, w in r["writes"].items():
+        print(f"{f'store write, {gpus} GPUs a window (rows/s)':62} {w['rows_per_second']:>14,.0f} "
+              f"{w['bare_wal_rows_per_second']:>16,.0f}")
+        print(f"{'  share of the bare-WAL floor':62} {w['ratio']:>14.2f} {'>= 0.5':>16}")
+        print(f"{'  bytes per GPU-window':62} {w['bytes_per_gpu_window']:>14.0f}")
+    for e in r["embedded"]:
+        head = f"embedded {e['gpus']} GPUs x {e['days']:g} d"
+        print(f"{head + ': store bytes':62} {e['store_bytes']:>14,.0f} {'<= 5e9 (30 d)':>16}")
+        for name, (p50, p95) in e["endpoints_ms"].items():
+            print(f"{f'  {name} p50 / p95 (ms)':62} {f'{p50:.1f} / {p95:.1f}':>14} {'<= 100':>16}")
+        print(f"{'  one dashboard refresh, p50 sum (ms)':62} {e['refresh_ms']:>14.1f}")
+        missed = f"{e['sampler_windows_missed']} of {e['sampler_windows']}"
+        print(f"{'  sampler windows missed under two readers':62} {missed:>14} {'0':>16}")
+    for p in r["prometheus"]:
+        print(f"Prometheus {p['gpus']} GPUs x 24 h (a sample every {p['step_seconds']} s; "
+              f"backfill {p['backfill_seconds']:.0f} s)")
+        for name, (p50, p95) in p["endpoints_ms"].items():
+            floor = f"floor {p['promql_floor_ms'][name]:.1f}"
+            print(f"{f'  {name} p50 / p95 (ms)':62} {f'{p50:.1f} / {p95:.1f}':>14} {floor:>16}")
+        print(f"{'  one dashboard refresh, p50 sum (ms)':62} {p['refresh_ms']:>14.1f}")
+    print(f"command: {r['command']}")
+
+
+if __name__ == "__main__":
+    main()

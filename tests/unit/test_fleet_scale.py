@@ -1,0 +1,64 @@
+"""``python -m bench.fleet_scale --quick`` as CI runs it: it finishes, prints its table and command,
+and its last line is JSON with every figure, each sane (behaviour, not speed: no figure is held to
+a target here; the targets are the benchmark's to report)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).parents[2]
+ENDPOINTS = {"/api/fleet", "/api/gpus", "/api/jobs", "/api/jobs/summary", "/api/events",
+             "/api/jobs/JOB (a job of 8 GPUs)", "/api/series (15 min raw)", "/api/series (24 h at 1 min)",
+             "/api/fleet/series (24 h)"}
+
+
+@pytest.fixture(scope="module")
+def quick() -> tuple[str, dict]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "bench.fleet_scale", "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    *table, last = done.stdout.strip().splitlines()
+    return "\n".join(table), json.loads(last)
+
+
+def test_the_table_names_its_command_and_every_endpoint(quick):
+    table, figures = quick
+    assert f"command: {figures['command']}" in table and figures["command"].endswith("-m bench.fleet_scale --quick")
+    for name in ENDPOINTS:
+        assert name in table
+
+
+def test_writes_are_measured_against_the_bare_wal_floor(quick):
+    _, figures = quick
+    assert set(figures["writes"]) == {"8", "64"}
+    for w in figures["writes"].values():
+        assert w["rows_per_second"] > 0 and w["bare_wal_rows_per_second"] > 0
+        assert w["ratio"] == pytest.approx(w["rows_per_second"] / w["bare_wal_rows_per_second"])
+        assert 40 < w["bytes_per_gpu_window"] < 1000  # a narrow row, its share of the rollups, a page's slack
+    assert figures["write_ratio_to_bare_wal"] == min(w["ratio"] for w in figures["writes"].values())
+
+
+def test_every_endpoint_has_a_p50_below_its_p95_on_both_stores(quick):
+    _, figures = quick
+    assert [(e["gpus"], e["days"]) for e in figures["embedded"]] == [(8, 2.0), (64, 1 / 24)]
+    for e in figures["embedded"] + figures["prometheus"]:
+        assert ENDPOINTS <= set(e["endpoints_ms"])
+        for p50, p95 in e["endpoints_ms"].values():
+            assert 0 < p50 <= p95
+    for e in figures["embedded"]:
+        assert e["store_bytes"] > 0 and e["sampler_windows"] == 3 and 0 <= e["sampler_windows_missed"] <= 3
+        assert e["endpoints_ms"]["/healthz"][0] > 0
+
+
+def test_prometheus_endpoints_stand_beside_their_promql_floor(quick):
+    _, figures = quick
+    (p,) = figures["prometheus"]
+    assert p["gpus"] == 20 and p["step_seconds"] == 60
+    assert set(p["promql_floor_ms"]) == set(p["endpoints_ms"])
+    assert all(floor > 0 for floor in p["promql_floor_ms"].values())
