@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from kernelfleet import cli_place
+from kernelfleet import cli_place, cli_serve
 from kernelfleet.cli_common import CatalogOption, err, out_console
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 
@@ -329,6 +329,7 @@ for _name, _function in cli_place.COMMANDS:
 bench_app.command("disagg")(cli_place.disagg_command)
 bench_app.command("disagg-nccl")(cli_place.disagg_nccl_command)
 bench_app.command("serve")(cli_place.serve_command)
+app.command("serve")(cli_serve.serve)
 
 
 def main() -> None:

@@ -96,30 +96,18 @@ def _factory(target: str) -> Callable[[str, int], Any]:
 
 
 def _transformers(folder: Path, phase: str, batch: int, tokens: int) -> Callable[[str, int], Any]:
-    if not (folder / "config.json").is_file():
-        raise UsageError(f"hf:{folder}: no config.json there (a transformers model directory, as save_pretrained "
-                         "writes it)")
+    checked_folder(folder)
     if phase not in PHASES:
         raise UsageError(f"hf:{folder}: the {phase!r} phase is not built yet; the phases are {', '.join(PHASES)}")
     if batch < 1 or tokens < 1:
         raise UsageError(f"hf:{folder}: batch and tokens must be at least 1, got {batch} and {tokens}")
-    weights = any((folder / name).exists() for name in WEIGHT_FILES)
 
     def make(device: str, seed: int) -> Any:
         import torch
 
-        try:
-            from transformers import AutoConfig, AutoModelForCausalLM
-        except ImportError as exc:
-            raise UsageError(f"hf: targets need transformers ({exc}): pip install transformers") from exc
         from kernelfleet.workloads.steps import Step
 
-        if weights:
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
-        else:  # a config alone: the model's architecture with weights drawn from the seed
-            torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.bfloat16)
-        model = model.to(device).eval().requires_grad_(False)
+        model = causal_lm(folder, device, seed, torch.bfloat16)
         vocabulary = model.config.vocab_size
         ids = torch.randint(0, vocabulary, (batch, tokens), generator=torch.Generator().manual_seed(seed)).to(device)
 
@@ -129,3 +117,28 @@ def _transformers(folder: Path, phase: str, batch: int, tokens: int) -> Callable
         return Step(prefill, (ids,), model, f"hf:{folder.name}-prefill")
 
     return make
+
+
+def checked_folder(folder: Path) -> Path:
+    """``folder`` if it is a transformers model directory (it has a config.json), else UsageError."""
+    if not (folder / "config.json").is_file():
+        raise UsageError(f"hf:{folder}: no config.json there (a transformers model directory, as save_pretrained "
+                         "writes it)")
+    return folder
+
+
+def causal_lm(folder: Path, device: str, seed: int, dtype: Any) -> Any:
+    """The causal LM of a model directory on ``device``, in eval mode: its weights where it holds
+    them, else its architecture with weights drawn from ``seed``."""
+    import torch
+
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError as exc:
+        raise UsageError(f"hf: targets need transformers ({exc}): pip install transformers") from exc
+    if any((folder / name).exists() for name in WEIGHT_FILES):
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    else:  # a config alone: the model's architecture with weights drawn from the seed
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=dtype)
+    return model.to(device).eval().requires_grad_(False)

@@ -1,0 +1,57 @@
+"""Which request runs in which KV-cache slot: a bounded FIFO queue and a pool of free slots.
+
+Plain data, no torch and no clock: the engine asks it, once per step, which waiting requests move
+into the slots that are free (:meth:`Scheduler.admit`), and tells it when a request leaves its
+slot (:meth:`Scheduler.release`), so a slot is reused by the next request at the next step.
+Requests past ``max_queue`` waiting are refused (:class:`QueueFull`; the API answers 429).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Generic, TypeVar
+
+from kernelfleet.errors import KernelfleetError
+
+Item = TypeVar("Item")
+
+
+class QueueFull(KernelfleetError):
+    """More requests wait than the queue holds."""
+
+
+class Scheduler(Generic[Item]):
+    """``slots`` slots (0 .. slots-1) and a queue of at most ``max_queue`` waiting requests."""
+
+    def __init__(self, slots: int, max_queue: int) -> None:
+        self.free = list(range(slots - 1, -1, -1))  # popped from the end: slot 0 first
+        self.max_queue = max_queue
+        self.waiting: deque[Item] = deque()
+        self.running: dict[int, Item] = {}
+
+    def submit(self, item: Item) -> None:
+        if len(self.waiting) >= self.max_queue:
+            raise QueueFull(f"the queue is full ({self.max_queue} requests wait); retry later")
+        self.waiting.append(item)
+
+    def withdraw(self, item: Item) -> bool:
+        """Take a request out of the queue before it got a slot; False when it is not waiting."""
+        try:
+            self.waiting.remove(item)
+        except ValueError:
+            return False
+        return True
+
+    def admit(self) -> list[tuple[int, Item]]:
+        """Waiting requests moved into free slots, oldest first: ``(slot, request)`` pairs."""
+        admitted = []
+        while self.waiting and self.free:
+            slot = self.free.pop()
+            self.running[slot] = item = self.waiting.popleft()
+            admitted.append((slot, item))
+        return admitted
+
+    def release(self, slot: int) -> None:
+        """The request in ``slot`` is done; the slot takes the next one."""
+        del self.running[slot]
+        self.free.append(slot)
