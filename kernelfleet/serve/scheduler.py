@@ -3,7 +3,8 @@
 Plain data, no torch and no clock: the engine asks it, once per step, which waiting requests move
 into the slots that are free (:meth:`Scheduler.admit`), and tells it when a request leaves its
 slot (:meth:`Scheduler.release`), so a slot is reused by the next request at the next step.
-Requests past ``max_queue`` waiting are refused (:class:`QueueFull`; the API answers 429).
+A request that finds no free slot and ``max_queue`` requests already waiting for one is refused
+(:class:`QueueFull`; the API answers 429).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ class Scheduler(Generic[Item]):
         self.running: dict[int, Item] = {}
 
     def submit(self, item: Item) -> None:
-        if len(self.waiting) >= self.max_queue:
-            raise QueueFull(f"the queue is full ({self.max_queue} requests wait); retry later")
+        # a free slot takes a request at the next step whatever the queue holds: only the rest waits
+        if len(self.waiting) >= self.max_queue + len(self.free):
+            raise QueueFull(f"the queue is full ({self.max_queue} requests wait for a slot); retry later")
         self.waiting.append(item)
 
     def withdraw(self, item: Item) -> bool:
