@@ -34,10 +34,12 @@ def serve(
                          "pass --cpu to run the model eagerly on the CPU")
     token = given_token(token)
     host, port = listen_address(listen, allow_remote, token)
-    from kernelfleet.serve.command import build
+    from kernelfleet.serve.command import build, checked_sizes
     from kernelfleet.serve.command import serve as run
-    from kernelfleet.serve.model import load
+    from kernelfleet.serve.model import load, max_context_tokens
 
+    # every flag is checked before the weights load: a mistake is one line at once
+    checked_sizes(slots, max_queue, context, max_context_tokens(target))
     sock = bind(host, port)
     try:
         served = load(target, "cpu", seed)

@@ -16,14 +16,29 @@ def at_end_of(*recordings: Path):
     return lambda: end
 
 
+# Prompts of different lengths for the serving tests, as token ids of the tiny models
+PROMPTS = [[5, 9, 100, 3], [7] * 11, [1, 2, 3, 4, 5, 6, 7], [200], [42, 17] * 9, [3, 1, 4, 1, 5, 9, 2, 6]]
+
+
+def reference(model, prompt: list[int], max_tokens: int, eos: bool = True) -> list[int]:
+    """What transformers generates for ``prompt`` alone, greedily (``eos``: stopping at the end token)."""
+    import torch
+
+    ids = torch.tensor([prompt])
+    extra = {} if eos else {"eos_token_id": None}
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
+                         pad_token_id=0, **extra)
+    return out[0, len(prompt):].tolist()
+
+
 def tiny_causal_lm(kind: str = "llama", seed: int = 0, vocab_size: int = 256):
     """A transformers causal LM small enough for a test on two CPU cores, random weights from
     ``seed``: ``llama`` (dense) or ``qwen2-moe`` (4 experts, 2 a token, a shared expert)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2MoeConfig
 
-    shape = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    shape = {"vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
     if kind == "llama":
         config = LlamaConfig(**shape)
     elif kind == "qwen2-moe":

@@ -20,14 +20,21 @@ from kernelfleet.serve.engine import Engine
 from kernelfleet.serve.model import DEFAULT_CONTEXT_TOKENS, Served
 
 
+def checked_sizes(slots: int, max_queue: int, context_tokens: int | None, max_context_tokens: int) -> int:
+    """The tokens per slot (``context_tokens``, or the model's maximum up to a default), once the
+    sizes make sense (UsageError naming the flag otherwise)."""
+    if slots < 1 or max_queue < 0:
+        raise UsageError(f"--slots must be at least 1 and --max-queue at least 0, got {slots} and {max_queue}")
+    context = context_tokens or min(max_context_tokens, DEFAULT_CONTEXT_TOKENS)
+    if not 1 < context <= max_context_tokens:
+        raise UsageError(f"--context must be from 2 to the model's {max_context_tokens} tokens, got {context}")
+    return context
+
+
 def build(served: Served, slots: int, max_queue: int, context_tokens: int | None = None,
           token: str | None = None) -> tuple[Engine, FastAPI]:
     """A started engine over ``served`` on the CPU, eagerly, and its app."""
-    if slots < 1 or max_queue < 0:
-        raise UsageError(f"--slots must be at least 1 and --max-queue at least 0, got {slots} and {max_queue}")
-    context = context_tokens or min(served.max_context_tokens, DEFAULT_CONTEXT_TOKENS)
-    if not 1 < context <= served.max_context_tokens:
-        raise UsageError(f"--context must be from 2 to the model's {served.max_context_tokens} tokens, got {context}")
+    context = checked_sizes(slots, max_queue, context_tokens, served.max_context_tokens)
     engine = Engine(EagerBackend(served.model, slots, context), max_queue).start()
     return engine, serve_app(engine, served, token)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kernelfleet.errors import UsageError
+from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.workloads.targets import causal_lm, checked_folder
 
 log = logging.getLogger(__name__)
@@ -38,17 +38,36 @@ class Served:
 
 def load(target: str, device: str = "cpu", seed: int = 0, dtype: torch.dtype = torch.float32) -> Served:
     """``hf:DIR`` loaded on ``device`` (UsageError for any other kind of target)."""
-    if not target.startswith("hf:"):
-        raise UsageError(f"kernelfleet serve takes hf:DIR (a transformers causal LM directory), got {target!r}: "
-                         "reference steps and MODULE:FACTORY targets are single steps, not generators")
-    folder = checked_folder(Path(target[3:]))
+    folder = model_folder(target)
     model = causal_lm(folder, device, seed, dtype)
     config = model.config
     eos = model.generation_config.eos_token_id if model.generation_config is not None else None
     eos = eos if eos is not None else config.eos_token_id
     eos_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
-    context = getattr(config, "max_position_embeddings", None) or DEFAULT_CONTEXT_TOKENS
-    return Served(folder.resolve().name, model, _tokenizer(folder), eos_ids, config.vocab_size, context)
+    return Served(folder.resolve().name, model, _tokenizer(folder), eos_ids, config.vocab_size,
+                  _context(config))
+
+
+def model_folder(target: str) -> Path:
+    """The directory of an ``hf:DIR`` target, checked (UsageError for any other kind of target)."""
+    if not target.startswith("hf:"):
+        raise UsageError(f"kernelfleet serve takes hf:DIR (a transformers causal LM directory), got {target!r}: "
+                         "reference steps and MODULE:FACTORY targets are single steps, not generators")
+    return checked_folder(Path(target[3:]))
+
+
+def max_context_tokens(target: str) -> int:
+    """The longest sequence the positions of ``target``'s model allow, from its config alone (the
+    default when the config does not say)."""
+    try:
+        from transformers import AutoConfig
+    except ImportError as exc:
+        raise EnvironmentProblem(f"serving needs transformers ({exc}): pip install transformers") from exc
+    return _context(AutoConfig.from_pretrained(model_folder(target)))
+
+
+def _context(config: Any) -> int:
+    return getattr(config, "max_position_embeddings", None) or DEFAULT_CONTEXT_TOKENS
 
 
 def _tokenizer(folder: Path) -> Any | None:

@@ -5,7 +5,7 @@ free their slots."""
 
 import pytest
 import torch
-from recorded import tiny_causal_lm
+from recorded import PROMPTS, reference, tiny_causal_lm
 
 from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.serve.engine import Engine
@@ -14,16 +14,6 @@ from kernelfleet.serve.scheduler import QueueFull, Scheduler
 
 pytestmark = pytest.mark.unit
 GREEDY = Sampling(temperature=0.0)
-PROMPTS = [[5, 9, 100, 3], [7] * 11, [1, 2, 3, 4, 5, 6, 7], [200], [42, 17] * 9, [3, 1, 4, 1, 5, 9, 2, 6]]
-
-
-def reference(model, prompt, max_tokens, eos=True):
-    """What transformers generates for ``prompt`` alone, greedily."""
-    ids = torch.tensor([prompt])
-    extra = {} if eos else {"eos_token_id": None}
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
-                         pad_token_id=0, **extra)
-    return out[0, len(prompt):].tolist()
 
 
 class Collected:
