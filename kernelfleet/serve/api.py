@@ -3,8 +3,9 @@
 ``POST /v1/completions`` (whole, or ``stream: true`` as server-sent events ending with
 ``data: [DONE]``), ``GET /v1/models``, ``/healthz`` and ``/metrics`` (Prometheus). Every refusal
 is one line in OpenAI's error shape: a malformed or unknown field, a prompt that does not fit the
-context or ``max_tokens`` past the cache are 400, an unknown model 404, a full queue 429. A client
-that goes away mid-stream (or mid-wait) cancels its request, and the engine frees its slot. With
+context or ``max_tokens`` past the cache are 400, an unknown model 404, a full queue 429, a stopped
+loop 503. A client that goes away mid-stream cancels its request, and the engine frees its slot (a
+whole answer runs to its end: ``max_tokens`` bounds it). With
 a token, every route needs ``Authorization: Bearer <token>``, as the agent's API does.
 """
 
@@ -32,7 +33,7 @@ from kernelfleet.serve.documents import (
     ModelList,
     Usage,
 )
-from kernelfleet.serve.engine import ERROR, Engine, Request
+from kernelfleet.serve.engine import ERROR, Closed, Engine, Request
 from kernelfleet.serve.model import Served
 from kernelfleet.serve.sampling import Sampling
 from kernelfleet.serve.scheduler import QueueFull
@@ -96,6 +97,8 @@ def serve_app(engine: Engine, served: Served, token: str | None = None) -> FastA
         except QueueFull as exc:
             engine.metrics.rejected.inc()
             raise Refused(429, str(exc), "rate_limit_error") from exc
+        except Closed as exc:
+            raise Refused(503, str(exc), "server_error") from exc
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": served.name}
         if body.stream:
             return StreamingResponse(_events(engine, request, stream, served, head), media_type="text/event-stream")

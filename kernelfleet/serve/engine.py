@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernelfleet.errors import KernelfleetError
 from kernelfleet.serve.backend import Backend
 from kernelfleet.serve.metrics import ServeMetrics
 from kernelfleet.serve.sampling import Sampler, Sampling
@@ -34,6 +35,10 @@ log = logging.getLogger(__name__)
 
 Sink = Callable[[int | None, str | None], None]
 STOP, LENGTH, CANCELLED, ERROR = "stop", "length", "cancelled", "error"
+
+
+class Closed(KernelfleetError):
+    """The loop takes no more requests."""
 
 
 @dataclass(eq=False)
@@ -74,9 +79,12 @@ class Engine:
 
     def submit(self, prompt: list[int], max_tokens: int, stop_token_ids: frozenset[int], sampling: Sampling,
                sink: Sink) -> Request:
-        """Queue a request (QueueFull when the queue holds ``max_queue``); its tokens go to ``sink``."""
+        """Queue a request (QueueFull when the queue holds ``max_queue``, Closed once the loop has
+        stopped); its tokens go to ``sink``."""
         request = Request(prompt, max_tokens, stop_token_ids, Sampler(sampling), sink, self.clock())
         with self._wake:
+            if self._closing:
+                raise Closed("the generation loop has stopped (the server's log says why)")
             self.scheduler.submit(request)
             self._gauges()
             self._wake.notify()
@@ -120,18 +128,18 @@ class Engine:
             return forward(*args)
         except Exception:  # a failed forward ends its requests; the loop and the other slots go on
             log.exception("a forward over slots %s failed; its requests end with an error", slots)
-            with self._wake:
-                for slot in slots:
-                    if not self.scheduler.running[slot].cancelled:
-                        self.scheduler.running[slot].sink(None, ERROR)
-                    self._leave(slot, ERROR)
-                self._gauges()
+            self._fail(slots)
             return None
         finally:
             self.metrics.busy.labels(self.backend.device).inc(self.clock() - started)
 
     def _next(self, slot: int, request: Request, logits: torch.Tensor) -> None:
-        token = request.sampler.choose(logits)
+        try:
+            token = request.sampler.choose(logits)
+        except RuntimeError:  # logits with a NaN or an infinity cannot be sampled from
+            log.exception("the logits of the request in slot %s cannot be sampled; it ends with an error", slot)
+            self._fail([slot])
+            return
         now = self.clock()
         if request.last_token_seconds is None:
             self.metrics.first_token.observe(now - request.arrival_seconds)
@@ -149,6 +157,14 @@ class Engine:
                 self._leave(slot, reason)
                 self._gauges()
 
+    def _fail(self, slots: list[int]) -> None:
+        with self._wake:
+            for slot in slots:
+                if not self.scheduler.running[slot].cancelled:
+                    self.scheduler.running[slot].sink(None, ERROR)
+                self._leave(slot, ERROR)
+            self._gauges()
+
     def _leave(self, slot: int, reason: str) -> None:
         self.scheduler.release(slot)
         self.metrics.finished.labels(reason).inc()
@@ -165,7 +181,16 @@ class Engine:
                     self._wake.wait()
                 if self._closing:
                     return
-            self.step()
+            try:
+                self.step()
+            except Exception:  # a bug in the loop itself: no client may wait for a token that never comes
+                log.exception("the generation loop failed; every request ends with an error")
+                with self._wake:
+                    self._closing = True
+                    self._fail(list(self.scheduler.running))
+                    for request in self.scheduler.drain():
+                        request.sink(None, ERROR)
+                return  # alive() turns False: /healthz answers 503 and `kernelfleet serve` exits
 
     def start(self) -> Engine:
         self._thread = threading.Thread(target=self.run, name="kernelfleet-serve-engine", daemon=True)

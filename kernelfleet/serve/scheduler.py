@@ -57,3 +57,9 @@ class Scheduler(Generic[Item]):
         """The request in ``slot`` is done; the slot takes the next one."""
         del self.running[slot]
         self.free.append(slot)
+
+    def drain(self) -> list[Item]:
+        """Every waiting request, taken out of the queue (the loop is stopping)."""
+        drained = list(self.waiting)
+        self.waiting.clear()
+        return drained

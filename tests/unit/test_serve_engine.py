@@ -8,7 +8,7 @@ import torch
 from recorded import PROMPTS, reference, tiny_causal_lm
 
 from kernelfleet.serve.backend import EagerBackend
-from kernelfleet.serve.engine import Engine
+from kernelfleet.serve.engine import Closed, Engine
 from kernelfleet.serve.sampling import Sampler, Sampling
 from kernelfleet.serve.scheduler import QueueFull, Scheduler
 
@@ -146,3 +146,33 @@ def test_a_failing_forward_ends_its_requests_with_an_error_and_the_loop_goes_on(
     _, fine = submit(engine, PROMPTS[0], 5)
     drain(engine)
     assert fine.tokens == reference(model, PROMPTS[0], 5, eos=False)
+
+
+def test_logits_that_cannot_be_sampled_end_only_their_request():
+    model = tiny_causal_lm("llama")
+    backend = EagerBackend(model, slots=2, context_tokens=64)
+    engine = Engine(backend, max_queue=4)
+    _, fine = submit(engine, PROMPTS[0], 4)
+    _, broken = submit(engine, PROMPTS[1], 4, Sampling(temperature=1.0, seed=1))
+    decode = backend.decode
+
+    def poisoned(slots, tokens, positions):
+        logits = decode(slots, tokens, positions).clone()
+        if 1 in slots:
+            logits[slots.index(1)] = float("nan")
+        return logits
+
+    backend.decode = poisoned
+    drain(engine)
+    assert broken.finish == "error" and len(broken.tokens) == 1
+    assert fine.tokens == reference(model, PROMPTS[0], 4, eos=False)
+
+
+def test_a_failing_loop_ends_every_request_and_takes_no_more():
+    engine = Engine(EagerBackend(tiny_causal_lm("llama"), slots=1, context_tokens=64), max_queue=4)
+    engine._next = lambda *args: (_ for _ in ()).throw(ValueError("a bug"))
+    sinks = [submit(engine, prompt, 4)[1] for prompt in PROMPTS[:3]]
+    engine.start()._thread.join(timeout=60)
+    assert not engine.alive() and [s.finish for s in sinks] == ["error"] * 3
+    with pytest.raises(Closed, match="the generation loop has stopped"):
+        submit(engine, PROMPTS[0], 4)
