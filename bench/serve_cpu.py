@@ -10,8 +10,10 @@ a shared machine hits each alike):
 
 * the bare loop: the backend's prefill and decode calls and an arg max, nothing else;
 * the engine: the generation loop (scheduler, sampler, metrics) stepped in this thread, no HTTP;
-* the server: ``POST /v1/completions`` with ``stream: true`` over loopback HTTP to uvicorn, the
-  loop on its own thread; time per output token as the client sees the chunks arrive.
+* the server: ``kernelfleet serve hf:DIR --cpu`` in its own process (the model saved to a temporary
+  directory, the same weights), ``POST /v1/completions`` with ``stream: true`` over loopback HTTP;
+  time per output token as the client sees the chunks arrive. The server idles while the other two
+  run, and they idle while it runs.
 
 Then the server at each concurrency: that many streaming clients at once, each ``--tokens`` tokens,
 ``--slots`` = the largest concurrency; tokens/s of the whole, and each request's time to first
@@ -24,18 +26,20 @@ import argparse
 import asyncio
 import itertools
 import json
+import signal
+import socket
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import httpx
 import torch
 
 from bench import command_line
-from kernelfleet.fleet.listener import Listener, bind
 from kernelfleet.serve.backend import EagerBackend
-from kernelfleet.serve.command import build
 from kernelfleet.serve.engine import Engine
-from kernelfleet.serve.model import Served
 from kernelfleet.serve.sampling import Sampling
 
 PROMPT_TOKENS = 16
@@ -123,37 +127,58 @@ def main() -> None:
     print(f"Llama, {parameters / 1e6:.1f} M parameters (hidden {args.hidden}, {args.layers} layers, vocabulary "
           f"{args.vocab}), float32, torch {torch.__version__}, {torch.get_num_threads()} threads; prompts of "
           f"{PROMPT_TOKENS} tokens, {args.tokens} out")
-    served = Served("bench", lm, None, frozenset(), args.vocab, 1024)
-    engine, app = build(served, max(levels), 4 * max(levels), PROMPT_TOKENS + args.tokens)
-    sock = bind("127.0.0.1", 0)
-    server = Listener(app, sock).start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
-        asyncio.run(clients(url, 1, args.vocab, 4))  # warm: the first forward allocates the cache
-        bare, inner, outer = [], [], []
-        for _ in range(args.repeats):
-            bare.append(bare_seconds_per_token(lm, args.tokens))
-            inner.append(engine_seconds_per_token(lm, args.tokens))
-            outer.append(statistics.median(asyncio.run(clients(url, 1, args.vocab, args.tokens))[1][0][1]))
-        base = statistics.median(bare)
-        print(f"\nbatch 1, median of {args.repeats} runs of each   ms/token   vs bare loop")
-        for name, runs in (("bare loop (backend + arg max)", bare), ("engine, no HTTP", inner),
-                           ("server, streamed over HTTP", outer)):
-            seconds = statistics.median(runs)
-            print(f"{name:<42} {seconds * 1e3:>8.3f}   {100 * (seconds / base - 1):+7.1f} %")
-        print(f"\n{'clients':>7} {'tokens/s':>9} {'vs bare b=1':>11} {'TTFT p50 ms':>11} {'p99':>7} "
-              f"{'TPOT p50 ms':>11} {'p99':>7}")
-        for n in levels:
-            wall, done = asyncio.run(clients(url, n, args.vocab, args.tokens))
-            first = [ttft for ttft, _ in done]
-            gaps = [g for _, request in done for g in request]
-            rate = n * args.tokens / wall
-            print(f"{n:>7} {rate:>9.1f} {rate * base:>10.2f}x {percentile(first, .5) * 1e3:>11.1f} "
-                  f"{percentile(first, .99) * 1e3:>7.1f} {percentile(gaps, .5) * 1e3:>11.2f} "
-                  f"{percentile(gaps, .99) * 1e3:>7.2f}")
-    finally:
-        server.stop()
-        engine.close()
+    with tempfile.TemporaryDirectory() as folder:
+        lm.save_pretrained(folder)
+        server, url = start_server(folder, max(levels), PROMPT_TOKENS + args.tokens)
+        try:
+            report(lm, url, args, levels)
+        finally:
+            server.send_signal(signal.SIGINT)
+            server.wait(timeout=60)
+
+
+def start_server(folder: str, slots: int, context: int) -> tuple[subprocess.Popen, str]:
+    """``kernelfleet serve hf:FOLDER --cpu`` in its own process, as a user starts it, once it answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "kernelfleet", "serve", f"hf:{folder}", "--cpu", "--listen",
+                               f"127.0.0.1:{port}", "--slots", str(slots), "--max-queue", str(4 * slots),
+                               "--context", str(context)], stderr=subprocess.DEVNULL)
+    while server.poll() is None:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return server, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    raise SystemExit(f"kernelfleet serve exited with {server.returncode} before it answered")
+
+
+def report(lm, url: str, args: argparse.Namespace, levels: list[int]) -> None:
+    """The two tables: batch 1 against the bare loop, then the server at each concurrency."""
+    asyncio.run(clients(url, 1, args.vocab, 4))  # warm: the first forward allocates the cache
+    bare, inner, outer = [], [], []
+    for _ in range(args.repeats):
+        bare.append(bare_seconds_per_token(lm, args.tokens))
+        inner.append(engine_seconds_per_token(lm, args.tokens))
+        outer.append(statistics.median(asyncio.run(clients(url, 1, args.vocab, args.tokens))[1][0][1]))
+    base = statistics.median(bare)
+    print(f"\nbatch 1, median of {args.repeats} runs of each   ms/token   vs bare loop")
+    for name, runs in (("bare loop (backend + arg max)", bare), ("engine, no HTTP", inner),
+                       ("server, streamed over HTTP", outer)):
+        seconds = statistics.median(runs)
+        print(f"{name:<42} {seconds * 1e3:>8.3f}   {100 * (seconds / base - 1):+7.1f} %")
+    print(f"\n{'clients':>7} {'tokens/s':>9} {'vs bare b=1':>11} {'TTFT p50 ms':>11} {'p99':>7} "
+          f"{'TPOT p50 ms':>11} {'p99':>7}")
+    for n in levels:
+        wall, done = asyncio.run(clients(url, n, args.vocab, args.tokens))
+        first = [ttft for ttft, _ in done]
+        gaps = [g for _, request in done for g in request]
+        rate = n * args.tokens / wall
+        print(f"{n:>7} {rate:>9.1f} {rate * base:>10.2f}x {percentile(first, .5) * 1e3:>11.1f} "
+              f"{percentile(first, .99) * 1e3:>7.1f} {percentile(gaps, .5) * 1e3:>11.2f} "
+              f"{percentile(gaps, .99) * 1e3:>7.2f}")
 
 
 if __name__ == "__main__":

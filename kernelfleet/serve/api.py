@@ -168,7 +168,7 @@ async def _events(engine: Engine, request: Request, stream: TokenStream, served:
                 yield f"data: {error.model_dump_json()}\n\n"
                 break
             choice = Choice(text=text.add(token, reason is not None), token_ids=[token], finish_reason=reason)
-            yield f"data: {Completion(**head, choices=[choice]).model_dump_json(exclude_none=False)}\n\n"
+            yield f"data: {Completion(**head, choices=[choice]).model_dump_json()}\n\n"
         yield "data: [DONE]\n\n"
     finally:
         if stream.finish_reason is None:  # the client disconnected mid-stream: its slot goes to the next
