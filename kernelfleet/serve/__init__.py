@@ -2,5 +2,6 @@
 continuous batching at step granularity), its device backends and the OpenAI-compatible HTTP API.
 
 ``scheduler`` and ``documents`` are plain Python; ``cache``, ``sampling``, ``backend`` and
-``model`` touch torch; ``engine`` runs the loop on a backend; ``api`` and ``metrics`` serve it.
+``model`` touch torch; ``engine`` runs the loop on a backend; ``api``, ``stream`` and ``metrics``
+serve it over HTTP; ``command`` is what ``kernelfleet serve`` starts (docs/serve.md).
 """
