@@ -6,7 +6,7 @@ against the bare loop (target: at most 5 % of the step time), and tokens/s at a 
 
 A Llama of the given size with random weights (float32). Three ways to make the same greedy
 tokens, at batch 1, interleaved ``--repeats`` times (the median is shown, so a neighbour's load on
-a shared machine hits each alike):
+a shared machine hits each alike, and each goes first as often):
 
 * the bare loop: the backend's prefill and decode calls and an arg max, nothing else;
 * the engine: the generation loop (scheduler, sampler, metrics) stepped in this thread, no HTTP;
@@ -158,16 +158,19 @@ def start_server(folder: str, slots: int, context: int) -> tuple[subprocess.Pope
 def report(lm, url: str, args: argparse.Namespace, levels: list[int]) -> None:
     """The two tables: batch 1 against the bare loop, then the server at each concurrency."""
     asyncio.run(clients(url, 1, args.vocab, 4))  # warm: the first forward allocates the cache
-    bare, inner, outer = [], [], []
-    for _ in range(args.repeats):
-        bare.append(bare_seconds_per_token(lm, args.tokens))
-        inner.append(engine_seconds_per_token(lm, args.tokens))
-        outer.append(statistics.median(asyncio.run(clients(url, 1, args.vocab, args.tokens))[1][0][1]))
-    base = statistics.median(bare)
+    ways = {"bare loop (backend + arg max)": lambda: bare_seconds_per_token(lm, args.tokens),
+            "engine, no HTTP": lambda: engine_seconds_per_token(lm, args.tokens),
+            "server, streamed over HTTP": lambda: statistics.median(
+                asyncio.run(clients(url, 1, args.vocab, args.tokens))[1][0][1])}
+    runs: dict[str, list[float]] = {name: [] for name in ways}
+    for repeat in range(args.repeats):
+        names = list(ways)
+        for name in names[repeat % 3:] + names[:repeat % 3]:  # each goes first as often: no order effect
+            runs[name].append(ways[name]())
+    base = statistics.median(runs["bare loop (backend + arg max)"])
     print(f"\nbatch 1, median of {args.repeats} runs of each   ms/token   vs bare loop")
-    for name, runs in (("bare loop (backend + arg max)", bare), ("engine, no HTTP", inner),
-                       ("server, streamed over HTTP", outer)):
-        seconds = statistics.median(runs)
+    for name, seconds_per_token in runs.items():
+        seconds = statistics.median(seconds_per_token)
         print(f"{name:<42} {seconds * 1e3:>8.3f}   {100 * (seconds / base - 1):+7.1f} %")
     print(f"\n{'clients':>7} {'tokens/s':>9} {'vs bare b=1':>11} {'TTFT p50 ms':>11} {'p99':>7} "
           f"{'TPOT p50 ms':>11} {'p99':>7}")
