@@ -18,7 +18,7 @@ $(VENV)/.see: pyproject.toml
 # met and pip does not fetch a multi-GB CUDA build.
 $(VENV)/.all: $(VENV)/.see
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[place,test,bench]"
+	$(PY) -m pip install -q -e ".[place,serve,test,bench]"
 	touch $@
 
 # The main job: the agent on this machine's GPUs (without GPUs, on a trace recorded on an

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
-from kernelfleet import cli_place
+from kernelfleet import cli_place, cli_serve
 from kernelfleet.cli_common import CatalogOption, err, out_console
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 
@@ -361,6 +361,7 @@ for _name, _function in cli_place.COMMANDS:
 bench_app.command("disagg")(cli_place.disagg_command)
 bench_app.command("disagg-nccl")(cli_place.disagg_nccl_command)
 bench_app.command("serve")(cli_place.serve_command)
+app.command("serve")(cli_serve.serve)
 
 
 def main() -> None:

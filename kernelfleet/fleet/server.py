@@ -125,11 +125,9 @@ def bearer(header: str) -> str | None:
     return given.strip() if scheme.lower() == "bearer" and given.strip() else None
 
 
-def create_app(backend: Backend, token: str | None = None, metrics: Callable[[], bytes] | None = None,
-               api_docs: bool = False) -> FastAPI:
-    """The app; ``token`` set means every data request needs ``Authorization: Bearer <token>``.
-    ``api_docs`` serves the OpenAPI schema and its pages (/docs, /redoc), off by default: they map
-    the API for anyone who can reach the port, token or not."""
+def token_guard(token: str | None) -> Callable[[Request], None]:
+    """A FastAPI dependency: with ``token`` set, a request without ``Authorization: Bearer <token>``
+    is a 401 (compared in constant time); with None, every request passes."""
 
     def authorised(request: Request) -> None:
         if token is None:
@@ -138,12 +136,21 @@ def create_app(backend: Backend, token: str | None = None, metrics: Callable[[],
         if given is None or not hmac.compare_digest(given.encode(), token.encode()):
             raise HTTPException(status_code=401, detail="missing or wrong bearer token")
 
+    return authorised
+
+
+def create_app(backend: Backend, token: str | None = None, metrics: Callable[[], bytes] | None = None,
+               api_docs: bool = False) -> FastAPI:
+    """The app; ``token`` set means every data request needs ``Authorization: Bearer <token>``.
+    ``api_docs`` serves the OpenAPI schema and its pages (/docs, /redoc), off by default: they map
+    the API for anyone who can reach the port, token or not."""
+
     docs = {} if api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="kernelfleet", default_response_class=FiniteJSONResponse, **docs)
     app.add_middleware(BodyCap)
     # The page and its static files load without the token (a browser cannot add a header
     # to a page load); everything with data behind it needs it.
-    api = APIRouter(dependencies=[Depends(authorised)])
+    api = APIRouter(dependencies=[Depends(token_guard(token))])
     app.mount("/static", StaticFiles(directory=DASHBOARD), name="static")
 
     @app.get("/", include_in_schema=False)

@@ -1,0 +1,66 @@
+"""Device backends: what runs one forward of the generation loop on a device.
+
+The engine (``engine.py``) decides what runs; a backend runs it. Two calls:
+
+* ``prefill(slot, token_ids)``: a prompt into one slot's cache, the logits of its last position;
+* ``decode(slots, token_ids, positions)``: one token for each of several slots, at each slot's own
+  position, their logits (one row per slot).
+
+:class:`EagerBackend` runs a transformers causal LM eagerly (the CPU mode, and any device without
+graphs). A graph backend implements the same two calls: at start it captures a decode graph per
+batch bucket (1, 2, 4, ... up to the slots) over fixed input tensors, and ``decode`` pads the
+batch to the smallest bucket that holds it, writes the inputs in place and replays that graph;
+the place half's plans run each bucket's graph across devices. The engine does not change.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Protocol
+
+import torch
+
+from kernelfleet.serve.cache import SlotCache, attention_mask
+
+
+class Backend(Protocol):
+    """What the engine needs of a device (module docstring)."""
+
+    device: str
+    slots: int
+    context_tokens: int
+
+    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor: ...
+
+    def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor: ...
+
+
+class EagerBackend:
+    """A transformers causal LM run eagerly, its KV cache a :class:`SlotCache` of ``slots`` slots."""
+
+    def __init__(self, model: torch.nn.Module, slots: int, context_tokens: int) -> None:
+        self.model, self.slots, self.context_tokens = model, slots, context_tokens
+        parameter = next(model.parameters())
+        self.device, self.dtype = str(parameter.device), parameter.dtype
+        self.cache = SlotCache(slots, context_tokens)
+        self.eager = model.config._attn_implementation == "eager"
+        # transformers 5 calls the cache argument ``cache``; earlier releases ``past_key_values``
+        accepted = inspect.signature(model.forward).parameters
+        self.cache_argument = "cache" if "cache" in accepted else "past_key_values"
+        self.keep_argument = "logits_to_keep" if "logits_to_keep" in accepted else "num_logits_to_keep"
+
+    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+        positions = torch.arange(len(token_ids), device=self.device)[None, :]
+        return self._forward(torch.tensor([token_ids], device=self.device), [slot], positions)[0]
+
+    def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
+        return self._forward(torch.tensor(token_ids, device=self.device)[:, None], slots,
+                             torch.tensor(positions, device=self.device)[:, None])
+
+    @torch.inference_mode()
+    def _forward(self, ids: torch.Tensor, slots: list[int], positions: torch.Tensor) -> torch.Tensor:
+        self.cache.aim(torch.tensor(slots, device=self.device), positions)
+        mask = attention_mask(positions, self.cache.length, self.eager, self.dtype)
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                         **{self.cache_argument: self.cache, self.keep_argument: 1})
+        return out.logits[:, -1].float()

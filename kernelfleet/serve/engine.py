@@ -1,0 +1,208 @@
+"""The generation loop: continuous batching at step granularity over a backend's slots.
+
+One thread owns the backend. Each step:
+
+1. requests whose client went away leave their slots;
+2. waiting requests move into free slots (``scheduler.py``) and are prefilled one by one, which
+   gives each its first token;
+3. one decode forward runs every request in a slot, each at its own position, and gives each its
+   next token. A request whose token is a stop token, or that reached ``max_tokens``, leaves its
+   slot at once, so the next step's newcomer reuses it.
+
+Tokens go to each request's ``sink`` (called on the engine's thread: the API hands them to its
+event loop) as ``sink(token_id, finish_reason)``, ``finish_reason`` None until the last token;
+a backend failure ends the requests of that forward with ``sink(None, "error")``. Time comes from
+``clock`` (STYLE: passed in); the thread sleeps while there is nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from kernelfleet.errors import KernelfleetError
+from kernelfleet.serve.backend import Backend
+from kernelfleet.serve.metrics import ServeMetrics
+from kernelfleet.serve.sampling import Sampler, Sampling
+from kernelfleet.serve.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[int | None, str | None], None]
+STOP, LENGTH, CANCELLED, ERROR = "stop", "length", "cancelled", "error"
+
+
+class Closed(KernelfleetError):
+    """The loop takes no more requests."""
+
+
+@dataclass(eq=False)
+class Request:
+    """One completion in the loop: its prompt, limits and what it generated so far."""
+
+    prompt: list[int]
+    max_tokens: int
+    stop_token_ids: frozenset[int]
+    sampler: Sampler
+    sink: Sink
+    arrival_seconds: float
+    generated: list[int] = field(default_factory=list)
+    last_token_seconds: float | None = None
+    cancelled: bool = False
+
+    @property
+    def position(self) -> int:
+        """Where the token fed next (the last one generated) goes in the cache."""
+        return len(self.prompt) + len(self.generated) - 1
+
+
+class Engine:
+    """The loop over ``backend`` with a queue of ``max_queue`` (module docstring)."""
+
+    def __init__(self, backend: Backend, max_queue: int, metrics: ServeMetrics | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.backend, self.clock = backend, clock
+        self.metrics = metrics or ServeMetrics(max_queue)
+        self.scheduler: Scheduler[Request] = Scheduler(backend.slots, max_queue)
+        self._wake = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def context_tokens(self) -> int:
+        return self.backend.context_tokens
+
+    def submit(self, prompt: list[int], max_tokens: int, stop_token_ids: frozenset[int], sampling: Sampling,
+               sink: Sink) -> Request:
+        """Queue a request (QueueFull when the queue holds ``max_queue``, Closed once the loop has
+        stopped); its tokens go to ``sink``."""
+        request = Request(prompt, max_tokens, stop_token_ids, Sampler(sampling), sink, self.clock())
+        with self._wake:
+            if self._closing:
+                raise Closed("the generation loop has stopped (the server's log says why)")
+            self.scheduler.submit(request)
+            self._gauges()
+            self._wake.notify()
+        return request
+
+    def cancel(self, request: Request) -> None:
+        """The client went away: the request leaves the queue now, or its slot at the next step."""
+        with self._wake:
+            request.cancelled = True
+            if self.scheduler.withdraw(request):
+                self.metrics.finished.labels(CANCELLED).inc()
+                self._gauges()
+
+    def step(self) -> bool:
+        """One step of the loop (module docstring); False when there was nothing to run."""
+        with self._wake:
+            for slot, request in list(self.scheduler.running.items()):
+                if request.cancelled:
+                    self._leave(slot, CANCELLED)
+            admitted = self.scheduler.admit()
+            self._gauges()
+        for slot, request in admitted:
+            self.metrics.prompt.inc(len(request.prompt))
+            logits = self._run([slot], self.backend.prefill, slot, request.prompt)
+            if logits is not None:
+                self._next(slot, request, logits)
+        batch = sorted(self.scheduler.running.items())
+        if not batch:
+            return bool(admitted)
+        slots = [slot for slot, _ in batch]
+        logits = self._run(slots, self.backend.decode, slots, [r.generated[-1] for _, r in batch],
+                           [r.position for _, r in batch])
+        if logits is not None:
+            for row, (slot, request) in enumerate(batch):
+                self._next(slot, request, logits[row])
+        return True
+
+    def _run(self, slots: list[int], forward: Callable[..., torch.Tensor], *args: object) -> torch.Tensor | None:
+        started = self.clock()
+        try:
+            return forward(*args)
+        except Exception:  # a failed forward ends its requests; the loop and the other slots go on
+            log.exception("a forward over slots %s failed; its requests end with an error", slots)
+            self._fail(slots)
+            return None
+        finally:
+            self.metrics.busy.labels(self.backend.device).inc(self.clock() - started)
+
+    def _next(self, slot: int, request: Request, logits: torch.Tensor) -> None:
+        try:
+            token = request.sampler.choose(logits)
+        except RuntimeError:  # logits with a NaN or an infinity cannot be sampled from
+            log.exception("the logits of the request in slot %s cannot be sampled; it ends with an error", slot)
+            self._fail([slot])
+            return
+        now = self.clock()
+        if request.last_token_seconds is None:
+            self.metrics.first_token.observe(now - request.arrival_seconds)
+        else:
+            self.metrics.per_token.observe(now - request.last_token_seconds)
+        request.last_token_seconds = now
+        request.generated.append(token)
+        self.metrics.generated.inc()
+        reason = STOP if token in request.stop_token_ids else LENGTH if len(request.generated) >= request.max_tokens \
+            else None
+        if not request.cancelled:
+            request.sink(token, reason)
+        if reason is not None:
+            with self._wake:
+                self._leave(slot, reason)
+                self._gauges()
+
+    def _fail(self, slots: list[int]) -> None:
+        with self._wake:
+            for slot in slots:
+                if not self.scheduler.running[slot].cancelled:
+                    self.scheduler.running[slot].sink(None, ERROR)
+                self._leave(slot, ERROR)
+            self._gauges()
+
+    def _leave(self, slot: int, reason: str) -> None:
+        self.scheduler.release(slot)
+        self.metrics.finished.labels(reason).inc()
+
+    def _gauges(self) -> None:
+        self.metrics.waiting.set(len(self.scheduler.waiting))
+        self.metrics.running.set(len(self.scheduler.running))
+
+    def run(self) -> None:
+        """Step until :meth:`close`, sleeping while no request waits or runs."""
+        while True:
+            with self._wake:
+                while not self._closing and not self.scheduler.waiting and not self.scheduler.running:
+                    self._wake.wait()
+                if self._closing:
+                    return
+            try:
+                self.step()
+            except Exception:  # a bug in the loop itself: no client may wait for a token that never comes
+                log.exception("the generation loop failed; every request ends with an error")
+                with self._wake:
+                    self._closing = True
+                    self._fail(list(self.scheduler.running))
+                    for request in self.scheduler.drain():
+                        request.sink(None, ERROR)
+                return  # alive() turns False: /healthz answers 503 and `kernelfleet serve` exits
+
+    def start(self) -> Engine:
+        self._thread = threading.Thread(target=self.run, name="kernelfleet-serve-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def close(self, timeout_seconds: float = 10.0) -> None:
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_seconds)

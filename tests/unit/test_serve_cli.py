@@ -1,0 +1,105 @@
+"""``kernelfleet serve hf:DIR --cpu`` as a user runs it: a saved model directory with a tokenizer,
+served by the real command in its own process, answering text prompts with the tokens
+``generate`` gives; bad flags and targets are one line, before anything is served."""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from recorded import reference, tiny_causal_lm
+
+from kernelfleet.cli import main
+
+pytestmark = pytest.mark.unit
+
+
+def word_tokenizer(vocab_size: int = 256):
+    """A tokenizer of the words w0 ... w254 (and [UNK]), one token each: text prompts without a download."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size - 1)} | {"[UNK]": vocab_size - 1}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_causal_lm("llama", seed=3).save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_command_serves_text_prompts_whole_and_streamed(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "kernelfleet", "serve", f"hf:{model_dir}", "--cpu",
+                               "--listen", f"127.0.0.1:{port}", "--slots", "2", "--context", "64"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        body = {"prompt": "w5 w9 w100 w3", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        whole = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as answer:
+            chunks = [line for line in answer.iter_lines() if line.startswith("data: {")]
+        models = httpx.get(f"{url}/v1/models").json()
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, err = server.communicate(timeout=30)
+    assert server.returncode == 0, err
+    assert f"kernelfleet serve: {model_dir.name} on {url}/v1 (2 slots of 64 tokens, the CPU)" in err
+    saved = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert whole["token_ids"] == reference(saved, [5, 9, 100, 3], 8, eos=False)
+    assert whole["text"] == " ".join(f"w{t}" for t in whole["token_ids"])
+    assert "".join(json.loads(c[6:])["choices"][0]["text"] for c in chunks) == whole["text"]
+    assert models["data"][0]["id"] == model_dir.name
+
+
+def run_main(monkeypatch, capsys, *args):
+    monkeypatch.setattr(sys, "argv", ["kernelfleet", "serve", *map(str, args)])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kernelfleet: error: ") and "Traceback" not in err, err
+    return stop.value.code, lines[0]
+
+
+@pytest.mark.parametrize(("args", "code", "says"), [
+    (["{dir}"], 2, "pass --cpu to run the model eagerly on the CPU"),
+    (["llama8b-decode", "--cpu"], 2, "kernelfleet serve takes hf:DIR"),
+    (["hf:/no/such/dir", "--cpu"], 2, "no config.json there"),
+    (["{dir}", "--cpu", "--listen", "0.0.0.0:8000", "--allow-remote"], 2, "without a token"),
+    (["{dir}", "--cpu", "--listen", "0.0.0.0:8000"], 2, "not a loopback address"),
+    (["{dir}", "--cpu", "--listen", "127.0.0.1:{port}", "--slots", "0"], 2, "--slots must be at least 1"),
+    (["{dir}", "--cpu", "--listen", "127.0.0.1:{port}", "--context", "100000"], 2, "--context must be from 2"),
+    (["{dir}", "--cpu", "--listen", "127.0.0.1:{busy}"], 3, "the port is in use"),
+])
+def test_bad_flags_and_targets_are_one_line(monkeypatch, capsys, model_dir, args, code, says):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        given = [a.format(dir=f"hf:{model_dir}", port=free_port(), busy=busy.getsockname()[1]) for a in args]
+        got, line = run_main(monkeypatch, capsys, *given)
+    assert got == code and says in line, line
