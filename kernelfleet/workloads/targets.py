@@ -119,25 +119,14 @@ def _factory(target: str) -> Callable[[str, int], Any]:
     return make
 
 
-<<<<<<< HEAD
 def _transformers(folder: Path, phase: str, batch: int, tokens: int, context: int) -> Callable[[str, int], Any]:
-    if not (folder / "config.json").is_file():
-        raise UsageError(f"hf:{folder}: no config.json there (a transformers model directory, as save_pretrained "
-                         "writes it)")
-=======
-def _transformers(folder: Path, phase: str, batch: int, tokens: int) -> Callable[[str, int], Any]:
     checked_folder(folder)
->>>>>>> serve
     if phase not in PHASES:
         raise UsageError(f"hf:{folder}: unknown phase {phase!r}; the phases are {', '.join(PHASES)}")
     if batch < 1 or tokens < 1:
         raise UsageError(f"hf:{folder}: batch and tokens must be at least 1, got {batch} and {tokens}")
-<<<<<<< HEAD
     if context < 2:
         raise UsageError(f"hf:{folder}: a decode context holds the prompt and the new token: at least 2, got {context}")
-    weights = any((folder / name).exists() for name in WEIGHT_FILES)
-=======
->>>>>>> serve
 
     def make(device: str, seed: int) -> Any:
         import torch
@@ -161,7 +150,6 @@ def _transformers(folder: Path, phase: str, batch: int, tokens: int) -> Callable
     return make
 
 
-<<<<<<< HEAD
 def _decode(model: Any, prompt: Any, token: Any, context: int, name: str) -> Any:
     """The decode step of the module docstring: the cache filled by ``prompt``, ``token`` next."""
     import inspect
@@ -196,7 +184,8 @@ def _decode(model: Any, prompt: Any, token: Any, context: int, name: str) -> Any
                      **{key: cache}).logits
 
     return Step(decode, (token, position), holder, name, Decode(0, 1, prompt))
-=======
+
+
 def checked_folder(folder: Path) -> Path:
     """``folder`` if it is a transformers model directory (it has a config.json), else UsageError."""
     if not (folder / "config.json").is_file():
@@ -220,4 +209,3 @@ def causal_lm(folder: Path, device: str, seed: int, dtype: Any) -> Any:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=dtype)
     return model.to(device).eval().requires_grad_(False)
->>>>>>> serve
