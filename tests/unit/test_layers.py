@@ -33,7 +33,7 @@ SEE = ("telemetry", "fleet", "watch", "cli", "cli_common")
 # Above the core: what touches hardware, and what a user runs.
 EDGES = ("kernels.cuda", "telemetry.nvml", "telemetry.nvml_api", "telemetry.scrape", "telemetry.replay",
          "profile", "runtime", "workloads", "flops", "hook")
-APPS = ("cli", "cli_place", "cli_common", "analyze", "fleet", "watch", "bench", "validation")
+APPS = ("cli", "cli_place", "cli_serve", "cli_common", "analyze", "fleet", "watch", "bench", "validation", "serve")
 
 
 def modules(root: Path = PACKAGE, prefix: str = "kernelfleet") -> dict[str, Path]:
