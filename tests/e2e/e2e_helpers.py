@@ -1,8 +1,15 @@
+import re
 import shutil
 import socket
 import time
+from pathlib import Path
 
 import pytest
+import yaml
+
+from kernelfleet.fleet.exporter import OfuCollector
+
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "rules.yml"
 
 
 def free_port() -> int:
@@ -72,3 +79,51 @@ class Tmux:
 
     def close(self) -> None:
         self._run([binary("tmux"), "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+
+
+def load_yaml(path: Path) -> list:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+# Metric names: what the exporter defines, what the rules record, what PromQL uses (the deploy and
+# Grafana tests check that every query selects only series that exist).
+
+def exporter_metric_names() -> set[str]:
+    """Series names the agent exposes, from the collector itself (no GPU needed)."""
+    names = set()
+    for family in OfuCollector(list, process_series_per_gpu=1).collect():
+        suffix = {"gauge": "", "info": "_info", "counter": "_total"}  # what each type's series is named
+        assert family.type in suffix, f"update this test for {family.type} {family.name}"
+        names.add(family.name + suffix[family.type])
+    assert {"kernelfleet_ofu_ratio", "kernelfleet_gpu_info", "kernelfleet_job_info"} <= names
+    return names
+
+
+def rule_groups() -> list[dict]:
+    (doc,) = load_yaml(RULES)
+    return doc["groups"]
+
+
+def recorded_names() -> set[str]:
+    return {r["record"] for g in rule_groups() for r in g["rules"] if "record" in r}
+
+
+_PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
+                    "group_left", "group_right", "inf", "nan", "atan2", "start", "end"}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects (Grafana template variables allowed)."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)  # string literals
+    s = re.sub(r"\$\{[^}]*\}|\$\w+", "", s)  # $var, ${var}
+    s = re.sub(r"\{[^{}]*\}", "", s)  # label matchers
+    s = re.sub(r"\[[^\[\]]*\]", "", s)  # ranges and subqueries
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)", " ", s)
+    s = re.sub(r"(?<![\w:])[0-9][0-9a-zA-Z_.+-]*", " ", s)  # numbers, durations
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", s):
+        if s[m.end():].lstrip().startswith("("):
+            continue  # a function
+        if m.group() not in _PROMQL_KEYWORDS:
+            names.add(m.group())
+    return names

@@ -1,0 +1,247 @@
+"""deploy/grafana/kernelfleet.json reads well at hundreds of GPUs and every query is one Prometheus runs.
+
+Static checks: each query selects only series the exporter defines or rules.yml records (both read
+from the code and the rules, not listed here), every variable it uses is defined, every panel
+follows the Cluster, Host, Model and Job filters, and no panel draws one line per GPU without a
+top-k bound. Then a real agent (the bundled H200 recording) is scraped by a real Prometheus that
+loads rules.yml and adds a ``cluster`` target label, as docs/fleet.md tells operators to: every
+panel query, with Grafana's variables filled in, is sent to /api/v1/query(_range); it must parse,
+return data where the recording has some, and return nothing once any one filter matches no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from e2e_helpers import (
+    RULES,
+    binary,
+    exporter_metric_names,
+    free_port,
+    promql_metric_names,
+    recorded_names,
+    wait_http,
+)
+
+pytestmark = pytest.mark.e2e
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "kernelfleet.json"
+FILTERS = {"cluster": 'cluster=~"$cluster"', "hostname": 'hostname=~"$hostname"', "model": 'model=~"$model"',
+           "job": 'job_id=~"$job"'}
+# Grafana's own variables ($__range, ${__field.labels.x}, ...) and label_replace's capture groups ($1).
+_BUILTIN = re.compile(r"__\w+|\d+")
+_VARIABLE = re.compile(r"\$\{(\w+)[^}]*\}|\$(\w+)")
+# Queries the bundled recording leaves empty: it has no stale window, and it predates temperature and
+# clock-event reasons (the exporter leaves out what a GPU lacks, never exports 0).
+EMPTY_ON_THE_RECORDING = {"Stale GPUs A", "Stale GPUs B", "Clocks held down: GPUs per reason A", "Hottest $k GPUs A"}
+
+
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def panels(items: list[dict]):
+    for panel in items:
+        yield panel
+        yield from panels(panel.get("panels", []))
+
+
+def targets() -> list[tuple[str, dict, dict]]:
+    """(where, panel, target) for every panel query."""
+    return [(f"{p['title']} {t['refId']}", p, t) for p in panels(dashboard()["panels"]) if p["type"] != "row"
+            for t in p["targets"]]
+
+
+def variables() -> dict[str, dict]:
+    return {v["name"]: v for v in dashboard()["templating"]["list"]}
+
+
+def variable_query(var: dict) -> str:
+    return var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+
+
+def used_variables(text: str) -> set[str]:
+    return {a or b for a, b in _VARIABLE.findall(text)}
+
+
+def test_every_query_selects_only_exported_or_recorded_series():
+    known = exporter_metric_names() | recorded_names()
+    queries = [(f"variable {v['name']}", variable_query(v)) for v in variables().values() if v["type"] == "query"]
+    queries += [(where, t["expr"]) for where, _, t in targets()]
+    for where, expr in queries:
+        if where.startswith("variable"):
+            m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", expr)
+            assert m, f"{where}: {expr!r} is not label_values(selector, label)"
+            expr = m.group(1)
+        used = promql_metric_names(expr)
+        assert used, f"{where}: no metric in {expr!r}"
+        assert used <= known, f"{where}: {sorted(used - known)} is neither exported nor recorded"
+
+
+def test_every_variable_used_is_defined_and_every_defined_one_is_used():
+    defined = variables()
+    text = json.dumps({k: v for k, v in dashboard().items() if k != "templating"})
+    text += " ".join(variable_query(v) for v in defined.values() if v["type"] == "query")
+    used = {name for name in used_variables(text) if not _BUILTIN.fullmatch(name)}
+    assert used <= defined.keys(), f"used but not defined: {sorted(used - defined.keys())}"
+    assert defined.keys() - {"datasource"} <= used, f"defined but never used: {sorted(defined.keys() - used)}"
+    assert defined["datasource"]["type"] == "datasource" and defined["datasource"]["query"] == "prometheus"
+    for name in ("cluster", "hostname", "model", "job"):
+        var = defined[name]
+        assert var["includeAll"] and var["allValue"] == ".*", f"{name}: All must match series without the label"
+        assert var["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", variable_query(defined["job"])).group(2)
+    assert label == "job_id", "the workload's label is job_id (job is the scrape job)"
+
+
+def test_used_variables_reads_both_spellings():
+    assert used_variables('x{a=~"$host"} ${k} ${__field.labels.instance} ${var:regex} $1') == {
+        "host", "k", "__field", "var", "1"}
+
+
+def test_every_panel_follows_every_filter():
+    for where, panel, target in targets():
+        assert panel["datasource"] == target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, where
+        missing = [name for name, matcher in FILTERS.items() if matcher not in target["expr"]]
+        assert not missing, f"{where}: ignores the {missing} filter(s): {target['expr']}"
+
+
+def test_no_panel_draws_a_line_per_gpu_without_a_k_bound():
+    """At 800 GPUs a raw per-GPU selector is 800 lines: aggregate it, bound it by topk/bottomk, or heatmap it."""
+    kinds = {p["type"] for p in panels(dashboard()["panels"])}
+    assert "heatmap" in kinds
+    exprs = [t["expr"] for _, _, t in targets()]
+    assert any("bottomk($k," in e for e in exprs) and any("topk($k," in e for e in exprs)
+    aggregated = re.compile(r"^\s*(\d[\d.]*\s*\*\s*)?(sum|avg|min|max|count|quantile)\b.*\(|.*\b(top|bottom)k\(\$k,")
+    for where, panel, target in targets():
+        if panel["type"] in ("heatmap", "stat") or target.get("instant"):
+            continue
+        assert aggregated.match(target["expr"]), f"{where}: one line per GPU, unbounded: {target['expr']}"
+
+
+def test_links_open_the_agent_and_the_kernelfleet_dashboard():
+    board = dashboard()
+    (link,) = board["links"]
+    assert link["url"] == "${kernelfleet_dashboard}"
+    assert variables()["kernelfleet_dashboard"]["type"] == "textbox"
+    per_gpu = [p for p in panels(board["panels"]) if p["type"] in ("table", "timeseries")
+               and any("hostname" in t["legendFormat"] or t.get("format") == "table" for t in p["targets"])]
+    assert per_gpu
+    for panel in per_gpu:
+        (agent,) = panel["fieldConfig"]["defaults"]["links"]
+        assert re.fullmatch(r"http://\$\{__(field\.labels|data\.fields)\.instance\}/", agent["url"]), panel["title"]
+
+
+# --------------------------------------------------------------------------
+# Against a real Prometheus
+# --------------------------------------------------------------------------
+
+RANGE_SECONDS = 120
+
+
+def grafana_expr(expr: str, values: dict[str, str]) -> str:
+    """``expr`` as Grafana sends it: its variables replaced by regexes (or k), its builtins by the range."""
+    expr = re.sub(r"\$__range\b", f"{RANGE_SECONDS}s", expr)
+    return _VARIABLE.sub(lambda m: values.get(m.group(1) or m.group(2), m.group(0)), expr)
+
+
+def promql_regex(value: str) -> str:
+    """``value`` as a regex inside a PromQL string, escaped as Grafana escapes a variable's value."""
+    return re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\\\1", value)
+
+
+def test_promql_regex_escapes_for_a_promql_string():
+    assert promql_regex("a.b-c(d)") == "a\\\\.b-c\\\\(d\\\\)"
+
+
+def test_grafana_expr_fills_variables_and_keeps_capture_groups():
+    assert grafana_expr('bottomk($k, x{a=~"$hostname"}[$__range]) "$1"', {"k": "5", "hostname": ".*"}) == \
+        f'bottomk(5, x{{a=~".*"}}[{RANGE_SECONDS}s]) "$1"'
+
+
+@pytest.fixture
+def prometheus_with_rules(tmp_path):
+    """A real agent on the bundled recording, scraped every second by a real Prometheus evaluating rules.yml,
+    with the ``cluster`` target label docs/fleet.md asks operators to add."""
+    agent_port, port = free_port(), free_port()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "kernelfleet", "agent", "--demo", "--speed", "4", "--store", str(tmp_path / "kf.db"),
+         "--listen", f"127.0.0.1:{agent_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"rule_files: ['{RULES}']\nscrape_configs:\n  - job_name: kernelfleet\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{agent_port}']\n        labels: {{cluster: test-a}}\n")
+    prom = subprocess.Popen(
+        [binary("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{agent_port}/healthz")
+        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
+        agent.kill()
+        agent.wait(timeout=10)
+
+
+def query(base: str, expr: str, instant: bool) -> list[dict]:
+    """The result of ``expr`` over the last RANGE_SECONDS (or now, for an instant query); a PromQL error fails."""
+    now = time.time()
+    params = {"query": expr, "time": now} if instant else {
+        "query": expr, "start": now - RANGE_SECONDS, "end": now, "step": 5}
+    url = f"{base}/api/v1/{'query' if instant else 'query_range'}?" + urllib.parse.urlencode(params)
+    try:
+        body = json.loads(urllib.request.urlopen(url, timeout=30).read())
+    except urllib.error.HTTPError as exc:
+        body = json.loads(exc.read())
+    assert body["status"] == "success", f"{body.get('error')}: {expr}"
+    return body["data"]["result"]
+
+
+def _only_the_zero_fallback(result: list[dict]) -> bool:
+    """Nothing but ``or vector(0)``'s unlabelled zero."""
+    values = [v for r in result for v in ([r["value"]] if "value" in r else r["values"])]
+    return all(not r["metric"] for r in result) and all(float(v[1]) == 0.0 for v in values)
+
+
+def test_every_query_runs_returns_data_and_obeys_each_filter(prometheus_with_rules):
+    base = prometheus_with_rules
+    everything = {"cluster": ".*", "hostname": ".*", "model": ".*", "job": ".*", "k": "5"}
+    # Wait until the recording rules (per job, achieved FLOP/s) have data over the window queried.
+    deadline = time.monotonic() + 90
+    while not all(query(base, q, True) for q in ("kernelfleet:job_ofu:avg", "kernelfleet:gpu_achieved_bf16_flops")):
+        assert time.monotonic() < deadline, "the recording rules never produced a value"
+        time.sleep(1)
+    (gpu,) = query(base, "kernelfleet_gpu_info", True)
+    (job,) = query(base, "kernelfleet_job_info", True)
+    (stale,) = query(base, "kernelfleet_sample_stale", True)
+    assert gpu["metric"]["cluster"] == "test-a"
+    chosen = {**everything, "cluster": "test-a", "hostname": promql_regex(gpu["metric"]["hostname"]),
+              "model": promql_regex(stale["metric"]["model"]), "job": f"({promql_regex(job['metric']['job_id'])}|other)"}
+    for where, _, target in targets():
+        instant = bool(target.get("instant"))
+        for values in (everything, chosen):
+            result = query(base, grafana_expr(target["expr"], values), instant)
+            if where not in EMPTY_ON_THE_RECORDING:
+                assert result and not _only_the_zero_fallback(result), f"{where}: no data: {target['expr']}"
+        for name in FILTERS:
+            result = query(base, grafana_expr(target["expr"], {**chosen, name: "no-such-" + name}), instant)
+            assert _only_the_zero_fallback(result), f"{where}: {name}=no-such-{name} still shows {result[:1]}"
+    # The variables' own queries list what the recording has.
+    for name, var in variables().items():
+        if var["type"] != "query":
+            continue
+        selector = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", variable_query(var))
+        series = query(base, grafana_expr(selector.group(1), everything), True)
+        assert {s["metric"].get(selector.group(2)) for s in series} - {None}, f"variable {name} lists nothing"
