@@ -238,6 +238,10 @@ def test_every_query_runs_returns_data_and_obeys_each_filter(prometheus_with_rul
         for name in FILTERS:
             result = query(base, grafana_expr(target["expr"], {**chosen, name: "no-such-" + name}), instant)
             assert _only_the_zero_fallback(result), f"{where}: {name}=no-such-{name} still shows {result[:1]}"
+    # The heatmap has one row per GPU, named host/gpu (the row label only, so rows sort by host).
+    (heatmap,) = [t for _, p, t in targets() if p["type"] == "heatmap"]
+    rows = query(base, grafana_expr(heatmap["expr"], everything), False)
+    assert [r["metric"] for r in rows] == [{"row": f"{gpu['metric']['hostname']}/{gpu['metric']['gpu']}"}]
     # The variables' own queries list what the recording has.
     for name, var in variables().items():
         if var["type"] != "query":
