@@ -7,14 +7,18 @@ top-k bound. Then a real agent (the bundled H200 recording) is scraped by a real
 loads rules.yml and adds a ``cluster`` target label, as docs/fleet.md tells operators to: every
 panel query, with Grafana's variables filled in, is sent to /api/v1/query(_range); it must parse,
 return data where the recording has some, and return nothing once any one filter matches no GPU.
+At fleet size, 800 GPUs written by the real collector: every panel but the heatmap returns at most k
+series, the heatmap one row per GPU sorted by host, and the worst and best k are the right GPUs.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -31,6 +35,13 @@ from e2e_helpers import (
     recorded_names,
     wait_http,
 )
+from prometheus_client import CollectorRegistry, generate_latest
+
+from kernelfleet.catalog import Catalog
+from kernelfleet.fleet.exporter import OfuCollector
+from kernelfleet.fleet.reading import JobShare, Reading
+from kernelfleet.ofu import classify, ofu
+from kernelfleet.telemetry.sample import Sample
 
 pytestmark = pytest.mark.e2e
 
@@ -168,29 +179,45 @@ def test_grafana_expr_fills_variables_and_keeps_capture_groups():
         f'bottomk(5, x{{a=~".*"}}[{RANGE_SECONDS}s]) "$1"'
 
 
-@pytest.fixture
-def prometheus_with_rules(tmp_path):
-    """A real agent on the bundled recording, scraped every second by a real Prometheus evaluating rules.yml,
-    with the ``cluster`` target label docs/fleet.md asks operators to add."""
-    agent_port, port = free_port(), free_port()
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "kernelfleet", "agent", "--demo", "--speed", "4", "--store", str(tmp_path / "kf.db"),
-         "--listen", f"127.0.0.1:{agent_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def start_prometheus(tmp_path: Path, target_port: int, interval: str) -> tuple[subprocess.Popen, str]:
+    """A real Prometheus evaluating rules.yml, scraping ``target_port`` with the ``cluster`` target label
+    docs/fleet.md asks operators to add."""
+    port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
         f"rule_files: ['{RULES}']\nscrape_configs:\n  - job_name: kernelfleet\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{agent_port}']\n        labels: {{cluster: test-a}}\n")
+        f"      - targets: ['127.0.0.1:{target_port}']\n        labels: {{cluster: test-a}}\n")
     prom = subprocess.Popen(
         [binary("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60)
+    return prom, f"http://127.0.0.1:{port}"
+
+
+def wait_for_recording_rules(base: str) -> None:
+    deadline = time.monotonic() + 90
+    while not all(query(base, q, True) for q in ("kernelfleet:job_ofu:avg", "kernelfleet:gpu_achieved_bf16_flops")):
+        assert time.monotonic() < deadline, "the recording rules never produced a value"
+        time.sleep(1)
+
+
+@pytest.fixture
+def prometheus_with_rules(tmp_path):
+    """A real agent on the bundled recording, scraped every second."""
+    agent_port = free_port()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "kernelfleet", "agent", "--demo", "--speed", "4", "--store", str(tmp_path / "kf.db"),
+         "--listen", f"127.0.0.1:{agent_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prom = None
     try:
         wait_http(f"http://127.0.0.1:{agent_port}/healthz")
-        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60)
-        yield f"http://127.0.0.1:{port}"
+        prom, base = start_prometheus(tmp_path, agent_port, "1s")
+        yield base
     finally:
-        prom.terminate()
-        prom.wait(timeout=30)
+        if prom is not None:
+            prom.terminate()
+            prom.wait(timeout=30)
         agent.kill()
         agent.wait(timeout=10)
 
@@ -218,11 +245,7 @@ def _only_the_zero_fallback(result: list[dict]) -> bool:
 def test_every_query_runs_returns_data_and_obeys_each_filter(prometheus_with_rules):
     base = prometheus_with_rules
     everything = {"cluster": ".*", "hostname": ".*", "model": ".*", "job": ".*", "k": "5"}
-    # Wait until the recording rules (per job, achieved FLOP/s) have data over the window queried.
-    deadline = time.monotonic() + 90
-    while not all(query(base, q, True) for q in ("kernelfleet:job_ofu:avg", "kernelfleet:gpu_achieved_bf16_flops")):
-        assert time.monotonic() < deadline, "the recording rules never produced a value"
-        time.sleep(1)
+    wait_for_recording_rules(base)
     (gpu,) = query(base, "kernelfleet_gpu_info", True)
     (job,) = query(base, "kernelfleet_job_info", True)
     (stale,) = query(base, "kernelfleet_sample_stale", True)
@@ -249,3 +272,88 @@ def test_every_query_runs_returns_data_and_obeys_each_filter(prometheus_with_rul
         selector = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", variable_query(var))
         series = query(base, grafana_expr(selector.group(1), everything), True)
         assert {s["metric"].get(selector.group(2)) for s in series} - {None}, f"variable {name} lists nothing"
+
+
+# --------------------------------------------------------------------------
+# At fleet size: 800 GPUs (100 hosts x 8) through the real collector
+# --------------------------------------------------------------------------
+
+HOSTS, GPUS_PER_HOST, HOSTS_WITH_A_JOB = 100, 8, 90
+
+
+def fleet_readings() -> list[Reading]:
+    """800 H200s with distinct OFUs spread over the hosts; each of the first 90 hosts runs one job, the last
+    10 hosts' GPUs are free (Job = All must still show them)."""
+    sku = Catalog.load().lookup("NVIDIA H200", None)
+    out = []
+    for i in range(HOSTS * GPUS_PER_HOST):
+        host = i // GPUS_PER_HOST
+        s = Sample(timestamp_seconds=time.time(), window_seconds=1.0, gpu_index=i % GPUS_PER_HOST,
+                   uuid=f"GPU-{i:05d}", name="NVIDIA H200", tensor_active_ratio=0.05 + 0.9 * ((i * 37) % 800) / 800,
+                   sm_active_ratio=0.9, sm_occupancy_ratio=0.3, dram_bandwidth_ratio=0.2, sm_clock_mean_hertz=1.98e9,
+                   power_mean_watts=600.0, temperature_celsius=40.0 + i % 40)
+        jobs = (JobShare(f"job-{host:03d}", "slurm", "ana", 1.0, False),) if host < HOSTS_WITH_A_JOB else ()
+        out.append(Reading(f"node-{host:03d}", s, sku, ofu(s, sku), classify(s).value, jobs))
+    return out
+
+
+@pytest.fixture
+def fleet_prometheus(tmp_path):
+    """A real Prometheus scraping the 800 GPUs' /metrics, as the exporter writes it, every 2 s."""
+    registry = CollectorRegistry(auto_describe=False)
+    readings = fleet_readings()
+    registry.register(OfuCollector(lambda: readings))
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # Prometheus scrapes every 2 s: keep the test's output clean
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    prom = None
+    try:
+        prom, base = start_prometheus(tmp_path, server.server_address[1], "2s")
+        yield base, readings
+    finally:
+        if prom is not None:
+            prom.terminate()
+            prom.wait(timeout=30)
+        server.shutdown()
+
+
+def test_at_800_gpus_panels_draw_k_lines_and_the_heatmap_one_row_per_gpu(fleet_prometheus):
+    base, readings = fleet_prometheus
+    wait_for_recording_rules(base)
+    k = 10
+    everything = {"cluster": ".*", "hostname": ".*", "model": ".*", "job": ".*", "k": str(k)}
+    by_title = {}
+    for where, panel, target in targets():
+        result = query(base, grafana_expr(target["expr"], everything), bool(target.get("instant")))
+        by_title[where] = result
+        if panel["type"] == "heatmap":
+            rows = [r["metric"]["row"] for r in result]
+            assert len(rows) == HOSTS * GPUS_PER_HOST and rows == sorted(rows), f"{where}: {len(rows)} rows"
+            assert rows[:2] == ["node-000/0", "node-000/1"]
+        else:
+            assert len(result) <= k, f"{where}: {len(result)} series at {HOSTS * GPUS_PER_HOST} GPUs"
+    # The worst and best k are the k lowest and highest OFUs of the 800, free GPUs included.
+    ranked = sorted(readings, key=lambda r: r.ofu.ofu_ratio)
+    worst = by_title["Worst $k GPUs by mean OFU over the time range A"]
+    assert {r["metric"]["uuid"] for r in worst} == {r.sample.uuid for r in ranked[:k]}
+    best = by_title["Best $k GPUs by mean OFU over the time range A"]
+    assert {r["metric"]["uuid"] for r in best} == {r.sample.uuid for r in ranked[-k:]}
+    assert {r["metric"]["uuid"] for r in by_title["OFU of the worst $k GPUs A"]} == {r.sample.uuid for r in ranked[:k]}
+    (count,) = by_title["GPUs reporting OFU A"]
+    assert float(count["values"][-1][1]) == HOSTS * GPUS_PER_HOST
+    # One job selected: the GPU panels show its host's 8 GPUs; one host: that host's 8.
+    (heatmap,) = [t for _, p, t in targets() if p["type"] == "heatmap"]
+    for narrowed, host in (({"job": "job-007"}, "node-007"), ({"hostname": "node-095"}, "node-095")):
+        rows = [r["metric"]["row"] for r in query(base, grafana_expr(heatmap["expr"], {**everything, **narrowed}), False)]
+        assert rows == [f"{host}/{g}" for g in range(GPUS_PER_HOST)], narrowed
