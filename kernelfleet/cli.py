@@ -170,7 +170,9 @@ def agent(
     cat = Catalog.load(catalog)
     if scrape is not None:
         # dcgm-exporter refreshes its fields every 30 s by default: scraping faster reads the same values.
-        source = ScrapeSource(scrape, interval_seconds=interval or 30.0)
+        # The source repeats a GPU that left the exporter as stale until it expires: with its own
+        # default the agent, seeing a fresh stale window each time, never expired it after --expire.
+        source = ScrapeSource(scrape, interval_seconds=interval or 30.0, expire_seconds=expire)
     else:
         source = _source(replay, demo, interval or 1.0, clock_poll, speed, loop=demo, dense_clock=dense_clock,
                          rebase=True)

@@ -174,3 +174,20 @@ def serving(served, slots: int = 4, max_queue: int = 64, context_tokens: int = 1
     finally:
         server.stop()
         engine.close()
+
+
+def bench_quick(name: str, timeout_seconds: float = 900) -> tuple[str, dict]:
+    """``python -m bench.NAME --quick`` from the repository root, as CI runs it: its table (with the
+    command line) and the JSON of its last line. A failed run fails with the end of its stderr."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", f"bench.{name}", "--quick"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=timeout_seconds, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    *table, last = done.stdout.strip().splitlines()
+    return "\n".join(table), json.loads(last)

@@ -262,7 +262,11 @@ class Store:
             self._hold(ids, rows, jobs)
             minute = _floor(max(r.ts for r in rows), 60)
             if self._rolled_until is None:
-                self._rolled_until = _floor(min(r.ts for r in rows), 60)
+                # Nothing rolled yet: start at the oldest window on file, not this batch's. A first
+                # writer stopped (or killed) before its first minute closed left windows behind that
+                # the next writer would otherwise never roll (the fault campaign found it).
+                oldest = self.db.execute("SELECT ts FROM samples ORDER BY key LIMIT 1").fetchone()[0]
+                self._rolled_until = _floor(oldest, 60)  # this batch is on file already
             if minute > self._rolled_until:
                 self._roll(self._rolled_until, minute)
 

@@ -340,6 +340,7 @@ class ScrapeSource:
     _known: dict[Key, _Gpu] = field(default_factory=dict, init=False)
     _seen: dict[Key, float] = field(default_factory=dict, init=False)  # when each GPU last answered
     _previous: float | None = field(default=None, init=False)
+    _answered: bool = field(default=False, init=False)  # some scrape has named a GPU
     _warned: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
@@ -396,6 +397,7 @@ class ScrapeSource:
             self._warn_once(f"rejected-{kind}", f"{self.url}: {count} {kind.replace('_', ' ')} value(s) "
                             "rejected in one scrape (counted in ScrapeSource.rejected; logged once)")
         self._expire(now, seen=scrape.gpus)
+        self._answered = True
         self._known.update(scrape.gpus)
         self.pods = scrape.pods
         self.hosts.update({key: gpu.host for key, gpu in scrape.gpus.items() if gpu.host})
@@ -415,7 +417,9 @@ class ScrapeSource:
     def _failed(self, error: str, timestamp: float, window: float) -> list[Sample]:
         self.rejected["failed"] += 1
         self._expire(self.clock(), seen={})
-        if not self._known:
+        # Only an exporter that never named a GPU is a broken set-up. One that did and is down for
+        # longer than its GPUs' expiry is an outage the agent outlives: it once exited here.
+        if not self._answered:
             raise EnvironmentProblem(
                 f"cannot read GPU metrics from {self.url}: {error}; check that dcgm-exporter "
                 "runs there and this host can reach it (curl the URL)"

@@ -2,9 +2,14 @@
 
 import ctypes.util
 import gzip
+import http.server
 import json
+import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -87,6 +92,50 @@ def test_agent_listen_address_is_checked(listen, needle, tmp_path):
 def test_agent_refuses_a_file_that_is_not_a_store(tmp_path):
     (tmp_path / "kf.db").write_text("not sqlite" * 200)
     one_line_error(kf("agent", "--demo", "--store", str(tmp_path / "kf.db")), 2, "not a kernelfleet store")
+
+
+def test_a_scraped_gpu_that_leaves_expires_after_the_agents_expire(tmp_path):
+    """--expire reaches the scrape source: it used to keep a GPU that left dcgm-exporter as stale for
+    its own 600 s, so the agent, given a fresh stale window of it every scrape, never let it go (the
+    fault campaign, bench/fault_campaign.py, found it)."""
+    line = 'DCGM_FI_DEV_SM_CLOCK{{gpu="{0}",UUID="GPU-{0}",modelName="NVIDIA H200"}} 1500\n'
+    answers = [line.format(0) + line.format(1)]  # both GPUs at the first scrape, then GPU 1 is gone
+
+    class Exporter(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (answers.pop(0) if answers else line.format(0)).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    exporter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+    threading.Thread(target=exporter.serve_forever, daemon=True).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agent = subprocess.Popen([sys.executable, "-m", "kernelfleet", "agent", "--scrape",
+                              f"http://127.0.0.1:{exporter.server_address[1]}/metrics", "--interval", "0.2",
+                              "--expire", "1", "--store", str(tmp_path / "kf.db"), "--listen", f"127.0.0.1:{port}"],
+                             stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for _ in range(300):  # until GPU 1 is gone, for a minute at most (the old agent kept it 10)
+            try:
+                seen.append(sorted(g["uuid"] for g in json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/gpus"))))
+            except OSError:
+                pass  # not listening yet
+            if seen and seen[-1] == ["GPU-0"]:
+                break
+            time.sleep(0.2)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+        exporter.shutdown()
+    assert ["GPU-0", "GPU-1"] in seen and seen[-1] == ["GPU-0"], seen
 
 
 def test_bench_ofu_report_prints_every_section_from_the_recorded_runs():

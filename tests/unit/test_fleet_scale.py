@@ -2,16 +2,10 @@
 and its last line is JSON with every figure, each sane (behaviour, not speed: no figure is held to
 a target here; the targets are the benchmark's to report)."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from recorded import bench_quick
 
 pytestmark = pytest.mark.unit
-ROOT = Path(__file__).parents[2]
 ENDPOINTS = {"/api/fleet", "/api/gpus", "/api/jobs", "/api/jobs/summary", "/api/events",
              "/api/jobs/JOB (a job of 8 GPUs)", "/api/series (15 min raw)", "/api/series (24 h at 1 min)",
              "/api/fleet/series (24 h)"}
@@ -19,12 +13,7 @@ ENDPOINTS = {"/api/fleet", "/api/gpus", "/api/jobs", "/api/jobs/summary", "/api/
 
 @pytest.fixture(scope="module")
 def quick() -> tuple[str, dict]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "bench.fleet_scale", "--quick"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    *table, last = done.stdout.strip().splitlines()
-    return "\n".join(table), json.loads(last)
+    return bench_quick("fleet_scale", timeout_seconds=600)
 
 
 def test_the_table_names_its_command_and_every_endpoint(quick):

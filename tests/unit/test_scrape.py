@@ -380,6 +380,15 @@ def test_a_gpu_that_leaves_the_output_expires(fake_time):
     assert (H100_1, None) not in src.hosts
 
 
+def test_an_outage_longer_than_the_expiry_empties_the_batch_but_does_not_end_the_source(fake_time):
+    # The fault campaign's slow-drip exporter (bench/fault_campaign.py) once ended the agent here:
+    # every GPU expired during the stall, and the next failed scrape read as "never reachable".
+    src = source(fake_time, text("h100x2-k8s.prom"), FetchFailed("timed out"), expire_seconds=10.0)
+    assert len(src.read()) == 2
+    fake_time.sleep(30.0)
+    assert src.read() == [] and src.rejected["failed"] == 1
+
+
 class _Server:
     """A real HTTP endpoint on loopback that answers with ``handler(wfile)`` after its headers."""
 

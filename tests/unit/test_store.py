@@ -10,7 +10,7 @@ from recorded import at_end_of
 from kernelfleet.catalog import Catalog
 from kernelfleet.errors import UsageError
 from kernelfleet.fleet.agent import Agent
-from kernelfleet.fleet.store import Retention, Store
+from kernelfleet.fleet.store import GpuRow, Retention, Store
 from kernelfleet.ofu.aggregate import summarize
 from kernelfleet.telemetry.replay import ReplaySource
 
@@ -55,6 +55,27 @@ def test_raw_series_and_rollups_agree_with_the_ofu_maths(tmp_path, h200_trace):
         for row in rows:
             expected = summarize(buckets[row["ts"]], CATALOG.get("h200-sxm")).ofu_ratio
             assert row["ofu"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_minute_the_first_writer_left_open_is_rolled_by_the_next(tmp_path):
+    # The first agent on a store is killed before its first minute closes; the next one starts two
+    # minutes later. That minute used to stay without a rollup: gone from every 1-min and 1-h series.
+    def row(ts: float) -> GpuRow:
+        return GpuRow(host="node-1", uuid="GPU-0", mig_instance=None, gpu_index=0, name="NVIDIA H200", sku="h200-sxm",
+                      ts=ts, window_seconds=1.0, bottleneck="tensor-bound", stale=False, ofu=0.5, tensor_active=0.7,
+                      sm_clock_hertz=1.4e9, sm_active=0.9, sm_occupancy=0.2, dram_bandwidth=0.3, power_watts=650.0)
+
+    minute = 1.8e9  # a whole minute
+    killed = Store(tmp_path / "kf.db")
+    killed.write([row(minute + 10)])
+    killed.write([row(minute + 11)])  # never closed: as after kill -9
+    second = Store(tmp_path / "kf.db")
+    second.write([row(minute + 130)])
+    second.write([row(minute + 190)])
+    points = second.series("GPU-0", 0, 2e9, "1m", ["ofu"])
+    assert [p["ts"] for p in points] == [minute, minute + 120, minute + 180]
+    rolled = second.db.execute("SELECT seconds FROM rollup_1m WHERE bucket = ?", (minute,)).fetchone()
+    assert rolled == (2.0,)  # its two windows, from the rollup, not from raw rows
 
 
 def test_rewriting_a_window_is_idempotent_for_raw_rows(tmp_path, h200_trace):
