@@ -142,7 +142,7 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
     from kernelfleet.kernels.raw import RawCapture
     from kernelfleet.profile.table import unit_table
 
-    raws, seconds, sources, where = {}, {}, [], {}
+    raws, programs, seconds, sources, where = {}, {}, {}, [], {}
     for folder in folders:
         found = sorted(folder.glob("capture.*.json.gz"))
         if not found:
@@ -154,14 +154,15 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
             launches = folder / f"launches.{device}.json"
             table = CostTable.from_json(read_text(launches, "a launch cost table"), str(launches))
             raws[device], where[device] = RawCapture.load(path), folder
+            programs[device] = assemble(raws[device])  # once: assembling runs the PTX analysis
             column = [row.get(device) for row in table.seconds]
-            if len(column) != len(assemble(raws[device]).launches):
+            if len(column) != len(programs[device].launches):
                 raise UsageError(f"{launches}: {len(column)} launches, its capture {path.name} has "
-                                 f"{len(assemble(raws[device]).launches)}")
+                                 f"{len(programs[device].launches)}")
             seconds[device] = column
             sources.append(table.source)
     home = next(iter(raws))
-    lined = views(raws, {d: assemble(raw) for d, raw in raws.items()}, home)
+    lined = views(raws, programs, home)
     out.mkdir(parents=True, exist_ok=True)
     for device, folder in where.items():
         for name in (f"capture.{device}.json.gz", f"launches.{device}.json"):
@@ -172,7 +173,7 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
     (out / "costs.json").write_text(unit_table(lined, seconds, "; ".join(sources)).to_json())
     totals = ", ".join(f"{d} {sum(t or 0 for t in seconds[d]) * 1e3:.2f} ms" for d in seconds)
     return (f"wrote {out}: {len(program.launches)} units (ops lined up across the devices' captures; "
-            f"{differing_units(lined, home)} run other kernels on some device) x {', '.join(seconds)}; "
+            f"{len(differing_units(lined, home))} run other kernels on some device) x {', '.join(seconds)}; "
             f"launches summed: {totals}")
 
 

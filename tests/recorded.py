@@ -39,7 +39,7 @@ def misplaced_copies(views: dict, home: str, other: str, assignment: list[str]) 
         if other not in (t.src, t.dst):
             continue
         if t.writer is None:
-            assert translate.translate_input(b.name, t.offset_bytes) >= 0
+            translate.translate_input(b.name, t.offset_bytes)  # raises where the other capture lacks the input
             continue
         at = translate.translate([t.reader, t.writer] if t.dst == other else [t.writer, t.reader],
                                  b.address + t.offset_bytes, t.length_bytes)

@@ -104,6 +104,8 @@ def units_of(raw: RawCapture, program: Program, ops: list[tuple[int, int]]) -> l
     """The launches of each unit: those of its op calls, and any launch between two op calls
     (made outside any op) with the unit before it."""
     of_launch = program_nodes(raw)
+    if len(of_launch) != len(program.launches):
+        raise UsageError(f"the program has {len(program.launches)} launches, its capture {len(of_launch)}")
     starts = [raw.ops[first].first if first < end else None for first, end in ops]
     out: list[list[int]] = [[] for _ in ops]
     unit = 0
@@ -111,8 +113,6 @@ def units_of(raw: RawCapture, program: Program, ops: list[tuple[int, int]]) -> l
         while unit + 1 < len(ops) and starts[unit + 1] is not None and node >= starts[unit + 1]:
             unit += 1
         out[unit].append(launch)
-    if len(of_launch) != len(program.launches):
-        raise UsageError(f"the program has {len(program.launches)} launches, its capture {len(of_launch)}")
     return out
 
 
@@ -179,7 +179,7 @@ def views(raws: dict[str, RawCapture], programs: dict[str, Program], home: str) 
     return out
 
 
-def differing_units(views_: dict[str, UnitView], home: str) -> int:
-    """How many units launch other kernels on some device than on ``home``."""
+def differing_units(views_: dict[str, UnitView], home: str) -> set[int]:
+    """The units that launch other kernels on some device than on ``home``."""
     names = {d: [[v.raw.nodes[i].name for i in unit] for unit in v.nodes()] for d, v in views_.items()}
-    return sum(any(n[u] != names[home][u] for n in names.values()) for u in range(len(views_[home].ops)))
+    return {u for u in range(len(views_[home].ops)) if any(n[u] != names[home][u] for n in names.values())}

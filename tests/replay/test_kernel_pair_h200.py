@@ -20,7 +20,7 @@ import pytest
 from recorded import misplaced_copies
 
 from kernelfleet.costs.table import CostTable
-from kernelfleet.graph.units import views
+from kernelfleet.graph.units import differing_units, views
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.ir import Program
 from kernelfleet.kernels.raw import RawCapture
@@ -41,17 +41,12 @@ def unit_views(target: str, stage: str):
     return views(raws, {d: assemble(r) for d, r in raws.items()}, "a")
 
 
-def differing(found) -> set[int]:
-    kernels = {d: [[v.raw.nodes[i].name for i in unit] for unit in v.nodes()] for d, v in found.items()}
-    return {u for u in range(len(kernels["a"])) if kernels["a"][u] != kernels["b"][u]}
-
-
 @pytest.mark.parametrize("target", TARGETS)
 def test_the_written_unit_program_is_what_the_captures_line_up_into(target):
     found = unit_views(target, "profile")
     written = Program.from_json((DATA / target / "profile.program.json").read_text())
     assert found["a"].program == written
-    assert len(differing(found)) == 2  # the two layers' attentions; every other unit launches alike
+    assert len(differing_units(found, "a")) == 2  # the two layers' attentions; every other unit launches alike
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -85,7 +80,7 @@ def test_every_copy_of_every_plan_lands_in_its_units_bytes_on_the_other_replica(
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_gate_is_bit_exact_exactly_when_no_differing_unit_runs_away_from_home(target):
     found = unit_views(target, "disagg")
-    other_kernels = differing(found)
+    other_kernels = differing_units(found, "a")
     results = json.loads((DATA / target / "disagg.disagg.json").read_text())["strategies"]
     assert not [n for n, r in results.items() if not (r["gate"] == "identical" or r["gate"].startswith("within"))]
     checked = 0
@@ -176,7 +171,7 @@ def test_profiles_of_separate_runs_merge_into_one_unit_program_and_table(tmp_pat
         assert sum(row[device] for row in costs.seconds) == pytest.approx(sum(r[device] for r in launches.seconds))
     found = unit_views("hf-qwen2moe-decode", "profile")
     b_launches = CostTable.from_json((folders[1] / "launches.b.json").read_text())
-    for u in differing(found):  # the math attention's launches, summed on b
+    for u in differing_units(found, "a"):  # the math attention's launches, summed on b
         assert costs.seconds[u]["b"] == pytest.approx(sum(b_launches.seconds[i]["b"] for i in found["b"].launches[u]))
         assert len(found["b"].launches[u]) > len(found["a"].launches[u])
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernelfleet.graph.deps import flows
+from kernelfleet.graph.deps import Flow, flows
 from kernelfleet.kernels.assemble import fitting
 from kernelfleet.kernels.checks import Range
 from kernelfleet.kernels.cuda.capture import Captured
@@ -99,17 +99,16 @@ def refills(program: Program) -> dict[int, list[int]]:
     with its fills, as with the memsets of :func:`preludes`. Only fills: a reader-writer after a
     computed value (a split-K reduction after its GEMM) recomputes the same bytes on each replay."""
     launches = program.launches
+
+    def modes(launch: Launch, f: Flow) -> set[str]:
+        return {a.mode for a in launch.accesses if a.buffer == f.buffer and a.offset_bytes < f.end and f.start < a.end}
+
     out: dict[int, set[int]] = {}
     for f in flows(program)[0]:
         reader, writer = launches[f.dst], launches[f.src]
         if reader.kind != "kernel" or f.scratch:
             continue
-
-        def on(launch: Launch, mode: str) -> list[str]:
-            return [a.mode for a in launch.accesses if a.buffer == f.buffer and a.offset_bytes < f.end
-                    and f.start < a.end and (mode == "any" or a.mode == mode)]
-
-        if on(reader, "readwrite") and set(on(writer, "any")) == {"write"} and (
+        if "readwrite" in modes(reader, f) and modes(writer, f) == {"write"} and (
                 writer.kind == "memset" or FILL_KERNEL in writer.name):
             out.setdefault(reader.index, set()).add(writer.index)
     return {k: sorted(v) for k, v in sorted(out.items())}
