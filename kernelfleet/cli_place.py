@@ -135,7 +135,7 @@ def profile_command(
     target: str = typer.Argument(..., help="TARGET: a reference step, MODULE:FACTORY or hf:DIR."),
     out: Path = typer.Option(Path("kernelfleet-profile"), "--out", help="Folder for capture, program and costs."),
     profile: list[str] | None = typer.Option(
-        None, "--profile", help="NAME:SMS[+HOG][/KERNELS], repeatable; default: calibrate and take the pair closest "
+        None, "--profile", help="NAME:SMS[+HOG]\\[/KERNELS], repeatable; default: calibrate and take the pair closest "
         "to L40S + A100. The whole GPU is always timed too. Devices on other GPUs (@GPU) or with other KERNELS "
         "(math-attention, efficient-attention) capture the step for themselves and the cost table is over units "
         "of matched ops (merge runs of other machines with kernelfleet profile-merge)."
@@ -391,7 +391,7 @@ def _gpus_present(profiles: dict) -> None:
 
 
 PairOption = typer.Option(["compute:56+64@0", "bandwidth:32@1"], "--device",
-                          help="NAME:SMS[+HOG]@GPU[/KERNELS], twice: the pair, named as the plans name their devices (KERNELS: "
+                          help="NAME:SMS[+HOG]@GPU\\[/KERNELS], twice: the pair, named as the plans name their devices (KERNELS: "
                           "default, math-attention, efficient-attention: what the step is captured with there).")
 
 
@@ -416,7 +416,7 @@ def run_command(
     plan: Path = typer.Option(..., "--plan", help="A plan for this step (kernelfleet plan --out PLAN.json), "
                               "naming its devices as --device does."),
     device: list[str] = typer.Option(["compute:56+64@0", "bandwidth:32@1"], "--device",
-                                     help="NAME:SMS[+HOG]@GPU[/KERNELS], repeatable: the devices the plan names, the first "
+                                     help="NAME:SMS[+HOG]@GPU\\[/KERNELS], repeatable: the devices the plan names, the first "
                                      "its home unless the plan names one."),
     repeats: int = typer.Option(10, "--repeats", help="Launches of the plan's graph timed (median)."),
     costs: Path | None = typer.Option(None, "--costs", help="The cost table the plan was made from: the plan is "

@@ -191,3 +191,26 @@ def test_a_gpu_out_of_memory_is_one_line_saying_what_to_do(monkeypatch, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kernelfleet: error: the GPU ran out of memory (CUDA out of")
     assert "fewer --slots" in lines[0]
+
+
+def every_command(group, path=()):
+    """The path of every command under ``group`` (typer's click tree), groups included."""
+    yield path
+    for name, command in getattr(group, "commands", {}).items():
+        yield from every_command(command, path + (name,))
+
+
+def test_every_command_prints_its_help():
+    """A help text is rendered as rich markup: a bracket that reads as a tag ("[/KERNELS]") once
+    turned `--help` into a traceback."""
+    import typer
+    from typer.testing import CliRunner
+
+    from kernelfleet.cli import app
+
+    paths = list(every_command(typer.main.get_command(app)))
+    assert len(paths) > 15
+    for path in paths:
+        done = CliRunner().invoke(app, [*path, "--help"])
+        assert done.exit_code == 0 and done.exception is None, (path, done.output[-300:])
+        assert "Usage" in done.output and "Traceback" not in done.output, path
