@@ -2,8 +2,9 @@
 
     python -m bench.NAME [--help]
 
-Benchmarks print a table and the command that made it (``agent_perf``, ``sampler_cost``,
-``nvml_calls``, ``plan_solver``, ``plan_scaling_captured``, ``plan_measured``, ``executor_check``).
+Benchmarks print a table and the command that made it (``agent_perf``, ``sampler_cost``, ``place_pairs``,
+``nvml_calls``, ``plan_solver``, ``plan_scaling_captured``, ``plan_measured``, ``executor_check``;
+``place_table`` reads what ``place_pairs`` wrote).
 Recorders re-make what ``tests/data`` holds: ``make record`` on a GPU machine runs them (the shell
 wrappers here), ``make record-demo`` the one that runs on a CPU. ``make docs`` runs the ``plot_*``
 scripts on the committed recordings. ``loops`` holds the GPU loops the recorders time.

@@ -17,7 +17,10 @@ from rich.console import Console
 from kernelfleet.cli_common import CatalogOption, err, out_console
 from kernelfleet.documents import read_text
 from kernelfleet.errors import EnvironmentProblem, UsageError
-from kernelfleet.plan.command import COPY_US
+from kernelfleet.plan.command import COPY_US, LINK_GBPS
+
+CopyUsOption = typer.Option(COPY_US, "--copy-us", help="Microseconds each copy between devices costs beyond its "
+                            "bytes (default: measured on an H200's partitions, docs/place.md).")
 
 
 def ptx(
@@ -200,9 +203,8 @@ def plan_command(
     link: list[str] | None = typer.Option(
         None, "--link", help="DEVICE:DEVICE:GBPS in gigabytes/s, repeatable."
     ),
-    link_gbps: float = typer.Option(25.0, "--link-gbps", help="GB/s of every device pair --link leaves out."),
-    copy_us: float = typer.Option(COPY_US, "--copy-us", help="Microseconds each copy between devices costs beyond "
-                                  "its bytes (default: measured on an H200's partitions, docs/place.md)."),
+    link_gbps: float = typer.Option(LINK_GBPS, "--link-gbps", help="GB/s of every device pair --link leaves out."),
+    copy_us: float = CopyUsOption,
     policy: str = typer.Option(
         "throughput", "--policy", help="throughput|latency|single|replicas|pipeline|attention-ffn|all"
     ),
@@ -458,12 +460,19 @@ def disagg_command(
     out: Path = typer.Option(Path("kernelfleet-disagg"), "--out", help="Folder for disagg.json."),
     costs: Path | None = typer.Option(None, "--costs", help="The cost table the plans were made from: adds "
                                       "list-scheduled slots and each graph's predicted time."),
+    copy_us: float = CopyUsOption,
+    link_gbps: float = typer.Option(LINK_GBPS, "--link-gbps", help="GB/s of the link the plans were made for: "
+                                    "each graph's predicted time costs its copies so (kernelfleet plan's flags)."),
 ) -> None:
     """Every placement strategy for one step on the emulated pair, gated on identical outputs, in one run."""
+    from kernelfleet.plan.command import check_link
+
+    check_link(link_gbps, copy_us)
     make_step, profiles, table = _pair_bench(step, plans, costs, device, "the disaggregation benchmark")
     from kernelfleet.bench.disagg import disagg
+    from kernelfleet.plan.slots import uniform_link
 
-    disagg(make_step, profiles, plans, slots, repeats, out, out_console(), table)
+    disagg(make_step, profiles, plans, slots, repeats, out, out_console(), table, uniform_link(copy_us, link_gbps))
 
 
 def disagg_nccl_command(

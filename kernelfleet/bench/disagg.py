@@ -43,9 +43,10 @@ from rich.table import Table
 
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
+from kernelfleet.plan.command import COPY_US, LINK_GBPS
 from kernelfleet.plan.model import Plan
 from kernelfleet.plan.schedule import Node
-from kernelfleet.plan.slots import estimate, makespan
+from kernelfleet.plan.slots import estimate, makespan, uniform_link
 from kernelfleet.profile.devices import ProfileSpec
 from kernelfleet.profile.timing import median_seconds
 from kernelfleet.runtime import plans as runtime_plans
@@ -126,15 +127,17 @@ def measure(gate: Gate, strategy: Strategy, repeats: int, stream: torch.cuda.Str
 
 
 def disagg(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], plans: Path, slots: int,
-           repeats: int, out: Path, console: Console, costs: CostTable | None = None) -> dict:
+           repeats: int, out: Path, console: Console, costs: CostTable | None = None,
+           link: Callable[[int, str, str], float] | None = None) -> dict:
     """Run every strategy (module docstring); write and return the results. ``costs``: the cost
-    table the plans were made from, for list-scheduled slots and each graph's predicted time."""
+    table the plans were made from, for list-scheduled slots and each graph's predicted time, with
+    copies costed by ``link`` (the model the plans were made with)."""
     if slots < 2:
         raise UsageError(f"--slots must be at least 2 (request distribution needs one per device), got {slots}")
     out.mkdir(parents=True, exist_ok=True)
     gate = Gate(make_step, profiles, slots, costs, lambda each: track(each, description="capturing replicas"))
     loaded = runtime_plans.load(plans, gate.problem)
-    seconds = estimate(costs) if costs is not None else None
+    seconds = estimate(costs, link or uniform_link(COPY_US, LINK_GBPS)) if costs is not None else None
     results: dict = {"command": " ".join(["kernelfleet"] + sys.argv[1:]), "devices": {n: asdict(s) for n, s in profiles.items()},
                      "slots": slots, "strategies": {}}
     stream = torch.cuda.Stream(device=profiles[gate.devices[0]].device)  # graphs launch and are timed here

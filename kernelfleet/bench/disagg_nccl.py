@@ -36,8 +36,9 @@ from rich.console import Console
 from kernelfleet.bench.disagg import Strategy, show, strategies
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
+from kernelfleet.plan.command import COPY_US, LINK_GBPS
 from kernelfleet.plan.model import Plan
-from kernelfleet.plan.slots import estimate
+from kernelfleet.plan.slots import estimate, uniform_link
 from kernelfleet.profile.devices import ProfileSpec
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.distributed import RankBuilt, release_rank
@@ -100,7 +101,7 @@ def disagg_nccl(make_step: Callable[[str, int], Step], profiles: dict[str, Profi
                          "bench disagg-nccl STEP --plans PLANS")
     rank = Rank(make_step, profiles, slots, costs)
     loaded = runtime_plans.load(plans, rank.problem)
-    seconds = estimate(costs) if costs is not None else None
+    seconds = estimate(costs, uniform_link(COPY_US, LINK_GBPS)) if costs is not None else None
     results: dict = {"command": " ".join(["torchrun ... kernelfleet"] + sys.argv[1:]), "processes": len(rank.devices),
                      "devices": {n: asdict(s) for n, s in profiles.items()}, "slots": slots, "strategies": {}}
     if place_weights is not None and place_weights not in loaded:

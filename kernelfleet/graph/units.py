@@ -165,7 +165,7 @@ def unit_program(program: Program, launches: list[list[int]]) -> Program:
         name = names[0] if len(names) == 1 else f"{len(names)} ops: {', '.join(n.split('.')[1] for n in names[:3])}…"
         out.append(Launch(u, "kernel", name, tuple(accesses), op=names[0] if len(names) == 1 else None,
                           pinned=pinned))
-    return Program(program.buffers, out)
+    return Program(program.buffers, out, units=True)
 
 
 def views(raws: dict[str, RawCapture], programs: dict[str, Program], home: str) -> dict[str, UnitView]:

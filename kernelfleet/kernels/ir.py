@@ -116,6 +116,9 @@ class Program(Document):
 
     buffers: list[Buffer]
     launches: list[Launch]
+    # each launch is a unit of matched ops (graph/units.py: the devices captured different kernels);
+    # the executor then runs each device's nodes in capture order, a copy stalling both its devices
+    units: bool = False
     DUMP = {"indent": 1}
 
     @model_validator(mode="after")

@@ -8,9 +8,9 @@
 * ``attention-ffn`` — attention launches (by name) on one device, the rest on another.
 * ``latency-greedy`` — the latency policy: in capture order, each launch to the device where
   it would finish earliest (its predecessors' finish plus transfer, the device's free time); then
-  the fastest single request among that schedule and every baseline that places launches, single
-  devices included, so one request is never slower under it than on the fastest device alone
-  (greedy choices can cost more in transfers later than they saved).
+  the fastest single request, as the executor's graph runs it, among that schedule and every
+  baseline that places launches, single devices included, so one request is never slower under it
+  than on the fastest device alone (greedy choices can cost more in transfers later than they saved).
 
 Every plan's objective comes from the independent validator, so baselines and the MILP are
 compared under one cost model; a baseline that breaks a pin or a memory limit is skipped
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from kernelfleet.kernels.ir import Launch
 from kernelfleet.plan.milp import zero_comm_bound
 from kernelfleet.plan.model import Plan, Problem
+from kernelfleet.plan.slots import per_request
 from kernelfleet.plan.validate import evaluate, violations
 
 ATTENTION_MARKERS = ("attention", "attn", "flash", "sdpa", "fmha", "paged")
@@ -57,19 +58,27 @@ def baselines(problem: Problem) -> tuple[list[Plan], dict[str, str]]:
         rehomed = plan.policy == "replicas" or (plan.details.home or problem.home) != problem.home
         plan.lower_bound_seconds = bound_any if rehomed else bound_home
         plans.append(plan)
-    return [_fastest_request(plans) if p.policy == "latency-greedy" else p for p in plans], skipped
+    return [_fastest_request(problem, plans) if p.policy == "latency-greedy" else p for p in plans], skipped
 
 
-def _fastest_request(plans: list[Plan]) -> Plan:
-    """The latency plan: the placement among ``plans`` whose one request finishes first, ranked by
-    latency (each plan's ``details.latency_seconds``), under the latency policy's name."""
+def _fastest_request(problem: Problem, plans: list[Plan]) -> Plan:
+    """The latency plan: the placement among ``plans`` whose one request finishes first as the
+    executor runs it (``slots.per_request`` of one slot), under the latency policy's name.
+
+    Ranked by the executor's schedule, not the validator's list schedule: the executor copies each
+    buffer range on its own (two to three copies a cut edge), one link stream after another, and
+    a device waits for the copies its next launch reads; the validator sends one transfer per
+    producer, all at once. On an H200's two partitions bench disagg measured the executor's
+    prediction within 1 % of the latency plan's time, and ranked by the validator the latency
+    plan ran 1.2-1.4x slower than the fastest device alone."""
     greedy = next(p for p in plans if p.policy == "latency-greedy")
-    best = min((p for p in plans if p.assignment), key=lambda p: (p.details.latency_seconds, p is not greedy))
+    as_run = {id(p): per_request(problem, p, 1) for p in plans if p.assignment}
+    best = min((p for p in plans if p.assignment), key=lambda p: (as_run[id(p)], p is not greedy))
     if best is greedy:
         return greedy
     details = dataclasses.replace(best.details, status=f"{best.policy}'s placement: one request in "
-                                  f"{best.details.latency_seconds * 1e3:.3f} ms, the greedy schedule "
-                                  f"{greedy.details.latency_seconds * 1e3:.3f} ms")
+                                  f"{as_run[id(best)] * 1e3:.3f} ms as the executor runs it, the greedy "
+                                  f"schedule {as_run[id(greedy)] * 1e3:.3f} ms")
     return Plan("latency-greedy", list(best.assignment), best.details.latency_seconds, best.lower_bound_seconds,
                 details=details)
 

@@ -30,9 +30,18 @@ MAX_IN_FLIGHT = 256
 # the Llama decode and prefill steps with 54 and 23 copies ran 4.3 and 3.1 us per copy slower than
 # their zero-cost prediction (docs/place.md, "Devices that capture different kernels").
 COPY_US = 4.0
+LINK_GBPS = 25.0  # a PCIe 4.0 x16 link's order: what two GPUs of different types in one host share
 MAX_COPY_US = 10_000.0
 POLICIES = ("throughput", "latency", "single", "replicas", "pipeline", "attention-ffn", "all")
 GB = 1e9
+
+
+def check_link(link_gbps: float, copy_us: float) -> None:
+    """UsageError naming the flag unless ``--link-gbps`` and ``--copy-us`` make a link."""
+    if not link_gbps > 0:
+        raise UsageError(f"--link-gbps must be positive, got {link_gbps}")
+    if not 0 <= copy_us <= MAX_COPY_US:
+        raise UsageError(f"--copy-us must be between 0 and {MAX_COPY_US:g} microseconds, got {copy_us}")
 
 
 @dataclass
@@ -110,10 +119,7 @@ def setup(
                 f"device {name!r} has no costs in {costs_path} (measured: {', '.join(measured)}); "
                 f"add --predict {name} for a catalog SKU"
             )
-    if link_gbps <= 0:
-        raise UsageError(f"--link-gbps must be positive, got {link_gbps}")
-    if not 0 <= copy_us <= MAX_COPY_US:
-        raise UsageError(f"--copy-us must be between 0 and {MAX_COPY_US:g} microseconds, got {copy_us}")
+    check_link(link_gbps, copy_us)
     given = {frozenset((lk.a, lk.b)): lk for lk in (parse_link(spec, names) for spec in links)}
     all_links = [
         replace(given.get(frozenset((a, b)), Link(a, b, link_gbps * GB)), seconds_per_copy=copy_us * 1e-6)

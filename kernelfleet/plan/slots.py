@@ -113,18 +113,21 @@ def makespan(combined: list[SlotNode], seconds: Callable[[SlotNode], float]) -> 
     return max(end, default=0.0)
 
 
-def estimate(costs: CostTable, transfer_seconds: Callable[[int, str, str], float] | None = None
-             ) -> Callable[[int, Node], float]:
+def uniform_link(copy_us: float, gbps: float) -> Callable[[int, str, str], float]:
+    """Every copy between any two devices: ``copy_us`` microseconds plus its bytes at ``gbps`` GB/s
+    (what ``kernelfleet plan --copy-us --link-gbps`` plans with)."""
+    def transfer(nbytes: int, src: str, dst: str) -> float:
+        return copy_us * 1e-6 + nbytes / (gbps * 1e9)
+
+    return transfer
+
+
+def estimate(costs: CostTable, transfer_seconds: Callable[[int, str, str], float]) -> Callable[[int, Node], float]:
     """``seconds(slot, node)`` from a cost table (a launch's seconds on its device) and a link
-    model ``transfer_seconds(bytes, src, dst)`` (default: 10 µs plus the bytes at 100 GB/s)."""
-    def link(nbytes: int, src: str, dst: str) -> float:
-        return 10e-6 + nbytes / 100e9
-
-    transfer = transfer_seconds or link
-
+    model ``transfer_seconds(bytes, src, dst)``."""
     def seconds(slot: int, n: Node) -> float:
         if n.launch is None:
-            return transfer(n.copy.length_bytes, n.copy.src, n.copy.dst)
+            return transfer_seconds(n.copy.length_bytes, n.copy.src, n.copy.dst)
         value = costs.seconds[n.launch].get(n.devices[0])
         if value is None:
             raise UsageError(f"the cost table has no time for launch {n.launch} on {n.devices[0]}")
@@ -142,7 +145,8 @@ def per_request(problem: Problem, plan: Plan, slots: int) -> float | None:
         raise UsageError(f"requests in flight must be at least 1, got {slots}")
     if plan.assignment:
         home = plan.details.home or problem.home
-        order = schedule(problem.program, plan.assignment, home, resident_state=True)
+        order = schedule(problem.program, plan.assignment, home, overlap=not problem.program.units,
+                         resident_state=True)
         seconds = estimate(problem.costs, problem.transfer_seconds)
         return makespan(pipeline([order] * slots, "scheduled", seconds), lambda x: seconds(x.slot, x.node)) / slots
     devices = plan.details.replicas

@@ -127,7 +127,9 @@ def latency(problem: Problem, assignment: list[str]) -> float:
 def schedule(problem: Problem, assignment: list[str]) -> Schedule:
     """One request alone: each device runs its launches in capture order; a launch starts
     when its device is free and every RAW predecessor has finished (plus the transfer, when
-    the predecessor ran elsewhere). Transfers are not serialised against each other."""
+    the predecessor ran elsewhere). Transfers are not serialised against each other, except in
+    a program of units (``Program.units``), whose executor stalls both devices of a copy: a
+    transfer starts when both are free, and neither runs anything until it has arrived."""
     preds: dict[int, list[tuple[int, int]]] = {}
     for e in problem.edges:
         preds.setdefault(e.dst, []).append((e.src, e.bytes))
@@ -143,9 +145,14 @@ def schedule(problem: Problem, assignment: list[str]) -> Schedule:
             incoming[src] = incoming.get(src, 0) + nbytes
         for src, nbytes in incoming.items():
             there = assignment[src]
-            arrive = finish[src] + problem.transfer_seconds(nbytes, there, device)
+            begin = finish[src]
+            if there != device and problem.program.units:
+                begin = max(begin, free[there], free[device])
+            arrive = begin + problem.transfer_seconds(nbytes, there, device)
             if there != device:
-                transfers.append(Transfer(src, k, there, device, nbytes, finish[src], arrive))
+                transfers.append(Transfer(src, k, there, device, nbytes, begin, arrive))
+                if problem.program.units:
+                    free[there] = free[device] = arrive
             ready = max(ready, arrive)
         start.append(ready)
         finish.append(ready + (problem.costs.seconds[k][device] or 0.0))

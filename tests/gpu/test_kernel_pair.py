@@ -24,24 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.place_pairs import target_of
+
 pytestmark = pytest.mark.gpu
 
 PAIR = {"a": "a:64@0", "b": "b:32@0/math-attention"}
-SIZES = dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
-             max_position_embeddings=256)
-
-
-def target_of(name: str, folder: Path) -> str:
-    """A reference step by name, or a transformers decode step of a config-only directory made here."""
-    if name not in ("hf-llama-decode", "hf-qwen2moe-decode"):
-        return name
-    from transformers import LlamaConfig, Qwen2MoeConfig
-
-    config = LlamaConfig(intermediate_size=688, **SIZES) if name == "hf-llama-decode" else \
-        Qwen2MoeConfig(intermediate_size=688, moe_intermediate_size=128, shared_expert_intermediate_size=256,
-                       num_experts=8, num_experts_per_tok=2, **SIZES)
-    config.save_pretrained(folder / name)
-    return f"hf:{folder / name},decode,batch=4,context=128"
 
 
 def kf(*args: str) -> subprocess.CompletedProcess:

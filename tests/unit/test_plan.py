@@ -1,6 +1,7 @@
 """Placement planning: MILP, baselines and the independent validator, on small exact cases,
 seeded random graphs and the committed fixture under tests/data/plan/."""
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -113,6 +114,21 @@ def test_evaluation_and_latency_by_hand():
     # 0 ends at 1, transfer to 2, 1 ends at 3, transfer to 4, 2 ends at 5
     assert ev.latency_seconds == 5.0
     assert latency(problem, ["d0", "d0", "d0"]) == 5.0
+
+
+def test_a_program_of_units_stalls_both_devices_of_a_copy():
+    """Devices that captured different kernels run units, and their executor orders each copy
+    after, and before, the neighbouring nodes of both its devices: what runs beside a copy on the
+    other device waits for it (the latency model says so; bench disagg measured it)."""
+    overlapping = build([[1.0, 9.0], [9.0, 1.0], [1.0, 9.0], [9.0, 2.0]], edges=[(1, 2, GB)])
+    units = Problem(dataclasses.replace(overlapping.program, units=True), overlapping.devices,
+                    [Link("d0", "d1", GB)], overlapping.costs)
+    placed = ["d0", "d1", "d0", "d1"]
+    # 0 on d0 and 1 on d1 at [0, 1]; the copy 1 -> 2 at [1, 2]; 2 on d0 at [2, 3]; 3 on d1 at [1, 3] beside
+    # the copy, or, with units, at [2, 4] after it
+    assert latency(overlapping, placed) == 3.0
+    assert latency(units, placed) == 4.0
+    assert latency(units, ["d0"] * 4) == latency(overlapping, ["d0"] * 4) == 20.0
 
 
 @pytest.mark.parametrize("n, devices, seed, pins, bandwidths", [

@@ -14,7 +14,7 @@ from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.plan.schedule import schedule
-from kernelfleet.plan.slots import estimate, makespan, pipeline
+from kernelfleet.plan.slots import estimate, makespan, pipeline, uniform_link
 
 pytestmark = pytest.mark.unit
 
@@ -31,7 +31,7 @@ def decode():
     costs = CostTable([{d: profile[d]["seconds"][i] for d in ("compute", "bandwidth")}
                        for i in range(len(program.launches))])
     order = schedule(program, assignment, "bandwidth", resident_state=True)
-    return order, estimate(costs)
+    return order, estimate(costs, uniform_link(10.0, 100.0))
 
 
 def predicted(combined, seconds) -> float:

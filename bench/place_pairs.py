@@ -1,0 +1,133 @@
+"""Benchmark: every placement strategy for the reference workloads and transformers models, on the
+same-kernel and the different-kernel pair of one H200, through the commands a user runs:
+
+    python -m bench.place_pairs --out DIR [--targets NAME ...] [--pairs same different] [--budget-s 540]
+
+For each (target, pair) it runs
+
+    kernelfleet profile TARGET --profile a:64 --profile b:32[/math-attention] --out PROFILE
+    kernelfleet plan PROFILE/program.json PROFILE/costs.json --device a --device b --policy all
+        --in-flight SLOTS --out PLANS
+    kernelfleet bench disagg TARGET --plans PLANS --device a:64@0 --device b:32@0[/math-attention]
+        --slots SLOTS --costs PROFILE/costs.json
+
+(``profile`` times the whole GPU too; the plans are for the pair) and keeps, under ``DIR/TARGET.PAIR/``, the cost table, the program (gzipped), the plans, bench
+disagg's ``disagg.json`` and the commands with their output (``log.txt``). Rows run in the order
+given until ``--budget-s`` is spent; the rest are listed as not run. ``python -m bench.place_table
+DIR`` makes the table of measured against predicted from what this writes (on any machine).
+
+The targets: the six reference workloads (tiny presets: four replicas of an 8B step do not fit one
+H200) and Llama and Qwen2-MoE from transformers, prefill and decode, built from small configs
+(seeded random weights). Device b of the different-kernel pair captures with SDPA's math attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import command_line
+
+REFERENCE = ("llama-decode", "llama-prefill", "moe-decode", "mamba-decode", "vlm-prefill", "dit-denoise")
+TRANSFORMERS = ("hf-llama-prefill", "hf-llama-decode", "hf-qwen2moe-prefill", "hf-qwen2moe-decode")
+PAIRS = {"same": ("a:64", "b:32"), "different": ("a:64", "b:32/math-attention")}
+SIZES = dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+             max_position_embeddings=256)
+
+
+def target_of(name: str, folder: Path) -> str:
+    """The TARGET a row name stands for: a reference step by name, or a transformers step of a
+    config-only directory written under ``folder`` (decode: batch 4 into a 128-token static cache;
+    prefill: batch 4 of 64 tokens)."""
+    if name not in TRANSFORMERS or name == "hf-llama-prefill":  # the latter is a reference builder
+        return name
+    from transformers import LlamaConfig, Qwen2MoeConfig
+
+    model = name.rsplit("-", 1)[0]
+    config = LlamaConfig(intermediate_size=688, **SIZES) if model == "hf-llama" else \
+        Qwen2MoeConfig(intermediate_size=688, moe_intermediate_size=128, shared_expert_intermediate_size=256,
+                       num_experts=8, num_experts_per_tok=2, **SIZES)
+    config.save_pretrained(folder / model)
+    phase = "decode,batch=4,context=128" if name.endswith("decode") else "batch=4,tokens=64"
+    return f"hf:{folder / model},{phase}"
+
+
+def device_flag(profile: str) -> str:
+    """``a:64`` -> ``a:64@0``; ``b:32/math-attention`` -> ``b:32@0/math-attention`` (one GPU)."""
+    head, _, kernels = profile.partition("/")
+    return f"{head}@0" + (f"/{kernels}" if kernels else "")
+
+
+def run_row(name: str, pair: str, out: Path, work: Path, slots: int, repeats: int, trials: int) -> dict:
+    """One (target, pair): the three commands, what they kept under ``out``, and how long each took."""
+    target = target_of(name, work)
+    profile, plans, runs = work / f"{name}.{pair}.profile", work / f"{name}.{pair}.plans", work / f"{name}.{pair}.runs"
+    a, b = PAIRS[pair]
+    commands = [
+        ["profile", target, "--profile", a, "--profile", b, "--trials", str(trials), "--out", str(profile)],
+        ["plan", str(profile / "program.json"), str(profile / "costs.json"), "--device", "a", "--device", "b",
+         "--policy", "all", "--in-flight", str(slots), "--out", str(plans)],
+        ["bench", "disagg", target, "--plans", str(plans), "--device", device_flag(a), "--device", device_flag(b),
+         "--slots", str(slots), "--repeats", str(repeats), "--costs", str(profile / "costs.json"), "--out", str(runs)],
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    row = {"target": name, "pair": pair, "seconds": {}}
+    with (out / "log.txt").open("w") as log:
+        for args in commands:
+            began = time.monotonic()
+            done = subprocess.run([sys.executable, "-m", "kernelfleet", *args], capture_output=True, text=True,
+                                  timeout=420)
+            row["seconds"][args[0] if args[0] != "bench" else "disagg"] = round(time.monotonic() - began, 1)
+            log.write(f"$ kernelfleet {' '.join(args)}\n{done.stdout}{done.stderr}\nexit {done.returncode}\n\n")
+            if done.returncode != 0:
+                row["failed"] = f"kernelfleet {args[0]} exited {done.returncode}: {done.stderr.strip()[-300:]}"
+                return row
+    shutil.copy(profile / "costs.json", out / "costs.json")
+    with gzip.open(out / "program.json.gz", "wt") as program:
+        program.write((profile / "program.json").read_text())
+    for plan in plans.glob("*.json"):
+        shutil.copy(plan, out / f"plan.{plan.name}")
+    shutil.copy(runs / "disagg.json", out / "disagg.json")
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="Folder for one sub-folder per (target, pair).")
+    parser.add_argument("--targets", nargs="+", default=[*REFERENCE, *TRANSFORMERS],
+                        choices=[*REFERENCE, *TRANSFORMERS])
+    parser.add_argument("--pairs", nargs="+", default=["different", "same"], choices=list(PAIRS))
+    parser.add_argument("--slots", type=int, default=2, help="Micro-batches per graph (requests in flight).")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--trials", type=int, default=3, help="Profile trials per launch.")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="Start no row after this many seconds.")
+    args = parser.parse_args(argv)
+    began, rows, skipped = time.monotonic(), [], []
+    wanted = [(pair, name) for pair in args.pairs for name in args.targets]
+    with tempfile.TemporaryDirectory() as scratch:
+        for index, (pair, name) in enumerate(wanted):
+            if time.monotonic() - began > args.budget_s:
+                skipped.append(f"{name}.{pair}")
+                continue
+            print(f"[{index + 1}/{len(wanted)}] {name} on the {pair}-kernel pair", flush=True)
+            row = run_row(name, pair, args.out / f"{name}.{pair}", Path(scratch), args.slots, args.repeats,
+                          args.trials)
+            print(f"    {row.get('failed', 'done')} ({row['seconds']} s)", flush=True)
+            rows.append(row)
+    summary = {"command": command_line(), "rows": rows, "not_run": skipped,
+               "seconds": round(time.monotonic() - began, 1)}
+    (args.out / "runs.json").write_text(json.dumps(summary, indent=1))
+    print(f"\n{command_line()}\n{len(rows)} rows run, {len(skipped)} not run (budget): {' '.join(skipped) or '-'}")
+    print(json.dumps(summary))
+    return 0 if all("failed" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The placement benchmark's table (bench/place_table.py) on the run recorded on one H200
+(tests/data/h200-place-pairs, written by `python -m bench.place_pairs`): the figures follow from
+the recorded strategies, and today's latency policy, re-run on each recorded program and cost
+table, picks a placement the run timed and predicts it no slower than the fastest single device."""
+
+import gzip
+import json
+
+import pytest
+
+from bench import place_table
+from kernelfleet.plan import command
+from kernelfleet.plan.slots import per_request
+
+pytestmark = pytest.mark.replay
+
+FOLDERS = sorted(p.parent for p in place_table.RECORDED.glob("*/disagg.json"))
+
+
+def test_the_recorded_run_covers_the_reference_and_transformers_steps_on_both_pairs():
+    names = {f.name for f in FOLDERS}
+    assert {f"{t}.different" for t in ("llama-decode", "moe-decode", "mamba-decode", "vlm-prefill", "dit-denoise",
+                                       "hf-llama-decode", "hf-qwen2moe-decode", "hf-qwen2moe-prefill")} <= names
+    assert {"llama-decode.same", "moe-decode.same"} <= names
+    for folder in FOLDERS:  # the different-kernel pair places units; the same-kernel pair launches
+        units = json.loads(gzip.open(folder / "program.json.gz", "rt").read()).get("units", False)
+        kernels = json.loads((folder / "disagg.json").read_text())["devices"]["b"]["kernels"]
+        assert units == (kernels != "default") or folder.name.startswith("mamba"), folder.name
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+def test_each_row_follows_from_its_recorded_strategies(folder):
+    row = place_table.row_of(folder)
+    found = json.loads((folder / "disagg.json").read_text())["strategies"]
+    rates = {n: r["slots_per_second"] for n, r in found.items() if r.get("seconds") and not n.startswith(("link ", "ablation"))
+             and not n.endswith("1 slot")}
+    assert max(rates, key=rates.get) == row.best
+    predicted = {p: found[p]["predicted_seconds"] for p in place_table.PLANS if found.get(p, {}).get("seconds")}
+    assert min(predicted, key=predicted.get) == row.chosen and row.chosen_over_best >= 1.0
+    within = sum(abs(found[p]["seconds"] / predicted[p] - 1) <= 0.10 for p in predicted)
+    assert (row.predictions_within, row.predictions) == (within, len(predicted))
+    assert all(r["gate"].split(":")[0] in row.gates for n, r in found.items() if n in rates)
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+def test_todays_latency_plan_is_predicted_no_slower_than_the_fastest_single_device(folder):
+    problem = command.setup(folder / "program.json.gz", folder / "costs.json", ["a", "b"], [], command.LINK_GBPS,
+                            [], [], None, command.COPY_US).problem
+    chosen, plans = command.make_plans(problem, "latency", 10.0)
+    singles = [per_request(problem, p, 1) for p in plans if p.policy.startswith("single:")]
+    assert per_request(problem, chosen, 1) <= min(singles) * (1 + 1e-9)
+    assert place_table.replanned_latency(folder) != "-"  # a placement the run timed
+
+
+def test_the_table_prints_every_row_and_its_verdicts(capsys):
+    assert place_table.main([str(place_table.RECORDED)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = json.loads(out[-1])
+    assert len(figures["rows"]) == len(FOLDERS) and len(figures["verdicts"]) == 4
+    assert sum(line.startswith("| ") for line in out) == len(FOLDERS) + 1  # the head and a line a row
