@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kernelfleet.costs.table import CostTable
+from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.model import Device
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
@@ -113,18 +114,34 @@ class Gate:
         self.reset()
         self.references = []
         for replicas in self.slots:  # each capture's own graph replay, whole GPU, from the captured state
-            for name, replica in replicas.items():
-                with torch.cuda.device(profiles[name].device):
-                    replica.captured.replay()
-            torch.cuda.synchronize()
+            self._replay(replicas, profiles)
             self.references.append({d: [t.clone() for t in r.captured.output_tensors()] for d, r in replicas.items()})
         self.reset()
+        self._replays_alike(profiles)
         self.profiles = {name: DeviceProfile(spec) for name, spec in profiles.items()}
         memory = {name: torch.cuda.get_device_properties(spec.device).total_memory for name, spec in profiles.items()}
         self.problem = plans.problem(self.program, [Device(d, memory[d]) for d in self.devices], costs)
 
     def reset(self) -> None:
         restore_all(self.restores)
+
+    @staticmethod
+    def _replay(replicas: dict[str, Replica], profiles: dict[str, ProfileSpec]) -> None:
+        for name, replica in replicas.items():
+            with torch.cuda.device(profiles[name].device):
+                replica.captured.replay()
+        torch.cuda.synchronize()
+
+    def _replays_alike(self, profiles: dict[str, ProfileSpec]) -> None:
+        """The step contract: a replay from the saved state gives the outputs the last one gave, so
+        the gate has a reference to compare with. UsageError naming what differs otherwise."""
+        for k, replicas in enumerate(self.slots):
+            self._replay(replicas, profiles)
+            for name, replica in replicas.items():
+                wrong = differing_elements(self.references[k][name], replica.captured.output_tensors())
+                if wrong:
+                    raise UsageError(replays_differ(replica.captured.raw.about.get("what", "the step"), name, wrong))
+        self.reset()
 
     def __enter__(self) -> Gate:
         for name, profile in self.profiles.items():
@@ -228,6 +245,13 @@ class Gate:
             f"{forced.argmax_agreement:.2%}{f', largest flip margin {max(flips):.4g}' if flips else ''} (near-tie "
             f"bound {forced.near_tie_bound:.4g}); free-running greedy: {same} of {len(tokens)} steps chose the "
             f"reference's tokens (last step: reference {ref_tokens[-1]}, placed {tokens[-1]})")
+
+
+def replays_differ(step: str, device: str, elements: int) -> str:
+    """What a step that does not replay alike is told (the step contract of docs/place.md)."""
+    return (f"{step}: two replays on {device} from the same saved state differ in {elements} output elements: the "
+            "step reads something a replay does not put back (dropout or sampling in the step, a random generator, "
+            "an input changed outside it); build it in eval mode with its inputs fixed")
 
 
 def decode_steps(step: Callable[[], None], args: tuple, decode: Any, output: Callable[[], torch.Tensor], forced: bool,
