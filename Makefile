@@ -32,13 +32,14 @@ run: $(VENV)/.see
 	fi
 
 # System packages the tests drive for real (Debian): the Prometheus server and promtool, Chromium
-# for the dashboard, Node for the dashboard's own script, and tmux, the terminal `watch` is tested in.
+# for the dashboard, Node for the dashboard's own script, tmux, the terminal `watch` is tested in, and
+# openssl, which makes the certificate of the HTTPS server the API-server client is tested against.
 system-deps:
 	@command -v promtool >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 && command -v node >/dev/null 2>&1 \
-		&& command -v tmux >/dev/null 2>&1 || { \
+		&& command -v tmux >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
-			--no-install-recommends prometheus chromium nodejs tmux; }
+			--no-install-recommends prometheus chromium nodejs tmux openssl; }
 
 test: $(VENV)/.all system-deps
 	$(PY) -m pytest -q

@@ -140,6 +140,9 @@ def agent(
     pod_resources_socket: Path | None = typer.Option(
         None, "--pod-resources-socket", help="The kubelet's pod-resources socket (in Kubernetes, "
         "/var/lib/kubelet/pod-resources/kubelet.sock): name each GPU's namespace, pod and container."),
+    pod_owners: str = typer.Option("names", "--pod-owners", help="How a pod's workload (its job) is found: from "
+                                   "its name (names), or by asking the API server (api: JobSets exactly; needs "
+                                   "deploy/kubernetes/pod-owners)."),
     label_names: str = typer.Option("kernelfleet", "--label-names", help="Label names of /metrics: kernelfleet's "
                                     "(uuid, hostname, model) or dcgm's (UUID, Hostname, modelName), to join dcgm-exporter."),
     process_series: int = typer.Option(0, "--process-series", help="Export the GPU memory of this many of each GPU's "
@@ -177,7 +180,9 @@ def agent(
         source = _source(replay, demo, interval or 1.0, clock_poll, speed, loop=demo, dense_clock=dense_clock,
                          rebase=True)
     recorded = replay is not None or demo
-    pods = _pod_holders(source if scrape is not None else None, pod_resources_socket)
+    if pod_owners not in ("names", "api"):
+        raise UsageError(f"--pod-owners must be names or api, got {pod_owners!r}")
+    pods = _pod_holders(source if scrape is not None else None, pod_resources_socket, pod_owners == "api")
     sock = bind(host, port)  # before the store and the first window: a clash exits now, not after a banner
     try:
         store = Store(store_path, Retention(budget_bytes=store_budget), writer=True)
@@ -204,18 +209,33 @@ def agent(
             raise EnvironmentProblem(f"the HTTP server on {host}:{port} stopped; the agent stops with it (see its log above)")
 
 
-def _pod_holders(scrape: ScrapeSource | None, socket_path: Path | None) -> Callable[[Sample], Sequence[PodRef]] | None:
+def _pod_holders(scrape: ScrapeSource | None, socket_path: Path | None,
+                 ask_api: bool = False) -> Callable[[Sample], Sequence[PodRef]] | None:
     """Who Kubernetes gave each GPU: dcgm-exporter's pod labels when scraping, else the kubelet's
-    pod-resources API when its socket is given (a missing socket is one log line, no attribution)."""
+    pod-resources API when its socket is given (a missing socket is one log line, no attribution);
+    with ``ask_api``, each pod's workload as the API server says (``telemetry/kubeapi.py``)."""
     if scrape is not None:
-        return lambda s: scrape.pods.get((s.uuid, s.mig_instance), ())
-    if socket_path is None:
+        holders = lambda s: scrape.pods.get((s.uuid, s.mig_instance), ())  # noqa: E731
+    elif socket_path is None:
         return None
-    from kernelfleet.fleet.pods import sample_holders
-    from kernelfleet.telemetry.podresources import PodResources
+    else:
+        from kernelfleet.fleet.pods import sample_holders
+        from kernelfleet.telemetry.podresources import PodResources
 
-    kubelet = PodResources.open(socket_path)
-    return None if kubelet is None else lambda s: sample_holders(kubelet.holders(), s)
+        kubelet = PodResources.open(socket_path)
+        if kubelet is None:
+            return None
+        holders = lambda s: sample_holders(kubelet.holders(), s)  # noqa: E731
+    if not ask_api:
+        return holders
+    from dataclasses import replace
+
+    from kernelfleet.telemetry.kubeapi import PodOwners
+
+    owners = PodOwners.in_cluster()
+    if owners is None:
+        return holders
+    return lambda s: tuple(replace(r, workload=owners.workload(r.namespace, r.pod)) for r in holders(s))
 
 
 @app.command()

@@ -13,7 +13,8 @@ from kernelfleet.telemetry.scrape import PodRef
 
 
 def job_id(ref: PodRef) -> str:
-    return clean(f"k8s:{ref.namespace}/{owner(ref.pod)}")
+    """``k8s:<namespace>/<workload>``: the API server's answer where it gave one, else the name rule."""
+    return clean(f"k8s:{ref.namespace}/{ref.workload or owner(ref.pod)}")
 
 
 def pod_jobs(refs: Sequence[PodRef]) -> tuple[JobShare, ...]:

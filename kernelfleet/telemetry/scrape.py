@@ -117,6 +117,7 @@ class PodRef:
     namespace: str
     pod: str
     container: str | None
+    workload: str | None = None  # what made the pod, where the API server said (telemetry/kubeapi.py)
 
 
 def http_get(url: str, deadline_seconds: float = FETCH_DEADLINE_SECONDS, max_bytes: int = MAX_BODY_BYTES,

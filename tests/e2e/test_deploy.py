@@ -645,3 +645,36 @@ def test_probe_passes_on_a_healthy_agent_and_fails_in_one_line(tmp_path):
     gone = _run([*probe, f"127.0.0.1:{port}"], env=env)
     assert gone.returncode == 1 and len(gone.stderr.strip().splitlines()) == 1
     assert gone.stderr.startswith(f"kernelfleet probe: 127.0.0.1:{port}: no answer")
+
+
+def test_the_pod_owners_component_grants_get_on_pods_only_and_turns_the_lookup_on(tmp_path):
+    """deploy/kubernetes/pod-owners (agent --pod-owners api): a ClusterRole with `get` on pods and
+    nothing else, bound to the agents' ServiceAccount, and the DaemonSet patched to mount its token
+    and ask the API server."""
+    folder = KUBE / "pod-owners"
+    role, binding = load_yaml(folder / "rbac.yaml")
+    version = kubernetes_validate.latest_version()
+    for doc in (role, binding):
+        kubernetes_validate.validate(doc, version, strict=True)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    account = kube_objects()["ServiceAccount"]["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "kernelfleet"}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        warnings.warn("kubectl is not installed: the pod-owners overlay was not built", stacklevel=1)
+        return
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(KUBE, overlay)  # kustomize takes relative paths only
+    (overlay / "kustomization.yaml").write_text(f"resources: [{base}]\ncomponents: [{base}/pod-owners]\n")
+    done = _run([kubectl, "kustomize", str(overlay)])
+    assert done.returncode == 0, done.stderr
+    built = {d["kind"]: d for d in yaml.safe_load_all(done.stdout) if d}
+    pod = built["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    assert pod["containers"][0]["args"][-2:] == ["--pod-owners", "api"]
+    assert {"ClusterRole", "ClusterRoleBinding"} <= set(built)
+    for doc in built.values():
+        if doc["kind"] not in OPERATOR_KINDS:
+            kubernetes_validate.validate(doc, version, strict=True)

@@ -214,3 +214,8 @@ def test_every_command_prints_its_help():
         done = CliRunner().invoke(app, [*path, "--help"])
         assert done.exit_code == 0 and done.exception is None, (path, done.output[-300:])
         assert "Usage" in done.output and "Traceback" not in done.output, path
+
+
+def test_an_unknown_pod_owners_mode_is_one_line(tmp_path):
+    done = kf("agent", "--demo", "--pod-owners", "labels", "--store", str(tmp_path / "kf.db"))
+    one_line_error(done, 2, "--pod-owners", "names or api")
