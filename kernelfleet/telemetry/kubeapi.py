@@ -13,7 +13,9 @@ asks for each pod it sees once:
 * none of these: the pod is its own workload.
 
 One GET per new pod with the pod's ServiceAccount token, HTTPS verified against the cluster's CA,
-a 2-s deadline and a 1-MiB body cap (a pod object is a few KB); answers are kept for 10 minutes.
+a 1-s deadline and a 1-MiB body cap (a pod object is a few KB); answers are kept for 10 minutes.
+While the server fails, one request a minute tries again and every other pod is answered at once
+from its name, so an outage holds a sampling window at most a second a minute.
 It is a plain HTTPS GET, so the see half needs no Kubernetes client library. Every failure is
 soft: the pod's name rule answers instead, and an outage is logged when it starts and when it ends.
 """
@@ -36,10 +38,11 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-DEADLINE_SECONDS = 2.0
+DEADLINE_SECONDS = 1.0  # the API server answers a pod GET in milliseconds; the window waits for it
 MAX_BODY_BYTES = 1 << 20
 KEEP_SECONDS = 600.0  # a pod's owner never changes; the cache only bounds memory as pods come and go
-RETRY_SECONDS = 60.0  # after a failure, ask again for that pod no sooner than this
+RETRY_SECONDS = 60.0  # after a failure, one request a minute tries again (for any pod): an outage costs a window
+# at most DEADLINE_SECONDS a minute
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOB_LABELS = ("batch.kubernetes.io/job-name", "job-name")
 
@@ -73,6 +76,7 @@ class PodOwners:
     clock: Callable[[], float] = time.monotonic
     _known: dict[tuple[str, str], tuple[float, str | None]] = field(default_factory=dict)
     _down: bool = False
+    _retry_at: float = 0.0
 
     @classmethod
     def in_cluster(cls, account: Path = ACCOUNT, environ: dict[str, str] | None = None) -> PodOwners | None:
@@ -93,22 +97,30 @@ class PodOwners:
         key, now = (namespace, pod), self.clock()
         if key in self._known and now < self._known[key][0]:
             return self._known[key][1]
+        if self._down and now < self._retry_at:
+            return None
         if len(self._known) > 4096:  # pods come and go; forget the expired
             self._known = {k: v for k, v in self._known.items() if now < v[0]}
         try:
-            found = workload_of(self._get(namespace, pod))
-        except (OSError, ValueError, urllib.error.URLError) as exc:
-            self._known[key] = (now + RETRY_SECONDS, None)
-            if not self._down:
-                log.warning("pod owners: %s (reading workloads from pod names until the API server answers)",
-                            _why(exc))
-            self._down = True
-            return None
+            found, keep = workload_of(self._get(namespace, pod)), KEEP_SECONDS
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                return self._failed(now, exc)
+            found, keep = None, RETRY_SECONDS  # a pod the server does not have (yet, or any more): its name says
+        except (OSError, ValueError) as exc:
+            return self._failed(now, exc)
         if self._down:
             log.warning("pod owners: the API server answers again")
         self._down = False
-        self._known[key] = (now + KEEP_SECONDS, found)
+        self._known[key] = (now + keep, found)
         return found
+
+    def _failed(self, now: float, exc: Exception) -> None:
+        """An outage starts (one log line) or goes on; one request a minute tries again."""
+        self._retry_at = now + RETRY_SECONDS
+        if not self._down:
+            log.warning("pod owners: %s (reading workloads from pod names until the API server answers)", _why(exc))
+        self._down = True
 
     def _get(self, namespace: str, pod: str) -> dict[str, Any]:
         path = f"/api/v1/namespaces/{urllib.parse.quote(namespace, safe='')}/pods/{urllib.parse.quote(pod, safe='')}"

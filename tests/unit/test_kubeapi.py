@@ -145,21 +145,36 @@ def test_pods_of_one_jobset_are_one_job_and_each_pod_is_asked_for_once(api):
     assert client.workload("ml", "serve-7d9f8b6c4-x2k4q") == "serve" and client.workload("ml", "db-2") == "db"
 
 
-@pytest.mark.parametrize("name", ["forbidden", "drip", "flood", "nonsense", "missing"])
+def test_a_pod_the_server_does_not_have_keeps_its_name_and_is_no_outage(api, caplog):
+    client = owners(api)
+    with caplog.at_level(logging.WARNING, logger=kubeapi.__name__):
+        assert client.workload("ml", "gone-0") is None
+        assert client.workload("ml", "db-2") == "db"
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize("name", ["forbidden", "drip", "flood", "nonsense"])
 def test_a_failing_answer_falls_back_to_the_name_in_one_line(api, name, caplog):
     client = owners(api)
+    now = [0.0]
+    client.clock = lambda: now[0]
+    Api.seen.clear()
     began = time.monotonic()
     with caplog.at_level(logging.WARNING, logger=kubeapi.__name__):
         assert client.workload("ml", name) is None
-        assert client.workload("ml", name) is None  # not asked again until RETRY_SECONDS
+        # while it fails, every pod is answered from its name at once, with no request
+        assert client.workload("ml", name) is None and client.workload("ml", "db-2") is None
+        assert Api.seen == [name]
+        now[0] += kubeapi.RETRY_SECONDS  # a minute later one request tries again, and a good pod resolves
+        assert client.workload("ml", "db-2") == "db"
     assert time.monotonic() - began < kubeapi.DEADLINE_SECONDS + 1.5  # a drip does not hold the window
-    (line,) = [r.getMessage() for r in caplog.records]
-    assert "reading workloads from pod names" in line and "Traceback" not in line
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and lines[1] == "pod owners: the API server answers again"
+    assert "reading workloads from pod names" in lines[0] and "Traceback" not in lines[0]
     if name == "forbidden":
-        assert "HTTP 403" in line and "deploy/kubernetes/pod-owners" in line
-    # the failure is remembered, the pod keeps its name rule's job, and a good pod still resolves
+        assert "HTTP 403" in lines[0] and "deploy/kubernetes/pod-owners" in lines[0]
+    # meanwhile the pod kept its name rule's job
     assert pod_jobs((PodRef("ml", "train-driver-0-0-x7k2p", None, None),))[0].job == "k8s:ml/train-driver"
-    assert client.workload("ml", "db-2") == "db"
 
 
 def test_a_certificate_the_cluster_ca_did_not_sign_is_refused(api, tmp_path, caplog):
