@@ -17,7 +17,7 @@ import ctypes
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Self
 
 import pynvml
 
@@ -44,10 +44,20 @@ class MetricsRequest:
         self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(32)]
 
 
-class NVMLError(Exception):
+class NVMLError(pynvml.NVMLError):
+    """pynvml's error class (so pynvml's own wrappers and the twin raise one kind), with the
+    twin's own text and none of pynvml's per-code subclasses."""
+
+    def __new__(cls, value: int) -> Self:
+        error = Exception.__new__(cls)
+        error.value = value
+        return error
+
     def __init__(self, value: int) -> None:
         super().__init__(f"NVML error {value}")
-        self.value = value
+
+    def __str__(self) -> str:
+        return f"NVML error {self.value}"
 
 
 # GPM metric values (percent or MiB/s) of a bf16 8192^3 GEMM window recorded on an H200

@@ -180,7 +180,7 @@ class NvmlSource:
                 due = window_end if last else due
                 while (left := due - self.clock()) > 1e-6:
                     self.sleep(left)
-                self.poll_clocks()
+                self._poller.poll_once()  # type: ignore[union-attr] - open() made it
                 if last:
                     break
             window_end += self.interval_seconds

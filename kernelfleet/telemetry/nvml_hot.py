@@ -24,17 +24,17 @@ Read = Callable[[], Any]
 
 
 def bind(nvml: Nvml, function: str, args: tuple[Any, ...], out: type, after: tuple[Any, ...] = (),
-         quiet: int | None = None, direct: bool = True) -> Read:
+         quiet: int | None = None, direct: bool = True, scale: float = 1) -> Read:
     """A read of ``function(*args, &out, *after)`` that returns the out-param's value.
 
-    A scalar out-param gives its ``.value``; a structure is returned itself, reused by every
-    call (copy what you keep before the next). A status equal to ``quiet`` returns ``None``
-    instead of raising (TIMEOUT for an empty event set). ``direct=False`` keeps pynvml's
-    wrapper (the path every read took before; bench/sampler_cost.py measures both).
+    A scalar out-param gives its ``.value`` times ``scale``; a structure is returned itself,
+    reused by every call (copy what you keep before the next). A status equal to ``quiet``
+    returns ``None`` instead of raising (TIMEOUT for an empty event set). ``direct=False`` keeps
+    pynvml's wrapper (the path every read took before; bench/sampler_cost.py measures both).
     """
     fn = nvml.function_pointer(function) if direct else None
     if fn is None:
-        return _through_doorway(nvml, function, (*args, *after), quiet)
+        return _through_doorway(nvml, function, (*args, *after), quiet, scale)
     value = ctypes.pointer(out())  # one out-param for the read's lifetime; NVML writes through it
     cargs = (*(_c(a) for a in args), value, *(_c(a) for a in after))
     target = value.contents
@@ -47,15 +47,16 @@ def bind(nvml: Nvml, function: str, args: tuple[Any, ...], out: type, after: tup
             if status == quiet:
                 return None
             raise error(function, status)
-        return target.value if scalar else target
+        return target.value * scale if scalar else target
 
     return read
 
 
-def _through_doorway(nvml: Nvml, function: str, args: tuple[Any, ...], quiet: int | None) -> Read:
+def _through_doorway(nvml: Nvml, function: str, args: tuple[Any, ...], quiet: int | None, scale: float) -> Read:
     def read() -> Any:
         try:
-            return nvml.call(function, *args)
+            value = nvml.call(function, *args)
+            return value * scale if scale != 1 else value
         except NvmlCallFailed as exc:
             if exc.code == quiet:
                 return None
@@ -71,8 +72,8 @@ def _c(arg: Any) -> Any:
 
 def clock_reader(nvml: Nvml, handle: Any, direct: bool = True) -> Callable[[], float]:
     """The GPU's SM clock in hertz, for the poll loop."""
-    read = bind(nvml, "nvmlDeviceGetClockInfo", (handle, nvml.m.NVML_CLOCK_SM), ctypes.c_uint, direct=direct)
-    return lambda: read() * 1e6
+    return bind(nvml, "nvmlDeviceGetClockInfo", (handle, nvml.m.NVML_CLOCK_SM), ctypes.c_uint, direct=direct,
+                scale=1e6)
 
 
 def read_optional(read: Read) -> Any:
