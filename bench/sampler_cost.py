@@ -47,6 +47,7 @@ from kernelfleet.validation.sampling import clock_sampling_errors
 ROOT = Path(__file__).resolve().parents[1]
 READS = ROOT / "tests" / "data" / "h200" / "clock-reads-2ms.json.gz"
 GEMM = "from bench import loops; loops.gemm({})"
+CLOCK_EVENT = 0x10  # nvmlEventTypeClock (nvml.h)
 TARGET_MS = 1.0  # issue 21: the agent's CPU per GPU-window under load
 # The source's options per mode; clock_poll_seconds None is "one read a window" (the interval).
 MODES: dict[str, dict[str, Any]] = {
@@ -109,6 +110,21 @@ def p95_clock_error(reads_per_window: float) -> float:
     errors = sorted(clock_sampling_errors([(t, m * 1e6) for t, m in runs["transformer"]], 1.0,
                                           max(1, round(reads_per_window))))
     return errors[int(0.95 * len(errors))]
+
+
+def clock_event_probe(nvml: Nvml) -> dict[str, Any]:
+    """Whether GPU 0's driver offers clock-change events (nvmlEventTypeClock, documented as Kepler
+    only): a sampler could then sleep in nvmlEventSetWait until the clock moves instead of waking
+    every 100 ms. Printed and kept in the JSON, so one H200 run settles it."""
+    nvml.init()
+    try:
+        handle = nvml.call("nvmlDeviceGetHandleByIndex", 0)
+        types = nvml.call("nvmlDeviceGetSupportedEventTypes", handle)
+    except KernelfleetError as exc:
+        return {"supported_event_types": None, "clock_change_events": None, "error": str(exc)}
+    finally:
+        nvml.shutdown()
+    return {"supported_event_types": hex(types), "clock_change_events": bool(types & CLOCK_EVENT)}
 
 
 def gpu_count() -> int:
@@ -184,6 +200,16 @@ def cpu_per_call_us(fn: Callable[[], Any], reps: int) -> float:
     return (time.thread_time() - c0) / reps * 1e6
 
 
+def cold_us(fn: Callable[[], Any], wakes: int) -> float:
+    """CPU of a wake-up from a 100-ms sleep and ``fn`` after it, as the poll loop runs it: after
+    a sleep, caches and branch predictors are cold, so a read costs many times its warm cost."""
+    c0 = time.thread_time()
+    for _ in range(wakes):
+        time.sleep(0.1)
+        fn()
+    return (time.thread_time() - c0) / wakes * 1e6
+
+
 def twin_parts(reps: int) -> list[tuple[str, float, float]]:
     """(part, old path µs, new path µs) of CPU on the twin; both paths call the same C functions."""
     from kernelfleet.telemetry.nvml_hot import bind, clock_reader
@@ -199,8 +225,10 @@ def twin_parts(reps: int) -> list[tuple[str, float, float]]:
         out = mod.ctypes.pointer(mod.ctypes.c_uint())
         alone = cpu_per_call_us(lambda: callback(handle, mod.ctypes.c_uint(0), out), reps)
         rows.append(("the twin's C function alone (in both below)", alone, alone))
-        rows.append(("SM clock read", cpu_per_call_us(clock_reader(old, handle, direct=False), reps),
-                     cpu_per_call_us(clock_reader(new, handle), reps)))
+        reads = clock_reader(old, handle, direct=False), clock_reader(new, handle)
+        rows.append(("SM clock read", *(cpu_per_call_us(read, reps) for read in reads)))
+        wakes = max(3, min(30, reps // 500))
+        rows.append(("a 100-ms sleep, then an SM clock read (cold)", *(cold_us(read, wakes) for read in reads)))
         events = twin.nvmlEventSetCreate()
         twin.nvmlDeviceRegisterEvents(handle, 0x8, events)
 
@@ -216,8 +244,8 @@ def twin_parts(reps: int) -> list[tuple[str, float, float]]:
         windows = [cpu_per_call_us(window_reader(nvml, options), reps // 10)
                    for nvml, options in ((old, MODES["before"]), (new, {}))]
         rows.append(("a window's reads and its Sample, 1 GPU", *windows))
-    wake = cpu_per_call_us(lambda: time.sleep(0.01), 100)
-    rows.append(("a wake-up: time.sleep(10 ms) on this machine", wake, wake))
+    wake = cold_us(lambda: None, wakes)
+    rows.append(("a 100-ms sleep alone", wake, wake))
     return rows
 
 
@@ -296,6 +324,10 @@ def main() -> None:
         for name, old, new in parts:
             print(f"{name:>46} {old:>9.2f} {new:>9.2f}")
         result["parts_us"] = [{"part": n, "old": o, "new": new} for n, o, new in parts]
+    if not args.twin:
+        result["events"] = clock_event_probe(Nvml())
+        print(f"GPU 0 event types {result['events']['supported_event_types']}: clock-change events "
+              f"{result['events']['clock_change_events']}")
     runs: list[dict] = []
     order = modes * args.repeat
     if args.twin:

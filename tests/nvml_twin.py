@@ -300,6 +300,9 @@ class Twin:
     def nvmlDeviceGetTotalEccErrors(self, h: Any, kind: int, counter: int) -> int:
         return self._supported(self._gpu(h).ecc_errors)[kind]
 
+    def nvmlDeviceGetSupportedEventTypes(self, h: Any) -> int:
+        return 0x8 | 0x1 | 0x2 if self._gpu(h).events else 0  # Xid and ECC, no clock-change events
+
     def nvmlEventSetCreate(self) -> Any:
         self.live_event_sets += 1
         return self._handle(gpus=[])
