@@ -20,10 +20,15 @@ def gpus():
             TwinGpu(uuid="GPU-twin-1", mig_instances=[1, 2], ecc_errors=(5, 2), temperature_c=None)]
 
 
+def on_twin(twin_gpus, fake_time, c_side=True, sleep=None, **kw):
+    """A source on a twin of ``twin_gpus`` with 1-s windows on fake time."""
+    twin = Twin(twin_gpus, fake_time.now, c_side=c_side)
+    return twin, NvmlSource(interval_seconds=1.0, nvml=Nvml(twin), clock=fake_time.now, wall=fake_time.wall,
+                            sleep=sleep or fake_time.sleep, **kw)
+
+
 def run(fake_time, windows=4, c_side=True, **kw):
-    twin = Twin(gpus(), fake_time.now, c_side=c_side)
-    source = NvmlSource(interval_seconds=1.0, nvml=Nvml(twin), clock=fake_time.now, wall=fake_time.wall,
-                        sleep=fake_time.sleep, **kw)
+    twin, source = on_twin(gpus(), fake_time, c_side, **kw)
     with source:
         clocks = iter([1400, 1455, 1980, 1700, 1500] * 20)
         batches = []
@@ -79,9 +84,7 @@ def test_bound_reads_raise_what_the_doorway_raises(fake_time, direct):
 
 def test_temperature_and_ecc_are_read_every_few_seconds_the_rest_every_window(fake_time):
     gpu = TwinGpu(temperature_c=50, ecc_errors=(0, 0), clock_event_reasons=0x4)
-    twin = Twin([gpu], fake_time.now)
-    source = NvmlSource(interval_seconds=1.0, nvml=Nvml(twin), clock=fake_time.now, wall=fake_time.wall,
-                        sleep=fake_time.sleep, slow_health_seconds=3.0)
+    twin, source = on_twin([gpu], fake_time, slow_health_seconds=3.0)
     seen = []
     with source:
         for i, (s,) in enumerate(source.batches(count=7)):
@@ -95,9 +98,7 @@ def test_temperature_and_ecc_are_read_every_few_seconds_the_rest_every_window(fa
 
 def test_slow_fields_every_window_when_asked(fake_time):
     gpu = TwinGpu(temperature_c=50)
-    twin = Twin([gpu], fake_time.now)
-    source = NvmlSource(interval_seconds=1.0, nvml=Nvml(twin), clock=fake_time.now, wall=fake_time.wall,
-                        sleep=fake_time.sleep, slow_health_seconds=0)
+    _, source = on_twin([gpu], fake_time, slow_health_seconds=0)
     temperatures = []
     with source:
         for i, (s,) in enumerate(source.batches(count=3)):
@@ -108,9 +109,7 @@ def test_slow_fields_every_window_when_asked(fake_time):
 
 def test_slow_fields_are_read_again_at_once_after_a_reinit(fake_time):
     gpu = TwinGpu(temperature_c=50)
-    twin = Twin([gpu], fake_time.now)
-    source = NvmlSource(interval_seconds=1.0, nvml=Nvml(twin), clock=fake_time.now, wall=fake_time.wall,
-                        sleep=fake_time.sleep, slow_health_seconds=60.0)
+    _, source = on_twin([gpu], fake_time, slow_health_seconds=60.0)
     with source:
         batches = source.batches(count=4)
         next(batches)
@@ -127,8 +126,7 @@ def test_process_names_are_read_once_while_the_process_stays(fake_time, tmp_path
     comm = tmp_path / "4242" / "comm"
     comm.write_text("python\n")
     gpu = TwinGpu(processes=[(4242, 1 << 30)])
-    source = NvmlSource(interval_seconds=1.0, nvml=Nvml(Twin([gpu], fake_time.now)), clock=fake_time.now,
-                        wall=fake_time.wall, sleep=fake_time.sleep, proc_root=tmp_path)
+    _, source = on_twin([gpu], fake_time, proc_root=tmp_path)
     names = []
     with source:
         for i, (s,) in enumerate(source.batches(count=4)):
@@ -154,10 +152,8 @@ class JitterySleep:
 
 
 def test_polls_keep_to_absolute_deadlines_and_skip_the_ones_missed(fake_time):
-    twin = Twin([TwinGpu()], fake_time.now)
     sleep = JitterySleep(fake_time, stall_at=13)
-    source = NvmlSource(interval_seconds=1.0, adaptive_clock_poll=False, nvml=Nvml(twin), clock=fake_time.now,
-                        wall=fake_time.wall, sleep=sleep)
+    _, source = on_twin([TwinGpu()], fake_time, sleep=sleep, adaptive_clock_poll=False)
     with source:
         start = fake_time.now()
         batches = list(source.batches(count=2))
