@@ -162,3 +162,40 @@ def test_polls_keep_to_absolute_deadlines_and_skip_the_ones_missed(fake_time):
     # the 350-ms stall in the second window costs its three missed reads, no burst to make them up
     assert [b[0].sm_clock_polls for b in batches] == [10, 7]
     assert sleep.calls == 17
+
+
+@pytest.fixture
+def pynvml_over_twin(fake_time):
+    """The real pynvml module with the twin's C functions in its function-pointer cache (what
+    nvmlInit's library load would give), restored afterwards."""
+    import pynvml
+
+    twin = Twin([TwinGpu(clock_mhz=1530, power_watts=412.0)], fake_time.now)
+    cache = pynvml._nvmlGetFunctionPointer_cache
+    saved = dict(cache)
+    cache.update({name: twin._nvmlGetFunctionPointer(name) for name in C_SIDE})
+    yield pynvml, twin
+    cache.clear()
+    cache.update(saved)
+
+
+def test_bound_reads_take_pynvml_s_own_function_pointers(pynvml_over_twin):
+    pynvml, twin = pynvml_over_twin
+    nvml, handle = Nvml(pynvml), twin.nvmlDeviceGetHandleByIndex(0)
+    assert clock_reader(nvml, handle)() == pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) * 1e6 == 1530e6
+    power = bind(nvml, "nvmlDeviceGetPowerUsage", (handle,), ctypes.c_uint)
+    assert power() == pynvml.nvmlDeviceGetPowerUsage(handle) == 412000
+    memory = bind(nvml, "nvmlDeviceGetMemoryInfo", (handle,), pynvml.c_nvmlMemory_t)()
+    assert (memory.used, memory.total) == (1 << 30, 141 << 30)
+    assert twin.c_calls["nvmlDeviceGetClockInfo"] == 2  # ours and pynvml's wrapper: the same C function
+    assert nvml.function_pointer("nvmlDeviceGetNoSuchThing") is None  # NVML not loaded: no pointer, no raise
+
+
+def test_statuses_become_the_doorway_errors_with_pynvml_s_text():
+    import pynvml
+
+    nvml = Nvml(pynvml)
+    lost = nvml.error("nvmlDeviceGetClockInfo", pynvml.NVML_ERROR_GPU_IS_LOST)
+    assert isinstance(lost, NvmlCallFailed) and lost.code == pynvml.NVML_ERROR_GPU_IS_LOST
+    assert str(lost) == "nvmlDeviceGetClockInfo failed: GPU is lost (NVML code 15)"
+    assert isinstance(nvml.error("nvmlDeviceGetTemperature", pynvml.NVML_ERROR_NOT_SUPPORTED), Unsupported)
