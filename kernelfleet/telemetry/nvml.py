@@ -116,7 +116,7 @@ class NvmlSource:
     _handles: dict[int, Any] = field(default_factory=dict, init=False)
     _window_clocks: dict[int, ClockWindow] = field(default_factory=dict, init=False)
     _cycle_counters: bool = field(default=True, init=False)  # off once the driver refuses them
-    _requests: dict[int, Any] = field(default_factory=dict, init=False)  # id(metric set) -> GPM request
+    _requests: dict[int, tuple[Any, list[Any]]] = field(default_factory=dict, init=False)  # id(metric set) -> request, slots
     _health: HealthReader = field(init=False)
 
     def __post_init__(self) -> None:
@@ -365,21 +365,23 @@ class NvmlSource:
 
     def _metrics_get(self, first: Any, second: Any, wanted: dict[int, tuple[str, float]]) -> dict[str, float | None]:
         m = self.nvml.m
-        # One request per metric set, reused: the structure holds room for every GPM metric
-        # (~10 KB), too much to allocate and zero every window for the 15 asked.
-        request = self._requests.get(id(wanted))
-        if request is None:
-            request = self._requests[id(wanted)] = m.c_nvmlGpmMetricsGet_t()
+        # One request per metric set, reused, with a view of each slot asked for: the structure
+        # holds room for every GPM metric (~10 KB), too much to allocate and zero every window for
+        # the 15 asked, and each index into its array would make a new view object.
+        cached = self._requests.get(id(wanted))
+        if cached is None:
+            request = m.c_nvmlGpmMetricsGet_t()
+            cached = self._requests[id(wanted)] = request, [request.metrics[slot] for slot in range(len(wanted))]
+        request, slots = cached
         request.version = m.NVML_GPM_METRICS_GET_VERSION
         request.numMetrics = len(wanted)
         request.sample1 = first
         request.sample2 = second
-        for slot, metric_id in enumerate(wanted):
-            request.metrics[slot].metricId = metric_id
+        for metric, metric_id in zip(slots, wanted):
+            metric.metricId = metric_id
         self.nvml.call("nvmlGpmMetricsGet", request)
         values: dict[str, float | None] = {}
-        for slot, (metric_id, (name, scale)) in enumerate(wanted.items()):
-            metric = request.metrics[slot]
+        for metric, (metric_id, (name, scale)) in zip(slots, wanted.items()):
             if metric.nvmlReturn != m.NVML_SUCCESS:
                 self._warn_once(f"gpm-{metric_id}", f"GPM metric {name} unavailable (NVML code {metric.nvmlReturn})")
                 values[name] = None
