@@ -4,13 +4,20 @@ interface gets a CPU twin that runs the same control flow).
 Values come from a recorded H200 window; tests script what real hardware cannot
 be made to do on demand: a GPU that is lost mid-run, a GPU without GPM, MIG
 slices, a metric the driver refuses. The GPM request struct is pynvml's own.
+
+The reads telemetry/nvml_hot.py binds to NVML's C functions have a C side here too
+(``_nvmlGetFunctionPointer``, as pynvml has): ctypes callbacks with NVML's signatures that
+return the status and write the out-param, over the same Python functions. Handles and
+event sets are ctypes pointers (``TwinHandle``) so they cross that C boundary.
 """
 
 from __future__ import annotations
 
+import ctypes
+from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Self
 
 import pynvml
 
@@ -37,10 +44,20 @@ class MetricsRequest:
         self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(32)]
 
 
-class NVMLError(Exception):
+class NVMLError(pynvml.NVMLError):
+    """pynvml's error class (so pynvml's own wrappers and the twin raise one kind), with the
+    twin's own text and none of pynvml's per-code subclasses."""
+
+    def __new__(cls, value: int) -> Self:
+        error = Exception.__new__(cls)
+        error.value = value
+        return error
+
     def __init__(self, value: int) -> None:
         super().__init__(f"NVML error {value}")
-        self.value = value
+
+    def __str__(self) -> str:
+        return f"NVML error {self.value}"
 
 
 # GPM metric values (percent or MiB/s) of a bf16 8192^3 GEMM window recorded on an H200
@@ -73,11 +90,32 @@ class TwinGpu:
     pending_xids: list[int] = field(default_factory=list)  # Xid codes an event set will hand out
 
 
+class TwinHandle(ctypes.c_void_p):
+    """A device handle or event set: a pointer (its value names it to the C side) that also
+    carries the twin's Python objects (``gpu``, ``mig``, ``gpus``)."""
+
+
+# The C signatures (nvml.h) of the functions the C side offers: argument types after the handle,
+# the out-param's type, and the arguments after the out-param.
+U, U64 = ctypes.c_uint, ctypes.c_ulonglong
+C_SIDE: dict[str, tuple[tuple[type, ...], type, tuple[type, ...]]] = {
+    "nvmlDeviceGetClockInfo": ((U,), U, ()),
+    "nvmlDeviceGetPowerUsage": ((), U, ()),
+    "nvmlDeviceGetTemperature": ((U,), U, ()),
+    "nvmlDeviceGetCurrentClocksEventReasons": ((), U64, ()),
+    "nvmlDeviceGetTotalEccErrors": ((U, U), U64, ()),
+    "nvmlDeviceGetMemoryInfo": ((), pynvml.c_nvmlMemory_t, ()),
+    "nvmlEventSetWait_v2": ((), pynvml.c_nvmlEventData_t, (U,)),
+}
+
+
 class Twin:
     """Behaves like the pynvml module for the calls NvmlSource makes."""
 
     NVMLError = NVMLError
     c_nvmlGpmMetricsGet_t = MetricsRequest
+    c_nvmlMemory_t = pynvml.c_nvmlMemory_t
+    c_nvmlEventData_t = pynvml.c_nvmlEventData_t
     NVML_SUCCESS = NVML_SUCCESS
     NVML_CLOCK_SM = NVML_CLOCK_SM
     NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
@@ -93,13 +131,54 @@ class Twin:
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
     NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
 
-    def __init__(self, gpus: list[TwinGpu], now: Any, library: bool = True) -> None:
+    def __init__(self, gpus: list[TwinGpu], now: Any, library: bool = True, c_side: bool = True) -> None:
         self.gpus = gpus
         self.now = now  # callable: the fake monotonic clock
         self.library = library
+        self.c_side = c_side  # whether _nvmlGetFunctionPointer offers C functions
         self.inits = 0
         self.live_samples = 0
         self.live_event_sets = 0
+        self.c_calls: Counter[str] = Counter()  # calls that came through the C side
+        self._pointers: dict[int, TwinHandle] = {}
+        self._functions: dict[str, Any] = {}
+
+    # -- the C side ----------------------------------------------------------------
+    def _handle(self, **objects: Any) -> TwinHandle:
+        handle = TwinHandle(len(self._pointers) + 1)
+        handle.__dict__.update(objects)
+        self._pointers[handle.value] = handle
+        return handle
+
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        if not self.c_side or name not in C_SIDE:
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        if name not in self._functions:
+            self._functions[name] = self._c_function(name)
+        return self._functions[name]
+
+    def _c_function(self, name: str) -> Any:
+        before, out_type, after = C_SIDE[name]
+        python = getattr(self, name)
+        prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *before, ctypes.POINTER(out_type), *after)
+        n = len(before)
+
+        def c_function(pointer: int, *rest: Any) -> int:
+            self.c_calls[name] += 1
+            try:
+                value = python(self._pointers[pointer], *rest[:n], *rest[n + 1:])
+            except NVMLError as exc:
+                return exc.value
+            out = rest[n].contents
+            if isinstance(out, ctypes.Structure):
+                for field_name, _ in out._fields_:
+                    if hasattr(value, field_name):
+                        setattr(out, field_name, getattr(value, field_name))
+            else:
+                out.value = value
+            return NVML_SUCCESS
+
+        return prototype(c_function)
 
     # -- helpers -----------------------------------------------------------------
     def _gpu(self, handle: Any) -> TwinGpu:
@@ -121,7 +200,7 @@ class Twin:
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
-        return SimpleNamespace(gpu=self.gpus[index], mig=None)
+        return self._handle(gpu=self.gpus[index], mig=None)
 
     def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
         return SimpleNamespace(pciDeviceId=(self._gpu(h).pci_device_id << 16) | 0x10DE)
@@ -153,7 +232,7 @@ class Twin:
         gpu = self._gpu(h)
         if i >= len(gpu.mig_instances):
             raise NVMLError(NVML_ERROR_NOT_FOUND)
-        return SimpleNamespace(gpu=gpu, mig=gpu.mig_instances[i])
+        return self._handle(gpu=gpu, mig=gpu.mig_instances[i])
 
     def nvmlDeviceGetGpuInstanceId(self, h: Any) -> int:
         return h.mig
@@ -221,9 +300,12 @@ class Twin:
     def nvmlDeviceGetTotalEccErrors(self, h: Any, kind: int, counter: int) -> int:
         return self._supported(self._gpu(h).ecc_errors)[kind]
 
+    def nvmlDeviceGetSupportedEventTypes(self, h: Any) -> int:
+        return 0x8 | 0x1 | 0x2 if self._gpu(h).events else 0  # Xid and ECC, no clock-change events
+
     def nvmlEventSetCreate(self) -> Any:
         self.live_event_sets += 1
-        return SimpleNamespace(gpus=[])
+        return self._handle(gpus=[])
 
     def nvmlEventSetFree(self, events: Any) -> None:
         self.live_event_sets -= 1

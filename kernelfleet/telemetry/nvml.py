@@ -8,16 +8,19 @@ interval is at least :data:`MIN_INTERVAL_SECONDS`.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Self
 
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 from kernelfleet.telemetry.clock import ClockPoller, ClockWindow
-from kernelfleet.telemetry.health import HealthReader
+from kernelfleet.telemetry.health import SLOW_HEALTH_SECONDS, HealthReader
 from kernelfleet.telemetry.nvml_api import REPLAY_HINT, Nvml, NvmlCallFailed
+from kernelfleet.telemetry.nvml_hot import Read, bind, clock_reader, read_optional
 from kernelfleet.telemetry.processes import running_processes
 from kernelfleet.telemetry.sample import Sample
 
@@ -77,6 +80,9 @@ class _Target:
     previous_wall: float = 0.0
     previous_process_timestamp: int = 0
     failed: str | None = None  # set when a read failed: the next window starts fresh
+    memory: Read | None = None  # bound once per NVML session (telemetry/nvml_hot.py)
+    power: Read | None = None  # whole GPUs only: MIG slices have no power of their own
+    process_names: dict[int, str | None] = field(default_factory=dict)  # pid -> name, while it stays
 
 
 @dataclass
@@ -95,6 +101,10 @@ class NvmlSource:
     # still (idle, or boosting steadily below the power cap), read once a window. A change is seen
     # late by at most one window, whose mean then rests on the read at its end.
     adaptive_clock_poll: bool = True
+    # The reads made every poll and every window call NVML's C functions directly
+    # (telemetry/nvml_hot.py); False goes through pynvml's wrapper for each, as before.
+    hot_reads: bool = True
+    slow_health_seconds: float = SLOW_HEALTH_SECONDS  # temperature and ECC counts (health.py); 0: every window
     nvml: Nvml = field(default_factory=Nvml)
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
@@ -106,6 +116,7 @@ class NvmlSource:
     _handles: dict[int, Any] = field(default_factory=dict, init=False)
     _window_clocks: dict[int, ClockWindow] = field(default_factory=dict, init=False)
     _cycle_counters: bool = field(default=True, init=False)  # off once the driver refuses them
+    _requests: dict[int, tuple[Any, list[Any]]] = field(default_factory=dict, init=False)  # id(metric set) -> request, slots
     _health: HealthReader = field(init=False)
 
     def __post_init__(self) -> None:
@@ -116,7 +127,9 @@ class NvmlSource:
                 f"--interval must be at least {MIN_INTERVAL_SECONDS} s "
                 f"(GPM windows shorter than that read as zeros), got {self.interval_seconds}"
             )
-        self._health = HealthReader(self.nvml, self._warn_once)
+        if self.slow_health_seconds < 0:
+            raise UsageError(f"slow_health_seconds must be >= 0, got {self.slow_health_seconds}")
+        self._health = HealthReader(self.nvml, self._warn_once, self.hot_reads, self.slow_health_seconds, self.clock)
 
     # -- lifecycle -----------------------------------------------------------------
     def open(self) -> NvmlSource:
@@ -125,8 +138,8 @@ class NvmlSource:
         if not self._targets:
             self.nvml.shutdown()
             raise EnvironmentProblem(f"NVML found no GPU on this machine; {REPLAY_HINT}")
-        self._poller = ClockPoller(self._read_clock, self.clock)
-        self._poller.watch(self._gpu_indices())
+        self._poller = ClockPoller(self.clock)
+        self._poller.watch(self._clock_readers())
         self._health.watch(self._whole_gpus())
         self._prime()
         return self
@@ -137,7 +150,7 @@ class NvmlSource:
         self._health.close()
         self.nvml.shutdown()
 
-    def __enter__(self) -> NvmlSource:
+    def __enter__(self) -> Self:
         return self.open()
 
     def __exit__(self, *exc: object) -> None:
@@ -151,12 +164,26 @@ class NvmlSource:
         SM clocks, so each window's mean clock rests on evenly spaced reads.
         """
         emitted = 0
-        next_tick = self.clock() + self.interval_seconds
+        window_end = self.clock() + self.interval_seconds
         while count is None or emitted < count:
-            while (left := next_tick - self.clock()) > 1e-6:
-                self.sleep(min(self.clock_poll_seconds, left) if self._clocks_moving() else left)
-                self.poll_clocks()
-            next_tick += self.interval_seconds
+            # How densely to read is decided once a window; each wake-up is then one sleep to an
+            # absolute deadline and one read of every GPU's clock (a wake-up is most of a read's
+            # CPU in a VM: docs/telemetry.md).
+            step = self.clock_poll_seconds if self._clocks_moving() else self.interval_seconds
+            start, polls = window_end - self.interval_seconds, 0
+            while True:
+                # the next deadline after now: a loop held up (a slow frame of `watch`) skips the
+                # reads it missed instead of making them back to back
+                polls = max(polls + 1, int((self.clock() - start) / step) + 1)
+                due = start + polls * step
+                last = due > window_end - 1e-6  # the read at the window's end (to float rounding)
+                due = window_end if last else due
+                while (left := due - self.clock()) > 1e-6:
+                    self.sleep(left)
+                self._poller.poll_once()  # type: ignore[union-attr] - open() made it
+                if last:
+                    break
+            window_end += self.interval_seconds
             yield self.read()
             emitted += 1
 
@@ -199,6 +226,8 @@ class NvmlSource:
             )
             targets.append(gpu)
             targets.extend(self._mig_targets(gpu))
+        for target in targets:
+            self._bind_reads(target)
         self._targets = targets
 
     def _gpm_supported(self, handle: Any) -> bool:
@@ -230,16 +259,20 @@ class NvmlSource:
             )
         return slices
 
-    def _gpu_indices(self) -> list[int]:
-        self._handles = {t.gpu_index: t.handle for t in self._targets if t.mig_instance is None}
-        return sorted(self._handles)
+    def _clock_readers(self) -> dict[int, Callable[[], float]]:
+        handles = {t.gpu_index: t.handle for t in self._targets if t.mig_instance is None}
+        self._handles = handles
+        return {index: clock_reader(self.nvml, handles[index], self.hot_reads) for index in sorted(handles)}
 
     def _whole_gpus(self) -> dict[str, Any]:
         return {t.uuid: t.handle for t in self._targets if t.mig_instance is None and not t.failed}
 
-    def _read_clock(self, gpu_index: object) -> float:
-        handle = self._handles[gpu_index]  # type: ignore[index]
-        return self.nvml.call("nvmlDeviceGetClockInfo", handle, self.nvml.m.NVML_CLOCK_SM) * 1e6
+    def _bind_reads(self, target: _Target) -> None:
+        target.memory = bind(self.nvml, "nvmlDeviceGetMemoryInfo", (target.info_handle,), self.nvml.m.c_nvmlMemory_t,
+                             direct=self.hot_reads)
+        if target.mig_instance is None:
+            target.power = bind(self.nvml, "nvmlDeviceGetPowerUsage", (target.handle,), ctypes.c_uint,
+                                direct=self.hot_reads)
 
     def _prime(self) -> None:
         for target in self._targets:
@@ -279,11 +312,14 @@ class NvmlSource:
             current = self._gpm_sample(target)
             end, end_wall = self.clock(), self.wall()
             metrics = self._gpm_metrics(target.previous, current) if current is not None else {}
-            processes = running_processes(self.nvml, target.info_handle, prev_proc, self.proc_root)
-            memory = self.nvml.optional("nvmlDeviceGetMemoryInfo", target.info_handle)
+            processes = running_processes(self.nvml, target.info_handle, prev_proc, self.proc_root,
+                                          target.process_names)
+            memory = read_optional(target.memory)
+            if memory is not None:
+                memory = (int(memory.used), int(memory.total))  # the bound read reuses its structure
             # Board power is already a 1-s average on Ampere and newer (NVML docs), so one
             # read per window does; MIG slices have no power of their own.
-            milliwatts = None if target.mig_instance is not None else self.nvml.optional("nvmlDeviceGetPowerUsage", target.handle)
+            milliwatts = None if target.power is None else read_optional(target.power)
             health = self._health.read(target.uuid, target.handle) if target.mig_instance is None else {}
         except NvmlCallFailed as exc:
             target.failed = str(exc)
@@ -301,8 +337,8 @@ class NvmlSource:
             sm_clock_instant_hertz=clock.last if clock else None,
             sm_clock_polls=clock.reads if clock else 0,
             power_mean_watts=None if milliwatts is None else milliwatts / 1000.0,
-            memory_used_bytes=int(memory.used) if memory is not None else None,
-            memory_total_bytes=int(memory.total) if memory is not None else None,
+            memory_used_bytes=memory[0] if memory is not None else None,
+            memory_total_bytes=memory[1] if memory is not None else None,
             processes=processes,
             **metrics,
             **health,
@@ -329,17 +365,23 @@ class NvmlSource:
 
     def _metrics_get(self, first: Any, second: Any, wanted: dict[int, tuple[str, float]]) -> dict[str, float | None]:
         m = self.nvml.m
-        request = m.c_nvmlGpmMetricsGet_t()
+        # One request per metric set, reused, with a view of each slot asked for: the structure
+        # holds room for every GPM metric (~10 KB), too much to allocate and zero every window for
+        # the 15 asked, and each index into its array would make a new view object.
+        cached = self._requests.get(id(wanted))
+        if cached is None:
+            request = m.c_nvmlGpmMetricsGet_t()
+            cached = self._requests[id(wanted)] = request, [request.metrics[slot] for slot in range(len(wanted))]
+        request, slots = cached
         request.version = m.NVML_GPM_METRICS_GET_VERSION
         request.numMetrics = len(wanted)
         request.sample1 = first
         request.sample2 = second
-        for slot, metric_id in enumerate(wanted):
-            request.metrics[slot].metricId = metric_id
+        for metric, metric_id in zip(slots, wanted):
+            metric.metricId = metric_id
         self.nvml.call("nvmlGpmMetricsGet", request)
         values: dict[str, float | None] = {}
-        for slot, (metric_id, (name, scale)) in enumerate(wanted.items()):
-            metric = request.metrics[slot]
+        for metric, (metric_id, (name, scale)) in zip(slots, wanted.items()):
             if metric.nvmlReturn != m.NVML_SUCCESS:
                 self._warn_once(f"gpm-{metric_id}", f"GPM metric {name} unavailable (NVML code {metric.nvmlReturn})")
                 values[name] = None
@@ -377,7 +419,7 @@ class NvmlSource:
                 target.failed = "GPU no longer visible to NVML"
                 self._targets.append(target)
         if self._poller is not None:
-            self._poller.watch(self._gpu_indices())
+            self._poller.watch(self._clock_readers())
         self._health.watch(self._whole_gpus())
         self._prime()
 

@@ -8,7 +8,8 @@ CPU twin with the same functions can stand in for it in tests.
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, Unsupported
 
@@ -74,9 +75,31 @@ class Nvml:
         try:
             return fn(*args)
         except self.m.NVMLError as exc:
-            if exc.value in self._unsupported:
-                raise Unsupported(f"{function}: not supported on this GPU or driver") from exc
-            raise NvmlCallFailed(function, exc.value, str(exc)) from exc
+            raise self.error(function, exc.value) from exc
+
+    def error(self, function: str, code: int) -> KernelfleetError:
+        """The kernelfleet error for NVML status ``code`` from ``function`` (also for calls made
+        through :meth:`function_pointer`, which return the status instead of raising)."""
+        if code in self._unsupported:
+            return Unsupported(f"{function}: not supported on this GPU or driver")
+        return NvmlCallFailed(function, code, str(self.m.NVMLError(code)))
+
+    def function_pointer(self, function: str) -> Callable[..., int] | None:
+        """The C function of the loaded NVML library (it returns the NVML status), or ``None``
+        where the module offers none (a twin without a C side) or the driver lacks it.
+
+        pynvml's own per-call wrapper (out-param allocation, enum wrapping, status check) is most
+        of a cheap read's CPU; telemetry/nvml_hot.py calls the C function directly for the reads
+        made every poll and every window. ``_nvmlGetFunctionPointer`` is pynvml's (nvidia-ml-py)
+        cached lookup, the same one its wrappers use.
+        """
+        lookup = getattr(self.m, "_nvmlGetFunctionPointer", None)
+        if lookup is None:
+            return None
+        try:
+            return lookup(function)
+        except self.m.NVMLError:
+            return None  # FUNCTION_NOT_FOUND (an older driver) or NVML not initialised
 
     def optional(self, function: str, *args: Any) -> Any:
         """Like :meth:`call`, but ``None`` when the GPU does not support it."""
