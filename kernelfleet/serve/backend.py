@@ -36,13 +36,14 @@ class Backend(Protocol):
 
 
 class EagerBackend:
-    """A transformers causal LM run eagerly, its KV cache a :class:`SlotCache` of ``slots`` slots."""
+    """A transformers causal LM run eagerly, its KV cache a :class:`SlotCache` of ``slots`` slots
+    (and ``spare_rows`` more that no request gets: the graph backend's scratch row)."""
 
-    def __init__(self, model: torch.nn.Module, slots: int, context_tokens: int) -> None:
+    def __init__(self, model: torch.nn.Module, slots: int, context_tokens: int, spare_rows: int = 0) -> None:
         self.model, self.slots, self.context_tokens = model, slots, context_tokens
         parameter = next(model.parameters())
         self.device, self.dtype = str(parameter.device), parameter.dtype
-        self.cache = SlotCache(slots, context_tokens)
+        self.cache = SlotCache(slots + spare_rows, context_tokens)
         self.eager = model.config._attn_implementation == "eager"
         # transformers 5 calls the cache argument ``cache``; earlier releases ``past_key_values``
         accepted = inspect.signature(model.forward).parameters
@@ -51,16 +52,23 @@ class EagerBackend:
 
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
         positions = torch.arange(len(token_ids), device=self.device)[None, :]
-        return self._forward(torch.tensor([token_ids], device=self.device), [slot], positions)[0]
+        return self.forward(torch.tensor([token_ids], device=self.device), torch.tensor([slot], device=self.device),
+                            positions, len(token_ids))[0]
 
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
-        return self._forward(torch.tensor(token_ids, device=self.device)[:, None], slots,
-                             torch.tensor(positions, device=self.device)[:, None])
+        return self.forward(torch.tensor(token_ids, device=self.device)[:, None], torch.tensor(slots, device=self.device),
+                            torch.tensor(positions, device=self.device)[:, None], max(positions) + 1)
 
     @torch.inference_mode()
-    def _forward(self, ids: torch.Tensor, slots: list[int], positions: torch.Tensor) -> torch.Tensor:
-        self.cache.aim(torch.tensor(slots, device=self.device), positions)
+    def forward(self, ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+                length: int | None) -> torch.Tensor:
+        """Logits of the last token of each row: ``ids`` (batch, tokens) into cache rows ``rows`` at
+        ``positions`` (batch, tokens). ``length=None`` is the graph-safe forward (cache.py): no host
+        read, no shape that depends on the inputs' values, so the graph backend captures this call."""
+        self.cache.aim(rows, positions, length)
         mask = attention_mask(positions, self.cache.length, self.eager, self.dtype)
+        # position_ids and a ready 4-D mask are passed in: without them transformers derives both
+        # from the cache's length on the host (a sync a graph cannot capture, and one position for all rows)
         out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                          **{self.cache_argument: self.cache, self.keep_argument: 1})
         return out.logits[:, -1].float()

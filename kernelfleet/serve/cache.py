@@ -2,11 +2,20 @@
 
 transformers' ``StaticCache`` writes every row of a batch at the same position and advances one
 internal counter per call; continuous batching needs each row at its own position, and rows that
-are any subset of the slots. So the engine says, before each forward, which slots the batch rows
+are any subset of the slots. So the backend says, before each forward, which slots the batch rows
 are (``rows``) and at which positions their new tokens go (``positions``); :meth:`SlotCache.update`
-scatters the new keys and values there and hands attention the rows' cache up to the longest
-row. :func:`attention_mask` masks, per row, every position past the row's own: what a slot's
-previous request left there is never attended to.
+scatters the new keys and values there and hands attention the rows' cache up to ``length``.
+:func:`attention_mask` masks, per row, every position past the row's own: what a slot's previous
+request left there is never attended to.
+
+Two ways to aim a forward, the same writes and the same attended values:
+
+* eager (``length`` given): attention reads each row up to the longest row's position, the least
+  work, but the shapes change with the batch;
+* graph-safe (``length=None``): attention reads every row's whole context, masked; ``rows`` and
+  ``positions`` are the caller's persistent tensors, written in place between replays. Nothing in
+  :meth:`update` reads a tensor on the host, and no shape depends on what the tensors hold, so a
+  CUDA graph captures the forward once per batch size and replays it for any rows and positions.
 """
 
 from __future__ import annotations
@@ -26,12 +35,13 @@ class SlotCache(Cache):
         self.values: dict[int, torch.Tensor] = {}
         self.rows = torch.zeros(0, dtype=torch.long)
         self.positions = torch.zeros(0, 0, dtype=torch.long)
-        self.length = 0
+        self.length = context_tokens
 
-    def aim(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
-        """The next forward's batch: row ``i`` is slot ``rows[i]``, its tokens at ``positions[i]``."""
+    def aim(self, rows: torch.Tensor, positions: torch.Tensor, length: int | None = None) -> None:
+        """The next forward's batch: row ``i`` is slot ``rows[i]``, its tokens at ``positions[i]``;
+        attention reads each row's first ``length`` positions (None: the whole context, graph-safe)."""
         self.rows, self.positions = rows, positions
-        self.length = int(positions.max()) + 1
+        self.length = self.context_tokens if length is None else length
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args,
                **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,6 +54,8 @@ class SlotCache(Cache):
         where = (self.rows[:, None], slice(None), self.positions)
         keys[where] = key_states.transpose(1, 2)
         values[where] = value_states.transpose(1, 2)
+        if self.length == self.context_tokens:  # a gather of whole rows: no slice, the same kernels every step
+            return keys[self.rows], values[self.rows]
         return keys[self.rows, :, :self.length], values[self.rows, :, :self.length]
 
     def _allocate(self, states: torch.Tensor) -> torch.Tensor:
@@ -59,7 +71,8 @@ class SlotCache(Cache):
 
 def attention_mask(positions: torch.Tensor, length: int, eager: bool, dtype: torch.dtype) -> torch.Tensor:
     """(batch, 1, tokens, length): query ``i`` of row ``b`` sees cache position ``j`` iff
-    ``j <= positions[b, i]``. Boolean for SDPA; additive (0 or the dtype's minimum) for eager attention."""
+    ``j <= positions[b, i]``. Boolean for SDPA; additive (0 or the dtype's minimum) for eager attention.
+    Device ops only (no host read): graph-safe."""
     seen = torch.arange(length, device=positions.device)[None, None, None, :] <= positions[:, None, :, None]
     if not eager:
         return seen

@@ -1,0 +1,145 @@
+"""The graph backend: decode as one captured CUDA graph per batch bucket, prefill eagerly.
+
+At start, for each bucket (1, 2, 4, ... and the slots themselves: :func:`buckets`) it captures the
+graph-safe forward of :class:`~kernelfleet.serve.backend.EagerBackend` (``length=None``: every row
+attends its whole context, masked) over the bucket's persistent inputs, one ``(3, bucket)`` tensor
+holding the token ids, the cache rows and the positions. ``decode`` pads the batch to the smallest
+bucket that holds it, copies the three rows in with one host-to-device copy, replays that graph and
+returns the real rows' logits. Pad rows write into the scratch row, a cache row past the slots that
+no request ever gets, so they never touch a request's keys and values.
+
+Prefill stays eager: prompts have any length, and a graph per length would not pay for itself. It
+writes the same :class:`~kernelfleet.serve.cache.SlotCache` tensors the graphs read.
+
+The graphs share one memory pool and are captured largest first, so the smaller ones reuse the
+largest one's activations. The logits a replay returns live in that pool: they are valid until
+the next ``decode`` (the engine samples from them at once).
+
+``graphs=False`` is the CPU twin: the same buckets, padding, persistent inputs and forward, each
+"replay" the captured call run eagerly, so CI runs every line of this control flow but the capture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kernelfleet.errors import EnvironmentProblem
+from kernelfleet.serve.backend import EagerBackend
+
+
+def buckets(slots: int) -> list[int]:
+    """Batch sizes captured for ``slots`` slots: the powers of two below it, and ``slots``."""
+    sizes, size = [], 1
+    while size < slots:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, slots]
+
+
+def bucket_for(batch: int, sizes: list[int]) -> int:
+    """The smallest of ``sizes`` (ascending) that holds ``batch`` rows."""
+    for size in sizes:
+        if size >= batch:
+            return size
+    raise ValueError(f"a batch of {batch} rows is more than the largest bucket, {sizes[-1]}")
+
+
+def padded(slots: list[int], token_ids: list[int], positions: list[int], size: int,
+           scratch: int) -> list[list[int]]:
+    """The three input rows of a ``size`` bucket: ids, cache rows, positions; the pad rows feed
+    token 0 at position 0 into the ``scratch`` row."""
+    pad = size - len(slots)
+    return [token_ids + [0] * pad, slots + [scratch] * pad, positions + [0] * pad]
+
+
+class CaptureFailed(EnvironmentProblem):
+    """A bucket's decode graph could not be captured (the message says which and why)."""
+
+
+@dataclass(eq=False)
+class Bucket:
+    """One batch size's captured decode: its persistent inputs, graph and output."""
+
+    size: int
+    inputs: torch.Tensor  # (3, size): token ids, cache rows, positions
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None
+
+    def forward(self, backend: EagerBackend) -> torch.Tensor:
+        ids, rows, positions = self.inputs
+        return backend.forward(ids[:, None], rows, positions[:, None], None)
+
+
+class GraphBackend:
+    """The model of ``eager`` decoding through captured graphs on its CUDA device (module docstring).
+    ``eager`` must hold one spare cache row (``spare_rows=1``): the scratch row."""
+
+    def __init__(self, eager: EagerBackend, progress: Callable[[int, int], None] | None = None,
+                 graphs: bool = True) -> None:
+        if eager.cache.slots <= eager.slots:
+            raise ValueError("the graph backend needs one cache row past the slots (EagerBackend(..., spare_rows=1))")
+        self.eager_backend, self.graphs = eager, graphs
+        self.device, self.slots, self.context_tokens = eager.device, eager.slots, eager.context_tokens
+        self.scratch = eager.slots
+        self.sizes = buckets(eager.slots)
+        self.buckets: dict[int, Bucket] = {}
+        self.pool = torch.cuda.graph_pool_handle() if graphs else None
+        # the cache is allocated outside any graph, by a prefill into the scratch row
+        eager.prefill(self.scratch, [0])
+        for done, size in enumerate(reversed(self.sizes), 1):
+            self.buckets[size] = self._captured(size)
+            (progress or (lambda done, size: None))(done, size)
+
+    @torch.inference_mode()
+    def _captured(self, size: int) -> Bucket:
+        bucket = Bucket(size, torch.tensor(padded([], [], [], size, self.scratch), device=self.device))
+        if not self.graphs:
+            return bucket
+        try:
+            # warm-up on a side stream, as torch.cuda.graphs asks: lazy initialisation (cuBLAS
+            # handles, kernel choices) happens before the capture, not inside it
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    bucket.forward(self.eager_backend)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            bucket.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(bucket.graph, pool=self.pool):
+                bucket.logits = bucket.forward(self.eager_backend)
+        except torch.OutOfMemoryError as exc:
+            raise CaptureFailed(f"capturing the decode graph of batch bucket {size} failed: out of memory "
+                                f"({first_line(exc)}); use fewer --slots or a shorter --context") from exc
+        except RuntimeError as exc:
+            raise CaptureFailed(f"capturing the decode graph of batch bucket {size} failed: {why(exc)}") from exc
+        return bucket
+
+    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+        return self.eager_backend.prefill(slot, token_ids)
+
+    @torch.inference_mode()
+    def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
+        bucket = self.buckets[bucket_for(len(slots), self.sizes)]
+        # one small copy; the previous replay is done by now (the engine read its logits)
+        bucket.inputs.copy_(torch.tensor(padded(slots, token_ids, positions, bucket.size, self.scratch)))
+        if bucket.graph is None:  # the CPU twin
+            bucket.logits = bucket.forward(self.eager_backend)
+        else:
+            bucket.graph.replay()
+        return bucket.logits[:len(slots)]
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def why(exc: RuntimeError) -> str:
+    """A capture's failure in words: what torch says, and what it means for a model's forward."""
+    said = first_line(exc)
+    if "capturing" in said or "capture" in said:  # torch: "operation not permitted when stream is capturing"
+        return (f"an op synchronises with the host inside the forward (.item(), a data-dependent shape or a "
+                f"host copy): {said}")
+    return said
