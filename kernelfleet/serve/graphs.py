@@ -75,14 +75,16 @@ class Bucket:
 
 class GraphBackend:
     """The model of ``eager`` decoding through captured graphs on its CUDA device (module docstring).
-    ``eager`` must hold one spare cache row (``spare_rows=1``): the scratch row."""
+    ``eager`` must hold one spare cache row (``spare_rows=1``): the scratch row. ``device_name``
+    names the device in the metrics (default: torch's name of it)."""
 
     def __init__(self, eager: EagerBackend, progress: Callable[[int, int], None] | None = None,
-                 graphs: bool = True) -> None:
+                 graphs: bool = True, device_name: str | None = None) -> None:
         if eager.cache.slots <= eager.slots:
             raise ValueError("the graph backend needs one cache row past the slots (EagerBackend(..., spare_rows=1))")
         self.eager_backend, self.graphs = eager, graphs
-        self.device, self.slots, self.context_tokens = eager.device, eager.slots, eager.context_tokens
+        self.slots, self.context_tokens = eager.slots, eager.context_tokens
+        self.device = device_name or eager.device  # its name in the metrics; torch's is eager.device
         self.scratch = eager.slots
         self.sizes = buckets(eager.slots)
         self.buckets: dict[int, Bucket] = {}
@@ -95,27 +97,32 @@ class GraphBackend:
 
     @torch.inference_mode()
     def _captured(self, size: int) -> Bucket:
-        bucket = Bucket(size, torch.tensor(padded([], [], [], size, self.scratch), device=self.device))
+        bucket = Bucket(size, torch.tensor(padded([], [], [], size, self.scratch), device=self.eager_backend.device))
         if not self.graphs:
             return bucket
         try:
-            # warm-up on a side stream, as torch.cuda.graphs asks: lazy initialisation (cuBLAS
-            # handles, kernel choices) happens before the capture, not inside it
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    bucket.forward(self.eager_backend)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            bucket.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(bucket.graph, pool=self.pool):
-                bucket.logits = bucket.forward(self.eager_backend)
+            # the capture's own stream is made on the current device: make it this one
+            with torch.cuda.device(self.eager_backend.device):
+                self._capture(bucket)
         except torch.OutOfMemoryError as exc:
             raise CaptureFailed(f"capturing the decode graph of batch bucket {size} failed: out of memory "
                                 f"({first_line(exc)}); use fewer --slots or a shorter --context") from exc
         except RuntimeError as exc:
             raise CaptureFailed(f"capturing the decode graph of batch bucket {size} failed: {why(exc)}") from exc
         return bucket
+
+    def _capture(self, bucket: Bucket) -> None:
+        # warm-up on a side stream, as torch.cuda.graphs asks: lazy initialisation (cuBLAS
+        # handles, kernel choices) happens before the capture, not inside it
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                bucket.forward(self.eager_backend)
+        torch.cuda.current_stream().wait_stream(side)
+        bucket.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(bucket.graph, pool=self.pool):
+            bucket.logits = bucket.forward(self.eager_backend)
 
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
         return self.eager_backend.prefill(slot, token_ids)
