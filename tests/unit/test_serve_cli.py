@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+import torch
 from recorded import reference, tiny_causal_lm
 
 from kernelfleet.cli import main
@@ -87,7 +88,8 @@ def run_main(monkeypatch, capsys, *args):
 
 
 @pytest.mark.parametrize(("args", "code", "says"), [
-    (["{dir}"], 2, "pass --cpu to run the model eagerly on the CPU"),
+    pytest.param(["{dir}"], 2, "pass --cpu to run the model eagerly on the CPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU to serve on")),
     (["llama8b-decode", "--cpu"], 2, "kernelfleet serve takes hf:DIR"),
     (["hf:/no/such/dir", "--cpu"], 2, "no config.json there"),
     (["{dir}", "--cpu", "--listen", "0.0.0.0:8000", "--allow-remote"], 2, "without a token"),
@@ -95,6 +97,9 @@ def run_main(monkeypatch, capsys, *args):
     (["{dir}", "--cpu", "--listen", "127.0.0.1:{port}", "--slots", "0"], 2, "--slots must be at least 1"),
     (["{dir}", "--cpu", "--listen", "127.0.0.1:{port}", "--context", "100000"], 2, "--context must be from 2"),
     (["{dir}", "--cpu", "--listen", "127.0.0.1:{busy}"], 3, "the port is in use"),
+    (["{dir}", "--device", "h200"], 2, "--device takes NAME:MEMORY_GB[@GPU]"),
+    (["{dir}", "--cpu", "--device", "h200:40"], 2, "--device names a GPU; with --cpu"),
+    (["{dir}", "--dtype", "int8"], 2, "--dtype takes bfloat16, float16, float32"),
 ])
 def test_bad_flags_and_targets_are_one_line(monkeypatch, capsys, model_dir, args, code, says):
     with socket.socket() as busy:
