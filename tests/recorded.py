@@ -160,13 +160,15 @@ def served_model(model, name: str = "tiny", tokenizer=None):
 
 
 @contextmanager
-def serving(served, slots: int = 4, max_queue: int = 64, context_tokens: int = 128, token: str | None = None):
+def serving(served, slots: int = 4, max_queue: int = 64, context_tokens: int = 128, token: str | None = None,
+            **options):
     """The server of ``served`` on a free loopback port, run by uvicorn as ``kernelfleet serve``
-    runs it: yields its base URL and its engine; stopped on the way out."""
+    runs it: yields its base URL and its engine; stopped on the way out. ``options`` go to
+    ``kernelfleet.serve.command.build`` (``graphs=True``: the graph backend)."""
     from kernelfleet.fleet.listener import Listener, bind
     from kernelfleet.serve.command import build
 
-    engine, app = build(served, slots, max_queue, context_tokens, token)
+    engine, app = build(served, slots, max_queue, context_tokens, token, **options)
     sock = bind("127.0.0.1", 0)
     server = Listener(app, sock).start()
     try:
@@ -176,9 +178,9 @@ def serving(served, slots: int = 4, max_queue: int = 64, context_tokens: int = 1
         engine.close()
 
 
-def bench_quick(name: str, timeout_seconds: float = 900) -> tuple[str, dict]:
-    """``python -m bench.NAME --quick`` from the repository root, as CI runs it: its table (with the
-    command line) and the JSON of its last line. A failed run fails with the end of its stderr."""
+def bench_quick(name: str, timeout_seconds: float = 900, args: tuple[str, ...] = ()) -> tuple[str, dict]:
+    """``python -m bench.NAME --quick [ARGS]`` from the repository root, as CI runs it: its table (with
+    the command line) and the JSON of its last line. A failed run fails with the end of its stderr."""
     import json
     import os
     import subprocess
@@ -186,7 +188,7 @@ def bench_quick(name: str, timeout_seconds: float = 900) -> tuple[str, dict]:
 
     root = Path(__file__).parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", f"bench.{name}", "--quick"], cwd=root, env=env,
+    done = subprocess.run([sys.executable, "-m", f"bench.{name}", "--quick", *args], cwd=root, env=env,
                           capture_output=True, text=True, timeout=timeout_seconds, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     *table, last = done.stdout.strip().splitlines()

@@ -2,9 +2,9 @@
 where the directory has one.
 
 On the CPU the model runs in float32 (tiny models, exact comparisons with ``generate``). On a GPU
-it is built there directly: ``from_pretrained`` with the device as its map, or, for a directory
-with only ``config.json``, the architecture constructed under the device (an 8B Llama's random
-bf16 weights are drawn on the GPU in seconds, never staged on the CPU). :func:`footprint` sizes
+a directory with only ``config.json`` is built there directly, its architecture constructed under
+the device (an 8B Llama's random bf16 weights are drawn on the GPU, never staged on the CPU);
+saved weights load with ``from_pretrained`` and move there. :func:`footprint` sizes
 it from the config alone, on torch's meta device, before anything is allocated. Loading each
 device's share of the weights only (the place half's plans) plugs in here: a loader per device,
 the backend built over what it loaded.
@@ -44,7 +44,13 @@ class Served:
 def load(target: str, device: str = "cpu", seed: int = 0, dtype: torch.dtype = torch.float32) -> Served:
     """``hf:DIR`` loaded on ``device`` (UsageError for any other kind of target)."""
     folder = model_folder(target)
-    model = causal_lm(folder, device, seed, dtype) if device == "cpu" else _on_device(folder, device, seed, dtype)
+    weights = any((folder / name).exists() for name in WEIGHT_FILES)
+    model = causal_lm(folder, device, seed, dtype) if weights or device == "cpu" else _on_device(folder, device, seed, dtype)
+    if device != "cpu" and dtype != torch.bfloat16 and model._can_set_experts_implementation():
+        # grouped_mm's fused kernel is bf16 only; in other dtypes torch loops over the groups with
+        # their sizes read on the host, which no graph can capture. batched_mm gathers each token's
+        # experts and multiplies them in one batched matmul: any dtype, no host read
+        model.set_experts_implementation("batched_mm")
     config = model.config
     eos = model.generation_config.eos_token_id if model.generation_config is not None else None
     eos = eos if eos is not None else config.eos_token_id
@@ -62,19 +68,12 @@ def model_folder(target: str) -> Path:
 
 
 def _on_device(folder: Path, device: str, seed: int, dtype: torch.dtype) -> Any:
+    """The architecture of a config-only directory, built and drawn on ``device``."""
     from transformers import AutoModelForCausalLM
 
-    if any((folder / name).exists() for name in WEIGHT_FILES):
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map=device)
-    else:
-        torch.manual_seed(seed)  # seeds the device's generator too: the same weights every start
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(_config(folder), dtype=dtype)
-    if dtype != torch.bfloat16 and model._can_set_experts_implementation():
-        # grouped_mm's fused kernel is bf16 only; in other dtypes torch loops over the groups with
-        # their sizes read on the host, which no graph can capture. batched_mm gathers each token's
-        # experts and multiplies them in one batched matmul: any dtype, no host read
-        model.set_experts_implementation("batched_mm")
+    torch.manual_seed(seed)  # seeds the device's generator too: the same weights every start
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(_config(folder), dtype=dtype)
     return model.eval().requires_grad_(False)
 
 
