@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Self
 
 
 def at_end_of(*recordings: Path):
@@ -193,3 +194,51 @@ def bench_quick(name: str, timeout_seconds: float = 900, args: tuple[str, ...] =
     assert done.returncode == 0, done.stderr[-3000:]
     *table, last = done.stdout.strip().splitlines()
     return "\n".join(table), json.loads(last)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServeCommand:
+    """``kernelfleet serve ARGS --listen 127.0.0.1:PORT`` in its own process, as a user runs it:
+    ``url`` once ``/healthz`` answers; on the way out it gets Ctrl-C, and ``returncode`` and ``err``
+    (its stderr) are what it left."""
+
+    def __init__(self, *args: str, startup_seconds: float = 300) -> None:
+        self.args, self.startup_seconds = args, startup_seconds
+        self.url, self.returncode, self.err = "", None, ""
+
+    def __enter__(self) -> Self:
+        import subprocess
+        import sys
+        import time
+
+        import httpx
+
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen([sys.executable, "-m", "kernelfleet", "serve", *self.args, "--listen",
+                                         f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + self.startup_seconds
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.process.stderr.read()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.1)
+        self.__exit__(None, None, None)
+        raise AssertionError(f"kernelfleet serve did not answer in {self.startup_seconds} s: {self.err}")
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        self.process.send_signal(signal.SIGINT)
+        _, self.err = self.process.communicate(timeout=60)
+        self.returncode = self.process.returncode

@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 import torch
-from recorded import PROMPTS, serving, tiny_causal_lm
+from recorded import PROMPTS, ServeCommand, free_port, serving, tiny_causal_lm
 
 from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.serve.graphs import GraphBackend
@@ -99,32 +96,12 @@ def test_the_gpu_server_over_http_gives_the_greedy_tokens_of_generate_streamed_o
     assert got[len(PROMPTS):] == want
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_the_command_prints_the_capture_and_serves_on_the_gpu(model_dir):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "kernelfleet", "serve", f"hf:{model_dir}", "--device",
-                               "small:4", "--context", "64", "--listen", f"127.0.0.1:{port}"],
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        for _ in range(1200):
-            assert server.poll() is None, server.stderr.read()
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        answer = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 5,
-                                                           "temperature": 0}, timeout=60).json()
-        metrics = httpx.get(f"{url}/metrics").text
-    finally:
-        server.send_signal(signal.SIGINT)
-        _, err = server.communicate(timeout=60)
+    with ServeCommand(f"hf:{model_dir}", "--device", "small:4", "--context", "64", startup_seconds=600) as server:
+        answer = httpx.post(f"{server.url}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 5,
+                                                                  "temperature": 0}, timeout=60).json()
+        metrics = httpx.get(f"{server.url}/metrics").text
+    err = server.err
     print(err)
     assert server.returncode == 0, err
     # 4 GB leaves room for the 64 slots sized at most: seven buckets

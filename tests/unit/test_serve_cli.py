@@ -3,16 +3,13 @@ served by the real command in its own process, answering text prompts with the t
 ``generate`` gives; bad flags and targets are one line, before anything is served."""
 
 import json
-import signal
 import socket
-import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 import torch
-from recorded import reference, tiny_causal_lm
+from recorded import ServeCommand, free_port, reference, tiny_causal_lm
 
 from kernelfleet.cli import main
 
@@ -38,36 +35,17 @@ def model_dir(tmp_path_factory):
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_the_command_serves_text_prompts_whole_and_streamed(model_dir):
     from transformers import AutoModelForCausalLM
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "kernelfleet", "serve", f"hf:{model_dir}", "--cpu",
-                               "--listen", f"127.0.0.1:{port}", "--slots", "2", "--context", "64"],
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        for _ in range(600):
-            assert server.poll() is None, server.stderr.read()
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    with ServeCommand(f"hf:{model_dir}", "--cpu", "--slots", "2", "--context", "64") as server:
+        url = server.url
         body = {"prompt": "w5 w9 w100 w3", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
         whole = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
         with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as answer:
             chunks = [line for line in answer.iter_lines() if line.startswith("data: {")]
         models = httpx.get(f"{url}/v1/models").json()
-    finally:
-        server.send_signal(signal.SIGINT)
-        _, err = server.communicate(timeout=30)
+    err = server.err
     assert server.returncode == 0, err
     assert f"kernelfleet serve: {model_dir.name} on {url}/v1 (2 slots of 64 tokens, the CPU)" in err
     saved = AutoModelForCausalLM.from_pretrained(model_dir)
