@@ -286,7 +286,7 @@ def overhead(folder: Path, url: str, case: Case, tokens: int, repeats: int) -> O
     served = load(f"hf:{folder}", device, 0, torch.float32 if on_cpu else torch.bfloat16)
     prompt = prompt_of(0, 32, served.vocab_size)
     context = len(prompt) + tokens
-    backend = GraphBackend(EagerBackend(served.model, 1, context, spare_rows=1), graphs=not on_cpu)
+    backend = GraphBackend(EagerBackend(served.model, 1, context), graphs=not on_cpu)
 
     def bare() -> float:
         token, steps = int(backend.prefill(0, prompt).argmax()), []

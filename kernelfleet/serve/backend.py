@@ -7,10 +7,11 @@ The engine (``engine.py``) decides what runs; a backend runs it. Two calls:
   position, their logits (one row per slot).
 
 :class:`EagerBackend` runs a transformers causal LM eagerly (the CPU mode, and any device without
-graphs). A graph backend implements the same two calls: at start it captures a decode graph per
-batch bucket (1, 2, 4, ... up to the slots) over fixed input tensors, and ``decode`` pads the
-batch to the smallest bucket that holds it, writes the inputs in place and replays that graph;
-the place half's plans run each bucket's graph across devices. The engine does not change.
+graphs). :class:`~kernelfleet.serve.graphs.GraphBackend` implements the same two calls over it on a
+GPU: at start it captures a decode graph per batch bucket (1, 2, 4, ... up to the slots) of
+:meth:`EagerBackend.forward` in its graph-safe form, and ``decode`` pads the batch to the smallest
+bucket that holds it, writes the inputs in place and replays that graph. The place half's plans
+would run each bucket's graph across devices; the engine does not change.
 """
 
 from __future__ import annotations
@@ -36,14 +37,13 @@ class Backend(Protocol):
 
 
 class EagerBackend:
-    """A transformers causal LM run eagerly, its KV cache a :class:`SlotCache` of ``slots`` slots
-    (and ``spare_rows`` more that no request gets: the graph backend's scratch row)."""
+    """A transformers causal LM run eagerly, its KV cache a :class:`SlotCache` of ``slots`` slots."""
 
-    def __init__(self, model: torch.nn.Module, slots: int, context_tokens: int, spare_rows: int = 0) -> None:
+    def __init__(self, model: torch.nn.Module, slots: int, context_tokens: int) -> None:
         self.model, self.slots, self.context_tokens = model, slots, context_tokens
         parameter = next(model.parameters())
         self.device, self.dtype = str(parameter.device), parameter.dtype
-        self.cache = SlotCache(slots + spare_rows, context_tokens)
+        self.cache = SlotCache(slots, context_tokens)
         self.eager = model.config._attn_implementation == "eager"
         # transformers 5 calls the cache argument ``cache``; earlier releases ``past_key_values``
         accepted = inspect.signature(model.forward).parameters

@@ -52,7 +52,7 @@ def build(served: Served, slots: int, max_queue: int, context_tokens: int | None
     """A started engine over ``served`` and its app: eagerly, or with ``graphs`` through the graph
     backend (captured where the model is on a GPU; ``progress(done, bucket)`` after each bucket)."""
     context = checked_sizes(slots, max_queue, context_tokens, served.max_context_tokens)
-    eager = EagerBackend(served.model, slots, context, spare_rows=1 if graphs else 0)
+    eager = EagerBackend(served.model, slots, context)
     backend: Backend = eager
     if graphs:
         backend = GraphBackend(eager, progress, graphs=eager.device.startswith("cuda"), device_name=device_name)

@@ -3,11 +3,9 @@
 Plain arithmetic (no torch): the sizes come from the model's config (``model.footprint``), the
 cap from ``--device NAME:MEMORY_GB[@GPU]`` or, without one, the memory the device has free. What
 counts against the cap is what torch allocates on the device: the weights, the KV cache (the
-slots and the graph backend's scratch row), and a workspace:
+slots), and a workspace:
 
-* per slot, one layer's keys and values of a slot's whole context (a graph's decode gathers each
-  row's context, layer by layer, into its memory pool) and a row of logits (the model's dtype and
-  float32);
+* per slot, a row of logits (the model's dtype and float32) and of the attention mask;
 * once, :data:`FIXED_WORKSPACE_BYTES` for a prefill's activations and the libraries' workspaces.
 
 The CUDA context itself (a few hundred MiB, outside torch's allocator) is not in it.
@@ -56,13 +54,13 @@ class Footprint:
     workspace_bytes_per_slot: int
 
     def needs_bytes(self, slots: int) -> int:
-        """Weights, ``slots`` slots and the scratch row, and the workspace."""
-        return (self.weights_bytes + (slots + 1) * self.kv_bytes_per_slot + slots * self.workspace_bytes_per_slot
-                + FIXED_WORKSPACE_BYTES)
+        """Weights, ``slots`` slots, and the workspace."""
+        return self.weights_bytes + slots * (self.kv_bytes_per_slot + self.workspace_bytes_per_slot) + \
+            FIXED_WORKSPACE_BYTES
 
     def slots_under(self, cap_bytes: int) -> int:
         """The most slots whose needs fit ``cap_bytes`` (0 when not even one does)."""
-        left = cap_bytes - self.weights_bytes - self.kv_bytes_per_slot - FIXED_WORKSPACE_BYTES
+        left = cap_bytes - self.weights_bytes - FIXED_WORKSPACE_BYTES
         return max(0, left // (self.kv_bytes_per_slot + self.workspace_bytes_per_slot))
 
 
@@ -80,7 +78,7 @@ def planned_slots(footprint: Footprint, cap_bytes: int, slots: int | None, where
         need = footprint.needs_bytes(wanted)
         raise UsageError(
             f"the model does not fit {where}: {wanted} slot{'s' * (wanted != 1)} need {need / GIB:.2f} GiB (weights "
-            f"{footprint.weights_bytes / GIB:.2f} GiB, KV cache {(wanted + 1) * footprint.kv_bytes_per_slot / GIB:.2f} "
-            f"GiB, workspace {(need - footprint.weights_bytes - (wanted + 1) * footprint.kv_bytes_per_slot) / GIB:.2f} "
+            f"{footprint.weights_bytes / GIB:.2f} GiB, KV cache {wanted * footprint.kv_bytes_per_slot / GIB:.2f} "
+            f"GiB, workspace {(need - footprint.weights_bytes - wanted * footprint.kv_bytes_per_slot) / GIB:.2f} "
             f"GiB) and the cap allows {cap_bytes / GIB:.2f} GiB; raise the cap, or lower --slots or --context")
     return wanted

@@ -92,7 +92,7 @@ def footprint(target: str, dtype: torch.dtype, context_tokens: int) -> Footprint
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     layers, size = text.num_hidden_layers, torch.empty(0, dtype=dtype).element_size()
     per_slot = kv_bytes(layers, kv_heads, head_dim, context_tokens, size)
-    return Footprint(weights, per_slot, per_slot // layers + text.vocab_size * (size + 4))
+    return Footprint(weights, per_slot, text.vocab_size * (size + 4) + context_tokens)
 
 
 def max_context_tokens(target: str) -> int:

@@ -47,7 +47,7 @@ def generated(model, prompt: list[int], max_tokens: int) -> list[int]:
 def test_graph_decode_gives_the_eager_decode_logits_in_bf16(model_dir):
     served = load(f"hf:{model_dir}", DEVICE, dtype=torch.bfloat16)
     sizes = []
-    graphs = GraphBackend(EagerBackend(served.model, 4, 96, spare_rows=1), lambda done, size: sizes.append(size))
+    graphs = GraphBackend(EagerBackend(served.model, 4, 96), lambda done, size: sizes.append(size))
     eager = EagerBackend(served.model, 4, 96)
     assert sizes == [4, 2, 1] and all(graphs.buckets[s].graph is not None for s in sizes)
     slots = [0, 1, 2]  # three rows: bucket 4, one pad row
@@ -56,16 +56,19 @@ def test_graph_decode_gives_the_eager_decode_logits_in_bf16(model_dir):
         graphs.prefill(slot, PROMPTS[slot])
         tokens.append(int(eager.prefill(slot, PROMPTS[slot]).argmax()))
         positions.append(len(PROMPTS[slot]))
-    for _ in range(12):
+    for step in range(12):
+        if step == 6:  # slot 0 leaves: slot 2 moves into row 0, and the logits come back in the engine's order
+            slots, tokens, positions = slots[1:], tokens[1:], positions[1:]
         got = graphs.decode(slots, tokens, positions).clone()
         want = eager.decode(slots, tokens, positions)
         cosine = torch.nn.functional.cosine_similarity(got, want, dim=-1)
-        assert (cosine >= 0.999).all(), cosine
+        assert (cosine >= 0.999).all(), (step, cosine)
         for row in range(len(slots)):
             top = int(got[row].argmax())
-            assert top == int(want[row].argmax()) or want[row].max() - want[row, top] <= 0.02, row
+            assert top == int(want[row].argmax()) or want[row].max() - want[row, top] <= 0.02, (step, row)
         tokens = want.argmax(-1).tolist()  # both follow eager's tokens: the same cache contents
         positions = [p + 1 for p in positions]
+    assert graphs.rows.row_of == {1: 1, 2: 0}
 
 
 async def whole_and_streamed(url: str, prompts: list[list[int]], max_tokens: int):
@@ -126,7 +129,7 @@ sys.path.insert(0, "tests")
 from recorded import tiny_causal_lm
 from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.serve.graphs import CaptureFailed, GraphBackend
-eager = EagerBackend(tiny_causal_lm("llama").to("cuda:0"), 4, 32, spare_rows=1)
+eager = EagerBackend(tiny_causal_lm("llama").to("cuda:0"), 4, 32)
 forward = eager.forward
 eager.forward = lambda *args: forward(*args) + args[2].max().item() * 0  # a host read inside the forward
 try:

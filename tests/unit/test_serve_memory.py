@@ -45,21 +45,21 @@ def test_device_specs_parse_and_bad_ones_say_what_is_expected():
 
 def test_slots_are_sized_from_what_the_weights_leave_under_the_cap():
     model = Footprint(weights_bytes=10 * GIB, kv_bytes_per_slot=GIB // 2, workspace_bytes_per_slot=GIB // 4)
-    cap = 10 * GIB + FIXED_WORKSPACE_BYTES + GIB // 2 + 4 * (3 * GIB // 4)  # the scratch row and 4 slots
+    cap = 10 * GIB + FIXED_WORKSPACE_BYTES + 4 * (3 * GIB // 4)  # 4 slots, and not 5
     assert model.slots_under(cap) == 4 and model.needs_bytes(4) == cap
     assert planned_slots(model, cap, None, "here") == 4
     assert planned_slots(model, cap, 2, "here") == 2
     assert planned_slots(model, 10**15, None, "here") == MAX_SIZED_SLOTS
     with pytest.raises(UsageError) as refused:
-        planned_slots(model, cap, 5, "under the cap of a (cuda:0, 14.50 GiB)")
+        planned_slots(model, cap, 5, "under the cap of a (cuda:0, 14.00 GiB)")
     line = str(refused.value)
     assert "\n" not in line
-    assert ("does not fit under the cap of a (cuda:0, 14.50 GiB): 5 slots need 15.25 GiB (weights 10.00 GiB, KV cache "
-            "3.00 GiB, workspace 2.25 GiB) and the cap allows 14.50 GiB") in line
+    assert ("does not fit under the cap of a (cuda:0, 14.00 GiB): 5 slots need 14.75 GiB (weights 10.00 GiB, KV cache "
+            "2.50 GiB, workspace 2.25 GiB) and the cap allows 14.00 GiB") in line
 
 
 def test_weights_past_the_cap_leave_not_even_one_slot():
     model = Footprint(weights_bytes=20 * GIB, kv_bytes_per_slot=GIB, workspace_bytes_per_slot=0)
     assert model.slots_under(16 * GIB) == 0
-    with pytest.raises(UsageError, match=r"1 slot need 23.00 GiB \(weights 20.00 GiB"):
+    with pytest.raises(UsageError, match=r"1 slot need 22.00 GiB \(weights 20.00 GiB"):
         planned_slots(model, 16 * GIB, None, "here")
