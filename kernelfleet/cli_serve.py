@@ -50,7 +50,7 @@ def serve(
     host, port = listen_address(listen, allow_remote, token)
     import torch
 
-    from kernelfleet.serve.command import build, checked_sizes, fitted
+    from kernelfleet.serve.command import checked_sizes, fitted
     from kernelfleet.serve.command import serve as run
     from kernelfleet.serve.model import load, max_context_tokens
 
@@ -62,15 +62,14 @@ def serve(
         where, name = "the CPU", None
     else:
         slots, gpu = fitted(target, device, slots, chosen, tokens_per_slot)
-        where, name = f"{gpu.name} ({gpu.torch_device}, {gpu.cap_bytes / 1e9:.1f} GB {'cap' if gpu.capped else 'free'})", \
-            gpu.name
+        where, name = gpu.described, gpu.name
     sock = bind(host, port)
     try:
         if not cpu:
             gpu.enforce()
         served = load(target, "cpu" if cpu else gpu.torch_device, seed, chosen)
         started = time.perf_counter()
-        engine, app = _built(build, served, slots, max_queue, tokens_per_slot, token, not cpu, name)
+        engine, app = _built(served, slots, max_queue, tokens_per_slot, token, not cpu, name)
     except BaseException:
         sock.close()
         raise
@@ -83,9 +82,11 @@ def serve(
     run(engine, app, sock)
 
 
-def _built(build, served, slots: int, max_queue: int, context: int, token: str | None, graphs: bool,
-           name: str | None):
-    """``build``, with a progress bar over the buckets while a GPU's graphs are captured."""
+def _built(served, slots: int, max_queue: int, context: int, token: str | None, graphs: bool, name: str | None):
+    """The engine and app (``serve.command.build``), with a progress bar over the buckets while a
+    GPU's graphs are captured."""
+    from kernelfleet.serve.command import build
+
     if not graphs:
         return build(served, slots, max_queue, context, token)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

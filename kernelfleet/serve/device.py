@@ -32,6 +32,11 @@ class Gpu:
         kind = "the cap of" if self.capped else "the free memory of"
         return f"under {kind} {self.name} ({self.torch_device}, {self.cap_bytes / GIB:.2f} GiB)"
 
+    @property
+    def described(self) -> str:
+        """``NAME (cuda:N, X GB cap)`` or ``... GB free``, for the start-up line."""
+        return f"{self.name} ({self.torch_device}, {self.cap_bytes / 1e9:.1f} GB {'cap' if self.capped else 'free'})"
+
     def enforce(self) -> None:
         """Hold torch's allocator on this device to the cap (nothing to do without one)."""
         if self.capped:
