@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Self
 
 
 def at_end_of(*recordings: Path):
@@ -160,13 +161,15 @@ def served_model(model, name: str = "tiny", tokenizer=None):
 
 
 @contextmanager
-def serving(served, slots: int = 4, max_queue: int = 64, context_tokens: int = 128, token: str | None = None):
+def serving(served, slots: int = 4, max_queue: int = 64, context_tokens: int = 128, token: str | None = None,
+            **options):
     """The server of ``served`` on a free loopback port, run by uvicorn as ``kernelfleet serve``
-    runs it: yields its base URL and its engine; stopped on the way out."""
+    runs it: yields its base URL and its engine; stopped on the way out. ``options`` go to
+    ``kernelfleet.serve.command.build`` (``graphs=True``: the graph backend)."""
     from kernelfleet.fleet.listener import Listener, bind
     from kernelfleet.serve.command import build
 
-    engine, app = build(served, slots, max_queue, context_tokens, token)
+    engine, app = build(served, slots, max_queue, context_tokens, token, **options)
     sock = bind("127.0.0.1", 0)
     server = Listener(app, sock).start()
     try:
@@ -176,9 +179,9 @@ def serving(served, slots: int = 4, max_queue: int = 64, context_tokens: int = 1
         engine.close()
 
 
-def bench_quick(name: str, timeout_seconds: float = 900) -> tuple[str, dict]:
-    """``python -m bench.NAME --quick`` from the repository root, as CI runs it: its table (with the
-    command line) and the JSON of its last line. A failed run fails with the end of its stderr."""
+def bench_quick(name: str, timeout_seconds: float = 900, args: tuple[str, ...] = ()) -> tuple[str, dict]:
+    """``python -m bench.NAME --quick [ARGS]`` from the repository root, as CI runs it: its table (with
+    the command line) and the JSON of its last line. A failed run fails with the end of its stderr."""
     import json
     import os
     import subprocess
@@ -186,8 +189,56 @@ def bench_quick(name: str, timeout_seconds: float = 900) -> tuple[str, dict]:
 
     root = Path(__file__).parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", f"bench.{name}", "--quick"], cwd=root, env=env,
+    done = subprocess.run([sys.executable, "-m", f"bench.{name}", "--quick", *args], cwd=root, env=env,
                           capture_output=True, text=True, timeout=timeout_seconds, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     *table, last = done.stdout.strip().splitlines()
     return "\n".join(table), json.loads(last)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServeCommand:
+    """``kernelfleet serve ARGS --listen 127.0.0.1:PORT`` in its own process, as a user runs it:
+    ``url`` once ``/healthz`` answers; on the way out it gets Ctrl-C, and ``returncode`` and ``err``
+    (its stderr) are what it left."""
+
+    def __init__(self, *args: str, startup_seconds: float = 300) -> None:
+        self.args, self.startup_seconds = args, startup_seconds
+        self.url, self.returncode, self.err = "", None, ""
+
+    def __enter__(self) -> Self:
+        import subprocess
+        import sys
+        import time
+
+        import httpx
+
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen([sys.executable, "-m", "kernelfleet", "serve", *self.args, "--listen",
+                                         f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + self.startup_seconds
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.process.stderr.read()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.1)
+        self.__exit__(None, None, None)
+        raise AssertionError(f"kernelfleet serve did not answer in {self.startup_seconds} s: {self.err}")
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        self.process.send_signal(signal.SIGINT)
+        _, self.err = self.process.communicate(timeout=60)
+        self.returncode = self.process.returncode

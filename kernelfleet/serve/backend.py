@@ -7,10 +7,11 @@ The engine (``engine.py``) decides what runs; a backend runs it. Two calls:
   position, their logits (one row per slot).
 
 :class:`EagerBackend` runs a transformers causal LM eagerly (the CPU mode, and any device without
-graphs). A graph backend implements the same two calls: at start it captures a decode graph per
-batch bucket (1, 2, 4, ... up to the slots) over fixed input tensors, and ``decode`` pads the
-batch to the smallest bucket that holds it, writes the inputs in place and replays that graph;
-the place half's plans run each bucket's graph across devices. The engine does not change.
+graphs). :class:`~kernelfleet.serve.graphs.GraphBackend` implements the same two calls over it on a
+GPU: at start it captures a decode graph per batch bucket (1, 2, 4, ... up to the slots) of
+:meth:`EagerBackend.forward` in its graph-safe form, and ``decode`` pads the batch to the smallest
+bucket that holds it, writes the inputs in place and replays that graph. The place half's plans
+would run each bucket's graph across devices; the engine does not change.
 """
 
 from __future__ import annotations
@@ -51,16 +52,23 @@ class EagerBackend:
 
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
         positions = torch.arange(len(token_ids), device=self.device)[None, :]
-        return self._forward(torch.tensor([token_ids], device=self.device), [slot], positions)[0]
+        return self.forward(torch.tensor([token_ids], device=self.device), torch.tensor([slot], device=self.device),
+                            positions, len(token_ids))[0]
 
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
-        return self._forward(torch.tensor(token_ids, device=self.device)[:, None], slots,
-                             torch.tensor(positions, device=self.device)[:, None])
+        return self.forward(torch.tensor(token_ids, device=self.device)[:, None], torch.tensor(slots, device=self.device),
+                            torch.tensor(positions, device=self.device)[:, None], max(positions) + 1)
 
     @torch.inference_mode()
-    def _forward(self, ids: torch.Tensor, slots: list[int], positions: torch.Tensor) -> torch.Tensor:
-        self.cache.aim(torch.tensor(slots, device=self.device), positions)
+    def forward(self, ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+                length: int | None) -> torch.Tensor:
+        """Logits of the last token of each row: ``ids`` (batch, tokens) into cache rows ``rows`` at
+        ``positions`` (batch, tokens). ``length=None`` is the graph-safe forward (cache.py): no host
+        read, no shape that depends on the inputs' values, so the graph backend captures this call."""
+        self.cache.aim(rows, positions, length)
         mask = attention_mask(positions, self.cache.length, self.eager, self.dtype)
+        # position_ids and a ready 4-D mask are passed in: without them transformers derives both
+        # from the cache's length on the host (a sync a graph cannot capture, and one position for all rows)
         out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                          **{self.cache_argument: self.cache, self.keep_argument: 1})
         return out.logits[:, -1].float()

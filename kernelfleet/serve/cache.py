@@ -2,11 +2,22 @@
 
 transformers' ``StaticCache`` writes every row of a batch at the same position and advances one
 internal counter per call; continuous batching needs each row at its own position, and rows that
-are any subset of the slots. So the engine says, before each forward, which slots the batch rows
+are any subset of the slots. So the backend says, before each forward, which slots the batch rows
 are (``rows``) and at which positions their new tokens go (``positions``); :meth:`SlotCache.update`
-scatters the new keys and values there and hands attention the rows' cache up to the longest
-row. :func:`attention_mask` masks, per row, every position past the row's own: what a slot's
-previous request left there is never attended to.
+scatters the new keys and values there and hands attention the rows' cache up to ``length``.
+:func:`attention_mask` masks, per row, every position past the row's own: what a slot's previous
+request left there is never attended to.
+
+Two ways to aim a forward, the same writes and the same attended values:
+
+* eager (``rows`` a tensor, ``length`` given): the batch is any rows; attention reads them
+  (gathered) up to the longest row's position, the least work, but the shapes change with the batch;
+* graph-safe (``rows=None``, ``length=None``): the batch is the cache's first rows, in order, and
+  attention reads them as they lie (a view) over the whole context, masked; ``positions`` is the
+  caller's persistent tensor, written in place between replays. Nothing in :meth:`update` reads a
+  tensor on the host, and no shape depends on what the tensors hold, so a CUDA graph captures the
+  forward once per batch size and replays it for any positions. The graph backend keeps the running
+  requests in the first rows (``rows.py``), moving one with :meth:`SlotCache.move` when needed.
 """
 
 from __future__ import annotations
@@ -24,14 +35,18 @@ class SlotCache(Cache):
         self.slots, self.context_tokens = slots, context_tokens
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
-        self.rows = torch.zeros(0, dtype=torch.long)
+        self.rows: torch.Tensor | None = None
+        self.written: torch.Tensor | None = None  # (batch, 1): the row each batch row writes
         self.positions = torch.zeros(0, 0, dtype=torch.long)
-        self.length = 0
+        self.length = context_tokens
 
-    def aim(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
-        """The next forward's batch: row ``i`` is slot ``rows[i]``, its tokens at ``positions[i]``."""
+    def aim(self, rows: torch.Tensor | None, positions: torch.Tensor, length: int | None = None) -> None:
+        """The next forward's batch: row ``i`` is slot ``rows[i]`` (None: slot ``i``), its tokens at
+        ``positions[i]``; attention reads each row's first ``length`` positions (None: the whole context)."""
         self.rows, self.positions = rows, positions
-        self.length = int(positions.max()) + 1
+        first = torch.arange(positions.shape[0], device=positions.device)  # a shape, not data: graph-safe
+        self.written = (first if rows is None else rows)[:, None]
+        self.length = self.context_tokens if length is None else length
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args,
                **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,10 +56,18 @@ class SlotCache(Cache):
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         # (batch, heads, tokens, dim) -> (batch, tokens, heads, dim): the index pair (row, position)
         # addresses one token of one slot
-        where = (self.rows[:, None], slice(None), self.positions)
+        where = (self.written, slice(None), self.positions)
         keys[where] = key_states.transpose(1, 2)
         values[where] = value_states.transpose(1, 2)
-        return keys[self.rows, :, :self.length], values[self.rows, :, :self.length]
+        # the first rows are a view; other rows are gathered (eager only: their shapes vary anyway)
+        batch = slice(0, key_states.shape[0]) if self.rows is None else self.rows
+        return keys[batch, :, :self.length], values[batch, :, :self.length]
+
+    def move(self, source: int, target: int, tokens: int) -> None:
+        """Copy row ``source``'s first ``tokens`` positions of every layer into row ``target``."""
+        for cache in (self.keys, self.values):
+            for layer in cache.values():
+                layer[target, :, :tokens] = layer[source, :, :tokens]
 
     def _allocate(self, states: torch.Tensor) -> torch.Tensor:
         heads, dim = states.shape[1], states.shape[3]
@@ -59,7 +82,8 @@ class SlotCache(Cache):
 
 def attention_mask(positions: torch.Tensor, length: int, eager: bool, dtype: torch.dtype) -> torch.Tensor:
     """(batch, 1, tokens, length): query ``i`` of row ``b`` sees cache position ``j`` iff
-    ``j <= positions[b, i]``. Boolean for SDPA; additive (0 or the dtype's minimum) for eager attention."""
+    ``j <= positions[b, i]``. Boolean for SDPA; additive (0 or the dtype's minimum) for eager attention.
+    Device ops only (no host read): graph-safe."""
     seen = torch.arange(length, device=positions.device)[None, None, None, :] <= positions[:, None, :, None]
     if not eager:
         return seen

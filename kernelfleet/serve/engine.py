@@ -118,8 +118,9 @@ class Engine:
         logits = self._run(slots, self.backend.decode, slots, [r.generated[-1] for _, r in batch],
                            [r.position for _, r in batch])
         if logits is not None:
+            greedy = logits.argmax(-1).tolist()  # one host read for the batch, not one per row
             for row, (slot, request) in enumerate(batch):
-                self._next(slot, request, logits[row])
+                self._next(slot, request, logits[row], greedy[row])
         return True
 
     def _run(self, slots: list[int], forward: Callable[..., torch.Tensor], *args: object) -> torch.Tensor | None:
@@ -133,9 +134,9 @@ class Engine:
         finally:
             self.metrics.busy.labels(self.backend.device).inc(self.clock() - started)
 
-    def _next(self, slot: int, request: Request, logits: torch.Tensor) -> None:
+    def _next(self, slot: int, request: Request, logits: torch.Tensor, greedy: int | None = None) -> None:
         try:
-            token = request.sampler.choose(logits)
+            token = request.sampler.choose(logits, greedy)
         except RuntimeError:  # logits with a NaN or an infinity cannot be sampled from
             log.exception("the logits of the request in slot %s cannot be sampled; it ends with an error", slot)
             self._fail([slot])

@@ -1,9 +1,13 @@
 """What ``kernelfleet serve`` serves: a transformers causal LM from ``hf:DIR``, and its tokenizer
 where the directory has one.
 
-On the CPU the model runs in float32 (tiny models, exact comparisons with ``generate``). Loading
-each device's share of the weights only (the place half's plans) plugs in here: a loader per
-device, the backend built over what it loaded.
+On the CPU the model runs in float32 (tiny models, exact comparisons with ``generate``). On a GPU
+a directory with only ``config.json`` is built there directly, its architecture constructed under
+the device (an 8B Llama's random bf16 weights are drawn on the GPU, never staged on the CPU);
+saved weights load with ``from_pretrained`` and move there. :func:`footprint` sizes
+it from the config alone, on torch's meta device, before anything is allocated. Loading each
+device's share of the weights only (the place half's plans) plugs in here: a loader per device,
+the backend built over what it loaded.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from typing import Any
 import torch
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
-from kernelfleet.workloads.targets import causal_lm, checked_folder
+from kernelfleet.serve.memory import Footprint, kv_bytes
+from kernelfleet.workloads.targets import WEIGHT_FILES, causal_lm, checked_folder
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +44,13 @@ class Served:
 def load(target: str, device: str = "cpu", seed: int = 0, dtype: torch.dtype = torch.float32) -> Served:
     """``hf:DIR`` loaded on ``device`` (UsageError for any other kind of target)."""
     folder = model_folder(target)
-    model = causal_lm(folder, device, seed, dtype)
+    weights = any((folder / name).exists() for name in WEIGHT_FILES)
+    model = causal_lm(folder, device, seed, dtype) if weights or device == "cpu" else _on_device(folder, device, seed, dtype)
+    if device != "cpu" and dtype != torch.bfloat16 and model._can_set_experts_implementation():
+        # grouped_mm's fused kernel is bf16 only; in other dtypes torch loops over the groups with
+        # their sizes read on the host, which no graph can capture. batched_mm gathers each token's
+        # experts and multiplies them in one batched matmul: any dtype, no host read
+        model.set_experts_implementation("batched_mm")
     config = model.config
     eos = model.generation_config.eos_token_id if model.generation_config is not None else None
     eos = eos if eos is not None else config.eos_token_id
@@ -56,14 +67,46 @@ def model_folder(target: str) -> Path:
     return checked_folder(Path(target[3:]))
 
 
+def _on_device(folder: Path, device: str, seed: int, dtype: torch.dtype) -> Any:
+    """The architecture of a config-only directory, built and drawn on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)  # seeds the device's generator too: the same weights every start
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(_config(folder), dtype=dtype)
+    return model.eval().requires_grad_(False)
+
+
+def footprint(target: str, dtype: torch.dtype, context_tokens: int) -> Footprint:
+    """The sizes of ``target``'s model in ``dtype`` with ``context_tokens`` per slot (memory.py),
+    from its config: the model is built on the meta device, which allocates nothing."""
+    from transformers import AutoModelForCausalLM
+
+    config = _config(model_folder(target))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    layers, size = text.num_hidden_layers, torch.empty(0, dtype=dtype).element_size()
+    per_slot = kv_bytes(layers, kv_heads, head_dim, context_tokens, size)
+    return Footprint(weights, per_slot, text.vocab_size * (size + 4) + context_tokens)
+
+
 def max_context_tokens(target: str) -> int:
     """The longest sequence the positions of ``target``'s model allow, from its config alone (the
     default when the config does not say)."""
+    return _context(_config(model_folder(target)))
+
+
+def _config(folder: Path) -> Any:
     try:
         from transformers import AutoConfig
     except ImportError as exc:
         raise EnvironmentProblem(f"serving needs transformers ({exc}): pip install transformers") from exc
-    return _context(AutoConfig.from_pretrained(model_folder(target)))
+    return AutoConfig.from_pretrained(folder)
 
 
 def _context(config: Any) -> int:

@@ -32,10 +32,11 @@ class Sampler:
         if sampling.temperature > 0:
             self.generator = torch.Generator().manual_seed(sampling.seed)
 
-    def choose(self, logits: torch.Tensor) -> int:
-        """The next token of a 1-D row of logits (float32, on any device)."""
+    def choose(self, logits: torch.Tensor, greedy: int | None = None) -> int:
+        """The next token of a 1-D row of logits (float32, on any device); ``greedy``, where the
+        caller has it, is their arg max (read once for a whole batch)."""
         if self.generator is None:
-            return int(logits.argmax())
+            return int(logits.argmax()) if greedy is None else greedy
         probabilities = torch.softmax(logits.cpu() / self.sampling.temperature, dim=-1)
         if self.sampling.top_p < 1.0:
             ordered, order = probabilities.sort(descending=True)

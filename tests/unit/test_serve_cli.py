@@ -3,15 +3,13 @@ served by the real command in its own process, answering text prompts with the t
 ``generate`` gives; bad flags and targets are one line, before anything is served."""
 
 import json
-import signal
 import socket
-import subprocess
 import sys
-import time
 
 import httpx
 import pytest
-from recorded import reference, tiny_causal_lm
+import torch
+from recorded import ServeCommand, free_port, reference, tiny_causal_lm
 
 from kernelfleet.cli import main
 
@@ -37,36 +35,17 @@ def model_dir(tmp_path_factory):
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_the_command_serves_text_prompts_whole_and_streamed(model_dir):
     from transformers import AutoModelForCausalLM
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "kernelfleet", "serve", f"hf:{model_dir}", "--cpu",
-                               "--listen", f"127.0.0.1:{port}", "--slots", "2", "--context", "64"],
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        for _ in range(600):
-            assert server.poll() is None, server.stderr.read()
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    with ServeCommand(f"hf:{model_dir}", "--cpu", "--slots", "2", "--context", "64") as server:
+        url = server.url
         body = {"prompt": "w5 w9 w100 w3", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
         whole = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
         with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as answer:
             chunks = [line for line in answer.iter_lines() if line.startswith("data: {")]
         models = httpx.get(f"{url}/v1/models").json()
-    finally:
-        server.send_signal(signal.SIGINT)
-        _, err = server.communicate(timeout=30)
+    err = server.err
     assert server.returncode == 0, err
     assert f"kernelfleet serve: {model_dir.name} on {url}/v1 (2 slots of 64 tokens, the CPU)" in err
     saved = AutoModelForCausalLM.from_pretrained(model_dir)
@@ -87,7 +66,8 @@ def run_main(monkeypatch, capsys, *args):
 
 
 @pytest.mark.parametrize(("args", "code", "says"), [
-    (["{dir}"], 2, "pass --cpu to run the model eagerly on the CPU"),
+    pytest.param(["{dir}"], 2, "pass --cpu to run the model eagerly on the CPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU to serve on")),
     (["llama8b-decode", "--cpu"], 2, "kernelfleet serve takes hf:DIR"),
     (["hf:/no/such/dir", "--cpu"], 2, "no config.json there"),
     (["{dir}", "--cpu", "--listen", "0.0.0.0:8000", "--allow-remote"], 2, "without a token"),
@@ -95,6 +75,9 @@ def run_main(monkeypatch, capsys, *args):
     (["{dir}", "--cpu", "--listen", "127.0.0.1:{port}", "--slots", "0"], 2, "--slots must be at least 1"),
     (["{dir}", "--cpu", "--listen", "127.0.0.1:{port}", "--context", "100000"], 2, "--context must be from 2"),
     (["{dir}", "--cpu", "--listen", "127.0.0.1:{busy}"], 3, "the port is in use"),
+    (["{dir}", "--device", "h200"], 2, "--device takes NAME:MEMORY_GB[@GPU]"),
+    (["{dir}", "--cpu", "--device", "h200:40"], 2, "--device names a GPU; with --cpu"),
+    (["{dir}", "--dtype", "int8"], 2, "--dtype takes bfloat16, float16, float32"),
 ])
 def test_bad_flags_and_targets_are_one_line(monkeypatch, capsys, model_dir, args, code, says):
     with socket.socket() as busy:

@@ -1,0 +1,410 @@
+"""Benchmark: ``kernelfleet serve`` on one GPU — the server's own cost at batch 1 against the bare
+graph loop, then Poisson arrivals and a trace of requests against the real HTTP server.
+
+    python -m bench.serve_gpu --out DIR [--quick] [--cpu] [--trace FILE] [--cases llama8b,moe,capped]
+
+Cases (each a config-only model directory, so the server draws seeded random bf16 weights on the
+GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
+
+* ``llama8b``: Llama 3 8B's shapes, 2048 tokens per slot, slots sized from the free memory;
+* ``moe``: Qwen1.5-MoE-A2.7B's shapes at 12 of its 24 layers (60 experts, 4 a token, a shared one);
+* ``capped``: the 8B Llama under ``--device capped:20`` — 20 GB: the 16 GB of weights fit, the KV
+  cache gets what is left, and the server sizes its slots from it (its /healthz says how many).
+
+Tables, for each case:
+
+1. (``llama8b`` only) batch 1, ms per output token, medians of interleaved runs: the bare loop (the
+   graph backend's decode and an arg max, in this process), the engine stepped in this process (no
+   HTTP), and the server streaming over loopback HTTP; each against the bare loop (target: ≤ 5 %).
+2. Poisson arrivals at each rate (``--requests`` each; prompts of 64-512 tokens, 64-128 out, greedy,
+   end tokens ignored): tokens/s, p50/p99 time to first token, p50/p99 time per output token (per
+   request: (last token - first token) / (tokens - 1)), and the highest rate whose p99 time per
+   output token is at most 50 ms.
+3. The trace (``--trace FILE``, CSV ``arrival_seconds,prompt_tokens,output_tokens``; without one a
+   seeded bursty trace is written to DIR/trace.csv and replayed), the same figures.
+
+Every answer is checked to hold the tokens it asked for: a lost or short request fails the run.
+``--cpu`` runs the same control flow on the CPU with tiny models (what CI runs, with ``--quick``).
+The JSON of the whole run goes to DIR/serve_gpu.json and is the last line printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import gc
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import torch
+from pydantic import BaseModel
+
+from bench import command_line
+from bench.serve_cpu import gaps, percentile
+
+TPOT_SLO_SECONDS = 0.050
+STARTUP_SECONDS = 900  # an 8B's random weights, the footprint and seven graph captures
+
+
+@dataclass(frozen=True)
+class Case:
+    """One server to measure: its model config, tokens per slot, flags, and the load it gets."""
+
+    name: str
+    config: dict
+    context_tokens: int
+    flags: tuple[str, ...]
+    rates_per_second: tuple[float, ...]
+    overhead: bool = False
+
+
+LLAMA8B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+           "max_position_embeddings": 8192, "rope_theta": 500000.0}
+MOE = {"model_type": "qwen2_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+       "num_hidden_layers": 12, "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 60,
+       "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+       "max_position_embeddings": 8192}
+TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+TINY_MOE = {**TINY, "model_type": "qwen2_moe", "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+            "num_experts": 4, "num_experts_per_tok": 2}
+
+GPU_CASES = [Case("llama8b", LLAMA8B, 2048, (), (4.0, 16.0, 64.0), overhead=True),
+             Case("moe", MOE, 2048, (), (4.0, 16.0, 64.0)),
+             Case("capped", LLAMA8B, 2048, ("--device", "capped:20"), (2.0, 4.0, 8.0))]
+# the CPU's dry run: the same three, tiny; a CPU has no cap to set, so the third gets 2 slots instead
+CPU_CASES = [Case("llama8b", {**TINY, "model_type": "llama"}, 256, ("--cpu",), (4.0, 16.0), overhead=True),
+             Case("moe", TINY_MOE, 256, ("--cpu",), (4.0, 16.0)),
+             Case("capped", {**TINY, "model_type": "llama"}, 256, ("--cpu", "--slots", "2"), (4.0,))]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How long prompts and outputs are: uniform in these bounds (inclusive)."""
+
+    prompt: tuple[int, int]
+    output: tuple[int, int]
+
+
+GPU_SHAPE, CPU_SHAPE = Shape((64, 512), (64, 128)), Shape((4, 32), (4, 16))
+
+
+class Load(BaseModel):
+    """One load against the server and what the clients saw."""
+
+    load: str
+    requests: int
+    output_tokens: int
+    seconds: float
+    tokens_per_second: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+
+
+class Overhead(BaseModel):
+    """Batch 1: ms per output token of each way, and against the bare loop."""
+
+    bare_ms_per_token: float
+    engine_ms_per_token: float
+    server_ms_per_token: float
+    engine_vs_bare_percent: float
+    server_vs_bare_percent: float
+
+
+class CaseResult(BaseModel):
+    name: str
+    flags: list[str]
+    slots: int
+    context_tokens: int
+    startup_seconds: float
+    overhead: Overhead | None
+    poisson: list[Load]
+    trace: Load
+    max_rate_at_p99_tpot_50ms: float | None
+
+
+class Report(BaseModel):
+    command: str
+    device: str
+    torch: str
+    cases: list[CaseResult]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    arrival_seconds: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+def poisson(rate: float, n: int, shape: Shape, seed: int) -> list[Arrival]:
+    rng, now, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        now += rng.expovariate(rate)
+        out.append(Arrival(now, rng.randint(*shape.prompt), rng.randint(*shape.output)))
+    return out
+
+
+def bursty_trace(n: int, shape: Shape, seed: int) -> list[Arrival]:
+    """Bursts of 2-8 requests at once, a second or so apart: what a trace of real traffic looks like
+    to a scheduler (arrivals that are not Poisson)."""
+    rng, now, out = random.Random(seed), 0.0, []
+    while len(out) < n:
+        for _ in range(min(rng.randint(2, 8), n - len(out))):
+            out.append(Arrival(now + rng.uniform(0, 0.05), rng.randint(*shape.prompt), rng.randint(*shape.output)))
+        now += rng.uniform(0.5, 1.5)
+    return sorted(out, key=lambda a: a.arrival_seconds)
+
+
+def write_trace(path: Path, arrivals: list[Arrival]) -> None:
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["arrival_seconds", "prompt_tokens", "output_tokens"])
+        writer.writerows([f"{a.arrival_seconds:.4f}", a.prompt_tokens, a.output_tokens] for a in arrivals)
+
+
+def read_trace(path: Path) -> list[Arrival]:
+    """A trace CSV (module docstring), or SystemExit with one line naming the file and the row."""
+    try:
+        with path.open(newline="") as file:
+            rows = list(csv.DictReader(file))
+    except OSError as exc:
+        raise SystemExit(f"bench.serve_gpu: --trace {path}: {exc.strerror}") from exc
+    arrivals = []
+    for number, row in enumerate(rows, 2):
+        try:
+            arrival = Arrival(float(row["arrival_seconds"]), int(row["prompt_tokens"]), int(row["output_tokens"]))
+        except (KeyError, TypeError, ValueError):
+            raise SystemExit(f"bench.serve_gpu: --trace {path} line {number}: expected arrival_seconds,prompt_tokens,"
+                             f"output_tokens (a number, two whole numbers), got {dict(row)}") from None
+        if arrival.arrival_seconds < 0 or arrival.prompt_tokens < 1 or arrival.output_tokens < 1:
+            raise SystemExit(f"bench.serve_gpu: --trace {path} line {number}: arrival must be >= 0 and lengths >= 1")
+        arrivals.append(arrival)
+    if not arrivals:
+        raise SystemExit(f"bench.serve_gpu: --trace {path}: no requests in it")
+    return sorted(arrivals, key=lambda a: a.arrival_seconds)
+
+
+def prompt_of(i: int, length: int, vocab: int) -> list[int]:
+    rng = random.Random(i)
+    return [rng.randrange(vocab) for _ in range(length)]
+
+
+async def one(client: httpx.AsyncClient, body: dict, at: float, start: float) -> tuple[float, list[float]]:
+    """One streaming request sent at ``start + at``: (time to first token, the stamps of its tokens)."""
+    await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+    sent, stamps = time.perf_counter(), []
+    async with client.stream("POST", "/v1/completions", json=body) as answer:
+        if answer.status_code != 200:
+            raise SystemExit(f"bench.serve_gpu: the server answered {answer.status_code}: {await answer.aread()}")
+        async for line in answer.aiter_lines():
+            if line.startswith("data: {"):
+                stamps.append(time.perf_counter())
+    return stamps[0] - sent, stamps
+
+
+async def offered(url: str, arrivals: list[Arrival], vocab: int, context: int, label: str) -> Load:
+    """Send ``arrivals`` on their schedule, streamed; every answer checked for its tokens."""
+    bodies = []
+    for i, a in enumerate(arrivals):
+        prompt = min(a.prompt_tokens, context - 2)
+        bodies.append({"prompt": prompt_of(i, prompt, vocab), "max_tokens": min(a.output_tokens, context - prompt),
+                       "temperature": 0, "ignore_eos": True, "stream": True})
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        start = time.perf_counter()
+        done = await asyncio.gather(*(one(client, b, a.arrival_seconds, start) for b, a in zip(bodies, arrivals)))
+    for body, (_, stamps) in zip(bodies, done):
+        if len(stamps) != body["max_tokens"]:
+            raise SystemExit(f"bench.serve_gpu: {label}: a request asked for {body['max_tokens']} tokens and got "
+                             f"{len(stamps)}")
+    first, last = min(s[0] - t for (t, s) in done), max(s[-1] for _, s in done)
+    tpot = [(s[-1] - s[0]) / (len(s) - 1) for _, s in done if len(s) > 1]
+    ttft = [t for t, _ in done]
+    tokens = sum(len(s) for _, s in done)
+    seconds = last - first
+    return Load(load=label, requests=len(done), output_tokens=tokens, seconds=seconds,
+                tokens_per_second=tokens / seconds, ttft_p50_ms=percentile(ttft, .5) * 1e3,
+                ttft_p99_ms=percentile(ttft, .99) * 1e3, tpot_p50_ms=percentile(tpot or [0.0], .5) * 1e3,
+                tpot_p99_ms=percentile(tpot or [0.0], .99) * 1e3)
+
+
+def start_server(folder: Path, case: Case, log: Path) -> tuple[subprocess.Popen, str, int, float]:
+    """``kernelfleet serve hf:FOLDER`` in its own process, once it answers: the process, its URL,
+    its slots and how long it took to start."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url, started = f"http://127.0.0.1:{port}", time.perf_counter()
+    with log.open("w") as sink:
+        server = subprocess.Popen([sys.executable, "-m", "kernelfleet", "serve", f"hf:{folder}", *case.flags,
+                                   "--listen", f"127.0.0.1:{port}", "--context", str(case.context_tokens),
+                                   "--max-queue", "4096"], stderr=sink)
+    while server.poll() is None and time.perf_counter() - started < STARTUP_SECONDS:
+        try:
+            health = httpx.get(f"{url}/healthz", timeout=1)
+            if health.status_code == 200:
+                return server, url, health.json()["slots"], time.perf_counter() - started
+        except httpx.TransportError:
+            time.sleep(0.5)
+    server.kill()
+    said = (log.read_text().strip().splitlines() or ["(nothing)"])[-1]
+    raise SystemExit(f"bench.serve_gpu: {case.name}: the server did not start ({said}; {log} has its log)")
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.send_signal(signal.SIGINT)
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+def overhead(folder: Path, url: str, case: Case, tokens: int, repeats: int) -> Overhead:
+    """Batch 1, ms per token: the bare graph loop and the engine in this process, the server over HTTP."""
+    from kernelfleet.serve.backend import EagerBackend
+    from kernelfleet.serve.engine import Engine
+    from kernelfleet.serve.graphs import GraphBackend
+    from kernelfleet.serve.model import load
+    from kernelfleet.serve.sampling import Sampling
+
+    on_cpu = "--cpu" in case.flags
+    device = "cpu" if on_cpu else "cuda:0"
+    served = load(f"hf:{folder}", device, 0, torch.float32 if on_cpu else torch.bfloat16)
+    prompt = prompt_of(0, 32, served.vocab_size)
+    context = len(prompt) + tokens
+    backend = GraphBackend(EagerBackend(served.model, 1, context), graphs=not on_cpu)
+
+    def bare() -> float:
+        token, steps = int(backend.prefill(0, prompt).argmax()), []
+        for position in range(len(prompt), len(prompt) + tokens - 1):
+            started = time.perf_counter()
+            token = int(backend.decode([0], [token], [position])[0].argmax())
+            steps.append(time.perf_counter() - started)
+        return statistics.median(steps)
+
+    def engine() -> float:
+        loop, stamps = Engine(backend, 1), []
+        loop.submit(prompt, tokens, frozenset(), Sampling(temperature=0.0),
+                    lambda token, finish: stamps.append(time.perf_counter()))
+        while loop.step():
+            pass
+        return statistics.median(gaps(stamps))
+
+    def server() -> float:
+        body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+
+        async def streamed() -> list[float]:
+            async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+                return (await one(client, body, 0.0, time.perf_counter()))[1]
+
+        return statistics.median(gaps(asyncio.run(streamed())))
+
+    ways = {"bare": bare, "engine": engine, "server": server}
+    runs: dict[str, list[float]] = {name: [] for name in ways}
+    for repeat in range(repeats + 1):  # the first round warms each way up and is not kept
+        names = list(ways)
+        for name in names[repeat % 3:] + names[:repeat % 3]:  # each goes first as often: no order effect
+            seconds = ways[name]()
+            if repeat:
+                runs[name].append(seconds)
+    ms = {name: statistics.median(values) * 1e3 for name, values in runs.items()}
+    return Overhead(bare_ms_per_token=ms["bare"], engine_ms_per_token=ms["engine"], server_ms_per_token=ms["server"],
+                    engine_vs_bare_percent=100 * (ms["engine"] / ms["bare"] - 1),
+                    server_vs_bare_percent=100 * (ms["server"] / ms["bare"] - 1))
+
+
+def run_case(case: Case, args: argparse.Namespace, trace: list[Arrival], shape: Shape, out: Path) -> CaseResult:
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_text(_config_json(case.config))
+        server, url, slots, startup = start_server(Path(folder), case, out / f"server-{case.name}.log")
+        try:
+            print(f"\n{case.name}: {slots} slots of {case.context_tokens} tokens, started in {startup:.1f} s "
+                  f"({' '.join(case.flags) or 'no flags'})", flush=True)
+            spent = overhead(Path(folder), url, case, args.tokens, args.repeats) if case.overhead else None
+            gc.collect()  # this process's copy of the model goes before the load runs
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            if spent is not None:
+                print(f"batch 1, median of {args.repeats} runs    ms/token   vs bare loop")
+                for name, ms, pct in [("bare loop (graph decode + arg max)", spent.bare_ms_per_token, 0.0),
+                                      ("engine, no HTTP", spent.engine_ms_per_token, spent.engine_vs_bare_percent),
+                                      ("server, streamed over HTTP", spent.server_ms_per_token,
+                                       spent.server_vs_bare_percent)]:
+                    print(f"{name:<36} {ms:>8.3f}   {pct:+7.1f} %")
+            vocab = case.config["vocab_size"]
+            loads = [asyncio.run(offered(url, poisson(rate, args.requests, shape, seed=int(rate * 10)), vocab,
+                                         case.context_tokens, f"poisson {rate:g}/s"))
+                     for rate in case.rates_per_second]
+            replayed = asyncio.run(offered(url, trace, vocab, case.context_tokens, "trace"))
+        finally:
+            stop(server)
+    held = [rate for rate, load in zip(case.rates_per_second, loads) if load.tpot_p99_ms <= TPOT_SLO_SECONDS * 1e3]
+    print(f"{'load':<16} {'requests':>8} {'tokens/s':>9} {'TTFT p50 ms':>11} {'p99':>8} {'TPOT p50 ms':>11} {'p99':>7}")
+    for load in [*loads, replayed]:
+        print(f"{load.load:<16} {load.requests:>8} {load.tokens_per_second:>9.1f} {load.ttft_p50_ms:>11.1f} "
+              f"{load.ttft_p99_ms:>8.1f} {load.tpot_p50_ms:>11.2f} {load.tpot_p99_ms:>7.2f}")
+    best = max(held) if held else None
+    print(f"highest rate held at p99 TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms: "
+          f"{'none of those measured' if best is None else f'{best:g} requests/s'}")
+    return CaseResult(name=case.name, flags=list(case.flags), slots=slots, context_tokens=case.context_tokens,
+                      startup_seconds=startup, overhead=spent, poisson=loads, trace=replayed,
+                      max_rate_at_p99_tpot_50ms=best)
+
+
+def _config_json(config: dict) -> str:
+    from transformers import AutoConfig
+
+    fields = dict(config)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields).to_json_string()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON, the trace and server logs")
+    parser.add_argument("--quick", action="store_true", help="few requests and tokens: a check that it runs")
+    parser.add_argument("--cpu", action="store_true", help="tiny models on the CPU: the control flow only")
+    parser.add_argument("--trace", type=Path, help="CSV arrival_seconds,prompt_tokens,output_tokens to replay")
+    parser.add_argument("--cases", default="llama8b,moe,capped", help="comma-separated, of llama8b, moe, capped")
+    parser.add_argument("--requests", type=int, help="requests per Poisson rate (default 32; --quick 6)")
+    args = parser.parse_args()
+    args.requests = args.requests or (6 if args.quick else 32)
+    args.tokens, args.repeats = (16, 1) if args.quick else (64, 3)
+    cases = {case.name: case for case in (CPU_CASES if args.cpu else GPU_CASES)}
+    chosen = args.cases.split(",")
+    unknown = [name for name in chosen if name not in cases]
+    if unknown or args.requests < 1:
+        raise SystemExit(f"bench.serve_gpu: --cases takes {', '.join(cases)} and --requests at least 1; got "
+                         f"{args.cases!r} and {args.requests}")
+    if not args.cpu and not torch.cuda.is_available():
+        raise SystemExit(f"bench.serve_gpu: torch {torch.__version__} sees no CUDA device; --cpu runs the dry run")
+    args.out.mkdir(parents=True, exist_ok=True)
+    shape = CPU_SHAPE if args.cpu else GPU_SHAPE
+    trace = read_trace(args.trace) if args.trace else bursty_trace(args.requests * 2, shape, seed=7)
+    if not args.trace:
+        write_trace(args.out / "trace.csv", trace)
+    device = "the CPU" if args.cpu else torch.cuda.get_device_name(0)
+    print(f"command: {command_line()}")
+    print(f"{device}, torch {torch.__version__}; {args.requests} requests per rate, trace of {len(trace)} "
+          f"({args.trace or args.out / 'trace.csv'})")
+    report = Report(command=command_line(), device=device, torch=torch.__version__,
+                    cases=[run_case(cases[name], args, trace, shape, args.out) for name in chosen])
+    (args.out / "serve_gpu.json").write_text(report.model_dump_json(indent=1))
+    print(report.model_dump_json())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""The graph backend: decode as one captured CUDA graph per batch bucket, prefill eagerly.
+
+At start, for each bucket (1, 2, 4, ... and the slots themselves: :func:`buckets`) it captures the
+graph-safe forward of :class:`~kernelfleet.serve.backend.EagerBackend` (``rows=None,
+length=None``: the batch is the cache's first rows, each attending its whole context, masked) over
+the bucket's persistent inputs, one ``(2, bucket)`` tensor holding the token ids and positions.
+
+``decode`` first keeps the running requests in the first cache rows (``rows.py``: a request that
+left frees its row, and one past the running count moves into it), lays the batch out in row
+order, pads it to the smallest bucket that holds it, copies the two rows of inputs in with one
+host-to-device copy, replays that graph, and returns the logits in the engine's order. Pad rows
+write token 0 at position 0 of rows past the running ones, rows no running request holds (a
+request that gets one later is prefilled over it), so they never touch a request's keys and values.
+
+Prefill stays eager: prompts have any length, and a graph per length would not pay for itself. It
+writes the same :class:`~kernelfleet.serve.cache.SlotCache` tensors the graphs read.
+
+The graphs share one memory pool and are captured largest first, so the smaller ones reuse the
+largest one's activations. The logits a replay returns live in that pool: they are valid until
+the next ``decode`` (the engine samples from them at once).
+
+``graphs=False`` is the CPU twin: the same buckets, padding, persistent inputs and forward, each
+"replay" the captured call run eagerly, so CI runs every line of this control flow but the capture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kernelfleet.errors import EnvironmentProblem
+from kernelfleet.serve.backend import EagerBackend
+from kernelfleet.serve.rows import Rows
+
+
+def buckets(slots: int) -> list[int]:
+    """Batch sizes captured for ``slots`` slots: the powers of two below it, and ``slots``."""
+    sizes, size = [], 1
+    while size < slots:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, slots]
+
+
+def bucket_for(batch: int, sizes: list[int]) -> int:
+    """The smallest of ``sizes`` (ascending) that holds ``batch`` rows."""
+    for size in sizes:
+        if size >= batch:
+            return size
+    raise ValueError(f"a batch of {batch} rows is more than the largest bucket, {sizes[-1]}")
+
+
+def padded(token_ids: list[int], positions: list[int], size: int) -> list[list[int]]:
+    """The two input rows of a ``size`` bucket, ids and positions; pad rows feed token 0 at position 0."""
+    pad = size - len(token_ids)
+    return [token_ids + [0] * pad, positions + [0] * pad]
+
+
+class CaptureFailed(EnvironmentProblem):
+    """A bucket's decode graph could not be captured (the message says which and why)."""
+
+
+@dataclass(eq=False)
+class Bucket:
+    """One batch size's captured decode: its persistent inputs, graph and output."""
+
+    size: int
+    inputs: torch.Tensor  # (2, size): token ids, positions; batch row i is cache row i
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None
+
+    def forward(self, backend: EagerBackend) -> torch.Tensor:
+        ids, positions = self.inputs
+        return backend.forward(ids[:, None], None, positions[:, None], None)
+
+
+class GraphBackend:
+    """The model of ``eager`` decoding through captured graphs on its CUDA device (module docstring);
+    the engine's slot ``s`` lives in cache row ``rows.row_of[s]`` of ``eager``'s cache.
+    ``device_name`` names the device in the metrics (default: torch's name of it)."""
+
+    def __init__(self, eager: EagerBackend, progress: Callable[[int, int], None] | None = None,
+                 graphs: bool = True, device_name: str | None = None) -> None:
+        self.eager_backend, self.graphs = eager, graphs
+        self.slots, self.context_tokens = eager.slots, eager.context_tokens
+        self.device = device_name or eager.device  # its name in the metrics; torch's is eager.device
+        self.rows = Rows(eager.slots)
+        self.sizes = buckets(eager.slots)
+        self.buckets: dict[int, Bucket] = {}
+        self.pool = torch.cuda.graph_pool_handle() if graphs else None
+        # the cache is allocated outside any graph, by a prefill into row 0 (the first request's prefill overwrites it)
+        eager.prefill(0, [0])
+        for done, size in enumerate(reversed(self.sizes), 1):
+            self.buckets[size] = self._captured(size)
+            (progress or (lambda done, size: None))(done, size)
+
+    @torch.inference_mode()
+    def _captured(self, size: int) -> Bucket:
+        bucket = Bucket(size, torch.tensor(padded([], [], size), device=self.eager_backend.device))
+        if not self.graphs:
+            return bucket
+        try:
+            # the capture's own stream is made on the current device: make it this one
+            with torch.cuda.device(self.eager_backend.device):
+                self._capture(bucket)
+        except torch.OutOfMemoryError as exc:
+            raise CaptureFailed(f"capturing the decode graph of batch bucket {size} failed: out of memory "
+                                f"({first_line(exc)}); use fewer --slots or a shorter --context") from exc
+        except RuntimeError as exc:
+            raise CaptureFailed(f"capturing the decode graph of batch bucket {size} failed: {why(exc)}") from exc
+        return bucket
+
+    def _capture(self, bucket: Bucket) -> None:
+        # warm-up on a side stream, as torch.cuda.graphs asks: lazy initialisation (cuBLAS
+        # handles, kernel choices) happens before the capture, not inside it
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                bucket.forward(self.eager_backend)
+        torch.cuda.current_stream().wait_stream(side)
+        bucket.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(bucket.graph, pool=self.pool):
+            bucket.logits = bucket.forward(self.eager_backend)
+
+    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+        return self.eager_backend.prefill(self.rows.take(slot), token_ids)
+
+    @torch.inference_mode()
+    def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
+        at = dict(zip(slots, positions))
+        for slot, source, target in self.rows.compact(slots):
+            self.eager_backend.cache.move(source, target, at[slot])  # what it wrote so far: positions below its next
+        row = [self.rows.row_of[slot] for slot in slots]  # the cache row, so the batch row, of each engine row
+        order = sorted(range(len(slots)), key=row.__getitem__)
+        bucket = self.buckets[bucket_for(len(slots), self.sizes)]
+        # one small copy; the previous replay is done by now (the engine read its logits)
+        bucket.inputs.copy_(torch.tensor(padded([token_ids[i] for i in order], [positions[i] for i in order],
+                                                bucket.size)))
+        if bucket.graph is None:  # the CPU twin
+            bucket.logits = bucket.forward(self.eager_backend)
+        else:
+            bucket.graph.replay()
+        if row == sorted(row):
+            return bucket.logits[:len(slots)]
+        return bucket.logits[torch.tensor(row, device=bucket.logits.device)]
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def why(exc: RuntimeError) -> str:
+    """A capture's failure in words: what torch says, and what it means for a model's forward."""
+    said = first_line(exc)
+    if "capturing" in said or "capture" in said:  # torch: "operation not permitted when stream is capturing"
+        return (f"an op synchronises with the host inside the forward (.item(), a data-dependent shape or a "
+                f"host copy): {said}")
+    return said

@@ -1,0 +1,44 @@
+"""``bench.serve_gpu``'s control flow on the CPU (``--cpu --quick``, tiny models): every case's
+server starts, the batch-1 table and the loads run, every request gets its tokens, the cap case's
+slots are what it set, the trace it wrote replays; a bad trace file is one line."""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from recorded import bench_quick
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).parents[2]
+
+
+def test_the_dry_run_serves_every_load_and_reports_it(tmp_path):
+    table, report = bench_quick("serve_gpu", args=("--cpu", "--out", str(tmp_path), "--cases", "llama8b,capped",
+                                                    "--requests", "3"))
+    assert table.startswith("command: ") and "highest rate held at p99 TPOT <= 50 ms" in table
+    llama, capped = report["cases"]
+    assert (llama["name"], capped["name"], capped["slots"]) == ("llama8b", "capped", 2)
+    assert llama["overhead"]["bare_ms_per_token"] > 0 and capped["overhead"] is None
+    for case in report["cases"]:
+        assert [load["requests"] for load in case["poisson"]] == [3] * len(case["poisson"])
+        assert all(load["output_tokens"] >= 3 and load["tokens_per_second"] > 0 for load in case["poisson"])
+    with (tmp_path / "trace.csv").open() as file:
+        written = list(csv.DictReader(file))
+    assert report["cases"][0]["trace"]["requests"] == len(written) == 6
+    assert (tmp_path / "serve_gpu.json").is_file() and (tmp_path / "server-capped.log").is_file()
+
+
+def test_a_bad_trace_file_is_one_line(tmp_path):
+    bad = tmp_path / "trace.csv"
+    bad.write_text("arrival_seconds,prompt_tokens,output_tokens\n0.5,12,x\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "bench.serve_gpu", "--cpu", "--trace", str(bad), "--out",
+                           str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == (f"bench.serve_gpu: --trace {bad} line 2: expected arrival_seconds,prompt_tokens,"
+                                   "output_tokens (a number, two whole numbers), got {'arrival_seconds': '0.5', "
+                                   "'prompt_tokens': '12', 'output_tokens': 'x'}")

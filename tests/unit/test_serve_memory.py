@@ -1,0 +1,65 @@
+"""Sizing a served model against a device's cap: the footprint read from the config matches what
+the model and its cache really allocate; slots are sized from what is left; a plan past the cap
+is one line saying what it needs and what the cap allows."""
+
+import pytest
+import torch
+from recorded import PROMPTS, tiny_causal_lm
+
+from kernelfleet.errors import UsageError
+from kernelfleet.serve.backend import EagerBackend
+from kernelfleet.serve.memory import (
+    FIXED_WORKSPACE_BYTES,
+    GIB,
+    MAX_SIZED_SLOTS,
+    DeviceCap,
+    Footprint,
+    parse_device,
+    planned_slots,
+)
+from kernelfleet.serve.model import footprint
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2-moe"])
+def test_the_footprint_from_the_config_is_what_the_model_and_its_cache_allocate(tmp_path, kind):
+    model = tiny_causal_lm(kind)
+    model.save_pretrained(tmp_path)
+    sized = footprint(f"hf:{tmp_path}", torch.float32, 40)
+    assert sized.weights_bytes == sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    backend = EagerBackend(model, slots=3, context_tokens=40)
+    backend.prefill(0, PROMPTS[0])
+    cache = backend.cache
+    allocated = sum(t.numel() * t.element_size() for t in [*cache.keys.values(), *cache.values.values()])
+    assert sized.kv_bytes_per_slot * 3 == allocated
+
+
+def test_device_specs_parse_and_bad_ones_say_what_is_expected():
+    assert parse_device("h200:40") == DeviceCap("h200", 40_000_000_000, 0)
+    assert parse_device("big.one:80.5@1") == DeviceCap("big.one", 80_500_000_000, 1)
+    for bad in ("h200", "h200:", "h200:0", "h200:40@x", ":40", "h 200:40"):
+        with pytest.raises(UsageError, match="--device takes NAME:MEMORY_GB"):
+            parse_device(bad)
+
+
+def test_slots_are_sized_from_what_the_weights_leave_under_the_cap():
+    model = Footprint(weights_bytes=10 * GIB, kv_bytes_per_slot=GIB // 2, workspace_bytes_per_slot=GIB // 4)
+    cap = 10 * GIB + FIXED_WORKSPACE_BYTES + 4 * (3 * GIB // 4)  # 4 slots, and not 5
+    assert model.slots_under(cap) == 4 and model.needs_bytes(4) == cap
+    assert planned_slots(model, cap, None, "here") == 4
+    assert planned_slots(model, cap, 2, "here") == 2
+    assert planned_slots(model, 10**15, None, "here") == MAX_SIZED_SLOTS
+    with pytest.raises(UsageError) as refused:
+        planned_slots(model, cap, 5, "under the cap of a (cuda:0, 14.00 GiB)")
+    line = str(refused.value)
+    assert "\n" not in line
+    assert ("does not fit under the cap of a (cuda:0, 14.00 GiB): 5 slots need 14.75 GiB (weights 10.00 GiB, KV cache "
+            "2.50 GiB, workspace 2.25 GiB) and the cap allows 14.00 GiB") in line
+
+
+def test_weights_past_the_cap_leave_not_even_one_slot():
+    model = Footprint(weights_bytes=20 * GIB, kv_bytes_per_slot=GIB, workspace_bytes_per_slot=0)
+    assert model.slots_under(16 * GIB) == 0
+    with pytest.raises(UsageError, match=r"1 slot need 22.00 GiB \(weights 20.00 GiB"):
+        planned_slots(model, 16 * GIB, None, "here")
