@@ -12,9 +12,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from kernelfleet.catalog import Catalog, Price
+from kernelfleet.catalog.notes import SAME_DIE, same_die_note
 from kernelfleet.errors import KernelfleetError
 from kernelfleet.fleet.report import JobGpu, JobReport, Spent
-from kernelfleet.watch.clock_note import SAME_DIE, same_die_note
 
 HEATMAP_COLUMNS = 90  # steps of a heatmap at most: a column stays a few pixels wide on a laptop
 

@@ -239,7 +239,7 @@ def fleet_gpu(host: int, index: int, per_host: int) -> tuple[str, str]:
 
 def fleet_batch(hosts: int, per_host: int, window: int, ts: float, window_seconds: float) -> list:
     """One window of every GPU: tensor activity spread over the fleet by a fixed pattern, one GPU in
-    ten idle, a job per two hosts, the first host slowed to 40 % from SLOW_FROM_WINDOW."""
+    eight idle, a job per two hosts, the first host slowed to 40 % from SLOW_FROM_WINDOW."""
     from kernelfleet.telemetry.sample import ProcessSample, Sample
 
     batch = []
@@ -247,7 +247,7 @@ def fleet_batch(hosts: int, per_host: int, window: int, ts: float, window_second
         for i in range(per_host):
             g = h * per_host + i
             uuid, name = fleet_gpu(h, i, per_host)
-            idle = g % 10 == 9
+            idle = g % 8 == 7
             tensor = 0.0 if idle else 0.12 + 0.8 * ((g * 37) % 100) / 100
             if h == 0 and window >= SLOW_FROM_WINDOW:
                 tensor *= 0.4
@@ -287,12 +287,14 @@ class SyntheticFleet:
         self.url = f"http://127.0.0.1:{self.port}/"
         self.server = Listener(agent_app(self.agent, self.store, token), bind("127.0.0.1", self.port)).start()
         self._stop = threading.Event()
+        self.paused = threading.Event()  # set: no new window (what the page shows holds still)
         self._thread = threading.Thread(target=self._live, daemon=True)
         self._thread.start()
 
     def _live(self) -> None:
         while not self._stop.wait(1.0):
-            self.agent.step(fleet_batch(self.hosts, self.per_host, HISTORY_WINDOWS, time.time(), 1.0))
+            if not self.paused.is_set():
+                    self.agent.step(fleet_batch(self.hosts, self.per_host, HISTORY_WINDOWS, time.time(), 1.0))
 
     def close(self) -> None:
         self._stop.set()
