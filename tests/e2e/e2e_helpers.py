@@ -228,7 +228,7 @@ class Browser:
 # -- a fleet of synthetic GPUs through the real agent, store and server --------------------------------
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
-HISTORY_WINDOWS, HISTORY_STEP_SECONDS = 90, 20  # half an hour of history before the fleet goes live
+HISTORY_WINDOWS, HISTORY_STEP_SECONDS = 90, 40  # an hour of history before the fleet goes live
 SLOW_FROM_WINDOW = 60  # the first host slows down from here (a regression of its GPUs and its job)
 
 
@@ -239,7 +239,7 @@ def fleet_gpu(host: int, index: int, per_host: int) -> tuple[str, str]:
 
 def fleet_batch(hosts: int, per_host: int, window: int, ts: float, window_seconds: float) -> list:
     """One window of every GPU: tensor activity spread over the fleet by a fixed pattern, one GPU in
-    eight idle, a job per two hosts, the first host slowed to 40 % from SLOW_FROM_WINDOW."""
+    23 idle, a job per two hosts, the first host slowed to 40 % from SLOW_FROM_WINDOW."""
     from kernelfleet.telemetry.sample import ProcessSample, Sample
 
     batch = []
@@ -247,7 +247,7 @@ def fleet_batch(hosts: int, per_host: int, window: int, ts: float, window_second
         for i in range(per_host):
             g = h * per_host + i
             uuid, name = fleet_gpu(h, i, per_host)
-            idle = g % 8 == 7
+            idle = g % 23 == 7
             tensor = 0.0 if idle else 0.12 + 0.8 * ((g * 37) % 100) / 100
             if h == 0 and window >= SLOW_FROM_WINDOW:
                 tensor *= 0.4
@@ -262,7 +262,7 @@ def fleet_batch(hosts: int, per_host: int, window: int, ts: float, window_second
 
 class SyntheticFleet:
     """``hosts`` x ``per_host`` GPUs through the real Agent (a host per GPU, as a Kubernetes-wide agent
-    sees them), its SQLite store and its HTTP server on a free loopback port: half an hour of history,
+    sees them), its SQLite store and its HTTP server on a free loopback port: an hour of history,
     then a window every second until closed, so the page is live."""
 
     def __init__(self, tmp: Path, hosts: int, per_host: int, token: str | None = None) -> None:

@@ -122,8 +122,8 @@ def test_the_heatmap_has_a_row_per_gpu_coloured_by_its_ofu(size, request, browse
         const h = heatRowHeight(m.rows.length), w = (m.cssWidth - HEAT_GUTTER) / m.columns;
         return (row) => [...c.getContext('2d').getImageData(Math.floor((HEAT_GUTTER + (m.columns - 1.5) * w) * s),
                                                            Math.floor((row + 0.5) * h * s), 1, 1).data].slice(0, 3); })()"""
-    idle = 7  # node-001 / GPU 3 at 4 per host, node-000 / GPU 7 at 8: every eighth GPU is idle
-    busiest = max(range(gpus), key=lambda g: 0 if g % 8 == 7 or g < fleet.per_host else (g * 37) % 100)
+    idle = 7  # node-001 / GPU 3 at 4 per host, node-000 / GPU 7 at 8 (one GPU in 23 is idle)
+    busiest = max(range(gpus), key=lambda g: 0 if g % 23 == 7 or g < fleet.per_host else (g * 37) % 100)
     assert browser.js(f"({pixel})({idle})") == [68, 1, 84]
     assert sum(browser.js(f"({pixel})({busiest})")) > 300
     if size == "fleet8":
