@@ -40,6 +40,16 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
             time.sleep(0.2)
 
 
+def until(value, what: str, timeout: float = 60.0):
+    """``value()`` once it is truthy; fails saying ``what`` did not happen after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not (got := value()):
+        if time.monotonic() > deadline:
+            pytest.fail(what)
+        time.sleep(0.5)
+    return got
+
+
 class Tmux:
     """A real terminal: a detached tmux session ``width`` x ``height`` running ``command`` in bash, on a
     tmux server of its own (``-L``), so no other tmux on the machine is touched."""
