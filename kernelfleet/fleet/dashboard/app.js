@@ -325,8 +325,9 @@ function renderHeatmap() {
   const box = byId("heatmap-box");
   drawHeatmap(byId("heatmap"), map, Math.max(240, box.clientWidth - 2));
   const minutes = map.step_seconds / 60;
-  byId("heatmap-scale").textContent = `${rows.length} GPUs · a column is ${minutes >= 60 ? `${minutes / 60} h` : `${minutes} min`}` +
-    " · colour: OFU 0 % (dark) to 100 % (yellow); grey: no OFU";
+  const scale = byId("heatmap-scale");
+  scale.replaceChildren(`${rows.length} GPUs · a column is ${minutes >= 60 ? `${minutes / 60} h` : `${minutes} min`} · OFU 0 % `,
+    el("span", null, "heat-legend"), " 100 % · ", el("span", null, "heat-none"), " no OFU");
 }
 
 function heatTip(event) {
