@@ -236,3 +236,30 @@ def test_a_390_px_screen_never_scrolls_sideways(size, request, browser):
         assert browser.js("document.documentElement.scrollWidth") <= 390, view
         if size == "fleet8" and view == "":
             shoot(browser, "dashboard-narrow.png")
+
+
+def test_a_refresh_at_800_gpus_fetches_a_few_kilobytes(fleet800, browser):
+    """What the page asks for, as the browser's own resource timing saw it (bytes on the wire,
+    compressed, and decoded); ``-s`` prints the table docs/fleet.md quotes."""
+    load(browser, fleet800.url)
+    browser.wait_for("document.getElementById('heatmap').dataset.rows === '800'")
+    browser.js("performance.clearResourceTimings()")
+    browser.wait_for("performance.getEntriesByType('resource').filter(e => e.name.includes('/api/events')).length >= 2")
+    browser.js("document.querySelector('#ranges button[data-range=\"24h\"]').click()")  # the heatmap and chart again
+    browser.wait_for("performance.getEntriesByType('resource').some(e => e.name.includes('/api/heatmap'))")
+    browser.wait_for("performance.getEntriesByType('resource').some(e => e.name.includes('/api/fleet/series'))")
+    entries = browser.js("performance.getEntriesByType('resource').map(e => [new URL(e.name).pathname, "
+                         "e.encodedBodySize, e.decodedBodySize])")
+    seen: dict[str, tuple[int, int]] = {}
+    for path, wire, body in entries:
+        seen.setdefault(path, (wire, body))
+    refresh = ["/api/fleet", "/api/overview", "/api/jobs/summary", "/api/events"]
+    assert set(refresh) | {"/api/heatmap", "/api/fleet/series"} == set(seen), seen  # never /api/gpus, every GPU's row
+    print("\n| request | bytes on the wire | JSON |\n|---|---|---|")
+    for path, (wire, body) in seen.items():
+        print(f"| `{path}` | {wire / 1000:.1f} kB | {body / 1000:.1f} kB |")
+    per_refresh = sum(seen[p][0] for p in refresh)
+    print(f"a refresh: {per_refresh / 1000:.1f} kB on the wire; "
+          "command: pytest -s tests/e2e/test_dashboard_fleet.py -k kilobytes")
+    assert per_refresh < 20_000
+    assert seen["/api/heatmap"][0] < seen["/api/heatmap"][1] / 5  # compressed

@@ -93,3 +93,20 @@ def test_the_heatmap_scale_and_rows():
     assert cell(96 + 150, 16 * 3 + 2) == {"row": 3, "column": 1}
     assert cell(10, 5) is None  # the host names' gutter
     assert cell(96 + 150, 16 * 10 + 1) is None  # under the last row
+
+
+def test_the_terms_quote_the_thresholds_the_classifier_and_detector_use():
+    from kernelfleet.fleet.detect import RegressionDetector
+    from kernelfleet.ofu import bottleneck as b
+
+    terms = js("Object.fromEntries(Object.entries(TERMS).map(([k, v]) => [k, v[1]]))")
+    assert f"{100 * b.TENSOR_BOUND_ACTIVE:.0f} %" in terms["tensor-bound"]
+    assert f"{100 * b.MEMORY_BOUND_BANDWIDTH:.0f} %" in terms["memory-bound"]
+    assert f"{100 * b.LATENCY_SM_ACTIVE:.0f} %" in terms["low-occupancy/launch-bound"]
+    assert f"{100 * b.CUDA_CORE_BOUND_ACTIVE:.0f} %" in terms["cuda-core-bound"]
+    assert f"{100 * b.IDLE_SM_ACTIVE:.0f} %" in terms["idle"]
+    d = RegressionDetector()
+    assert (f"{100 * d.drop_ratio:.0f} %" in terms["regression"] and f"{d.confirm_windows} windows" in terms["regression"]
+            and f"{100 * d.recover_ratio:.0f} %" in terms["regression"])
+    classes = {c.value for c in b.Bottleneck}
+    assert classes <= set(terms)  # every class the page can show is explained

@@ -507,6 +507,7 @@ async function refresh() {
     renderHosts(overview);
     renderWorst(overview.worst);
     renderJobs(jobs);
+    byId("jobs-span").textContent = minutes * 60 < RANGES[state.range] ? "over the last 24 h" : "over the range";
     const note = byId("ofu-note");
     note.hidden = !overview.ofu_note;
     note.textContent = overview.ofu_note || "";
