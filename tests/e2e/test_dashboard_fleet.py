@@ -192,6 +192,9 @@ def test_view_selection_and_range_survive_a_reload(fleet8, browser):
     browser.wait_for("document.querySelectorAll('#job-gpus tbody tr').length > 0")
     assert browser.js("document.getElementById('below').value") == "50"
     assert browser.js("document.getElementById('job-chart-title').textContent").endswith("(last 15 min, per minute)")
+    # the axis is the range chosen, however few points the job has (one point once drew 2027 to 2029)
+    span = browser.wait_for("(s => s.max - s.min)(ui.charts['job-chart'].plot.scales.x)")
+    assert span == pytest.approx(900, abs=1)
 
 
 def test_events_and_titles_name_gpus_by_host_and_index(fleet8, browser):

@@ -326,7 +326,7 @@ function renderHeatmap() {
   drawHeatmap(byId("heatmap"), map, Math.max(240, box.clientWidth - 2));
   const minutes = map.step_seconds / 60;
   const scale = byId("heatmap-scale");
-  scale.replaceChildren(`${rows.length} GPUs · a column is ${minutes >= 60 ? `${minutes / 60} h` : `${minutes} min`} · OFU 0 % `,
+  scale.replaceChildren(`${rows.length} GPU${rows.length === 1 ? "" : "s"} · a column is ${minutes >= 60 ? `${minutes / 60} h` : `${minutes} min`} · OFU 0 % `,
     el("span", null, "heat-legend"), " 100 % · ", el("span", null, "heat-none"), " no OFU");
 }
 
