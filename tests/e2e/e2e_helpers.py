@@ -297,14 +297,24 @@ class SyntheticFleet:
         self.url = f"http://127.0.0.1:{self.port}/"
         self.server = Listener(agent_app(self.agent, self.store, token), bind("127.0.0.1", self.port)).start()
         self._stop = threading.Event()
-        self.paused = threading.Event()  # set: no new window (what the page shows holds still)
+        self._paused = threading.Event()
+        self._stepping = threading.Lock()  # held while a live window is written
         self._thread = threading.Thread(target=self._live, daemon=True)
         self._thread.start()
 
     def _live(self) -> None:
         while not self._stop.wait(1.0):
-            if not self.paused.is_set():
+            with self._stepping:
+                if not self._paused.is_set():
                     self.agent.step(fleet_batch(self.hosts, self.per_host, HISTORY_WINDOWS, time.time(), 1.0))
+
+    def pause(self) -> None:
+        """No new window from now on (one being written is finished first): what the page shows holds still."""
+        with self._stepping:
+            self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
 
     def close(self) -> None:
         self._stop.set()

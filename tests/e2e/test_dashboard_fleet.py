@@ -131,11 +131,11 @@ def test_the_heatmap_has_a_row_per_gpu_coloured_by_its_ofu(size, request, browse
 
 
 def test_the_job_page_shows_the_rows_of_kernelfleet_job(fleet8, browser):
-    fleet8.paused.set()  # the store holds still while the page's figures are compared with it
+    fleet8.pause()  # the store holds still while the page's figures are compared with it
     try:
         check_job_page(fleet8, browser)
     finally:
-        fleet8.paused.clear()
+        fleet8.resume()
 
 
 def check_job_page(fleet8, browser):
@@ -148,11 +148,16 @@ def check_job_page(fleet8, browser):
     assert spent.gpu_hours > 0 and spent.usd > 0  # the slowed host spent minutes below 30 %
     table = browser.js("[...document.querySelectorAll('#job-gpus tbody tr')].map(r => [r.dataset.uuid, "
                        "...[...r.cells].map(c => c.textContent)])")
-    assert table == [[g.uuid, f"{g.host} / GPU {g.gpu_index}", g.name, f"{100 * g.ofu_ratio:.1f}%",
-                      f"{g.seconds / 3600:.2f}", f"{g.mean_share:.2f}", f"{s.gpu_hours:.2f}", f"{s.usd:.2f}", ""]
-                     for g, s in zip(rows.gpus, spent.gpus, strict=True)]
-    assert browser.js("document.getElementById('job-hours').textContent") == f"{spent.gpu_hours:.2f} h"
-    assert browser.js("document.getElementById('job-usd').textContent") == f"${spent.usd:.2f}"
+    # words exactly; figures to the page's two decimals (JavaScript and Python round an exact tie apart)
+    assert [[row[0], row[1], row[2], row[3], row[8]] for row in table] == \
+        [[g.uuid, f"{g.host} / GPU {g.gpu_index}", g.name, f"{100 * g.ofu_ratio:.1f}%", ""] for g in rows.gpus]
+    assert [[float(v) for v in row[4:8]] for row in table] == \
+        [pytest.approx([g.seconds / 3600, g.mean_share, s.gpu_hours, s.usd], abs=0.0051)
+         for g, s in zip(rows.gpus, spent.gpus, strict=True)]
+    assert float(browser.js("document.getElementById('job-hours').textContent").removesuffix(" h")) == \
+        pytest.approx(spent.gpu_hours, abs=0.0051)
+    assert float(browser.js("document.getElementById('job-usd').textContent").removeprefix("$")) == \
+        pytest.approx(spent.usd, abs=0.0051)
     mix = browser.js("[...document.querySelectorAll('#job-mix-list li')].map(li => li.textContent.trim())")
     assert mix == [f"{k} {100 * v:.1f}%" for k, v in rows.bottleneck_shares.items()]
     regressions = browser.js("[...document.querySelectorAll('#job-events li')].map(li => li.textContent)")
@@ -163,12 +168,12 @@ def check_job_page(fleet8, browser):
     browser.js("const p = document.getElementById('price'); p.value = '10'; p.dispatchEvent(new Event('change'))")
     browser.wait_for("location.hash.includes('price=10')")
     mine = spent_below(rows, 0.3, fleet8.store.job_seconds_below(JOB, 0.3), lambda g: 10.0)
-    browser.wait_for(f"document.getElementById('job-usd').textContent === '${mine.usd:.2f}'")
+    browser.wait_for(f"Math.abs(Number(document.getElementById('job-usd').textContent.slice(1)) - {mine.usd}) < 0.0051")
     browser.js("const b = document.getElementById('below'); b.value = '100'; b.dispatchEvent(new Event('change'))")
     browser.wait_for("location.hash.includes('below=100')")
     every = sum(fleet8.store.job_seconds_below(JOB, 1.0).values()) / 3600
     assert every > spent.gpu_hours
-    browser.wait_for(f"document.getElementById('job-hours').textContent === '{every:.2f} h'")
+    browser.wait_for(f"Math.abs(parseFloat(document.getElementById('job-hours').textContent) - {every}) < 0.0051")
 
 
 def test_view_selection_and_range_survive_a_reload(fleet8, browser):

@@ -5,127 +5,16 @@
 // for, kept in sessionStorage and sent as Authorization: Bearer.
 "use strict";
 
-const RANGES = { "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
-const RANGE_NAMES = { "15m": "15 min", "1h": "1 h", "6h": "6 h", "24h": "24 h", "7d": "7 d" };
-const VIEWS = ["fleet", "host", "gpu", "job"];
-const SORTS = ["host", "ofu", "-ofu"];
 const TOKEN_KEY = "kernelfleet-token";
 const OLD_SECONDS = 10; // newer than this the page is live; older (or a failed fetch) greys it out
 const OPEN_ALL_UP_TO = 16; // a fleet of this many GPUs or fewer shows every host open
 const HISTORY_MS = 15000; // charts and the heatmap are fetched again this often (15 min range: each refresh)
 const WORST_K = 10;
 
-const TERMS = {
-  ofu: ["OFU", "Overall FLOP Utilization: the share of the GPU's dense tensor peak its tensor pipes delivered, " +
-    "tensor-pipe activity × SM clock ÷ the SKU's reference clock, from on-chip counters (no change to the program)."],
-  capacity: ["capacity-weighted OFU", "The fleet's achieved tensor FLOP/s over its total dense peak: a busy B200 " +
-    "counts for more than a busy L4. The mean OFU weights every GPU alike."],
-  flops: ["bf16-equivalent tensor PFLOP/s", "Each GPU's OFU × its dense bf16 datasheet peak, summed over the fleet."],
-  gpus: ["GPUs", "Whole GPUs that have an OFU now, of all GPUs seen (MIG instances are counted in their GPU)."],
-  tensor: ["tensor", "Tensor-pipe activity: the share of cycles the tensor pipes were busy (NVML GPM)."],
-  dram: ["DRAM bw", "DRAM bandwidth used, as a share of the GPU's peak."],
-  bottleneck: ["bottleneck", "What limited the GPU in the window, from its counters: one of the classes below."],
-  "tensor-bound": ["tensor-bound", "Tensor pipes busy 40 % of cycles or more: the GPU does matrix maths."],
-  "memory-bound": ["memory-bound", "DRAM bandwidth at 50 % or more without busy tensor pipes: waiting on memory."],
-  "low-occupancy/launch-bound": ["low-occupancy/launch-bound", "Under 60 % of SMs busy or few warps resident: small " +
-    "kernels, launch overhead or host stalls."],
-  "cuda-core-bound": ["cuda-core-bound", "FP32/FP16/FP64/integer pipes busy 50 % or more: maths off the tensor cores."],
-  mixed: ["mixed", "Busy, with no dominant pipe (a training step at 38 % tensor and 40 % DRAM, say)."],
-  idle: ["idle", "Under 5 % of SMs busy and no tensor work."],
-  unknown: ["unknown", "The counters needed to classify the window are missing (or the GPU is stale)."],
-  stale: ["stale", "No fresh window from the GPU (missing from the last windows, or the sampler stopped): " +
-    "its figures are not counted, never read as zero."],
-  regression: ["regression", "A GPU's or job's OFU fell below 70 % of its own baseline (the median of its earlier " +
-    "windows) for 20 windows; a recovery is its return to 90 %."],
-  heatmap: ["heatmap", "Each GPU's time-weighted OFU per column of time, from the store's minute (or hour) rollups."],
-  below: ["GPU-hours below", "The job's share of its GPUs' time in minutes whose OFU was below the threshold " +
-    "(a minute without an OFU is not counted)."],
-  dollars: ["spent below it", "Those GPU-hours × each GPU's price per hour: the catalog's lowest listed price " +
-    "(kernelfleet catalog; override with --catalog/KERNELFLEET_CATALOG) or the price set here."],
-};
-
-// -- the URL -----------------------------------------------------------------------------------------
-function readHash(hash) {
-  const p = new URLSearchParams(hash.replace(/^#/, ""));
-  const pick = (value, allowed, fallback) => (allowed.includes(value) ? value : fallback);
-  const below = Number(p.get("below"));
-  const price = Number(p.get("price"));
-  return {
-    view: pick(p.get("view"), VIEWS, "fleet"),
-    host: p.get("host"), gpu: p.get("gpu"), job: p.get("job"),
-    range: pick(p.get("range"), Object.keys(RANGES), "1h"),
-    sort: pick(p.get("sort"), SORTS, "host"),
-    open: p.has("open") ? p.get("open").split(",").filter(Boolean) : null,
-    below: p.has("below") && below >= 0 && below <= 100 ? below : 30,
-    price: p.has("price") && price > 0 ? price : null,
-    token: p.get("token"),
-  };
-}
-
-function writeHash(s) {
-  const p = new URLSearchParams({ view: s.view });
-  if (s.view !== "fleet" && s.view !== "job" && s.host) p.set("host", s.host);
-  if (s.view === "gpu" && s.gpu) p.set("gpu", s.gpu);
-  if (s.view === "job" && s.job) p.set("job", s.job);
-  p.set("range", s.range);
-  if (s.sort !== "host") p.set("sort", s.sort);
-  if (s.open !== null) p.set("open", s.open.join(","));
-  if (s.view === "job") p.set("below", `${s.below}`);
-  if (s.view === "job" && s.price !== null) p.set("price", `${s.price}`);
-  return `#${p}`;
-}
-
-// -- pure helpers --------------------------------------------------------------------------------------
-const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
-const ago = (ts) => `${Math.max(0, Math.round(Date.now() / 1000 - ts))} s ago`;
-
-function sortHosts(hosts, sort) {
-  const rows = hosts.slice();
-  if (sort === "host") return rows.sort((a, b) => a.host.localeCompare(b.host));
-  const sign = sort === "ofu" ? 1 : -1;
-  // a host without an OFU goes last either way: missing is neither low nor high
-  return rows.sort((a, b) => (a.mean_ofu_ratio === null) - (b.mean_ofu_ratio === null)
-    || sign * (a.mean_ofu_ratio - b.mean_ofu_ratio) || a.host.localeCompare(b.host));
-}
-
-// An event's text with "GPU <uuid>" named as "host / GPU n" where the page knows the GPU.
-function eventText(e, names) {
-  const known = e.uuid && names[e.uuid];
-  if (!known) return e.detail;
-  return e.detail.split(`GPU ${e.uuid}`).join(known.label).split(e.uuid).join(known.label);
-}
-
-// The x axis of a chart: the chosen range; with no range, a single point gets a minute either side
-// (uPlot would otherwise stretch one instant over years).
-function xRange(min, max, start, end) {
-  if (start !== undefined && end !== undefined) return [start, end];
-  if (min === null || max === null) return [0, 1];
-  return min === max ? [min - 60, max + 60] : [min, max];
-}
-
-// A gap in the data (windows missing, the agent down) becomes a null, so uPlot breaks the line
-// there instead of drawing a flat line across it, as it would for an idle GPU.
-function withGaps(columns) {
-  const ts = columns[0];
-  if (ts.length < 3) return columns;
-  const steps = ts.slice(1).map((t, i) => t - ts[i]).sort((a, b) => a - b);
-  const limit = 2.5 * steps[Math.floor(steps.length / 2)];
-  const out = columns.map(() => []);
-  ts.forEach((t, i) => {
-    if (i && t - ts[i - 1] > limit) out.forEach((col, c) => col.push(c ? null : (t + ts[i - 1]) / 2));
-    out.forEach((col, c) => col.push(columns[c][i]));
-  });
-  return out;
-}
-
-function seriesResolution(seconds) {
-  return seconds <= 3600 ? "raw" : seconds <= 86400 ? "1m" : "1h";
-}
-
 // -- the page ------------------------------------------------------------------------------------------
 let state = readHash("");
 const ui = { charts: {}, heat: null, heatKey: null, heatAt: 0, historyKey: null, historyAt: 0, names: {},
-             lastGood: null, fleetGpus: 0, asking: false };
+             lastGood: null, fleetGpus: 0 };
 
 class NeedsToken extends Error {}
 
@@ -380,55 +269,6 @@ async function refreshHistory(now) {
   }
   ui.historyKey = key;
   ui.historyAt = Date.now();
-}
-
-async function refreshJob(start, now) {
-  const query = new URLSearchParams({ below_ofu: state.below / 100 });
-  if (state.price !== null) query.set("usd_per_gpu_hour", state.price);
-  const page = await api(`api/report/${encodeURIComponent(state.job)}?${query}`);
-  const r = page.report;
-  const spent = page.spent;
-  byId("job-title").textContent = `Job ${r.job}`;
-  const when = (t) => new Date(t * 1000).toLocaleString();
-  byId("job-when").textContent = `${r.kind} job of ${r.user || "an unknown user"} · ${when(r.first_seen)} → ${when(r.last_seen)}` +
-    ` · ${r.gpus.length} GPUs`;
-  byId("job-hours").textContent = `${spent.gpu_hours.toFixed(2)} h`;
-  byId("job-usd").textContent = `$${spent.usd.toFixed(2)}`;
-  const priced = Object.entries(page.prices).map(([name, p]) => (p ? `${name}: $${p.usd_per_hour}/h` : `${name}: no price`));
-  const note = byId("job-price-note");
-  note.textContent = priced.join(" · ") + (spent.unpriced_gpu_hours ? ` · ${spent.unpriced_gpu_hours.toFixed(2)} h unpriced` : "");
-  note.title = Object.entries(page.prices).map(([name, p]) => `${name}: ${p ? p.source : "the catalog lists no price"}`).join("\n");
-  const mix = byId("job-mix");
-  const legend = byId("job-mix-list");
-  mix.replaceChildren();
-  legend.replaceChildren();
-  const shares = Object.entries(r.bottleneck_shares);
-  if (!shares.length) legend.append(el("li", "no bottleneck classes (Prometheus does not export them)", "muted"));
-  for (const [name, share] of shares) {
-    const part = el("div", null, `b-bg-${name.replace(/\W/g, "-")}`, `${name}: ${pct(share)} — ${(TERMS[name] || [])[1] || ""}`);
-    part.style.width = `${100 * share}%`;
-    mix.append(part);
-    const item = el("li", null, null, (TERMS[name] || [])[1]);
-    item.append(el("span", "", `swatch b-bg-${name.replace(/\W/g, "-")}`), ` ${name} ${pct(share)}`);
-    legend.append(item);
-  }
-  const body = document.querySelector("#job-gpus tbody");
-  body.replaceChildren();
-  r.gpus.forEach((g, i) => {
-    const s = spent.gpus[i];
-    const label = `${g.host} / GPU ${g.gpu_index}` + (g.mig_instance === null ? "" : ` mig ${g.mig_instance}`);
-    const row = el("tr");
-    row.dataset.uuid = g.uuid;
-    row.append(cell(gpuLink(label, g)), el("td", g.name, "wide"), el("td", pct(g.ofu_ratio), "num ofu"),
-      el("td", (g.seconds / 3600).toFixed(2), "num"), el("td", g.mean_share.toFixed(2), "num wide"),
-      el("td", s.gpu_hours.toFixed(2), "num"), el("td", s.usd === null ? "—" : s.usd.toFixed(2), "num"),
-      el("td", g.approximate ? "shared: approximate" : "", "wide"));
-    body.append(row);
-  });
-  const points = RANGES[state.range] <= 86400 ? page.timeline_1m : page.timeline_1h;
-  renderChart("job-chart", `job:${r.job}`, [points.map((p) => p.ts), points.map((p) => p.ofu_ratio)], ["job OFU"], start, now);
-  byId("job-chart-title").textContent = `OFU of the job (last ${RANGE_NAMES[state.range]}, per ${RANGES[state.range] <= 86400 ? "minute" : "hour"})`;
-  renderEvents(byId("job-events"), r.events.map((e) => ({ ...e, uuid: null })));
 }
 
 function renderGpuDetail(overview) {
