@@ -271,3 +271,9 @@ def test_a_refresh_at_800_gpus_fetches_a_few_kilobytes(fleet800, browser):
           "command: pytest -s tests/e2e/test_dashboard_fleet.py -k kilobytes")
     assert per_refresh < 20_000
     assert seen["/api/heatmap"][0] < seen["/api/heatmap"][1] / 5  # compressed
+
+
+def test_a_link_to_an_unknown_job_says_so(fleet8, browser):
+    browser.goto(f"{fleet8.url}#view=job&job=no-such-job")
+    status = browser.wait_for("(t => t.startsWith('no job') && t)(document.getElementById('status').textContent)")
+    assert status == "no job no-such-job here (api/report/no-such-job: HTTP 404)"

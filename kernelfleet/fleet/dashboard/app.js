@@ -17,12 +17,19 @@ const ui = { charts: {}, heat: null, heatKey: null, heatAt: 0, historyKey: null,
              lastGood: null, fleetGpus: 0 };
 
 class NeedsToken extends Error {}
+class HttpError extends Error {
+  constructor(path, status) {
+    super(`${path.split("?")[0]}: HTTP ${status}`);
+    this.status = status;
+    this.path = path;
+  }
+}
 
 async function api(path) {
   const token = sessionStorage.getItem(TOKEN_KEY);
   const response = await fetch(path, { headers: token ? { Authorization: `Bearer ${token}` } : {} });
   if (response.status === 401) throw new NeedsToken(token ? "that token was refused" : "this agent wants a bearer token");
-  if (!response.ok) throw new Error(`${path.split("?")[0]}: HTTP ${response.status}`);
+  if (!response.ok) throw new HttpError(path, response.status);
   return response.json();
 }
 
@@ -375,7 +382,10 @@ async function refresh() {
       return;
     }
     const since = ui.lastGood ? `; what is shown is from ${new Date(ui.lastGood).toLocaleTimeString()}` : "";
-    setLive(false, `agent unreachable (${error.message})${since}`);
+    // a link to a job or GPU the agent does not know is a wrong link, not a dead agent
+    const unknown = error.status === 404 && (error.path.startsWith("api/report/") || error.path.startsWith("api/series"));
+    setLive(false, unknown ? `no ${state.view === "job" ? `job ${state.job}` : `GPU ${state.gpu}`} here (${error.message})`
+      : `agent unreachable (${error.message})${since}`);
   }
 }
 
