@@ -355,7 +355,7 @@ def catalog_command(
     from rich.table import Table
 
     from kernelfleet.catalog import Catalog
-    from kernelfleet.watch.clock_note import same_die_note
+    from kernelfleet.catalog.notes import same_die_note
 
     cat = Catalog.load(catalog)
     skus = [cat.get(key)] if key else list(cat)

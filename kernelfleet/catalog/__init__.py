@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from kernelfleet.catalog.model import PRECISIONS, TENSOR_PRECISIONS, Price, Sku, normalise_nvml_name
+from kernelfleet.catalog.notes import same_die_note
 from kernelfleet.catalog.schema import SchemaError, gpu_entries, merge, to_sku
 from kernelfleet.errors import UsageError
 
-__all__ = ["ENV_VAR", "PRECISIONS", "TENSOR_PRECISIONS", "Catalog", "Price", "Sku"]
+__all__ = ["ENV_VAR", "PRECISIONS", "TENSOR_PRECISIONS", "Catalog", "Price", "Sku", "same_die_note"]
 
 ENV_VAR = "KERNELFLEET_CATALOG"
 """Names an override file, used when ``Catalog.load`` is given none."""

@@ -73,6 +73,12 @@ class LocalBackend:
             raise NotFound(f"no job {job!r} in the store")
         return {**report, "hook": self.agent.hooks.get(job)}
 
+    def ofu_grid(self, start: float, end: float, step_seconds: int) -> list[tuple[str, str, int, int | None, int, float | None]]:
+        return self._store().ofu_grid(start, end, step_seconds)
+
+    def job_seconds_below(self, job: str, ofu_ratio: float) -> dict[tuple[str, int | None], float]:
+        return self._store().job_seconds_below(job, ofu_ratio)
+
     def events(self, since: float, limit: int | None = None) -> list[dict[str, Any]]:
         return self._store().events(since=since, limit=limit)
 

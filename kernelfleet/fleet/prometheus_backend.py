@@ -178,6 +178,16 @@ class PrometheusBackend:
         gpus = column("kernelfleet:fleet_gpus_with_ofu:count", 'count(kernelfleet_ofu_ratio{mig=""})')
         return [{"ts": t, "ofu": v, "gpus": gpus.get(t)} for t, v in sorted(ofu.items())]
 
+    def ofu_grid(self, start: float, end: float, step_seconds: int) -> list[tuple[str, str, int, int | None, int, float | None]]:
+        """Every GPU's mean OFU per step, as ``Store.ofu_grid`` gives it: a point at t is the mean
+        over the step ending at t, so it is the step starting at t - step."""
+        first = (int(start) // step_seconds + 1) * step_seconds
+        result = self._get("/api/v1/query_range", query=f'avg_over_time(kernelfleet_ofu_ratio{{mig=""}}[{step_seconds}s])',
+                           start=first, end=max(first, end + step_seconds), step=step_seconds)["result"]
+        rows = [(m["hostname"], m["uuid"], int(m["gpu"]), None, int(float(t)) - step_seconds, float(v))
+                for s in result for m in [s["metric"]] for t, v in s["values"]]
+        return sorted(rows, key=lambda r: (r[0], r[2], r[4]))
+
     def jobs(self, limit: int | None = None) -> list[str]:
         return sorted({s["metric"]["job_id"] for s in self._vector("kernelfleet_job_info")})[:limit]
 
@@ -206,13 +216,36 @@ class PrometheusBackend:
         timeline = self._range_or(
             now - 86400, now, step, f'avg_over_time(kernelfleet:job_ofu:avg{{job_id="{_quote(job)}"}}[{step}s])',
             f"avg(kernelfleet_ofu_ratio * on (uuid, mig) group_left () {selector})")
+        points = [{"ts": float(t), "ofu_ratio": float(v)} for t, v in (timeline[0]["values"] if timeline else [])]
+        # what the store's report also has (kernelfleet/fleet/report.py reads it): the minutes each GPU
+        # reported over the day, its share now; bottleneck classes are not exported, so there are none
+        seconds = self._by_gpu(f"count_over_time(avg_over_time(kernelfleet_ofu_ratio{{uuid=~\"{_quote(uuids)}\"}}[1m])"
+                               "[24h:1m]) * 60")
+        share = self._by_gpu(f'{SHARE}{{job_id="{_quote(job)}"}}')
         return {
             "job": job, "kind": holds[0].get("kind"), "user": holds[0].get("user") or None,
-            "gpus": [{"host": s["metric"]["hostname"], "uuid": s["metric"]["uuid"], "gpu_index": int(s["metric"]["gpu"]),
-                      "name": s["metric"]["model"], "ofu_ratio": float(s["value"][1])} for s in per_gpu],
-            "timeline_1m": [{"ts": float(t), "ofu_ratio": float(v)} for t, v in (timeline[0]["values"] if timeline else [])],
+            "first_seen": points[0]["ts"] if points else now, "last_seen": points[-1]["ts"] if points else now,
+            "gpus": [{"host": m["hostname"], "uuid": m["uuid"], "gpu_index": int(m["gpu"]),
+                      "mig_instance": int(m["mig"]) if m.get("mig") else None, "name": m["model"],
+                      "ofu_ratio": float(s["value"][1]), "seconds": seconds.get(_key(m), 0.0),
+                      "mean_share": share.get(_key(m), 1.0), "approximate": False}
+                     for s in per_gpu for m in [s["metric"]]],
+            "bottleneck_seconds": {},
+            "timeline_1m": points,
             "events": [e for e in self.events(now - 86400) if e["job"] == job],
         }
+
+    def job_seconds_below(self, job: str, ofu_ratio: float) -> dict[tuple[str, int | None], float]:
+        """Per GPU the job holds now: the seconds of its last day's minutes whose mean OFU was below
+        ``ofu_ratio`` (minutes as a 1-minute subquery samples them; the job's share is not applied)."""
+        holds = {_key(s["metric"]) for s in self._vector(f'kernelfleet_job_info{{job_id="{_quote(job)}"}}')}
+        uuids = "|".join(sorted({_regex(uuid) for uuid, _ in holds}))
+        below = self._by_gpu(f'count_over_time((avg_over_time(kernelfleet_ofu_ratio{{uuid=~"{_quote(uuids)}"}}[1m]) '
+                             f"< {float(ofu_ratio)!r})[24h:1m]) * 60") if holds else {}
+        return {key: value for key, value in below.items() if key in holds}
+
+    def _by_gpu(self, query: str) -> dict[tuple[str, int | None], float]:
+        return {_key(s["metric"]): float(s["value"][1]) for s in self._vector(query)}
 
     def hook(self, report: dict[str, Any]) -> dict[str, Any]:
         raise NotFound("hook reports go to the agent on the job's node, not to the fleet dashboard")
@@ -229,6 +262,11 @@ class PrometheusBackend:
                             "job": alert["labels"].get("job_id"),
                             "detail": alert.get("annotations", {}).get("summary", alert["labels"]["alertname"])})
         return sorted(out, key=lambda e: e["ts"])[-limit if limit else None:]
+
+
+def _key(labels: dict[str, str]) -> tuple[str, int | None]:
+    """A GPU's (uuid, MIG instance) from its series' labels."""
+    return labels["uuid"], int(labels["mig"]) if labels.get("mig") else None
 
 
 def step_for(start: float, end: float, base: int) -> int:

@@ -7,7 +7,7 @@ serves) into typed rows; :func:`render` turns the rows into what a terminal show
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,8 @@ class JobGpu:
 
     host: str
     gpu_index: int
+    uuid: str
+    mig_instance: int | None
     name: str
     ofu_ratio: float | None  # None: no window of it had an OFU
     seconds: float
@@ -62,12 +64,51 @@ def job_report(report: Mapping[str, Any]) -> JobReport:
     total = sum(seconds.values()) or 1.0
     return JobReport(
         report["job"], report["kind"], report["user"], report["first_seen"], report["last_seen"],
-        [JobGpu(g["host"], g["gpu_index"], g["name"], g["ofu_ratio"], g["seconds"], g["mean_share"], g["approximate"])
+        [JobGpu(g["host"], g["gpu_index"], g["uuid"], g["mig_instance"], g["name"], g["ofu_ratio"], g["seconds"],
+                g["mean_share"], g["approximate"])
          for g in report["gpus"]],
         {k: v / total for k, v in seconds.items()},
         [min(8, int((p["ofu_ratio"] or 0) * 8 / FULL_BAR_OFU)) for p in report["timeline_1m"]],
         [JobEvent(e["ts"], e["kind"], e["detail"]) for e in report["events"]],
     )
+
+
+@dataclass(frozen=True, slots=True)
+class SpentGpu:
+    """What one of the job's GPUs spent in minutes below the threshold."""
+
+    host: str
+    gpu_index: int
+    uuid: str
+    mig_instance: int | None
+    gpu_hours: float  # the job's share of the GPU's time in those minutes
+    usd_per_hour: float | None  # None: no price for this GPU
+    usd: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """GPU-hours and dollars a job spent in minutes whose OFU was below ``below_ofu_ratio``."""
+
+    below_ofu_ratio: float
+    gpus: list[SpentGpu]
+    gpu_hours: float
+    usd: float  # of the priced GPUs only
+    unpriced_gpu_hours: float  # hours of GPUs without a price: in gpu_hours, not in usd
+
+
+def spent_below(r: JobReport, below_ofu_ratio: float, seconds_below: Mapping[tuple[str, int | None], float],
+                usd_per_hour: Callable[[JobGpu], float | None]) -> Spent:
+    """The job's GPU-hours below the threshold (``seconds_below`` per (uuid, MIG instance), as
+    ``Store.job_seconds_below`` gives them) priced at each GPU's ``usd_per_hour``."""
+    rows = []
+    for g in r.gpus:
+        hours = seconds_below.get((g.uuid, g.mig_instance), 0.0) / 3600
+        price = usd_per_hour(g)
+        rows.append(SpentGpu(g.host, g.gpu_index, g.uuid, g.mig_instance, hours, price,
+                             None if price is None else hours * price))
+    return Spent(below_ofu_ratio, rows, sum(g.gpu_hours for g in rows), sum(g.usd for g in rows if g.usd is not None),
+                 sum(g.gpu_hours for g in rows if g.usd is None))
 
 
 def render(r: JobReport) -> list[RenderableType]:

@@ -12,18 +12,22 @@ import hmac
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernelfleet.catalog import Catalog
 from kernelfleet.errors import EnvironmentProblem, UsageError
+from kernelfleet.fleet import report, views
 from kernelfleet.fleet.agent import Agent
 from kernelfleet.fleet.exporter import OfuCollector
 from kernelfleet.fleet.local_backend import LocalBackend, NotFound
@@ -33,6 +37,7 @@ DASHBOARD = Path(__file__).parent / "dashboard"
 MAX_BODY_BYTES = 256 * 1024  # a hook report is a few kB; nothing the API takes is larger
 SERIES_POINTS = 5000  # points of one /api/series answer at most (a day of raw 1-s windows takes 18 pages)
 ROWS = 1000  # jobs, job summaries or events in one answer at most
+WORST = 100  # the worst GPUs an overview lists at most
 
 
 class Backend(Protocol):
@@ -46,6 +51,8 @@ class Backend(Protocol):
     def job_summaries(self, since: float, limit: int | None = None) -> list[dict[str, Any]]: ...
     def job(self, job: str) -> dict[str, Any]: ...
     def events(self, since: float, limit: int | None = None) -> list[dict[str, Any]]: ...
+    def ofu_grid(self, start: float, end: float, step_seconds: int) -> list[tuple[str, str, int, int | None, int, float | None]]: ...
+    def job_seconds_below(self, job: str, ofu_ratio: float) -> dict[tuple[str, int | None], float]: ...
     def hook(self, report: dict[str, Any]) -> dict[str, Any]: ...
 
 
@@ -140,14 +147,19 @@ def token_guard(token: str | None) -> Callable[[Request], None]:
 
 
 def create_app(backend: Backend, token: str | None = None, metrics: Callable[[], bytes] | None = None,
-               api_docs: bool = False) -> FastAPI:
+               api_docs: bool = False, catalog: Catalog | None = None) -> FastAPI:
     """The app; ``token`` set means every data request needs ``Authorization: Bearer <token>``.
     ``api_docs`` serves the OpenAPI schema and its pages (/docs, /redoc), off by default: they map
-    the API for anyone who can reach the port, token or not."""
+    the API for anyone who can reach the port, token or not. ``catalog`` prices a job's GPU-hours
+    (default: the built-in catalog with ``KERNELFLEET_CATALOG``'s override)."""
 
+    catalog = Catalog.load() if catalog is None else catalog
     docs = {} if api_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="kernelfleet", default_response_class=FiniteJSONResponse, **docs)
     app.add_middleware(BodyCap)
+    # A fleet's overview and heatmap are the page's largest answers (JSON of 800 GPUs); compressed
+    # they are a tenth of that, for the price of a little CPU.
+    app.add_middleware(GZipMiddleware, minimum_size=4096)
     # The page and its static files load without the token (a browser cannot add a header
     # to a page load); everything with data behind it needs it.
     api = APIRouter(dependencies=[Depends(token_guard(token))])
@@ -203,16 +215,46 @@ def create_app(backend: Backend, token: str | None = None, metrics: Callable[[],
     def gpus() -> list[dict[str, Any]]:
         return backend.gpus()
 
+    @api.get("/api/overview")
+    def overview(host: Annotated[list[str] | None, Query(description="Hosts whose GPU rows to include (the expanded ones)")] = None,
+                 k: int = Query(10, ge=1, le=WORST, description="How many of the worst GPUs")) -> views.Overview:
+        return views.overview(backend.gpus(), host or [], k, catalog)
+
+    @api.get("/api/heatmap")
+    def heatmap(
+        start: float | None = Query(None, description="Unix seconds; default: an hour ago"),
+        end: float | None = Query(None, description="Unix seconds; default: now"),
+    ) -> views.Heatmap:
+        end = time.time() if end is None else end
+        start = end - 3600 if start is None else start
+        if start > end:
+            raise HTTPException(status_code=422, detail="start must not be after end")
+        step = views.heatmap_step(start, end)
+        return views.heatmap(backend.ofu_grid(start, end, step), start, end, step)
+
+    @api.get("/api/report/{job:path}")
+    def job_page(job: str,
+                 below_ofu: float = Query(0.3, ge=0, le=1, description="GPU-hours in minutes of OFU below this"),
+                 usd_per_gpu_hour: float | None = Query(None, gt=0, description="A price instead of the catalog's")
+                 ) -> views.JobPage:
+        doc = backend.job(job)
+        rows = report.job_report(doc)
+        priced = views.prices(catalog, rows.gpus, usd_per_gpu_hour)
+        spent = report.spent_below(rows, below_ofu, backend.job_seconds_below(job, below_ofu),
+                                   lambda g: None if priced[g.name] is None else priced[g.name].usd_per_hour)
+        return views.JobPage(report=rows, spent=spent, prices=priced, timeline_1m=doc["timeline_1m"],
+                             timeline_1h=doc.get("timeline_1h", []))
+
     @api.get("/api/series")
     def series(
         uuid: str,
         start: float | None = Query(None, description="Unix seconds; default: an hour ago"),
         end: float | None = Query(None, description="Unix seconds; default: now"),
         resolution: str = Query("raw", pattern="^(raw|1m|1h)$"),
-        metric: list[str] = Query(["ofu"]),
+        metric: Annotated[list[str] | None, Query(description="Columns (default: ofu)")] = None,
         limit: int = Query(SERIES_POINTS, ge=1, le=SERIES_POINTS, description="Points at most; next_start pages on"),
     ) -> dict[str, Any]:
-        metric = list(dict.fromkeys(metric))  # a metric asked for twice is one column
+        metric = list(dict.fromkeys(metric or ["ofu"]))  # a metric asked for twice is one column
         end = time.time() if end is None else end
         start = end - 3600 if start is None else start
         if start > end:
@@ -258,4 +300,4 @@ def agent_app(agent: Agent, store: Store | None, token: str | None = None, api_d
     per-process series as :class:`OfuCollector` takes them)."""
     registry = CollectorRegistry(auto_describe=False)  # its own registry: nothing global
     registry.register(OfuCollector(agent.latest, label_names, process_series_per_gpu))
-    return create_app(LocalBackend(agent, store), token, lambda: generate_latest(registry), api_docs)
+    return create_app(LocalBackend(agent, store), token, lambda: generate_latest(registry), api_docs, agent.catalog)

@@ -528,6 +528,37 @@ class Store:
         rows = db.execute(query, (*params, _limit(limit))).fetchall()
         return [{"ts": ts, "kind": k, "uuid": u, "job": j, "detail": d} for ts, k, u, j, d in reversed(rows)]
 
+    @_reading
+    def ofu_grid(self, db: sqlite3.Connection, start: float, end: float,
+                 step_seconds: int) -> list[tuple[str, str, int, int | None, int, float | None]]:
+        """Every GPU's time-weighted OFU per step in [start, end] (a dashboard heatmap): rows of
+        (host, uuid, gpu_index, mig_instance, step start, OFU); a step of whole hours reads the
+        hour rollups, any other the minute rollups (and the open minute from raw rows)."""
+        resolution = "1h" if step_seconds % 3600 == 0 else "1m"
+        sql, params = _rolled(db, resolution, "rollup", "gpu_id, bucket, ofu_sum, ofu_seconds", "1",
+                              _MINUTES, _floor(start, step_seconds), end)
+        rows = db.execute(
+            f"SELECT g.host, g.uuid, g.gpu_index, g.mig_instance, CAST(x.bucket / {step_seconds} AS INTEGER) * "
+            f"{step_seconds} AS b, SUM(x.ofu_sum) / NULLIF(SUM(x.ofu_seconds), 0) FROM ({sql}) x JOIN gpus g "
+            "USING (gpu_id) GROUP BY x.gpu_id, b ORDER BY g.host, g.gpu_index, g.mig_instance, b", params)
+        return [(h, u, i, None if mig < 0 else mig, b, ofu) for h, u, i, mig, b, ofu in rows]
+
+    @_reading
+    def job_seconds_below(self, db: sqlite3.Connection, job: str, ofu_ratio: float) -> dict[tuple[str, int | None], float]:
+        """Per (uuid, mig_instance) the job held: its share of the seconds of the minutes whose OFU was
+        below ``ofu_ratio`` (a minute without an OFU is not below). Minute rollups: the last 30 days."""
+        found = db.execute("SELECT job_id FROM jobs WHERE name = ?", (job,)).fetchone()
+        if found is None:
+            return {}
+        sql, params = _rolled(db, "1m", "job", "gpu_id, bucket, windows, seconds, share_sum, ofu_sum, ofu_seconds",
+                              "job_id = :job_id", store_schema.job_minutes("AND h.job_id = :job_id"), float("-inf"), OPEN)
+        rows = db.execute(
+            "SELECT g.uuid, g.mig_instance, SUM(m.seconds * m.share) FROM (SELECT gpu_id, SUM(seconds) AS seconds, "
+            "SUM(share_sum) / SUM(windows) AS share, SUM(ofu_sum) / NULLIF(SUM(ofu_seconds), 0) AS ofu "
+            f"FROM ({sql}) GROUP BY gpu_id, bucket) m JOIN gpus g USING (gpu_id) WHERE m.ofu < :below GROUP BY m.gpu_id",
+            {**params, "job_id": found[0], "below": ofu_ratio})
+        return {(u, None if mig < 0 else mig): s for u, mig, s in rows}
+
 
 def _rolled(db: sqlite3.Connection, resolution: str, prefix: str, columns: str, where: str, open_minutes: str,
             since: float, to: float) -> tuple[str, dict[str, float]]:

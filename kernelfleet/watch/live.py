@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.live import Live
 
 from kernelfleet.catalog import Catalog
-from kernelfleet.watch.clock_note import same_die_note
+from kernelfleet.catalog.notes import same_die_note
 from kernelfleet.watch.keys import Keys
 from kernelfleet.watch.rows import Identify, rows
 from kernelfleet.watch.screen import frame

@@ -17,8 +17,8 @@ from rich.console import Group
 from rich.text import Text
 
 from kernelfleet.catalog import Catalog
+from kernelfleet.catalog.notes import same_die_note
 from kernelfleet.watch.cells import MISSING, bar, clip, memory, number, ofu_style, pct, spark
-from kernelfleet.watch.clock_note import same_die_note
 from kernelfleet.watch.state import SORTS, ViewState, row_key
 
 Row = dict[str, Any]

@@ -40,6 +40,16 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
             time.sleep(0.2)
 
 
+def until(value, what: str, timeout: float = 60.0):
+    """``value()`` once it is truthy; fails saying ``what`` did not happen after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not (got := value()):
+        if time.monotonic() > deadline:
+            pytest.fail(what)
+        time.sleep(0.5)
+    return got
+
+
 class Tmux:
     """A real terminal: a detached tmux session ``width`` x ``height`` running ``command`` in bash, on a
     tmux server of its own (``-L``), so no other tmux on the machine is touched."""
@@ -127,3 +137,187 @@ def promql_metric_names(expr: str) -> set[str]:
         if m.group() not in _PROMQL_KEYWORDS:
             names.add(m.group())
     return names
+
+
+# -- a real browser driven over the DevTools protocol ------------------------------------------------
+
+class Browser:
+    """Headless Chromium with one page, driven over the Chrome DevTools Protocol: navigate, run a
+    script in the page, wait for a condition, size the window, take a screenshot."""
+
+    def __init__(self, profile: Path, width: int = 1400, height: int = 1000) -> None:
+        import json
+        import subprocess
+        import urllib.request
+
+        import websocket
+
+        self.proc = subprocess.Popen(
+            [binary("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+             f"--user-data-dir={profile}", "--remote-debugging-port=0", f"--window-size={width},{height}",
+             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and port_file.read_text().strip()):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.close()
+                pytest.fail("chromium did not open its DevTools port")
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        pages = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10))
+        target = next(p for p in pages if p["type"] == "page")
+        self.ws = websocket.create_connection(target["webSocketDebuggerUrl"], timeout=60, suppress_origin=True)
+        self._id = 0
+        self.console: list[str] = []
+        self.call("Page.enable")
+        self.call("Runtime.enable")
+        self.size(width, height)
+
+    def call(self, method: str, **params):
+        import json
+
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            message = json.loads(self.ws.recv())
+            if message.get("method") == "Runtime.exceptionThrown":
+                self.console.append("exception: " + message["params"]["exceptionDetails"].get("text", ""))
+            if message.get("method") == "Runtime.consoleAPICalled" and message["params"]["type"] in ("error", "assert"):
+                self.console.append("console: " + " ".join(str(a.get("value", a.get("description")))
+                                                           for a in message["params"]["args"]))
+            if message.get("id") == self._id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message["result"]
+
+    def size(self, width: int, height: int) -> None:
+        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+
+    def goto(self, url: str) -> None:
+        self.call("Page.navigate", url=url)
+
+    def reload(self) -> None:
+        self.call("Page.reload", ignoreCache=True)
+
+    def js(self, expression: str):
+        """The value of ``expression`` in the page (awaited if it is a promise), as JSON gives it."""
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 60.0):
+        """The value of ``expression`` once it is truthy; fails with what the page shows after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                value = self.js(expression)
+            except RuntimeError:
+                value = None  # the page is navigating
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                status = self.js("document.getElementById('status') && document.getElementById('status').textContent")
+                pytest.fail(f"the page never satisfied {expression}; its status: {status!r}; console: {self.console}")
+            time.sleep(0.2)
+
+    def screenshot(self, path: Path, full_page: bool = True) -> None:
+        import base64
+
+        params = {"format": "png", "captureBeyondViewport": full_page}
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", **params)["data"]))
+
+    def close(self) -> None:
+        if getattr(self, "ws", None) is not None:
+            self.ws.close()
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+# -- a fleet of synthetic GPUs through the real agent, store and server --------------------------------
+
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+HISTORY_WINDOWS, HISTORY_STEP_SECONDS = 90, 40  # an hour of history before the fleet goes live
+SLOW_FROM_WINDOW = 60  # the first host slows down from here (a regression of its GPUs and its job)
+
+
+def fleet_gpu(host: int, index: int, per_host: int) -> tuple[str, str]:
+    """A synthetic GPU's uuid and NVML name: even hosts hold H100s, odd ones H200s (a mixed fleet)."""
+    return f"GPU-{host:03d}{index:02d}-5e1f-4c0a-9d1b-{host * per_host + index:012d}", H100 if host % 2 == 0 else H200
+
+
+def fleet_batch(hosts: int, per_host: int, window: int, ts: float, window_seconds: float) -> list:
+    """One window of every GPU: tensor activity spread over the fleet by a fixed pattern, one GPU in
+    23 idle, a job per two hosts, the first host slowed to 40 % from SLOW_FROM_WINDOW."""
+    from kernelfleet.telemetry.sample import ProcessSample, Sample
+
+    batch = []
+    for h in range(hosts):
+        for i in range(per_host):
+            g = h * per_host + i
+            uuid, name = fleet_gpu(h, i, per_host)
+            idle = g % 23 == 7
+            tensor = 0.0 if idle else 0.12 + 0.8 * ((g * 37) % 100) / 100
+            if h == 0 and window >= SLOW_FROM_WINDOW:
+                tensor *= 0.4
+            batch.append(Sample(
+                timestamp_seconds=ts, window_seconds=window_seconds, gpu_index=i, uuid=uuid, name=name,
+                tensor_active_ratio=tensor, hmma_active_ratio=tensor, sm_active_ratio=0.02 if idle else 0.92,
+                sm_occupancy_ratio=0.01 if idle else 0.35, dram_bandwidth_ratio=0.0 if idle else 0.25 + 0.5 * (g % 3) / 3,
+                sm_clock_mean_hertz=1.98e9, power_mean_watts=90.0 if idle else 640.0,
+                processes=() if idle else (ProcessSample(pid=1000 + h // 2, name="train"),)))
+    return batch
+
+
+class SyntheticFleet:
+    """``hosts`` x ``per_host`` GPUs through the real Agent (a host per GPU, as a Kubernetes-wide agent
+    sees them), its SQLite store and its HTTP server on a free loopback port: an hour of history,
+    then a window every second until closed, so the page is live."""
+
+    def __init__(self, tmp: Path, hosts: int, per_host: int, token: str | None = None) -> None:
+        import threading
+
+        from kernelfleet.catalog import Catalog
+        from kernelfleet.fleet.agent import Agent, attribute_recorded
+        from kernelfleet.fleet.listener import Listener, bind
+        from kernelfleet.fleet.server import agent_app
+        from kernelfleet.fleet.store import Store
+
+        self.hosts, self.per_host = hosts, per_host
+        names = {(fleet_gpu(h, i, per_host)[0], None): f"node-{h:03d}" for h in range(hosts) for i in range(per_host)}
+        self.store = Store(tmp / "fleet.db")
+        self.agent = Agent(source=None, store=self.store, catalog=Catalog.load(), host="unused",
+                           identify=attribute_recorded, hosts=lambda: names)
+        now = time.time()
+        for w in range(HISTORY_WINDOWS):
+            self.agent.step(fleet_batch(hosts, per_host, w, now - (HISTORY_WINDOWS - w) * HISTORY_STEP_SECONDS,
+                                        HISTORY_STEP_SECONDS))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.server = Listener(agent_app(self.agent, self.store, token), bind("127.0.0.1", self.port)).start()
+        self._stop = threading.Event()
+        self._paused = threading.Event()
+        self._stepping = threading.Lock()  # held while a live window is written
+        self._thread = threading.Thread(target=self._live, daemon=True)
+        self._thread.start()
+
+    def _live(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._stepping:
+                if not self._paused.is_set():
+                    self.agent.step(fleet_batch(self.hosts, self.per_host, HISTORY_WINDOWS, time.time(), 1.0))
+
+    def pause(self) -> None:
+        """No new window from now on (one being written is finished first): what the page shows holds still."""
+        with self._stepping:
+            self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.server.stop()
+        self.store.close()

@@ -65,8 +65,8 @@ def test_the_job_reports_rows(drop_store):
 def test_job_report_rows_without_windows_of_a_class_or_an_ofu():
     rows = job_report({
         "job": "j", "kind": "slurm", "user": "ana", "first_seen": 0.0, "last_seen": 60.0, "events": [],
-        "gpus": [{"host": "h", "gpu_index": 1, "name": "NVIDIA H200", "ofu_ratio": None, "seconds": 60.0,
-                  "mean_share": 0.5, "approximate": True}],
+        "gpus": [{"host": "h", "gpu_index": 1, "uuid": "GPU-1", "mig_instance": None, "name": "NVIDIA H200",
+                  "ofu_ratio": None, "seconds": 60.0, "mean_share": 0.5, "approximate": True}],
         "bottleneck_seconds": {}, "timeline_1m": [{"ts": 0, "ofu_ratio": None}, {"ts": 60, "ofu_ratio": 0.95}]})
     assert rows.gpus[0].ofu_ratio is None and rows.gpus[0].approximate
     assert rows.bottleneck_shares == {} and rows.minute_levels == [0, 8]  # no OFU is the lowest bar; 0.8 and up the top

@@ -8,11 +8,11 @@ import pytest
 from nvml_twin import Twin, TwinGpu
 
 from kernelfleet.catalog import Catalog
+from kernelfleet.catalog.notes import same_die_note
 from kernelfleet.telemetry.nvml import NvmlSource
 from kernelfleet.telemetry.nvml_api import Nvml
 from kernelfleet.telemetry.replay import ReplaySource
 from kernelfleet.watch.cells import bar, memory, pct, spark
-from kernelfleet.watch.clock_note import same_die_note
 from kernelfleet.watch.keys import parse
 from kernelfleet.watch.rows import rows
 from kernelfleet.watch.screen import COLUMNS, fit, frame, gpu_lines, pack

@@ -9,8 +9,12 @@ assumption until an H100 is measured. The figures are read from the catalog, nev
 
 from __future__ import annotations
 
-from kernelfleet.catalog import Catalog, Sku
+from typing import TYPE_CHECKING
+
 from kernelfleet.errors import KernelfleetError
+
+if TYPE_CHECKING:  # the catalog's own types; this module is imported by the catalog's package
+    from kernelfleet.catalog import Catalog, Sku
 
 SAME_DIE = ("h100-sxm", "h200-sxm")  # GH100 compute in both (gpus.toml, reference_clock_note)
 
