@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -245,19 +246,22 @@ def dashboard(
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback listen address."),
     token: str | None = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
     api_docs: bool = typer.Option(False, "--api-docs", help="Serve the API's OpenAPI schema and pages (/docs)."),
+    catalog: Path | None = CatalogOption,
 ) -> None:
     """The dashboard for a whole fleet, reading a Prometheus server instead of one agent's store."""
     import threading
 
+    from kernelfleet.catalog import Catalog
     from kernelfleet.fleet.listener import Listener, bind, given_token, listen_address
     from kernelfleet.fleet.prometheus_backend import PrometheusBackend
     from kernelfleet.fleet.server import create_app
 
     token = given_token(token)
     host, port = listen_address(listen, allow_remote, token)
+    prices = Catalog.load(catalog)  # the job page's prices, and its H100/H200 note
     backend = PrometheusBackend(prometheus)
     backend.health()  # an unreachable Prometheus is one clear line now, not an error page later
-    server = Listener(create_app(backend, token, api_docs=api_docs), bind(host, port)).start()
+    server = Listener(create_app(backend, token, api_docs=api_docs, catalog=prices), bind(host, port)).start()
     err.print(f"kernelfleet dashboard: http://{host}:{port}/ reading {prometheus}")
     stop = threading.Event()
     server.stops(stop)
@@ -274,9 +278,17 @@ def job(
     name: str | None = typer.Argument(None, help="The job id (omit to list the jobs in the store)."),
     store_path: Path = typer.Option(Path("kernelfleet.db"), "--store", help="The agent's SQLite store."),
     as_json: bool = typer.Option(False, "--json"),
+    below_ofu: float = typer.Option(0.3, "--below-ofu", min=0.0, max=1.0, help="Count the GPU-hours and dollars "
+                                    "the job spent in minutes of OFU below this ratio."),
+    usd_per_gpu_hour: float | None = typer.Option(None, "--usd-per-gpu-hour", min=0.0, help="Price them at this "
+                                                  "instead of the catalog's lowest listed price."),
+    catalog: Path | None = CatalogOption,
 ) -> None:
-    """A job's report: OFU per GPU over its lifetime, timeline, bottleneck classes, regressions."""
-    from kernelfleet.fleet.report import job_report, render
+    """A job's report: OFU per GPU over its lifetime, timeline, bottleneck classes, regressions, and
+    what it spent below an OFU."""
+    from kernelfleet.catalog import Catalog
+    from kernelfleet.fleet import views
+    from kernelfleet.fleet.report import job_report, render, spent_below, spent_lines
     from kernelfleet.fleet.store import Store
 
     if not store_path.exists():
@@ -290,12 +302,19 @@ def job(
     if report is None:
         known = ", ".join(store.jobs()[:10]) or "none"
         raise UsageError(f"no job {name!r} in {store_path} (known: {known})")
+    rows = job_report(report)
+    priced = views.prices(Catalog.load(catalog), rows.gpus, usd_per_gpu_hour, "set with --usd-per-gpu-hour")
+    spent = spent_below(rows, below_ofu, store.job_seconds_below(name, below_ofu),
+                        lambda g: None if priced[g.name] is None else priced[g.name].usd_per_hour)
     if as_json:
-        print(json.dumps(report, indent=1))
+        print(json.dumps({**report, "spent": dataclasses.asdict(spent),
+                          "prices": {k: v and v.model_dump() for k, v in priced.items()}}, indent=1))
         return
     out = Console()
-    for part in render(job_report(report)):
+    for part in render(rows):
         out.print(part)
+    for line in spent_lines(spent, priced):
+        out.print(line, markup=False, highlight=False)
 
 
 bench_app = typer.Typer(help="Benchmarks (the GEMM sweep needs an NVIDIA GPU and torch).", no_args_is_help=True)

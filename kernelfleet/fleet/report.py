@@ -111,6 +111,17 @@ def spent_below(r: JobReport, below_ofu_ratio: float, seconds_below: Mapping[tup
                  sum(g.gpu_hours for g in rows if g.usd is None))
 
 
+def spent_lines(spent: Spent, prices: Mapping[str, Any]) -> list[str]:
+    """What ``kernelfleet job`` prints of :func:`spent_below`: the total, then each GPU name's price
+    and where it comes from (``prices``: name -> ``views.PriceUsed`` or None)."""
+    head = (f"below {100 * spent.below_ofu_ratio:.0f}% OFU: {spent.gpu_hours:.2f} GPU-hours, "
+            f"${spent.usd:,.2f}")
+    if spent.unpriced_gpu_hours:
+        head += f" ({spent.unpriced_gpu_hours:.2f} GPU-hours have no price)"
+    return [head] + [f"  {name}: " + (f"${p.usd_per_hour:.2f}/GPU-hour, {p.source}" if p else "no price")
+                     for name, p in sorted(prices.items())]
+
+
 def render(r: JobReport) -> list[RenderableType]:
     """The report as a terminal shows it: a header line, the GPU table, bottlenecks, the OFU bar, events."""
     header = (f"[bold]{r.job}[/] ({r.kind}, user {r.user or '?'}) "

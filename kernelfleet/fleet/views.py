@@ -152,12 +152,14 @@ def catalog_price(catalog: Catalog, name: str) -> Price | None:
     return min(sku.prices, key=lambda p: p.usd_per_hour, default=None) if sku is not None else None
 
 
-def prices(catalog: Catalog, gpus: Iterable[JobGpu], usd_per_gpu_hour: float | None) -> dict[str, PriceUsed | None]:
-    """The price of each GPU name: ``usd_per_gpu_hour`` where the user set one, else the catalog's."""
+def prices(catalog: Catalog, gpus: Iterable[JobGpu], usd_per_gpu_hour: float | None,
+           set_by: str = "set on the page (usd_per_gpu_hour)") -> dict[str, PriceUsed | None]:
+    """The price of each GPU name: ``usd_per_gpu_hour`` where the user set one (``set_by`` says
+    how), else the catalog's."""
     out: dict[str, PriceUsed | None] = {}
     for name in {g.name for g in gpus}:
         if usd_per_gpu_hour is not None:
-            out[name] = PriceUsed(usd_per_hour=usd_per_gpu_hour, source="set on the page (usd_per_gpu_hour)")
+            out[name] = PriceUsed(usd_per_hour=usd_per_gpu_hour, source=set_by)
         elif (price := catalog_price(catalog, name)) is not None:
             out[name] = PriceUsed(usd_per_hour=price.usd_per_hour,
                                   source=f"catalog: {price.provider}, {price.date} ({price.source})")

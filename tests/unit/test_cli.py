@@ -219,3 +219,8 @@ def test_every_command_prints_its_help():
 def test_an_unknown_pod_owners_mode_is_one_line(tmp_path):
     done = kf("agent", "--demo", "--pod-owners", "labels", "--store", str(tmp_path / "kf.db"))
     one_line_error(done, 2, "--pod-owners", "names or api")
+
+
+def test_the_dashboard_reads_its_catalog_first_and_a_missing_one_is_one_line(tmp_path):
+    done = kf("dashboard", "--prometheus", "http://127.0.0.1:1", "--catalog", str(tmp_path / "none.toml"))
+    one_line_error(done, 2, "none.toml")

@@ -93,3 +93,24 @@ def test_job_cli(drop_store):
     assert json.loads(run(job, "--json").stdout)["job"] == job
     missing = run("no-such-job")
     assert missing.returncode == 2 and "Traceback" not in missing.stderr and job in missing.stderr
+
+
+def test_job_cli_prints_what_the_job_spent_below_an_ofu(drop_store):
+    """The job page's GPU-hours and dollars below an OFU, in the terminal: the store's own seconds
+    below the threshold, priced from the catalog or at --usd-per-gpu-hour."""
+    _, store = drop_store
+    (job,) = store.jobs()
+    run = lambda *a: subprocess.run([sys.executable, "-m", "kernelfleet", "job", job, *a, "--store", str(store.path)],  # noqa: E731
+                                    capture_output=True, text=True, timeout=60)
+    hours = sum(store.job_seconds_below(job, 0.9).values()) / 3600
+    assert hours > 0
+    found = json.loads(run("--json", "--below-ofu", "0.9", "--usd-per-gpu-hour", "2.5").stdout)["spent"]
+    assert found["gpu_hours"] == pytest.approx(hours) and found["usd"] == pytest.approx(2.5 * hours)
+    done = run("--below-ofu", "0.9", "--usd-per-gpu-hour", "2.5")
+    assert done.returncode == 0, done.stderr
+    assert f"below 90% OFU: {hours:.2f} GPU-hours, ${2.5 * hours:,.2f}" in done.stdout
+    assert "$2.50/GPU-hour, set with --usd-per-gpu-hour" in done.stdout
+    catalog = run("--below-ofu", "0.9").stdout  # the H200's lowest listed price, and where it is from
+    assert "/GPU-hour, catalog: " in catalog
+    bad = run("--below-ofu", "2")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "--below-ofu" in bad.stderr
