@@ -77,6 +77,11 @@ class OfuCollector(Collector):
         share = GaugeMetricFamily("kernelfleet_job_gpu_share_ratio",
                                   "A job's share of a GPU; below 1 when shared (split by per-process SM use, approximate).",
                                   labels=("uuid", "mig", "job_id"))
+        # one series a GPU at a time (the class of its last window), so a job's bottleneck mix is
+        # count_over_time by class; at most the seven classes a GPU ever shows
+        bottleneck = GaugeMetricFamily("kernelfleet_bottleneck_class", "1 for the bottleneck class of the last window "
+                                       "(ofu/bottleneck.py: tensor-bound, memory-bound, ...).",
+                                       labels=("uuid", "mig", "class"))
         seen: set[str] = set()
         for r in readings:
             labels = _labels(r)
@@ -86,6 +91,7 @@ class OfuCollector(Collector):
                 jobs.add_metric([r.sample.uuid, mig, j.job, j.kind, j.user or "", *_pod(j)], {})
                 share.add_metric([r.sample.uuid, mig, j.job], j.share)
             if not r.sample.stale:
+                bottleneck.add_metric([r.sample.uuid, mig, r.bottleneck], 1.0)
                 for name, _, read in _GAUGES:
                     value = read(r)
                     if value is not None and math.isfinite(value):  # NaN or Inf is no reading
@@ -102,7 +108,7 @@ class OfuCollector(Collector):
                     if value is not None:
                         peak.add_metric([r.sample.uuid, precision], value)
         yield from families.values()
-        yield from (stale, ref, peak, info, jobs, share)
+        yield from (stale, ref, peak, info, jobs, share, bottleneck)
 
 
 def _labels(r: Reading) -> list[str]:

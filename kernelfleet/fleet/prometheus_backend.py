@@ -218,7 +218,9 @@ class PrometheusBackend:
             f"avg(kernelfleet_ofu_ratio * on (uuid, mig) group_left () {selector})")
         points = [{"ts": float(t), "ofu_ratio": float(v)} for t, v in (timeline[0]["values"] if timeline else [])]
         # what the store's report also has (kernelfleet/fleet/report.py reads it): the minutes each GPU
-        # reported over the day, its share now; bottleneck classes are not exported, so there are none
+        # reported over the day, its share now, and the minutes its GPUs spent in each bottleneck class
+        mix = self._vector(f'sum by (class) (count_over_time((max by (uuid, mig, class) (kernelfleet_bottleneck_class'
+                           f'{{uuid=~"{_quote(uuids)}"}}))[24h:1m])) * 60')
         seconds = self._by_gpu(f"count_over_time(avg_over_time(kernelfleet_ofu_ratio{{uuid=~\"{_quote(uuids)}\"}}[1m])"
                                "[24h:1m]) * 60")
         share = self._by_gpu(f'{SHARE}{{job_id="{_quote(job)}"}}')
@@ -230,7 +232,7 @@ class PrometheusBackend:
                       "ofu_ratio": float(s["value"][1]), "seconds": seconds.get(_key(m), 0.0),
                       "mean_share": share.get(_key(m), 1.0), "approximate": False}
                      for s in per_gpu for m in [s["metric"]]],
-            "bottleneck_seconds": {},
+            "bottleneck_seconds": {s["metric"]["class"]: float(s["value"][1]) for s in mix if s["metric"].get("class")},
             "timeline_1m": points,
             "events": [e for e in self.events(now - 86400) if e["job"] == job],
         }

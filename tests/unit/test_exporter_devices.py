@@ -123,3 +123,11 @@ def test_a_bad_exporter_flag_is_one_line_before_anything_starts(flag, needle, tm
                           check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.startswith("kernelfleet: error: ") and needle in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "kf.db").exists()
+
+
+def test_the_bottleneck_class_of_the_last_window_is_one_series_and_a_stale_gpu_has_none(fake_time):
+    (s,) = twin_batch(fake_time, [TwinGpu()])
+    metrics = scrape([s])
+    ((labels, value),) = metrics["kernelfleet_bottleneck_class"]
+    assert labels == {"uuid": s.uuid, "mig": "", "class": classify(s).value} and value == 1.0
+    assert "kernelfleet_bottleneck_class" not in scrape([s.gone_stale("GPU lost")])

@@ -89,3 +89,14 @@ def test_a_jobs_day_reads_only_its_gpus_and_its_recorded_line():
     queries = [q for _, q, _ in answers.asked]
     assert any(q.startswith('avg_over_time(kernelfleet_ofu_ratio{uuid=~"GPU-a\\\\.1"}[24h])') for q in queries)
     assert 'avg_over_time(kernelfleet:job_ofu:avg{job_id="train"}[60s])' in queries
+
+
+def test_a_jobs_bottleneck_mix_is_its_gpus_minutes_by_class():
+    held = {"uuid": "GPU-a", "mig": "", "job_id": "train", "kind": "slurm", "user": "ana"}
+    mix = ('sum by (class) (count_over_time((max by (uuid, mig, class) (kernelfleet_bottleneck_class{uuid=~"GPU-a"}))'
+           "[24h:1m])) * 60")
+    answers = Answers({'kernelfleet_job_info{job_id="train"}': [{"metric": held, "value": [NOW, "1"]}],
+                       mix: [{"metric": {"class": "tensor-bound"}, "value": [NOW, "3000"]},
+                             {"metric": {"class": "memory-bound"}, "value": [NOW, "600"]}]})
+    found = PrometheusBackend("http://p", fetch=answers, clock=lambda: NOW).job("train")
+    assert found["bottleneck_seconds"] == {"tensor-bound": 3000.0, "memory-bound": 600.0}

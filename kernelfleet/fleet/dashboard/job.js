@@ -24,7 +24,7 @@ async function refreshJob(start, now) {
   mix.replaceChildren();
   legend.replaceChildren();
   const shares = Object.entries(r.bottleneck_shares);
-  if (!shares.length) legend.append(el("li", "no bottleneck classes (Prometheus does not export them)", "muted"));
+  if (!shares.length) legend.append(el("li", "no bottleneck classes in this range yet", "muted"));
   for (const [name, share] of shares) {
     const part = el("div", null, `b-bg-${name.replace(/\W/g, "-")}`, `${name}: ${pct(share)} — ${(TERMS[name] || [])[1] || ""}`);
     part.style.width = `${100 * share}%`;
