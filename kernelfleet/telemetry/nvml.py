@@ -3,7 +3,7 @@
 GPM metrics are computed between two GPM samples, so the source keeps the last
 sample of each GPU and MIG instance and yields one :class:`Sample` per window
 (rolling pairs). Windows shorter than ~100 ms read as zeros on an H200, so the
-interval is at least :data:`MIN_INTERVAL_SECONDS`.
+interval is at least :data:`MIN_INTERVAL_SECONDS`. The metrics themselves are read by ``gpm.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, Self
 
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 from kernelfleet.telemetry.clock import ClockPoller, ClockWindow
+from kernelfleet.telemetry.gpm import GpmMetrics
 from kernelfleet.telemetry.health import SLOW_HEALTH_SECONDS, HealthReader
 from kernelfleet.telemetry.nvml_api import REPLAY_HINT, Nvml, NvmlCallFailed
 from kernelfleet.telemetry.nvml_hot import Read, bind, clock_reader, read_optional
@@ -27,39 +28,6 @@ from kernelfleet.telemetry.sample import Sample
 log = logging.getLogger(__name__)
 
 MIN_INTERVAL_SECONDS = 0.1
-MIB = 1024 * 1024
-
-# GPM metric id -> (Sample field, scale). Ids are NVML_GPM_METRIC_* from nvml.h;
-# utilisations come in percent, link rates in MiB/s.
-GPM_METRICS: dict[int, tuple[str, float]] = {
-    5: ("tensor_active_ratio", 0.01),  # ANY_TENSOR_UTIL
-    7: ("hmma_active_ratio", 0.01),  # HMMA_TENSOR_UTIL (fp16/bf16/tf32/fp8)
-    9: ("imma_active_ratio", 0.01),  # IMMA_TENSOR_UTIL (int8)
-    6: ("dfma_active_ratio", 0.01),  # DFMA_TENSOR_UTIL (fp64)
-    2: ("sm_active_ratio", 0.01),  # SM_UTIL
-    3: ("sm_occupancy_ratio", 0.01),  # SM_OCCUPANCY
-    10: ("dram_bandwidth_ratio", 0.01),  # DRAM_BW_UTIL
-    13: ("fp16_active_ratio", 0.01),
-    12: ("fp32_active_ratio", 0.01),
-    11: ("fp64_active_ratio", 0.01),
-    4: ("integer_active_ratio", 0.01),
-    20: ("pcie_tx_bytes_per_second", MIB),
-    21: ("pcie_rx_bytes_per_second", MIB),
-    61: ("nvlink_tx_bytes_per_second", MIB),
-    60: ("nvlink_rx_bytes_per_second", MIB),
-}
-
-
-# Cycle counters that newer NVML headers list for GPM (SM_CYCLES_ELAPSED = 248,
-# MMA_CYCLES_ACTIVE = 250, "since reboot"). Their difference over a window would give the
-# mean SM clock exactly, with no polling, and the tensor-busy cycles behind OFU. Not yet
-# seen answering on our H200 (driver 580): recorded raw, as NVML reports them, until a
-# GPU run settles what they mean (docs/telemetry.md, "Cycle counters instead of clock polling").
-CYCLE_METRICS: dict[int, tuple[str, float]] = {
-    248: ("sm_cycles_elapsed_raw", 1.0),
-    250: ("mma_cycles_active_raw", 1.0),
-}
-
 
 @dataclass
 class _Target:
@@ -115,8 +83,7 @@ class NvmlSource:
     _warned: set[str] = field(default_factory=set, init=False)
     _handles: dict[int, Any] = field(default_factory=dict, init=False)
     _window_clocks: dict[int, ClockWindow] = field(default_factory=dict, init=False)
-    _cycle_counters: bool = field(default=True, init=False)  # off once the driver refuses them
-    _requests: dict[int, tuple[Any, list[Any]]] = field(default_factory=dict, init=False)  # id(metric set) -> request, slots
+    _gpm: GpmMetrics = field(init=False)
     _health: HealthReader = field(init=False)
 
     def __post_init__(self) -> None:
@@ -130,6 +97,7 @@ class NvmlSource:
         if self.slow_health_seconds < 0:
             raise UsageError(f"slow_health_seconds must be >= 0, got {self.slow_health_seconds}")
         self._health = HealthReader(self.nvml, self._warn_once, self.hot_reads, self.slow_health_seconds, self.clock)
+        self._gpm = GpmMetrics(self.nvml, self._warn_once)
 
     # -- lifecycle -----------------------------------------------------------------
     def open(self) -> NvmlSource:
@@ -311,7 +279,7 @@ class NvmlSource:
         try:
             current = self._gpm_sample(target)
             end, end_wall = self.clock(), self.wall()
-            metrics = self._gpm_metrics(target.previous, current) if current is not None else {}
+            metrics = self._gpm.metrics(target.previous, current) if current is not None else {}
             processes = running_processes(self.nvml, target.info_handle, prev_proc, self.proc_root,
                                           target.process_names)
             memory = read_optional(target.memory)
@@ -351,43 +319,6 @@ class NvmlSource:
         if target.mig_instance is None:
             self._window_clocks[target.gpu_index] = self._poller.take(target.gpu_index, start, end)
         return self._window_clocks.get(target.gpu_index)
-
-    def _gpm_metrics(self, first: Any, second: Any) -> dict[str, float | None]:
-        values = self._metrics_get(first, second, GPM_METRICS)
-        if self._cycle_counters:
-            # A separate call, so a driver that refuses these cannot cost the metrics above.
-            try:
-                values.update(self._metrics_get(first, second, CYCLE_METRICS))
-            except KernelfleetError as exc:
-                self._cycle_counters = False
-                self._warn_once("gpm-cycles", f"GPM cycle counters unavailable ({exc}); not asked for again")
-        return values
-
-    def _metrics_get(self, first: Any, second: Any, wanted: dict[int, tuple[str, float]]) -> dict[str, float | None]:
-        m = self.nvml.m
-        # One request per metric set, reused, with a view of each slot asked for: the structure
-        # holds room for every GPM metric (~10 KB), too much to allocate and zero every window for
-        # the 15 asked, and each index into its array would make a new view object.
-        cached = self._requests.get(id(wanted))
-        if cached is None:
-            request = m.c_nvmlGpmMetricsGet_t()
-            cached = self._requests[id(wanted)] = request, [request.metrics[slot] for slot in range(len(wanted))]
-        request, slots = cached
-        request.version = m.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(wanted)
-        request.sample1 = first
-        request.sample2 = second
-        for metric, metric_id in zip(slots, wanted):
-            metric.metricId = metric_id
-        self.nvml.call("nvmlGpmMetricsGet", request)
-        values: dict[str, float | None] = {}
-        for metric, (metric_id, (name, scale)) in zip(slots, wanted.items()):
-            if metric.nvmlReturn != m.NVML_SUCCESS:
-                self._warn_once(f"gpm-{metric_id}", f"GPM metric {name} unavailable (NVML code {metric.nvmlReturn})")
-                values[name] = None
-            else:
-                values[name] = metric.value * scale
-        return values
 
     def _stale(self, target: _Target, error: str, end: float) -> Sample:
         return Sample(

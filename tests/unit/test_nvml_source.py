@@ -190,7 +190,7 @@ def test_a_driver_refusing_the_cycle_counters_costs_nothing_else(fake_time):
     for s in (first, second):
         assert not s.stale and s.tensor_active_ratio == pytest.approx(0.9363)
         assert s.sm_cycles_elapsed_raw is None
-    assert source._cycle_counters is False  # asked once, then not again
+    assert source._gpm.cycle_counters is False  # asked once, then not again
 
 
 def test_health_fields_come_through_the_doorway(fake_time, caplog):
