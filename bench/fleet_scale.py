@@ -41,6 +41,7 @@ from fastapi.testclient import TestClient
 
 from bench import command_line
 from kernelfleet.catalog import Catalog
+from kernelfleet.fleet import store_roll
 from kernelfleet.fleet.agent import Agent
 from kernelfleet.fleet.prometheus_backend import PrometheusBackend, http_json
 from kernelfleet.fleet.server import agent_app, create_app
@@ -131,10 +132,11 @@ def synthetic_store(path: Path, gpus: int, seconds: int, end: float) -> Store:
                "g(gpu_id) AS (SELECT 1 UNION ALL SELECT gpu_id + 1 FROM g WHERE gpu_id < :gpus) "
                "INSERT INTO samples SELECT (CAST(t.ts * 1000 AS INTEGER) << 20) | g.gpu_id, g.gpu_id, t.ts, 1.0, "
                f"{metrics}, 1, 0 FROM t, g ORDER BY 1", {"start": raw_from + 0.331, "end": end - 1, "gpus": gpus})
-    store._roll(raw_from, int(end - 1) // 60 * 60)  # the store's own roll-up of the raw day, then every hour
-    store._roll_hours(start, int(end - 1) // 3600 * 3600)
+    store_roll.roll(db, raw_from, int(end - 1) // 60 * 60)  # the store's own roll-up of the raw day, then every hour
+    store_roll.roll_hours(db, start, int(end - 1) // 3600 * 3600)
     db.execute("COMMIT")
-    return store
+    store.close()
+    return Store(path, clock=lambda: end)  # opened again: its writer starts where the rollups end
 
 
 def timed(client: TestClient, path: str, repeats: int) -> tuple[float, float]:
