@@ -7,11 +7,13 @@ from __future__ import annotations
 import operator
 import sqlite3
 from collections.abc import Sequence
+from itertools import repeat
 
 from kernelfleet.fleet import store_roll
 from kernelfleet.fleet.store_lock import transaction
+from kernelfleet.fleet.store_minute import Holds, OpenMinute
 from kernelfleet.fleet.store_rows import GpuRow, JobRow
-from kernelfleet.fleet.store_schema import BOTTLENECKS, KEY, METRICS, OPEN, floor
+from kernelfleet.fleet.store_schema import BOTTLENECKS, KEY, METRICS, OPEN, floor, span
 
 # ?1 gpu_id, ?2 ts, ?3 window_seconds, the metrics, bottleneck, stale; the key made of ?2 and ?1
 _INSERT_SAMPLE = (f"INSERT OR REPLACE INTO samples VALUES ({KEY.replace(':ts', '?2').replace(':gpu_id', '?1')}, "
@@ -19,7 +21,9 @@ _INSERT_SAMPLE = (f"INSERT OR REPLACE INTO samples VALUES ({KEY.replace(':ts', '
 _CODES = {name: i for i, name in enumerate(BOTTLENECKS)}
 _UNKNOWN = BOTTLENECKS.index("unknown")
 _NONE: dict = {}  # a GPU no job holds
-_ROW_VALUES = operator.attrgetter("ts", "window_seconds", *METRICS)
+_COLUMNS = operator.attrgetter("ts", "window_seconds", *METRICS, "bottleneck", "stale")
+_GPU_KEY = operator.attrgetter("host", "uuid", "mig_instance")
+_JOB_KEY = operator.attrgetter("job", "kind", "user", "host", "uuid", "mig_instance", "share", "approximate")
 
 
 class Writer:
@@ -35,10 +39,17 @@ class Writer:
         self.rolled_until = rolled_until
         self._gpu_ids: dict[tuple[str, str, int], int] = {}
         self._job_ids: dict[str, tuple[int, str, str | None]] = {}
-        self._holds: dict[int, dict[int, tuple[float, bool]]] = {}
+        self._holds: Holds = {}
         self._since: dict[tuple[int, int], float] = {}
         self._newest: dict[int, float] = {}  # each GPU's newest window written here
         self._holds_adopted = False
+        self._id_of: dict[tuple[str, str, int | None], int] = {}  # _gpu_ids by the row's own fields
+        self._minute: OpenMinute | None = None  # the minute being written, summed as it comes
+        # the last batch's jobs and GPUs, and the newest window of any GPU: a batch with the same
+        # jobs on the same GPUs, all newer, changes no hold (the agent's every window but a few)
+        self._signature: list[tuple] | None = None
+        self._signature_ids: list[int] | None = None
+        self._newest_any = float("-inf")
 
     def write(self, rows: Sequence[GpuRow], jobs: Sequence[JobRow]) -> None:
         """Write one window batch in one transaction; roll up the minutes it closed."""
@@ -50,20 +61,38 @@ class Writer:
                 self.db.execute("UPDATE holds SET until = MAX(since, COALESCE((SELECT ts FROM samples ORDER BY key DESC "
                                 "LIMIT 1), since)) WHERE until = ?", (OPEN,))
                 self._holds_adopted = True
-            ids = [self._gpu_id(r) for r in rows]
-            self.db.executemany(_INSERT_SAMPLE, [(i, *_ROW_VALUES(r), _CODES.get(r.bottleneck, _UNKNOWN), r.stale)
-                                                 for i, r in zip(ids, rows)])
-            self._hold(ids, rows, jobs)
-            minute = floor(max(r.ts for r in rows), 60)
+            ids = self._ids(rows)
+            # the batch as columns (transposed in C): ts, window_seconds, the metrics, bottleneck, stale
+            ts, window_seconds, *metrics, names, stale = zip(*map(_COLUMNS, rows))
+            codes = list(map(_CODES.get, names, repeat(_UNKNOWN)))
+            lo, hi = floor(min(ts), 60), floor(max(ts), 60)
+            # A writer's first minute may hold windows another wrote before it (a crash mid-minute)
+            on_file = self._minute is None and self.db.execute(
+                "SELECT 1 FROM samples WHERE key >= ? LIMIT 1", (span(hi, OPEN)["lo_key"],)).fetchone() is not None
+            self.db.executemany(_INSERT_SAMPLE, zip(ids, ts, window_seconds, *metrics, codes, stale))
+            changed, late = self._hold(ids, ts, jobs)
             if self.rolled_until is None:
                 # Nothing rolled yet: start at the oldest window on file, not this batch's. A first
                 # writer stopped (or killed) before its first minute closed left windows behind that
                 # the next writer would otherwise never roll (the fault campaign found it).
                 oldest = self.db.execute("SELECT ts FROM samples ORDER BY key LIMIT 1").fetchone()[0]
                 self.rolled_until = floor(oldest, 60)  # this batch is on file already
-            if minute > self.rolled_until:
-                store_roll.roll(self.db, self.rolled_until, minute)
-                self.rolled_until = minute
+            minute = self._minute
+            if hi > self.rolled_until:  # the batch closes the open minute (and any before it)
+                if minute is not None and lo <= minute.bucket:
+                    minute.whole_dirty = True  # some of this batch's windows are in it
+                store_roll.roll(self.db, self.rolled_until, hi, minute)
+                self.rolled_until = hi
+                minute = None
+            if hi < self.rolled_until:
+                return  # windows of minutes rolled already: kept raw, as before
+            if minute is None:  # the batch opens the minute: the jobs on its GPUs now are its jobs
+                self._minute = minute = OpenMinute(hi, ids, dict(self._holds), whole_dirty=on_file or late or lo < hi)
+            elif late or lo < hi:
+                minute.whole_dirty = True
+            else:
+                minute.dirty.update(changed)  # a job came or went within the minute
+            minute.add(ids, window_seconds, metrics, codes, stale)
 
     def close_holds(self) -> None:
         """End the open holds at their GPUs' last windows (a clean stop)."""
@@ -76,6 +105,7 @@ class Writer:
     def forget_jobs(self) -> None:
         """Retention deleted jobs: their ids are no longer on file."""
         self._job_ids.clear()
+        self._signature = None
 
     def add_event(self, ts: float, kind: str, detail: str, gpu_uuid: str | None, job: str | None) -> None:
         gpu_id = None
@@ -85,30 +115,44 @@ class Writer:
         self.db.execute("INSERT INTO events (ts, kind, gpu_id, job, detail) VALUES (?, ?, ?, ?, ?)",
                         (ts, kind, gpu_id, job, detail))
 
-    def _hold(self, ids: Sequence[int], rows: Sequence[GpuRow], jobs: Sequence[JobRow]) -> None:
-        """Open or close the holds of the batch's GPUs where their jobs changed. A window no newer
-        than its GPU's newest (late, or written again) changes no hold."""
-        held: dict[int, dict[int, tuple[float, bool]]] = {}
+    def _hold(self, ids: list[int], ts: Sequence[float], jobs: Sequence[JobRow]) -> tuple[set[int], bool]:
+        """Open or close the holds of the batch's GPUs where their jobs changed: which GPUs changed,
+        and whether a window was no newer than its GPU's newest (late, or written again: it changes
+        no hold)."""
+        signature = list(map(_JOB_KEY, jobs))
+        if signature == self._signature and ids == self._signature_ids and min(ts) > self._newest_any:
+            # the same jobs on the same GPUs as the last batch, every window newer: every hold goes on
+            self._newest.update(zip(ids, ts))
+            self._newest_any = max(ts)
+            return set(), False
+        held: Holds = {}
         for j in jobs:
             gpu = self._gpu_ids[(j.host, j.uuid, -1 if j.mig_instance is None else j.mig_instance)]
             held.setdefault(gpu, {})[self._job_id(j)] = (j.share, j.approximate)
-        for gpu, r in zip(ids, rows):
+        changed, late = set(), False
+        for gpu, t in zip(ids, ts):
             last = self._newest.get(gpu)
-            if last is not None and r.ts <= last:
+            if last is not None and t <= last:
+                late = True
                 continue
-            self._newest[gpu] = r.ts
+            self._newest[gpu] = t
             now, spans = held.get(gpu, _NONE), self._holds.get(gpu, _NONE)
             if now == spans:  # the same jobs at the same shares: every open hold goes on, in memory
                 continue
+            changed.add(gpu)
             for job_id, kept in spans.items():
                 if now.get(job_id) != kept:
                     self._close_hold(gpu, job_id, last)
             for job_id, (share, approximate) in now.items():
                 if spans.get(job_id) != (share, approximate):
                     self.db.execute("INSERT OR REPLACE INTO holds VALUES (?, ?, ?, ?, ?, ?)",
-                                    (job_id, gpu, r.ts, OPEN, share, int(approximate)))
-                    self._since[gpu, job_id] = r.ts
+                                    (job_id, gpu, t, OPEN, share, int(approximate)))
+                    self._since[gpu, job_id] = t
             self._holds[gpu] = now
+        self._newest_any = max(self._newest_any, *ts)
+        # a batch with a late window left some holds as they were: the next may not take the shortcut
+        self._signature, self._signature_ids = (None, None) if late else (signature, ids)
+        return changed, late
 
     def _close_hold(self, gpu: int, job_id: int, until: float) -> None:
         self.db.execute("UPDATE holds SET until = ? WHERE gpu_id = ? AND since = ? AND job_id = ?",
@@ -123,6 +167,13 @@ class Writer:
             found = self._job_ids[j.job] = (job_id, j.kind, j.user)
         return found[0]
 
+    def _ids(self, rows: Sequence[GpuRow]) -> list[int]:
+        """The gpu_id of every row (registering the GPUs never seen)."""
+        ids = list(map(self._id_of.get, map(_GPU_KEY, rows)))
+        if None in ids:
+            ids = [self._gpu_id(r) for r in rows]
+        return ids
+
     def _gpu_id(self, r: GpuRow) -> int:
         key = (r.host, r.uuid, -1 if r.mig_instance is None else r.mig_instance)
         found = self._gpu_ids.get(key)
@@ -136,4 +187,5 @@ class Writer:
             found = self._gpu_ids[key] = self.db.execute(
                 "SELECT gpu_id FROM gpus WHERE host = ? AND uuid = ? AND mig_instance = ?", key
             ).fetchone()[0]
+            self._id_of[_GPU_KEY(r)] = found
         return found
