@@ -106,31 +106,26 @@ def job_report(db: sqlite3.Connection, job: str) -> dict[str, object] | None:
                              "FROM holds WHERE job_id = ?", (OPEN, newest and newest[0], job_id)).fetchone()
     if first is None:
         return None
-    open_minutes = store_schema.job_minutes("AND h.job_id = :job_id")
-
-    def rows(resolution: str, columns: str, since: float) -> tuple[str, dict[str, object]]:
-        sql, params = _rolled(db, resolution, "job", columns, "job_id = :job_id", open_minutes, since, OPEN)
-        return sql, {**params, "job_id": job_id}
-
-    life, params = rows("1h", f"gpu_id, bucket, {', '.join(JOB_SUMS)}", float("-inf"))
-    per_gpu = [
+    # Every GPU's sums over the job's life, in one pass (its bottleneck classes come from the same rows)
+    classes = [f"b{i}_seconds" for i in range(len(BOTTLENECKS))]
+    rolled = _rolled_until(db)
+    open_rows = db.execute(f"SELECT * FROM ({_JOB_OPEN})", {**span(rolled, OPEN), "job_id": job_id}).fetchall()
+    life = _job_sums(db, job_id, open_rows, "1h", "gpu_id", ("windows", "seconds", "share_sum", "ofu_sum", "ofu_seconds",
+                                                  "approximate", *classes), float("-inf"))
+    names = {g: rest for g, *rest in db.execute(
+        f"SELECT gpu_id, host, uuid, mig_instance, gpu_index, name FROM gpus WHERE gpu_id IN ({', '.join(map(str, life))})")}
+    per_gpu = sorted((
         {"host": h, "uuid": u, "mig_instance": None if mig < 0 else mig, "gpu_index": i, "name": n,
-         "ofu_ratio": ofu, "seconds": secs, "mean_share": share, "approximate": bool(approx)}
-        for h, u, mig, i, n, ofu, secs, share, approx in db.execute(
-            "SELECT g.host, g.uuid, g.mig_instance, g.gpu_index, g.name, SUM(x.ofu_sum) / NULLIF(SUM(x.ofu_seconds), 0), "
-            f"SUM(x.seconds), SUM(x.share_sum) / SUM(x.windows), MAX(x.approximate) FROM ({life}) x "
-            "JOIN gpus g USING (gpu_id) GROUP BY x.gpu_id ORDER BY g.host, g.gpu_index", params)
-    ]
-    classes = db.execute(f"SELECT {', '.join(f'SUM(b{i}_seconds)' for i in range(len(BOTTLENECKS)))} FROM ({life})",
-                         params).fetchone()
-    by_class = sorted(((name, s) for name, s in zip(BOTTLENECKS, classes) if s), key=lambda c: -c[1])
+         "ofu_ratio": ofu_sum / ofu_seconds if ofu_seconds else None, "seconds": seconds,
+         "mean_share": share_sum / windows, "approximate": bool(approx)}
+        for gpu, (windows, seconds, share_sum, ofu_sum, ofu_seconds, approx, *_) in life.items()
+        for h, u, mig, i, n in (names[gpu],)), key=lambda g: (g["host"], g["gpu_index"]))
+    totals = [sum(sums[6 + i] for sums in life.values()) for i in range(len(BOTTLENECKS))]
+    by_class = sorted(((name, s) for name, s in zip(BOTTLENECKS, totals) if s), key=lambda c: -c[1])
 
     def timeline(resolution: str, since: float) -> list[dict[str, float | None]]:
-        seconds = RESOLUTIONS[resolution]
-        sql, params = rows(resolution, "bucket, share_ofu_sum, share_ofu_seconds", since)
-        return [{"ts": ts, "ofu_ratio": ofu} for ts, ofu in db.execute(
-            f"SELECT CAST(bucket / {seconds} AS INTEGER) * {seconds} AS b, SUM(share_ofu_sum) / SUM(share_ofu_seconds) "
-            f"FROM ({sql}) GROUP BY b HAVING SUM(share_ofu_seconds) > 0 ORDER BY b", params)]
+        points = _job_sums(db, job_id, open_rows, resolution, "bucket", ("share_ofu_sum", "share_ofu_seconds"), since)
+        return [{"ts": ts, "ofu_ratio": ofu / seconds} for ts, (ofu, seconds) in sorted(points.items()) if seconds > 0]
 
     return {"job": job, "kind": kind, "user": user, "first_seen": first, "last_seen": last,
             "gpus": per_gpu, "bottleneck_seconds": dict(by_class),
@@ -138,6 +133,49 @@ def job_report(db: sqlite3.Connection, job: str) -> dict[str, object] | None:
             "timeline_1m": timeline("1m", floor(last, 60) - 86400 + 60),
             "timeline_1h": timeline("1h", float("-inf")),
             "events": events(db, job=job)}
+
+
+_JOB_OPEN = store_schema.job_minutes("AND h.job_id = :job_id")  # a job's open minutes, from raw rows
+_JOB_COLUMNS = ("job_id", "bucket", "gpu_id", *JOB_SUMS)
+
+
+def _job_sums(db: sqlite3.Connection, job_id: int, open_rows: list[tuple], resolution: str, by: str,
+              columns: tuple[str, ...], since: float) -> dict[int, list[float]]:
+    """A job's ``columns`` summed per ``by`` (``bucket`` of the resolution, or ``gpu_id``) from the
+    bucket ``since`` on, as this snapshot sees them (``approximate``: its largest).
+
+    Each part is summed in SQL on its own and the parts added here: the closed buckets of the
+    resolution, for hours the rolled minutes of the open one, and the open minutes (``open_rows``:
+    the job's rows of job_1m's shape summed from raw rows, read once for the whole report). A
+    part reads its table in its key's order (job, bucket, GPU), so summing it per bucket takes no
+    sort; grouping the UNION ALL of the parts sorted every row of them (a 30-day job report's
+    cost was that sort)."""
+    rolled = _rolled_until(db)
+    hour_rolled = floor(rolled, 3600) if math.isfinite(rolled) else rolled
+    seconds = RESOLUTIONS[resolution]
+    finer = f"CAST(bucket / {seconds} AS INTEGER) * {seconds}" if by == "bucket" else by
+    sums = ", ".join(f"MAX({c})" if c == "approximate" else f"SUM({c})" for c in columns)
+    closed = ":hour_rolled" if resolution == "1h" else ":rolled"
+    parts = [(f"SELECT {by}, {sums} FROM job_{resolution} WHERE job_id = :job_id AND bucket >= :from AND "
+              f"bucket < {closed} GROUP BY {by}")]
+    if resolution == "1h":
+        parts.append(f"SELECT {finer}, {sums} FROM job_1m WHERE job_id = :job_id AND bucket >= :hour_rolled AND "
+                     f"bucket < :rolled GROUP BY 1")
+    params = {"job_id": job_id, "from": since, "rolled": rolled, "hour_rolled": hour_rolled}
+    at = [_JOB_COLUMNS.index(c) for c in columns]
+    opened = [(floor(row[1], seconds) if by == "bucket" else row[2], *(row[i] for i in at))
+              for row in open_rows if row[1] >= since]
+    largest = {columns.index("approximate")} if "approximate" in columns else set()
+    added: dict[int, list[float]] = {}
+    for rows in [*(db.execute(sql, params) for sql in parts), opened]:
+        for key, *values in rows:
+            have = added.get(key)
+            if have is None:
+                added[key] = values
+                continue
+            for i, v in enumerate(values):
+                have[i] = max(have[i], v) if i in largest else have[i] + v
+    return added
 
 
 def events(db: sqlite3.Connection, since: float = 0.0, job: str | None = None,
