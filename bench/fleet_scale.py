@@ -1,6 +1,7 @@
 """Benchmark: the see half at node and fleet scale (issue 21), in one run, each figure beside its floor.
 
-    python -m bench.fleet_scale [--quick] [--prometheus-gpus 1000,10000] [--no-prometheus]
+    python -m bench.fleet_scale [--quick] [--prometheus-gpus 1000,10000] [--no-prometheus] [--no-embedded]
+                                [--instant-series-hours 2] [--backfill-workers N]
 
 1. Write rate of the embedded store (the agent's Store.write of a window batch with its jobs, and
    retention every minute) against a bare SQLite WAL ``executemany`` of rows as wide, one
@@ -12,9 +13,13 @@
    schema: raw windows for the last day (the raw retention), minute rollups written directly before
    that, and the store's own roll-up for the raw day and every hour.
 3. The same endpoints on Debian's Prometheus over a TSDB backfilled with ``promtool tsdb
-   create-blocks-from openmetrics``: GPUs x 24 h at one sample a minute, with the recorded series of
-   rules.yml written beside them as the rules compute them; each endpoint against its PromQL floor
-   (the same queries sent straight to Prometheus's HTTP API).
+   create-blocks-from openmetrics``: GPUs x 24 h at one sample a minute (the step of every day-long
+   query the dashboard sends, so a 15-s scrape would give the same answers), with the recorded
+   series of rules.yml written beside them as the rules compute them; each endpoint against its
+   PromQL floor (the same queries sent straight to Prometheus's HTTP API). To make 10,000 GPUs
+   affordable: one file per 2-h block, backfilled in parallel (promtool reads a file once per block
+   it spans), and the series the dashboard reads only as instant vectors (stale, info, jobs,
+   shares) hold their last ``--instant-series-hours`` only (24: every series the whole day).
 
 The table ends with the command that made it and a last line of JSON holding every figure.
 ``--quick`` runs the same at small sizes in under a minute (CI runs it: tests/unit/test_fleet_scale.py).
@@ -35,6 +40,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +60,7 @@ from kernelfleet.telemetry.sample import Sample
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "kernelfleet" / "data" / "demo-h200.jsonl.gz"
 GPUS_PER_JOB = 8
+BLOCK_SECONDS = 7200  # promtool's TSDB block
 TARGETS = {"embedded_p95_ms": 100.0, "job_report_24h_ms": 300.0, "store_bytes_30d": 5e9, "write_ratio": 0.5,
            "prometheus_1000_p95_ms": 300.0, "prometheus_1000_refresh_ms": 500.0, "prometheus_10000_ms": 1000.0}
 
@@ -219,9 +226,12 @@ def sampler_under_readers(store: Store, client: TestClient, paths: list[str], gp
 
 
 # -- 3. Prometheus --------------------------------------------------------------------------------
-def openmetrics(path: Path, gpus: int, end: float, seconds: int, step: int) -> None:
+def openmetrics(directory: Path, gpus: int, end: float, seconds: int, step: int, instant_seconds: int) -> list[Path]:
     """GPUs x ``seconds`` at one sample every ``step`` s, in the exporter's names, with the recorded
-    series of rules.yml as the rules compute them (constant shares, so averages are exact)."""
+    series of rules.yml as the rules compute them (constant shares, so averages are exact); one file
+    per TSDB block. The series the dashboard reads only as instant vectors (stale, info, jobs,
+    shares: 5 minutes of lookback) hold their last ``instant_seconds`` only; OFU and the recorded
+    series, which its charts and reports read over a day, hold the whole of it."""
     times = [end - seconds + step * i for i in range(seconds // step + 1)]
     jobs = (gpus + GPUS_PER_JOB - 1) // GPUS_PER_JOB
     ofu = [0.5 + (g % 7) / 20 for g in range(gpus)]
@@ -229,40 +239,68 @@ def openmetrics(path: Path, gpus: int, end: float, seconds: int, step: int) -> N
     def labels(g: int) -> str:
         return f'gpu="{g % 8}",uuid="GPU-{g:05d}",model="h200-sxm",hostname="node-{g // 8}",mig=""'
 
-    families: list[tuple[str, list[tuple[str, float]]]] = [
-        ("kernelfleet_ofu_ratio", [(labels(g), ofu[g]) for g in range(gpus)]),
-        ("kernelfleet_sample_stale", [(labels(g), 0.0) for g in range(gpus)]),
+    # (name, its series, whether a chart or report reads it over a range)
+    families: list[tuple[str, list[tuple[str, float]], bool]] = [
+        ("kernelfleet_ofu_ratio", [(labels(g), ofu[g]) for g in range(gpus)], True),
+        ("kernelfleet_sample_stale", [(labels(g), 0.0) for g in range(gpus)], False),
         ("kernelfleet_gpu_info", [((f'uuid="GPU-{g:05d}",hostname="node-{g // 8}",gpu="{g % 8}",name="NVIDIA H200",'
-                                   'sku="h200-sxm"'), 1.0) for g in range(gpus)]),
+                                   'sku="h200-sxm"'), 1.0) for g in range(gpus)], False),
         ("kernelfleet_job_info", [(f'uuid="GPU-{g:05d}",mig="",job_id="job-{g // GPUS_PER_JOB}",kind="slurm",user="ana"',
-                                   1.0) for g in range(gpus)]),
+                                   1.0) for g in range(gpus)], False),
         ("kernelfleet_job_gpu_share_ratio", [(f'uuid="GPU-{g:05d}",mig="",job_id="job-{g // GPUS_PER_JOB}"', 1.0)
-                                             for g in range(gpus)]),
-        ("kernelfleet:fleet_gpu_ofu:avg", [("", sum(ofu) / gpus)]),
-        ("kernelfleet:fleet_gpus_with_ofu:count", [("", float(gpus))]),
+                                             for g in range(gpus)], False),
+        ("kernelfleet:fleet_gpu_ofu:avg", [("", sum(ofu) / gpus)], True),
+        ("kernelfleet:fleet_gpus_with_ofu:count", [("", float(gpus))], True),
         ("kernelfleet:job_ofu:avg", [(f'job_id="job-{j}"', statistics.fmean(ofu[j * GPUS_PER_JOB:(j + 1) * GPUS_PER_JOB]))
-                                     for j in range(jobs)]),
+                                     for j in range(jobs)], True),
         ("kernelfleet:job_gpus:count", [(f'job_id="job-{j}"', float(len(ofu[j * GPUS_PER_JOB:(j + 1) * GPUS_PER_JOB])))
-                                        for j in range(jobs)]),
+                                        for j in range(jobs)], True),
     ]
-    with path.open("w") as f:
-        for name, series in families:
-            f.write(f"# TYPE {name} gauge\n")
-            for label, value in series:
-                head = f"{name}{{{label},instance=\"bench\",job=\"kernelfleet\"}} " if label else \
-                    f'{name}{{instance="bench",job="kernelfleet"}} '
-                f.write("".join(f"{head}{value} {t:.3f}\n" for t in times))
-        f.write("# EOF\n")
+    files = []
+    for block in range(int(times[0]) // BLOCK_SECONDS * BLOCK_SECONDS, int(times[-1]) + 1, BLOCK_SECONDS):
+        in_block = [t for t in times if block <= t < block + BLOCK_SECONDS]
+        recent = [t for t in in_block if t > end - instant_seconds]
+        path = directory / f"block-{block}.om"
+        with path.open("w") as f:
+            for name, series, ranged in families:
+                stamps = [f" {t:.3f}\n" for t in (in_block if ranged else recent)]
+                if not stamps:
+                    continue
+                f.write(f"# TYPE {name} gauge\n")
+                for label, value in series:
+                    head = f"{name}{{{label},instance=\"bench\",job=\"kernelfleet\"}} " if label else \
+                        f'{name}{{instance="bench",job="kernelfleet"}} '
+                    f.write("".join(f"{head}{value}{stamp}" for stamp in stamps))
+            f.write("# EOF\n")
+        files.append(path)
+    return files
 
 
-def prometheus(tmp: Path, gpus: int, repeats: int, step: int) -> dict[str, Any]:
+def backfill(files: list[Path], tsdb: Path, workers: int) -> None:
+    """promtool on each block's file, ``workers`` at a time, each into a folder of its own; the
+    blocks then moved into one TSDB. (One file for the day: promtool reads it once per block.)"""
+    def create(path: Path) -> Path:
+        out = path.with_suffix(".blocks")
+        subprocess.run([_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(path), str(out)],
+                       check=True, capture_output=True)
+        path.unlink()
+        return out
+
+    tsdb.mkdir()
+    with ThreadPoolExecutor(workers) as pool:
+        for out in pool.map(create, files):
+            for block in out.iterdir():
+                block.rename(tsdb / block.name)
+            out.rmdir()
+
+
+def prometheus(tmp: Path, gpus: int, repeats: int, step: int, instant_seconds: int, workers: int) -> dict[str, Any]:
     end = time.time() // step * step
-    data, tsdb = tmp / f"prom-{gpus}.om", tmp / f"tsdb-{gpus}"
+    tsdb = tmp / f"tsdb-{gpus}"
     made = time.perf_counter()
-    openmetrics(data, gpus, end, 86400, step)
-    subprocess.run([_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(data), str(tsdb)],
-                   check=True, capture_output=True)
-    data.unlink()
+    files = openmetrics(tmp, gpus, end, 86400, step, instant_seconds)
+    written = time.perf_counter() - made
+    backfill(files, tsdb, workers)
     backfill_seconds = time.perf_counter() - made
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -292,7 +330,9 @@ def prometheus(tmp: Path, gpus: int, repeats: int, step: int) -> dict[str, Any]:
             figures[name] = timed(client, path, repeats)
             queries = asked[: len(asked) // repeats]
             floors[name] = statistics.median(_direct(queries) for _ in range(repeats)) * 1000
-        return {"gpus": gpus, "step_seconds": step, "backfill_seconds": backfill_seconds, "endpoints_ms": figures,
+        return {"gpus": gpus, "step_seconds": step, "instant_series_seconds": instant_seconds,
+                "text_seconds": written, "backfill_seconds": backfill_seconds, "backfill_workers": workers,
+                "tsdb_bytes": sum(f.stat().st_size for f in tsdb.rglob("*") if f.is_file()), "endpoints_ms": figures,
                 "promql_floor_ms": floors, "refresh_ms": sum(figures[name][0] for name in REFRESH)}
     finally:
         server.terminate()
@@ -333,7 +373,13 @@ def main() -> None:
     parser.add_argument("--prometheus-gpus", default="1000,10000", help="fleet sizes on Prometheus (comma-separated)")
     parser.add_argument("--no-prometheus", action="store_true", help="the embedded store only")
     parser.add_argument("--no-embedded", action="store_true", help="Prometheus only")
+    parser.add_argument("--instant-series-hours", type=float, default=2.0,
+                        help="hours of the series read only as instant vectors in the backfill (24: all a day)")
+    parser.add_argument("--backfill-workers", type=int, default=os.cpu_count() or 1, help="promtool runs at once")
     args = parser.parse_args()
+    if not 0 < args.instant_series_hours <= 24 or args.backfill_workers < 1:
+        raise SystemExit("--instant-series-hours must be in (0, 24] and --backfill-workers at least 1, got "
+                         f"{args.instant_series_hours} and {args.backfill_workers}")
     try:
         prom_sizes = [int(n) for n in args.prometheus_gpus.split(",")] if not args.no_prometheus else []
     except ValueError:
@@ -351,7 +397,8 @@ def main() -> None:
         result["write_ratio_to_bare_wal"] = min(w["ratio"] for w in result["writes"].values())
         result["bytes_per_gpu_window"] = result["writes"][str(writes[0][0])]["bytes_per_gpu_window"]
         result["embedded"] = [embedded(Path(tmp), g, s, repeats, sampler) for g, s in stores]
-        result["prometheus"] = [prometheus(Path(tmp), g, repeats, 60) for g in prom_sizes]
+        result["prometheus"] = [prometheus(Path(tmp), g, repeats, 60, int(args.instant_series_hours * 3600),
+                                           args.backfill_workers) for g in prom_sizes]
     print_table(result)
     print(json.dumps(result, separators=(",", ":")))
 
@@ -374,8 +421,9 @@ def print_table(r: dict[str, Any]) -> None:
         missed = f"{e['sampler_windows_missed']} of {e['sampler_windows']}"
         print(f"{'  sampler windows missed under two readers':62} {missed:>14} {'0':>16}")
     for p in r["prometheus"]:
-        print(f"Prometheus {p['gpus']} GPUs x 24 h (a sample every {p['step_seconds']} s; "
-              f"backfill {p['backfill_seconds']:.0f} s)")
+        print(f"Prometheus {p['gpus']} GPUs x 24 h (a sample every {p['step_seconds']} s, instant-only series "
+              f"{p['instant_series_seconds'] / 3600:g} h; text {p['text_seconds']:.0f} s, backfill "
+              f"{p['backfill_seconds']:.0f} s with {p['backfill_workers']} promtool at once; TSDB {p['tsdb_bytes']:,} B)")
         for name, (p50, p95) in p["endpoints_ms"].items():
             floor = f"floor {p['promql_floor_ms'][name]:.1f}"
             print(f"{f'  {name} p50 / p95 (ms)':62} {f'{p50:.1f} / {p95:.1f}':>14} {floor:>16}")
