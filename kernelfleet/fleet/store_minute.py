@@ -43,6 +43,10 @@ class OpenMinute:
         self.sums = [0.0] * (n * (2 + len(METRICS)))
         self.missing = [0.0] * (n * len(METRICS))  # each metric's seconds without a value
         self.class_seconds = [[0.0] * n for _ in BOTTLENECKS]
+        # A GPU's class seldom changes from one window to the next: while the batch's classes are
+        # the last batch's, their seconds add up in one list, spread over the classes when they change
+        self._run_codes: Sequence[int] = ()
+        self._run_seconds: list[float] = []
 
     def add(self, ids: list[int], window_seconds: Sequence[float], metrics: Sequence[Sequence[float | None]],
             codes: Sequence[int], stale: Sequence[bool]) -> None:
@@ -63,9 +67,17 @@ class OpenMinute:
         if ws.count(1.0) != n:  # value x seconds (the agent's 1-s windows: the value itself)
             values[n:] = map(mul, values[n:], cycle(ws))
         self.sums = list(map(add, self.sums, values))
+        if codes == self._run_codes:
+            self._run_seconds = list(map(add, self._run_seconds, ws))
+        else:
+            self._spread_run()
+            self._run_codes, self._run_seconds = codes, list(ws)
+
+    def _spread_run(self) -> None:
         classes = self.class_seconds
-        for k, (code, w) in enumerate(zip(codes, ws)):
+        for k, (code, w) in enumerate(zip(self._run_codes, self._run_seconds)):
             classes[code][k] += w
+        self._run_codes, self._run_seconds = (), []
 
     def clean(self) -> Iterator[tuple[int, int]]:
         """(place, gpu_id) of every GPU whose rollups come from the sums."""
@@ -92,6 +104,7 @@ class OpenMinute:
         """job_1m rows of the clean GPUs: one per job that held the GPU all minute."""
         rows = []
         windows = self.windows
+        self._spread_run()
         for k, gpu in self.clean():
             jobs = self.holds.get(gpu)
             if not jobs:
