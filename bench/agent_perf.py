@@ -30,6 +30,7 @@ from bench import command_line
 from bench.fleet_scale import gpu_row as row
 from bench.fleet_scale import job_row as job
 from kernelfleet.catalog import Catalog
+from kernelfleet.fleet import store_roll
 from kernelfleet.fleet.agent import Agent, attribute_recorded
 from kernelfleet.fleet.exporter import OfuCollector
 from kernelfleet.fleet.server import agent_app
@@ -76,7 +77,7 @@ def fleet_query(tmp: Path) -> float:
     with transaction(store.db):
         store.db.executemany(f"INSERT OR REPLACE INTO rollup_1m VALUES ({', '.join('?' * cols)})",
                              ((g + 1, start + 60 * m, 60.0, 0.0, *([30.0, 60.0] * 7)) for m in range(1440) for g in range(1000)))
-        store._roll(start, start + 86400)  # what the agent does minute by minute, done at once
+        store_roll.roll(store.db, start, start + 86400)  # what the agent does minute by minute, done at once
     times = []
     for _ in range(3):
         t0 = time.perf_counter()

@@ -91,6 +91,11 @@ def _key(ts: float) -> int:
     return int(max(ts, 0.0) * 1000) << GPU_BITS
 
 
+def floor(ts: float, seconds: int) -> int:
+    """The start of the bucket of ``seconds`` that holds ``ts``."""
+    return int(ts // seconds) * seconds
+
+
 def minutes(where: str = "") -> str:
     """One row per GPU and minute from raw windows in IN_SPAN, in rollup_1m's columns; ``where`` adds
     a condition on the raw rows (``s.``)."""

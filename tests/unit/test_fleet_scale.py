@@ -30,6 +30,7 @@ def test_writes_are_measured_against_the_bare_wal_floor(quick):
         assert w["rows_per_second"] > 0 and w["bare_wal_rows_per_second"] > 0
         assert w["ratio"] == pytest.approx(w["rows_per_second"] / w["bare_wal_rows_per_second"])
         assert 40 < w["bytes_per_gpu_window"] < 1000  # a narrow row, its share of the rollups, a page's slack
+        assert w["attempts"] == 3 and w["load_average_1m"] >= 0  # best of three, beside the machine's load
     assert figures["write_ratio_to_bare_wal"] == min(w["ratio"] for w in figures["writes"].values())
 
 
@@ -49,5 +50,7 @@ def test_prometheus_endpoints_stand_beside_their_promql_floor(quick):
     _, figures = quick
     (p,) = figures["prometheus"]
     assert p["gpus"] == 20 and p["step_seconds"] == 60
+    assert p["instant_series_seconds"] == 7200 and p["backfill_workers"] >= 1 and p["tsdb_bytes"] > 0
+    assert p["text_seconds"] <= p["backfill_seconds"]
     assert set(p["promql_floor_ms"]) == set(p["endpoints_ms"])
     assert all(floor > 0 for floor in p["promql_floor_ms"].values())

@@ -1,0 +1,118 @@
+"""The minute being written, summed in memory as its windows arrive, so that closing it writes its
+rollups (one row per GPU, one per job and GPU) instead of rereading its raw rows.
+
+The sums are columns with a place per GPU of the batch's layout, and a window batch is added to
+them by one ``map`` (which runs in C: the per-row Python of a row-by-row sum cost more than the SQL
+roll it replaces). A GPU whose jobs were the same all minute
+has its job rows from its own sums times each job's share; the rest is left to the SQL roll from raw
+rows (store_roll.py), which is what every minute was before:
+
+* ``dirty`` GPUs: a job started, ended or changed its share on them within the minute;
+* ``whole_dirty``: the minute holds windows written before its first batch here (a writer stopped,
+  or killed, mid-minute: raw rows are on disk, the sums were not), a window written again or late,
+  a batch reaching into two minutes, or a batch whose GPUs are not those of the first.
+
+Nothing is lost on a crash: the sums are only ever a shortcut to what the raw rows say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import chain, cycle
+from operator import add, mul
+
+from kernelfleet.fleet.store_schema import BOTTLENECKS, METRICS
+
+Holds = dict[int, dict[int, tuple[float, bool]]]  # gpu_id -> job_id -> (share, approximate)
+_OFU = METRICS.index("ofu")
+
+
+class OpenMinute:
+    """The sums of minute ``bucket`` for the GPUs ``ids`` (in the order of the writer's batches)."""
+
+    def __init__(self, bucket: int, ids: list[int], holds: Holds, whole_dirty: bool) -> None:
+        self.bucket = bucket
+        self.ids = ids
+        self.holds = holds  # the jobs on each GPU at the minute's first window (the writer's, copied)
+        self.whole_dirty = whole_dirty or len(set(ids)) != len(ids)
+        self.dirty: set[int] = set()
+        self.windows = 0
+        self.n = n = len(ids)
+        # one flat list, a run of n places per quantity: seconds, stale seconds, then each metric's
+        # value x seconds; one map adds a whole batch to it
+        self.sums = [0.0] * (n * (2 + len(METRICS)))
+        self.missing = [0.0] * (n * len(METRICS))  # each metric's seconds without a value
+        self.class_seconds = [[0.0] * n for _ in BOTTLENECKS]
+        # A GPU's class seldom changes from one window to the next: while the batch's classes are
+        # the last batch's, their seconds add up in one list, spread over the classes when they change
+        self._run_codes: Sequence[int] = ()
+        self._run_seconds: list[float] = []
+
+    def add(self, ids: list[int], window_seconds: Sequence[float], metrics: Sequence[Sequence[float | None]],
+            codes: Sequence[int], stale: Sequence[bool]) -> None:
+        """Add one window batch (columns in the order of ``ids``), or give the minute to the SQL roll."""
+        if self.whole_dirty:
+            return
+        if ids != self.ids:
+            self.whole_dirty = True
+            return
+        self.windows += 1
+        ws = window_seconds
+        n, values = self.n, list(chain(ws, stale, *metrics))
+        if None in values:  # a metric without a value: its seconds are missing ones
+            for k in range(2 * n, len(values)):
+                if values[k] is None:
+                    values[k] = 0.0
+                    self.missing[k - 2 * n] += ws[k % n]
+        if ws.count(1.0) != n:  # value x seconds (the agent's 1-s windows: the value itself)
+            values[n:] = map(mul, values[n:], cycle(ws))
+        self.sums = list(map(add, self.sums, values))
+        if codes == self._run_codes:
+            self._run_seconds = list(map(add, self._run_seconds, ws))
+        else:
+            self._spread_run()
+            self._run_codes, self._run_seconds = codes, list(ws)
+
+    def _spread_run(self) -> None:
+        classes = self.class_seconds
+        for k, (code, w) in enumerate(zip(self._run_codes, self._run_seconds)):
+            classes[code][k] += w
+        self._run_codes, self._run_seconds = (), []
+
+    def clean(self) -> Iterator[tuple[int, int]]:
+        """(place, gpu_id) of every GPU whose rollups come from the sums."""
+        if self.whole_dirty:
+            return
+        dirty = self.dirty
+        for k, gpu in enumerate(self.ids):
+            if gpu not in dirty:
+                yield k, gpu
+
+    def gpu_rows(self) -> list[tuple[float, ...]]:
+        """rollup_1m rows of the clean GPUs."""
+        rows = []
+        n, sums, missing = self.n, self.sums, self.missing
+        for k, gpu in self.clean():
+            seconds = sums[k]
+            values: list[float] = [gpu, self.bucket, seconds, sums[n + k]]
+            for m in range(len(METRICS)):
+                values += (sums[(2 + m) * n + k], seconds - missing[m * n + k])
+            rows.append(tuple(values))
+        return rows
+
+    def job_rows(self) -> list[tuple[float, ...]]:
+        """job_1m rows of the clean GPUs: one per job that held the GPU all minute."""
+        rows = []
+        windows = self.windows
+        self._spread_run()
+        for k, gpu in self.clean():
+            jobs = self.holds.get(gpu)
+            if not jobs:
+                continue
+            seconds, ofu_sum = self.sums[k], self.sums[(2 + _OFU) * self.n + k]
+            ofu_seconds = seconds - self.missing[_OFU * self.n + k]
+            classes = tuple(c[k] for c in self.class_seconds)
+            for job_id, (share, approximate) in jobs.items():
+                rows.append((job_id, self.bucket, gpu, windows, seconds, share * windows, ofu_sum, ofu_seconds,
+                             share * ofu_sum, share * ofu_seconds, int(approximate), *classes))
+        return rows

@@ -1,0 +1,191 @@
+"""The store's writer: a window batch (its raw rows and which jobs held its GPUs) in one
+transaction, so a crash loses at most the batch being written; the minutes it closed are rolled up
+in the same transaction (store_roll.py)."""
+
+from __future__ import annotations
+
+import operator
+import sqlite3
+from collections.abc import Sequence
+from itertools import repeat
+
+from kernelfleet.fleet import store_roll
+from kernelfleet.fleet.store_lock import transaction
+from kernelfleet.fleet.store_minute import Holds, OpenMinute
+from kernelfleet.fleet.store_rows import GpuRow, JobRow
+from kernelfleet.fleet.store_schema import BOTTLENECKS, KEY, METRICS, OPEN, floor, span
+
+# ?1 gpu_id, ?2 ts, ?3 window_seconds, the metrics, bottleneck, stale; the key made of ?2 and ?1
+_INSERT_SAMPLE = (f"INSERT OR REPLACE INTO samples VALUES ({KEY.replace(':ts', '?2').replace(':gpu_id', '?1')}, "
+                  f"{', '.join(f'?{i}' for i in range(1, 6 + len(METRICS)))})")
+_CODES = {name: i for i, name in enumerate(BOTTLENECKS)}
+_UNKNOWN = BOTTLENECKS.index("unknown")
+_NONE: dict = {}  # a GPU no job holds
+_COLUMNS = operator.attrgetter("ts", "window_seconds", *METRICS, "bottleneck", "stale")
+_GPU_KEY = operator.attrgetter("host", "uuid", "mig_instance")
+_JOB_KEY = operator.attrgetter("job", "kind", "user", "host", "uuid", "mig_instance", "share", "approximate")
+
+
+class Writer:
+    """The writing half of a store, on the writer's own connection (the caller serialises calls).
+
+    It remembers the ids it gave GPUs and jobs, and the holds it has open: gpu_id -> job_id ->
+    (share, approximate), and where each began. A hold's end reaches the file when it closes, not
+    at every window.
+    """
+
+    def __init__(self, db: sqlite3.Connection, rolled_until: int | None) -> None:
+        self.db = db
+        self.rolled_until = rolled_until
+        self._gpu_ids: dict[tuple[str, str, int], int] = {}
+        self._job_ids: dict[str, tuple[int, str, str | None]] = {}
+        self._holds: Holds = {}
+        self._since: dict[tuple[int, int], float] = {}
+        self._newest: dict[int, float] = {}  # each GPU's newest window written here
+        self._holds_adopted = False
+        self._id_of: dict[tuple[str, str, int | None], int] = {}  # _gpu_ids by the row's own fields
+        self._minute: OpenMinute | None = None  # the minute being written, summed as it comes
+        # the last batch's jobs and GPUs, and the newest window of any GPU: a batch with the same
+        # jobs on the same GPUs, all newer, changes no hold (the agent's every window but a few)
+        self._signature: list[tuple] | None = None
+        self._signature_ids: list[int] | None = None
+        self._newest_any = float("-inf")
+
+    def write(self, rows: Sequence[GpuRow], jobs: Sequence[JobRow]) -> None:
+        """Write one window batch in one transaction; roll up the minutes it closed."""
+        if not rows:
+            return
+        with transaction(self.db):
+            if not self._holds_adopted:
+                # holds a writer before this one left open (a crash) end at the newest window on file
+                self.db.execute("UPDATE holds SET until = MAX(since, COALESCE((SELECT ts FROM samples ORDER BY key DESC "
+                                "LIMIT 1), since)) WHERE until = ?", (OPEN,))
+                self._holds_adopted = True
+            ids = self._ids(rows)
+            # the batch as columns (transposed in C): ts, window_seconds, the metrics, bottleneck, stale
+            ts, window_seconds, *metrics, names, stale = zip(*map(_COLUMNS, rows))
+            codes = list(map(_CODES.get, names, repeat(_UNKNOWN)))
+            lo, hi = floor(min(ts), 60), floor(max(ts), 60)
+            # A writer's first minute may hold windows another wrote before it (a crash mid-minute)
+            on_file = self._minute is None and self.db.execute(
+                "SELECT 1 FROM samples WHERE key >= ? LIMIT 1", (span(hi, OPEN)["lo_key"],)).fetchone() is not None
+            self.db.executemany(_INSERT_SAMPLE, zip(ids, ts, window_seconds, *metrics, codes, stale))
+            changed, late = self._hold(ids, ts, jobs)
+            if self.rolled_until is None:
+                # Nothing rolled yet: start at the oldest window on file, not this batch's. A first
+                # writer stopped (or killed) before its first minute closed left windows behind that
+                # the next writer would otherwise never roll (the fault campaign found it).
+                oldest = self.db.execute("SELECT ts FROM samples ORDER BY key LIMIT 1").fetchone()[0]
+                self.rolled_until = floor(oldest, 60)  # this batch is on file already
+            minute = self._minute
+            if hi > self.rolled_until:  # the batch closes the open minute (and any before it)
+                if minute is not None and lo <= minute.bucket:
+                    minute.whole_dirty = True  # some of this batch's windows are in it
+                store_roll.roll(self.db, self.rolled_until, hi, minute)
+                self.rolled_until = hi
+                minute = None
+            if hi < self.rolled_until:
+                return  # windows of minutes rolled already: kept raw, as before
+            if minute is None:  # the batch opens the minute: the jobs on its GPUs now are its jobs
+                self._minute = minute = OpenMinute(hi, ids, dict(self._holds), whole_dirty=on_file or late or lo < hi)
+            elif late or lo < hi:
+                minute.whole_dirty = True
+            else:
+                minute.dirty.update(changed)  # a job came or went within the minute
+            minute.add(ids, window_seconds, metrics, codes, stale)
+
+    def close_holds(self) -> None:
+        """End the open holds at their GPUs' last windows (a clean stop)."""
+        with transaction(self.db):
+            for gpu, spans in self._holds.items():
+                for job_id in spans:
+                    self._close_hold(gpu, job_id, self._newest[gpu])
+        self._holds.clear()
+
+    def forget_jobs(self) -> None:
+        """Retention deleted jobs: their ids are no longer on file."""
+        self._job_ids.clear()
+        self._signature = None
+
+    def add_event(self, ts: float, kind: str, detail: str, gpu_uuid: str | None, job: str | None) -> None:
+        gpu_id = None
+        if gpu_uuid is not None:
+            found = self.db.execute("SELECT gpu_id FROM gpus WHERE uuid = ?", (gpu_uuid,)).fetchone()
+            gpu_id = found[0] if found else None
+        self.db.execute("INSERT INTO events (ts, kind, gpu_id, job, detail) VALUES (?, ?, ?, ?, ?)",
+                        (ts, kind, gpu_id, job, detail))
+
+    def _hold(self, ids: list[int], ts: Sequence[float], jobs: Sequence[JobRow]) -> tuple[set[int], bool]:
+        """Open or close the holds of the batch's GPUs where their jobs changed: which GPUs changed,
+        and whether a window was no newer than its GPU's newest (late, or written again: it changes
+        no hold)."""
+        signature = list(map(_JOB_KEY, jobs))
+        if signature == self._signature and ids == self._signature_ids and min(ts) > self._newest_any:
+            # the same jobs on the same GPUs as the last batch, every window newer: every hold goes on
+            self._newest.update(zip(ids, ts))
+            self._newest_any = max(ts)
+            return set(), False
+        held: Holds = {}
+        for j in jobs:
+            gpu = self._gpu_ids[(j.host, j.uuid, -1 if j.mig_instance is None else j.mig_instance)]
+            held.setdefault(gpu, {})[self._job_id(j)] = (j.share, j.approximate)
+        changed, late = set(), False
+        for gpu, t in zip(ids, ts):
+            last = self._newest.get(gpu)
+            if last is not None and t <= last:
+                late = True
+                continue
+            self._newest[gpu] = t
+            now, spans = held.get(gpu, _NONE), self._holds.get(gpu, _NONE)
+            if now == spans:  # the same jobs at the same shares: every open hold goes on, in memory
+                continue
+            changed.add(gpu)
+            for job_id, kept in spans.items():
+                if now.get(job_id) != kept:
+                    self._close_hold(gpu, job_id, last)
+            for job_id, (share, approximate) in now.items():
+                if spans.get(job_id) != (share, approximate):
+                    self.db.execute("INSERT OR REPLACE INTO holds VALUES (?, ?, ?, ?, ?, ?)",
+                                    (job_id, gpu, t, OPEN, share, int(approximate)))
+                    self._since[gpu, job_id] = t
+            self._holds[gpu] = now
+        self._newest_any = max(self._newest_any, *ts)
+        # a batch with a late window left some holds as they were: the next may not take the shortcut
+        self._signature, self._signature_ids = (None, None) if late else (signature, ids)
+        return changed, late
+
+    def _close_hold(self, gpu: int, job_id: int, until: float) -> None:
+        self.db.execute("UPDATE holds SET until = ? WHERE gpu_id = ? AND since = ? AND job_id = ?",
+                        (until, gpu, self._since.pop((gpu, job_id)), job_id))
+
+    def _job_id(self, j: JobRow) -> int:
+        found = self._job_ids.get(j.job)
+        if found is None or found[1] != j.kind or found[2] != j.user:
+            self.db.execute("INSERT INTO jobs (name, kind, user) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+                            "kind = excluded.kind, user = COALESCE(excluded.user, user)", (j.job, j.kind, j.user))
+            job_id = self.db.execute("SELECT job_id FROM jobs WHERE name = ?", (j.job,)).fetchone()[0]
+            found = self._job_ids[j.job] = (job_id, j.kind, j.user)
+        return found[0]
+
+    def _ids(self, rows: Sequence[GpuRow]) -> list[int]:
+        """The gpu_id of every row (registering the GPUs never seen)."""
+        ids = list(map(self._id_of.get, map(_GPU_KEY, rows)))
+        if None in ids:
+            ids = [self._gpu_id(r) for r in rows]
+        return ids
+
+    def _gpu_id(self, r: GpuRow) -> int:
+        key = (r.host, r.uuid, -1 if r.mig_instance is None else r.mig_instance)
+        found = self._gpu_ids.get(key)
+        if found is None:
+            self.db.execute(
+                "INSERT INTO gpus (host, uuid, mig_instance, gpu_index, name, sku) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (host, uuid, mig_instance) DO UPDATE SET gpu_index = excluded.gpu_index, "
+                "name = excluded.name, sku = excluded.sku",
+                (*key, r.gpu_index, r.name, r.sku),
+            )
+            found = self._gpu_ids[key] = self.db.execute(
+                "SELECT gpu_id FROM gpus WHERE host = ? AND uuid = ? AND mig_instance = ?", key
+            ).fetchone()[0]
+            self._id_of[_GPU_KEY(r)] = found
+        return found
