@@ -168,14 +168,18 @@ def endpoints(uuid: str, job: str, end: float) -> dict[str, str]:
     """Every endpoint the dashboard reads, as it reads them (and the longer ranges the API serves)."""
     series = urllib.parse.urlencode({"uuid": uuid, "start": end - 900, "end": end + 60})
     day = urllib.parse.urlencode({"uuid": uuid, "start": end - 86400, "end": end, "resolution": "1m"})
-    return {"/api/fleet": "/api/fleet", "/api/gpus": "/api/gpus", "/api/jobs": "/api/jobs",
+    return {"/api/fleet": "/api/fleet", "/api/overview": "/api/overview",
+            "/api/overview (2 hosts open)": "/api/overview?host=node-0&host=node-1",
+            "/api/gpus": "/api/gpus", "/api/jobs": "/api/jobs",
             "/api/jobs/summary": "/api/jobs/summary", "/api/events": "/api/events", "/healthz": "/healthz",
             "/api/jobs/JOB (a job of 8 GPUs)": f"/api/jobs/{job}", "/api/series (15 min raw)": f"/api/series?{series}",
             "/api/series (24 h at 1 min)": f"/api/series?{day}",
             "/api/fleet/series (24 h)": f"/api/fleet/series?start={end - 86400}&end={end}"}
 
 
-REFRESH = ("/api/fleet", "/api/gpus", "/api/jobs/summary", "/api/events", "/api/jobs/JOB (a job of 8 GPUs)")
+# what the dashboard asks for every 2 s (tests/e2e/test_dashboard_fleet.py reads it from the browser):
+# the fleet card, the hosts and worst GPUs (two hosts open), the least efficient jobs, the events
+REFRESH = ("/api/fleet", "/api/overview (2 hosts open)", "/api/jobs/summary", "/api/events")
 
 
 def embedded(tmp: Path, gpus: int, seconds: int, repeats: int, sampler_seconds: float) -> dict[str, Any]:
@@ -235,6 +239,7 @@ def openmetrics(directory: Path, gpus: int, end: float, seconds: int, step: int,
     series, which its charts and reports read over a day, hold the whole of it."""
     times = [end - seconds + step * i for i in range(seconds // step + 1)]
     jobs = (gpus + GPUS_PER_JOB - 1) // GPUS_PER_JOB
+    hosts = (gpus + 7) // 8
     ofu = [0.5 + (g % 7) / 20 for g in range(gpus)]
 
     def labels(g: int) -> str:
@@ -252,6 +257,12 @@ def openmetrics(directory: Path, gpus: int, end: float, seconds: int, step: int,
                                              for g in range(gpus)], False),
         ("kernelfleet:fleet_gpu_ofu:avg", [("", sum(ofu) / gpus)], True),
         ("kernelfleet:fleet_gpus_with_ofu:count", [("", float(gpus))], True),
+        ("kernelfleet:fleet_gpus:count", [("", float(gpus))], False),
+        *((name, [(f'hostname="node-{h}"', value(h)) for h in range(hosts)], False) for name, value in (
+            ("kernelfleet:host_gpus:count", lambda h: float(len(ofu[8 * h:8 * h + 8]))),
+            ("kernelfleet:host_gpus_with_ofu:count", lambda h: float(len(ofu[8 * h:8 * h + 8]))),
+            ("kernelfleet:host_gpu_ofu:avg", lambda h: statistics.fmean(ofu[8 * h:8 * h + 8])),
+            ("kernelfleet:host_stale:count", lambda h: 0.0))),
         ("kernelfleet:job_ofu:avg", [(f'job_id="job-{j}"', statistics.fmean(ofu[j * GPUS_PER_JOB:(j + 1) * GPUS_PER_JOB]))
                                      for j in range(jobs)], True),
         ("kernelfleet:job_gpus:count", [(f'job_id="job-{j}"', float(len(ofu[j * GPUS_PER_JOB:(j + 1) * GPUS_PER_JOB])))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from kernelfleet.catalog import Catalog
 from kernelfleet.errors import UsageError
+from kernelfleet.fleet import views
 from kernelfleet.fleet.agent import Agent
 from kernelfleet.fleet.store import Store
 from kernelfleet.ofu.aggregate import fleet, summarize
@@ -34,6 +37,9 @@ class LocalBackend:
         latest = self.agent.latest()
         summaries = [(summarize([r.sample], r.sku), r.sku) for r in latest if r.sample.mig_instance is None]
         return {**fleet(summaries), "hosts": sorted({r.host for r in latest})}
+
+    def overview(self, hosts: Sequence[str], k: int, catalog: Catalog) -> views.Overview:
+        return views.overview(self.gpus(), hosts, k, catalog)
 
     def gpus(self) -> list[dict[str, Any]]:
         return [

@@ -21,11 +21,14 @@ import re
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from kernelfleet.catalog import Catalog
+from kernelfleet.catalog.notes import SAME_DIE, same_die_note
 from kernelfleet.errors import EnvironmentProblem, UsageError
+from kernelfleet.fleet import views
 from kernelfleet.fleet.exporter import POD_LABELS
 from kernelfleet.fleet.local_backend import NotFound
 from kernelfleet.ofu.bottleneck import classify
@@ -72,6 +75,14 @@ class PrometheusBackend:
         result = self._vector(query)
         return float(result[0]["value"][1]) if result else None
 
+    def _scalar_or(self, *queries: str) -> float | None:
+        result = self._vector_or(*queries)
+        return float(result[0]["value"][1]) if result else None
+
+    def _by_host(self, *queries: str) -> dict[str, float]:
+        """A per-host series (a recorded one, then what it records) by hostname."""
+        return {s["metric"]["hostname"]: float(s["value"][1]) for s in self._vector_or(*queries)}
+
     def _vector_or(self, *queries: str) -> list[dict[str, Any]]:
         """The first of ``queries`` (a recorded series, then what it records) that has a result."""
         for query in queries:
@@ -90,28 +101,56 @@ class PrometheusBackend:
         return {"ok": True, "backend": "prometheus", "url": self.url}
 
     def fleet(self) -> dict[str, Any]:
+        """The fleet card: recorded aggregates (rules.yml's dashboard group), the raw series behind
+        each where its rule is missing; never an instant vector of every GPU."""
         whole = 'kernelfleet_ofu_ratio{mig=""}'
         peak = 'kernelfleet_dense_peak_flops{precision="bf16"}'
-        achieved = self._scalar(f"sum({whole} * on (uuid) group_left () {peak})")
-        total_peak = self._scalar(f"sum({peak} and on (uuid) {whole})")
+        achieved = self._scalar_or("kernelfleet:fleet_achieved_bf16_flops:sum",
+                                   f"sum({whole} * on (uuid) group_left () {peak})")
+        total_peak = self._scalar_or("kernelfleet:fleet_peak_bf16_flops:sum", f"sum({peak} and on (uuid) {whole})")
         return {
-            "gpus": self._scalar('count(kernelfleet_sample_stale{mig=""})') or 0.0,
-            "gpus_with_ofu": self._scalar(f"count({whole})") or 0.0,
-            "mean_ofu_ratio": self._scalar(f"avg({whole})"),
+            "gpus": self._scalar_or("kernelfleet:fleet_gpus:count", 'count(kernelfleet_sample_stale{mig=""})') or 0.0,
+            "gpus_with_ofu": self._scalar_or("kernelfleet:fleet_gpus_with_ofu:count", f"count({whole})") or 0.0,
+            "mean_ofu_ratio": self._scalar_or("kernelfleet:fleet_gpu_ofu:avg", f"avg({whole})"),
             "achieved_flops": achieved,
             "peak_flops": total_peak,
             "capacity_weighted_ofu_ratio": achieved / total_peak if achieved is not None and total_peak else None,
-            "hosts": sorted({s["metric"]["hostname"] for s in self._vector("kernelfleet_sample_stale")}),
+            "hosts": sorted(self._by_host("kernelfleet:host_gpus:count",
+                                          'count by (hostname) (kernelfleet_sample_stale{mig=""})')),
         }
 
-    def gpus(self) -> list[dict[str, Any]]:
+    def overview(self, hosts: Sequence[str], k: int, catalog: Catalog) -> views.Overview:
+        """The fleet view from per-host aggregates and two ``bottomk`` queries; GPU rows only for
+        the hosts asked for (views.overview is the same from every GPU's rows)."""
+        whole = 'kernelfleet_ofu_ratio{mig=""}'
+        counts = self._by_host("kernelfleet:host_gpus:count", 'count by (hostname) (kernelfleet_sample_stale{mig=""})')
+        measured = self._by_host("kernelfleet:host_gpus_with_ofu:count", f"count by (hostname) ({whole})")
+        stale = self._by_host("kernelfleet:host_stale:count", "sum by (hostname) (kernelfleet_sample_stale)")
+        mean = self._by_host("kernelfleet:host_gpu_ofu:avg", f"avg by (hostname) ({whole})")
+        worst_of = {s["metric"]["hostname"]: _gpu_ref(s) for s in self._vector(f"bottomk by (hostname) (1, {whole})")}
+        worst = sorted((_gpu_ref(s) for s in self._vector(f"bottomk({int(k)}, {whole})")),
+                       key=lambda g: (g.ofu_ratio, g.label))
+        rows = [views.HostRow(host=h, gpus=int(n), gpus_with_ofu=int(measured.get(h, 0)), stale=int(stale.get(h, 0)),
+                              mean_ofu_ratio=mean.get(h), worst=worst_of.get(h)) for h, n in sorted(counts.items())]
+        skus = {s["metric"].get("sku") for s in self._vector("count by (sku) (kernelfleet_gpu_info)")}
+        return views.Overview(
+            hosts=rows, worst=worst,
+            gpus=[{**g, "label": views.gpu_label(g["host"], g["gpu"], g["mig_instance"])} for g in self.gpus(hosts)],
+            newest_seconds=self._scalar("max(timestamp(kernelfleet_sample_stale))"),
+            ofu_note=same_die_note(catalog) if set(SAME_DIE) <= skus else None)
+
+    def gpus(self, hosts: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Every GPU's row, or (``hosts``) the rows of those hosts' GPUs only."""
+        if hosts is not None and not hosts:
+            return []
+        on = "" if hosts is None else f'{{hostname=~"{_quote("|".join(_regex(h) for h in hosts))}"}}'
         rows: dict[tuple[str, str], dict[str, Any]] = {}
         # when each GPU's last sample was scraped: the value's own time is the query's, not the sample's
         sampled = {(s["metric"]["uuid"], s["metric"].get("mig", "")): float(s["value"][1])
-                   for s in self._vector("timestamp(kernelfleet_sample_stale)")}
+                   for s in self._vector(f"timestamp(kernelfleet_sample_stale{on})")}
         # the NVML name and the catalog SKU, where the agent exported its kernelfleet_gpu_info
-        info = {s["metric"]["uuid"]: s["metric"] for s in self._vector("kernelfleet_gpu_info")}
-        for s in self._vector("kernelfleet_sample_stale"):
+        info = {s["metric"]["uuid"]: s["metric"] for s in self._vector(f"kernelfleet_gpu_info{on}")}
+        for s in self._vector(f"kernelfleet_sample_stale{on}"):
             m = s["metric"]
             key = m["uuid"], m.get("mig", "")
             named = info.get(m["uuid"], {})
@@ -126,11 +165,13 @@ class PrometheusBackend:
                   "dram_bandwidth_ratio": "dram_bandwidth", "power_watts": "power_watts",
                   "sm_active_ratio": "sm_active", "sm_occupancy_ratio": "sm_occupancy"}
         for field, metric in fields.items():
-            for s in self._vector(SERIES[metric]):
+            for s in self._vector(SERIES[metric] + on):
                 row = rows.get((s["metric"]["uuid"], s["metric"].get("mig", "")))
                 if row is not None:
                     row[field] = float(s["value"][1])
-        for s in self._vector("kernelfleet_job_info"):
+        # job series carry no hostname: the hosts' GPUs by uuid
+        held = "" if hosts is None else f'{{uuid=~"{_quote("|".join(sorted({_regex(u) for u, _ in rows})))}"}}'
+        for s in self._vector(f"kernelfleet_job_info{held}") if rows else ():
             m = s["metric"]
             row = rows.get((m["uuid"], m.get("mig", "")))
             if row is not None:
@@ -264,6 +305,13 @@ class PrometheusBackend:
                             "job": alert["labels"].get("job_id"),
                             "detail": alert.get("annotations", {}).get("summary", alert["labels"]["alertname"])})
         return sorted(out, key=lambda e: e["ts"])[-limit if limit else None:]
+
+
+def _gpu_ref(s: dict[str, Any]) -> views.GpuRef:
+    """A whole GPU's series as the page names it."""
+    m = s["metric"]
+    return views.GpuRef(uuid=m["uuid"], label=views.gpu_label(m["hostname"], int(m["gpu"]), None),
+                        ofu_ratio=float(s["value"][1]))
 
 
 def _key(labels: dict[str, str]) -> tuple[str, int | None]:

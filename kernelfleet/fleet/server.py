@@ -12,7 +12,7 @@ import hmac
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
@@ -44,6 +44,7 @@ class Backend(Protocol):
     def health(self) -> dict[str, Any]: ...
     def fleet(self) -> dict[str, Any]: ...
     def gpus(self) -> list[dict[str, Any]]: ...
+    def overview(self, hosts: Sequence[str], k: int, catalog: Catalog) -> views.Overview: ...
     def series(self, uuid: str, start: float, end: float, resolution: str, metrics: list[str],
                limit: int | None = None) -> list[dict[str, Any]]: ...
     def fleet_series(self, start: float, end: float) -> list[dict[str, Any]]: ...
@@ -218,7 +219,7 @@ def create_app(backend: Backend, token: str | None = None, metrics: Callable[[],
     @api.get("/api/overview")
     def overview(host: Annotated[list[str] | None, Query(description="Hosts whose GPU rows to include (the expanded ones)")] = None,
                  k: int = Query(10, ge=1, le=WORST, description="How many of the worst GPUs")) -> views.Overview:
-        return views.overview(backend.gpus(), host or [], k, catalog)
+        return backend.overview(host or [], k, catalog)
 
     @api.get("/api/heatmap")
     def heatmap(

@@ -6,7 +6,7 @@ import pytest
 from recorded import bench_quick
 
 pytestmark = pytest.mark.unit
-ENDPOINTS = {"/api/fleet", "/api/gpus", "/api/jobs", "/api/jobs/summary", "/api/events",
+ENDPOINTS = {"/api/fleet", "/api/overview", "/api/overview (2 hosts open)", "/api/gpus", "/api/jobs", "/api/jobs/summary", "/api/events",
              "/api/jobs/JOB (a job of 8 GPUs)", "/api/series (15 min raw)", "/api/series (24 h at 1 min)",
              "/api/fleet/series (24 h)"}
 

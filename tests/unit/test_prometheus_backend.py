@@ -100,3 +100,37 @@ def test_a_jobs_bottleneck_mix_is_its_gpus_minutes_by_class():
                              {"metric": {"class": "memory-bound"}, "value": [NOW, "600"]}]})
     found = PrometheusBackend("http://p", fetch=answers, clock=lambda: NOW).job("train")
     assert found["bottleneck_seconds"] == {"tensor-bound": 3000.0, "memory-bound": 600.0}
+
+
+def test_the_fleet_card_and_the_hosts_table_read_aggregates_never_every_gpu():
+    """At 10,000 GPUs an instant vector of every GPU is seconds of PromQL a refresh: the fleet card
+    and the hosts table read the dashboard group's recorded series (or their per-host aggregates),
+    the worst GPUs two bottomk queries, and GPU rows only for the hosts that are open."""
+    from kernelfleet.catalog import Catalog
+
+    host = lambda h, v: {"metric": {"hostname": h}, "value": [NOW, str(v)]}  # noqa: E731
+    gpu = lambda h, i, v: {"metric": {**GPU, "hostname": h, "gpu": str(i), "uuid": f"GPU-{h}-{i}"},  # noqa: E731
+                           "value": [NOW, str(v)]}
+    answers = Answers({
+        "kernelfleet:fleet_gpus:count": [{"metric": {}, "value": [NOW, "16"]}],
+        "kernelfleet:fleet_gpu_ofu:avg": [{"metric": {}, "value": [NOW, "0.4"]}],
+        "kernelfleet:host_gpus:count": [host("n1", 8), host("n2", 8)],
+        "kernelfleet:host_gpu_ofu:avg": [host("n1", 0.5), host("n2", 0.3)],
+        # no kernelfleet:host_stale:count rule here: the raw aggregate answers
+        "sum by (hostname) (kernelfleet_sample_stale)": [host("n1", 0), host("n2", 2)],
+        'bottomk by (hostname) (1, kernelfleet_ofu_ratio{mig=""})': [gpu("n1", 3, 0.2), gpu("n2", 5, 0.1)],
+        'bottomk(2, kernelfleet_ofu_ratio{mig=""})': [gpu("n1", 3, 0.2), gpu("n2", 5, 0.1)],
+        'kernelfleet_sample_stale{hostname=~"n2"}': [gpu("n2", 5, 0)],
+    })
+    backend = PrometheusBackend("http://p", fetch=answers, clock=lambda: NOW)
+    assert backend.fleet()["gpus"] == 16 and backend.fleet()["hosts"] == ["n1", "n2"]
+    shut = backend.overview([], 2, Catalog.load())
+    assert [(h.host, h.gpus, h.stale, h.mean_ofu_ratio, h.worst.label) for h in shut.hosts] == [
+        ("n1", 8, 0, 0.5, "n1 / GPU 3"), ("n2", 8, 2, 0.3, "n2 / GPU 5")]
+    assert [w.label for w in shut.worst] == ["n2 / GPU 5", "n1 / GPU 3"] and shut.gpus == []
+    every_gpu = {"kernelfleet_sample_stale", "kernelfleet_ofu_ratio", "kernelfleet_gpu_info", "kernelfleet_job_info",
+                 "timestamp(kernelfleet_sample_stale)"}
+    assert not every_gpu & {q for _, q, _ in answers.asked}
+    opened = backend.overview(["n2"], 2, Catalog.load())
+    assert [g["label"] for g in opened.gpus] == ["n2 / GPU 5"]
+    assert not every_gpu & {q for _, q, _ in answers.asked}  # even the open host's rows are filtered
