@@ -240,13 +240,14 @@ def openmetrics(directory: Path, gpus: int, end: float, seconds: int, step: int,
     times = [end - seconds + step * i for i in range(seconds // step + 1)]
     jobs = (gpus + GPUS_PER_JOB - 1) // GPUS_PER_JOB
     hosts = (gpus + 7) // 8
+    peak = Catalog.load().get("h200-sxm").peak_flops("bf16")  # what the exporter gives an H200
     ofu = [0.5 + (g % 7) / 20 for g in range(gpus)]
 
     def labels(g: int) -> str:
         return f'gpu="{g % 8}",uuid="GPU-{g:05d}",model="h200-sxm",hostname="node-{g // 8}",mig=""'
 
     # (name, its series, whether a chart or report reads it over a range)
-    families: list[tuple[str, list[tuple[str, float]], bool]] = [
+    families: list[tuple[str, list[tuple[str, float | None]], bool]] = [
         ("kernelfleet_ofu_ratio", [(labels(g), ofu[g]) for g in range(gpus)], True),
         ("kernelfleet_sample_stale", [(labels(g), 0.0) for g in range(gpus)], False),
         ("kernelfleet_gpu_info", [((f'uuid="GPU-{g:05d}",hostname="node-{g // 8}",gpu="{g % 8}",name="NVIDIA H200",'
@@ -263,6 +264,17 @@ def openmetrics(directory: Path, gpus: int, end: float, seconds: int, step: int,
             ("kernelfleet:host_gpus_with_ofu:count", lambda h: float(len(ofu[8 * h:8 * h + 8]))),
             ("kernelfleet:host_gpu_ofu:avg", lambda h: statistics.fmean(ofu[8 * h:8 * h + 8])),
             ("kernelfleet:host_stale:count", lambda h: 0.0))),
+        ("kernelfleet_dense_peak_flops", [(f'uuid="GPU-{g:05d}",precision="bf16"', peak) for g in range(gpus)],
+         False),
+        ("kernelfleet:fleet_achieved_bf16_flops:sum", [("", sum(ofu) * peak)], False),
+        ("kernelfleet:fleet_peak_bf16_flops:sum", [("", gpus * peak)], False),
+        ("kernelfleet:host_worst_gpu_ofu:bottom1",
+         [(labels(g), ofu[g]) for g in (min(range(8 * h, min(8 * h + 8, gpus)), key=ofu.__getitem__)
+                                       for h in range(hosts))], False),
+        ("kernelfleet:fleet_worst_gpu_ofu:bottom50",
+         [(labels(g), ofu[g]) for g in sorted(range(gpus), key=ofu.__getitem__)[:50]], False),
+        ("kernelfleet:fleet_gpus_by_sku:count", [('sku="h200-sxm"', float(gpus))], False),
+        ("kernelfleet:fleet_newest_sample:timestamp", [("", None)], False),  # its value is its own time
         ("kernelfleet:job_ofu:avg", [(f'job_id="job-{j}"', statistics.fmean(ofu[j * GPUS_PER_JOB:(j + 1) * GPUS_PER_JOB]))
                                      for j in range(jobs)], True),
         ("kernelfleet:job_gpus:count", [(f'job_id="job-{j}"', float(len(ofu[j * GPUS_PER_JOB:(j + 1) * GPUS_PER_JOB])))
@@ -282,7 +294,7 @@ def openmetrics(directory: Path, gpus: int, end: float, seconds: int, step: int,
                 for label, value in series:
                     head = f"{name}{{{label},instance=\"bench\",job=\"kernelfleet\"}} " if label else \
                         f'{name}{{instance="bench",job="kernelfleet"}} '
-                    f.write("".join(f"{head}{value}{stamp}" for stamp in stamps))
+                    f.write("".join(f"{head}{stamp.strip() if value is None else value}{stamp}" for stamp in stamps))
             f.write("# EOF\n")
         files.append(path)
     return files

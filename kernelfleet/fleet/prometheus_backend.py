@@ -44,6 +44,7 @@ STEPS = {"raw": 15, "1m": 60, "1h": 3600}
 MAX_POINTS = 1440  # a range query's points at most: a day at one a minute, what a chart can show
 # Job series go on the "many" side of a join: a GPU shared by two jobs has two of them.
 SHARE = "kernelfleet_job_gpu_share_ratio"
+WORST_RECORDED = 50  # rules.yml's kernelfleet:fleet_worst_gpu_ofu:bottom50
 
 
 def http_json(url: str) -> Any:
@@ -127,16 +128,20 @@ class PrometheusBackend:
         measured = self._by_host("kernelfleet:host_gpus_with_ofu:count", f"count by (hostname) ({whole})")
         stale = self._by_host("kernelfleet:host_stale:count", "sum by (hostname) (kernelfleet_sample_stale)")
         mean = self._by_host("kernelfleet:host_gpu_ofu:avg", f"avg by (hostname) ({whole})")
-        worst_of = {s["metric"]["hostname"]: _gpu_ref(s) for s in self._vector(f"bottomk by (hostname) (1, {whole})")}
-        worst = sorted((_gpu_ref(s) for s in self._vector(f"bottomk({int(k)}, {whole})")),
+        worst_of = {s["metric"]["hostname"]: _gpu_ref(s) for s in self._vector_or(
+            "kernelfleet:host_worst_gpu_ofu:bottom1", f"bottomk by (hostname) (1, {whole})")}
+        recorded = [f"bottomk({int(k)}, kernelfleet:fleet_worst_gpu_ofu:bottom50)"] if k <= WORST_RECORDED else []
+        worst = sorted((_gpu_ref(s) for s in self._vector_or(*recorded, f"bottomk({int(k)}, {whole})")),
                        key=lambda g: (g.ofu_ratio, g.label))
         rows = [views.HostRow(host=h, gpus=int(n), gpus_with_ofu=int(measured.get(h, 0)), stale=int(stale.get(h, 0)),
                               mean_ofu_ratio=mean.get(h), worst=worst_of.get(h)) for h, n in sorted(counts.items())]
-        skus = {s["metric"].get("sku") for s in self._vector("count by (sku) (kernelfleet_gpu_info)")}
+        skus = {s["metric"].get("sku") for s in self._vector_or("kernelfleet:fleet_gpus_by_sku:count",
+                                                                 "count by (sku) (kernelfleet_gpu_info)")}
         return views.Overview(
             hosts=rows, worst=worst,
             gpus=[{**g, "label": views.gpu_label(g["host"], g["gpu"], g["mig_instance"])} for g in self.gpus(hosts)],
-            newest_seconds=self._scalar("max(timestamp(kernelfleet_sample_stale))"),
+            newest_seconds=self._scalar_or("kernelfleet:fleet_newest_sample:timestamp",
+                                           "max(timestamp(kernelfleet_sample_stale))"),
             ofu_note=same_die_note(catalog) if set(SAME_DIE) <= skus else None)
 
     def gpus(self, hosts: Sequence[str] | None = None) -> list[dict[str, Any]]:

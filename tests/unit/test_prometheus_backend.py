@@ -119,7 +119,7 @@ def test_the_fleet_card_and_the_hosts_table_read_aggregates_never_every_gpu():
         # no kernelfleet:host_stale:count rule here: the raw aggregate answers
         "sum by (hostname) (kernelfleet_sample_stale)": [host("n1", 0), host("n2", 2)],
         'bottomk by (hostname) (1, kernelfleet_ofu_ratio{mig=""})': [gpu("n1", 3, 0.2), gpu("n2", 5, 0.1)],
-        'bottomk(2, kernelfleet_ofu_ratio{mig=""})': [gpu("n1", 3, 0.2), gpu("n2", 5, 0.1)],
+        "bottomk(2, kernelfleet:fleet_worst_gpu_ofu:bottom50)": [gpu("n1", 3, 0.2), gpu("n2", 5, 0.1)],
         'kernelfleet_sample_stale{hostname=~"n2"}': [gpu("n2", 5, 0)],
     })
     backend = PrometheusBackend("http://p", fetch=answers, clock=lambda: NOW)
