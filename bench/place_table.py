@@ -22,6 +22,9 @@ Per (target, pair), from its ``disagg.json`` (every strategy behind its gate, ti
 
 A strategy that failed its gate has no time and is never best or chosen. Prints a Markdown table,
 the command, and a last line of JSON with every figure.
+
+``--calibrated`` prints instead how many chained rows each correction of the cost table, fitted on
+the single-device graphs only, brings within 10 % of its prediction (``bench/place_calibration.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import command_line
+from bench import command_line, place_calibration
 from kernelfleet.plan import command
 from kernelfleet.plan.model import Plan
 
@@ -148,11 +151,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", nargs="?", type=Path, default=RECORDED,
                         help="What bench.place_pairs wrote (default: the committed H200 run).")
+    parser.add_argument("--calibrated", action="store_true",
+                        help="Predictions recomputed under each correction fitted on the single-device graphs.")
     args = parser.parse_args(argv)
     folders = sorted(p.parent for p in args.folder.glob("*/disagg.json"))
     if not folders:
         print(f"bench.place_table: error: no */disagg.json under {args.folder}", file=sys.stderr)
         return 2
+    if args.calibrated:
+        found = [place_calibration.evaluate(folder) for folder in folders]
+        totals = place_calibration.totals(found)
+        print(place_calibration.markdown(found), "", *(f"- {k}: {v}" for k, v in totals.items()), "", command_line(),
+              sep="\n")
+        print(json.dumps({"rows": [asdict(e) for e in found], "totals": totals}))
+        return 0
     rows = [row_of(folder) for folder in folders]
     print(markdown(rows), "", *(f"- {k}: {v}" for k, v in verdicts(rows).items()), "", command_line(), sep="\n")
     print(json.dumps({"rows": [asdict(r) for r in rows], "verdicts": verdicts(rows)}))

@@ -105,7 +105,7 @@ def profile_per_device(target: str, specs: list[Any], progress: Any, trials: int
     from kernelfleet.kernels.assemble import assemble
     from kernelfleet.kernels.cuda.capture import capture
     from kernelfleet.profile.devices import choosing_kernels
-    from kernelfleet.profile.run import time_on
+    from kernelfleet.profile.run import graph_times, time_on
     from kernelfleet.profile.table import cost_table
 
     captures = {}
@@ -121,7 +121,7 @@ def profile_per_device(target: str, specs: list[Any], progress: Any, trials: int
         about = captured.raw.about
         table = cost_table(captured.raw, assemble(captured.raw), {spec.name: seconds},
                            f"measured on {about.get('device')} GPU {spec.device}, profile {spec.name} "
-                           f"({spec.kernels} kernels)")
+                           f"({spec.kernels} kernels)", graph_times(captured, [spec]))
         captured.raw.save(out / f"capture.{spec.name}.json.gz")
         (out / f"launches.{spec.name}.json").write_text(table.to_json())
     return merge_profiles([out], out)
@@ -140,9 +140,9 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
     from kernelfleet.graph.units import differing_units, views
     from kernelfleet.kernels.assemble import assemble
     from kernelfleet.kernels.raw import RawCapture
-    from kernelfleet.profile.table import unit_table
+    from kernelfleet.profile.table import graph_note, unit_table
 
-    raws, programs, seconds, sources, where = {}, {}, {}, [], {}
+    raws, programs, seconds, sources, where, graphs = {}, {}, {}, [], {}, {}
     for folder in folders:
         found = sorted(folder.glob("capture.*.json.gz"))
         if not found:
@@ -161,6 +161,8 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
                                  f"{len(programs[device].launches)}")
             seconds[device] = column
             sources.append(table.source)
+            if device in (table.graph_seconds or {}):  # older profiles measured no graph
+                graphs[device] = table.graph_seconds[device]
     home = next(iter(raws))
     lined = views(raws, programs, home)
     out.mkdir(parents=True, exist_ok=True)
@@ -170,23 +172,29 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
                 shutil.copy(folder / name, out / name)
     program = lined[home].program
     (out / "program.json").write_text(program.to_json())
-    (out / "costs.json").write_text(unit_table(lined, seconds, "; ".join(sources)).to_json())
+    costs = unit_table(lined, seconds, "; ".join(sources), graphs)
+    (out / "costs.json").write_text(costs.to_json())
     totals = ", ".join(f"{d} {sum(t or 0 for t in seconds[d]) * 1e3:.2f} ms" for d in seconds)
+    note = graph_note(costs)
     return (f"wrote {out}: {len(program.launches)} units (ops lined up across the devices' captures; "
             f"{len(differing_units(lined, home))} run other kernels on some device) x {', '.join(seconds)}; "
-            f"launches summed: {totals}")
+            f"launches summed: {totals}" + (f"; {note}" if note else ""))
 
 
-def write_profile(captured: Any, program: Program, seconds: dict[str, list[float]], out: Path) -> str:
-    """Write capture, program and cost table under ``out``; say which device each kernel prefers."""
-    from kernelfleet.profile.table import cost_table, preference
+def write_profile(captured: Any, program: Program, seconds: dict[str, list[float]], out: Path,
+                  graph_seconds: dict[str, float] | None = None) -> str:
+    """Write capture, program and cost table (with each profile's whole-step ``graph_seconds``,
+    where measured) under ``out``; say which device each kernel prefers."""
+    from kernelfleet.profile.table import cost_table, graph_note, preference
 
     write_analysis(captured.raw, program, out)
     about = captured.raw.about
     costs = cost_table(captured.raw, program, seconds, f"measured on {about.get('device')} profiles "
-                                                         f"{', '.join(seconds)} ({about.get('what')})")
+                                                         f"{', '.join(seconds)} ({about.get('what')})",
+                       graph_seconds)
     (out / "costs.json").write_text(costs.to_json())
     lines = [f"wrote {out}/costs.json: {len(program.launches)} launches x {', '.join(seconds)}"]
+    lines += [note] if (note := graph_note(costs)) else []
     names = [n for n in seconds if n != "whole"]
     if len(names) >= 2:
         p = preference(costs, names[0], names[1])

@@ -175,7 +175,8 @@ def profile_command(
         task = bar.add_task("timing kernels", total=len(program.launches) * (len(specs) + 1))
         seconds = run.time_on(captured, specs + [ProfileSpec("whole")], lambda n: bar.advance(task, n), trials,
                               flush_l2_mb << 20)
-    done = analysis.write_profile(captured, program, seconds, out)
+        graphs = run.graph_times(captured, specs + [ProfileSpec("whole")])  # what the planner scales each column to
+    done = analysis.write_profile(captured, program, seconds, out, graphs)
     Console().print(done)
 
 
@@ -499,9 +500,9 @@ def disagg_nccl_command(
 def _cost_table(costs: Path | None):
     if costs is None:
         return None
-    from kernelfleet.costs.table import CostTable
+    from kernelfleet.plan.command import load_costs
 
-    return CostTable.from_json(read_text(costs), str(costs))
+    return load_costs(costs)  # as the plans were made: scaled to the measured graph times
 
 
 def serve_command(

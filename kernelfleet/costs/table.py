@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import replace
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -28,6 +29,12 @@ class CostTable(Document):
     work without a tensor precision). Each entry may be None (unknown); a list that is
     absent is None, as in older documents without these keys. Every list has one entry
     per launch.
+
+    ``graph_seconds`` (optional, by device): the whole step replayed as one CUDA graph on that
+    device, as ``kernelfleet profile`` measures it (``profile/steptime.py``). Each launch timed
+    alone pays a fixed cost per launch that back-to-back kernels of one graph do not, so on steps
+    of few-µs kernels a column's sum overstates the graph by up to 46 % (H200, 2026-12-01,
+    docs/validation/place-h200-pairs.md); :meth:`calibrated` scales each column to its graph.
     """
 
     seconds: list[dict[str, LaunchSeconds | None]]
@@ -35,7 +42,8 @@ class CostTable(Document):
     flops: list[int | None] | None = None
     bytes: list[int | None] | None = None
     precision: list[one_of("precision", PRECISIONS) | None] | None = None  # type: ignore[valid-type]
-    DUMP = {"exclude_none": True}
+    graph_seconds: dict[str, Annotated[float, Field(gt=0, le=3600)]] | None = None
+    DUMP: ClassVar[dict[str, Any]] = {"exclude_none": True}
 
     @field_validator("flops", "bytes")
     @classmethod
@@ -52,7 +60,30 @@ class CostTable(Document):
             values = getattr(self, name)
             if values is not None and len(values) != n:
                 raise ValueError(f"{name} has {len(values)} entries, seconds has {n} rows")
+        for device in self.graph_seconds or {}:
+            if not any(row.get(device) for row in self.seconds):
+                raise ValueError(f"graph_seconds: device {device!r} has no launch time in seconds")
         return self
+
+    def calibrated(self) -> CostTable:
+        """The table with each device's column scaled so that it sums to the device's measured
+        ``graph_seconds`` (unchanged where a device has none, and so for older tables). One factor
+        per device, not an overhead per launch: in the H200 run a per-unit overhead fitted the same
+        single-device graphs but predicted fewer of the mixed plans within 10 % (the table in
+        docs/validation/place-h200-pairs.md). The source says what was scaled, and by how much."""
+        factors = self.graph_factors()
+        if not factors:
+            return self
+        rows = [{d: (t * factors[d] if t is not None and d in factors else t) for d, t in row.items()}
+                for row in self.seconds]
+        said = ", ".join(f"{d} x{f:.3f}" for d, f in factors.items())
+        return replace(self, seconds=rows, graph_seconds=None,
+                       source=f"{self.source}; scaled to the measured graph time ({said})")
+
+    def graph_factors(self) -> dict[str, float]:
+        """Measured graph seconds over the column's sum, for each device with ``graph_seconds``."""
+        sums = {d: sum(row.get(d) or 0.0 for row in self.seconds) for d in self.graph_seconds or {}}
+        return {d: self.graph_seconds[d] / total for d, total in sums.items() if total > 0}
 
     def faster_than(self, ceiling: dict[str, float]) -> list[tuple[int, str, float]]:
         """(launch, device, FLOP/s) wherever a time implies more FLOP/s than ``ceiling[precision]``

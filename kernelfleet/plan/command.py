@@ -84,8 +84,9 @@ def parse_link(spec: str, names: list[str]) -> Link:
 
 
 def load_costs(path: Path) -> CostTable:
-    text = read_text(path)
-    return CostTable.from_json(text, str(path))
+    """The cost table in ``path``, each device's column scaled to its measured whole-step graph
+    where the table has one (``CostTable.calibrated``; the source then says so)."""
+    return CostTable.from_json(read_text(path), str(path)).calibrated()
 
 
 def setup(

@@ -81,3 +81,15 @@ def time_on(captured: Any, specs: list[ProfileSpec], progress: Callable[[int], N
             out[spec.name] = time_launches(captured, stream, resets=resets, context=device.context, trials=trials,
                                            flush_l2_bytes=flush_l2_bytes, progress=progress)
     return out
+
+
+def graph_times(captured: Any, specs: list[ProfileSpec], trials: int = 10) -> dict[str, float]:
+    """Seconds of the whole step as one graph on each profile (``profile/steptime.py``): what the
+    cost table's columns are scaled to (``CostTable.calibrated``)."""
+    from kernelfleet.profile.steptime import graph_seconds
+
+    out = {}
+    for spec in specs:
+        with DeviceProfile(spec) as device, device.active() as stream:
+            out[spec.name] = graph_seconds(captured, stream, device.context, trials=trials)
+    return out

@@ -1,0 +1,92 @@
+"""The cost table scaled to each device's measured whole-step graph (``CostTable.calibrated``), on
+the H200 run recorded in tests/data/h200-place-pairs: the single-device graph times of each
+``disagg.json`` are written into its cost table as ``graph_seconds`` (what ``kernelfleet profile``
+measures with ``profile/steptime.py``), then ``kernelfleet plan`` plans from it, says so, and
+predicts each single device's graph as measured; per-device profiles merge their graph times."""
+
+import json
+import sys
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from bench import place_calibration, place_table
+from kernelfleet.cli import app, main
+from kernelfleet.costs.table import CostTable
+from kernelfleet.kernels.assemble import assemble
+from kernelfleet.kernels.raw import RawCapture
+from kernelfleet.plan import command
+from kernelfleet.plan.slots import per_request
+
+pytestmark = pytest.mark.replay
+
+FOLDERS = sorted(p.parent for p in place_table.RECORDED.glob("*/disagg.json"))
+PAIR = place_table.ROOT / "tests" / "data" / "h200-kernel-pair" / "llama-decode"
+
+
+def measured_table(folder, tmp_path):
+    """The folder's cost table with its run's single-device graph times, as profile now writes it."""
+    found = json.loads((folder / "disagg.json").read_text())["strategies"]
+    costs = CostTable.from_json((folder / "costs.json").read_text())
+    path = tmp_path / "costs.json"
+    path.write_text(replace(costs, graph_seconds=place_calibration.graph_seconds(found)).to_json())
+    return path, found
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+def test_the_planner_predicts_each_single_device_as_its_graph_measured(folder, tmp_path):
+    path, found = measured_table(folder, tmp_path)
+    setup = command.setup(folder / "program.json.gz", path, ["a", "b"], [], command.LINK_GBPS, [], [],
+                          None, command.COPY_US)
+    assert "scaled to the measured graph time (a x0." in setup.notes[0]
+    _, plans = command.make_plans(setup.problem, "single", 10.0)
+    singles = [p for p in plans if p.policy.startswith("single:")]
+    assert len(singles) == 2
+    for plan in singles:
+        measured = found[plan.policy]["seconds"] / found[plan.policy]["slots"]
+        assert per_request(setup.problem, plan, 1) == pytest.approx(measured, rel=1e-9), plan.policy
+
+
+def test_plan_prints_what_it_scaled_and_an_old_table_plans_as_before(tmp_path):
+    folder = place_table.RECORDED / "llama-decode.same"
+    path, _ = measured_table(folder, tmp_path)
+    result = CliRunner().invoke(app, ["plan", str(folder / "program.json.gz"), str(path), "--policy", "single"])
+    assert result.exit_code == 0, result.output
+    assert "scaled to the measured graph time (a x0.780, b x0.780)" in " ".join(result.output.split())
+    old = command.load_costs(folder / "costs.json")  # written before profile measured graphs
+    assert old.graph_seconds is None and old == CostTable.from_json((folder / "costs.json").read_text())
+
+
+@pytest.mark.parametrize("graph, said", [({"a": -1.0}, "graph_seconds.a"), ({"z": 1e-4}, "device 'z'"),
+                                         ({"a": "fast"}, "graph_seconds.a")])
+def test_a_bad_graph_time_is_one_line(graph, said, tmp_path, monkeypatch, capsys):
+    folder = place_table.RECORDED / "llama-decode.same"
+    doc = json.loads((folder / "costs.json").read_text())
+    (tmp_path / "costs.json").write_text(json.dumps({**doc, "graph_seconds": graph}))
+    monkeypatch.setattr(sys, "argv", ["kernelfleet", "plan", str(folder / "program.json.gz"),
+                                      str(tmp_path / "costs.json")])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and said in err, err
+
+
+def test_profiles_merged_into_units_keep_each_devices_graph_time(tmp_path):
+    from kernelfleet.analyze import merge_profiles
+    from kernelfleet.profile.table import cost_table
+
+    graphs = {"a": 200e-6, "b": 240e-6}  # what steptime measured on each device
+    for device, graph in graphs.items():
+        raw = RawCapture.load(PAIR / f"profile.capture.{device}.json.gz")
+        program = assemble(raw)
+        table = cost_table(raw, program, {device: [1e-6] * len(program.launches)}, device, {device: graph})
+        (tmp_path / f"launches.{device}.json").write_text(table.to_json())
+        (tmp_path / f"capture.{device}.json.gz").write_bytes((PAIR / f"profile.capture.{device}.json.gz").read_bytes())
+    said = merge_profiles([tmp_path], tmp_path / "merged")
+    assert "whole-step graph: a 0.200 ms" in said
+    merged = CostTable.from_json((tmp_path / "merged" / "costs.json").read_text())
+    assert merged.graph_seconds == graphs
+    calibrated = merged.calibrated()
+    for device, graph in graphs.items():  # every launch is in one unit: the unit column scales to the graph
+        assert sum(row[device] for row in calibrated.seconds) == pytest.approx(graph)
