@@ -9,22 +9,11 @@ import sys
 import httpx
 import pytest
 import torch
-from recorded import ServeCommand, free_port, reference, tiny_causal_lm
+from recorded import ServeCommand, free_port, reference, tiny_causal_lm, word_tokenizer
 
 from kernelfleet.cli import main
 
 pytestmark = pytest.mark.unit
-
-
-def word_tokenizer(vocab_size: int = 256):
-    """A tokenizer of the words w0 ... w254 (and [UNK]), one token each: text prompts without a download."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(vocab_size - 1)} | {"[UNK]": vocab_size - 1}
-    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    words.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]")
 
 
 @pytest.fixture(scope="module")
