@@ -84,7 +84,7 @@ def serve_app(engine: Engine, served: Served, token: str | None = None) -> FastA
     @api.get("/healthz")
     def healthz() -> Response:
         alive = engine.alive()
-        return JSONResponse({"ok": alive, "model": served.name, "slots": engine.backend.slots,
+        return JSONResponse({"ok": alive, "model": served.name, "slots": engine.slots,
                              "running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting)},
                             status_code=200 if alive else 503)
 
