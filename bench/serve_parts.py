@@ -14,7 +14,10 @@ tokens; each row adds one part to the one above it, in one process but the clien
    chunk's JSON;
 4. + HTTP: the real app on uvicorn over loopback; the client, in its own process, reads raw bytes;
 5. the same with the client an httpx stream parsing each chunk (``aiter_lines`` + ``json.loads``):
-   the difference to 4 is the client's share, not the server's.
+   the difference to 4 is the client's share, not the server's;
+6. the engine on :class:`WaitingStep`, a step of 7 ms that waits with the GIL released (the 8B's
+   step on an H200: its engine thread waits for the GPU), at most 200 tokens;
+7. that over HTTP with the raw client: 7 - 6 is what the serving path adds to a GPU-like step.
 
 "before" runs the same with the stream and detokenizer this change replaced (:class:`BeforeStream`:
 one ``call_soon_threadsafe`` a token; :class:`BeforeDetokenizer`: the whole text decoded again every
@@ -42,6 +45,8 @@ from kernelfleet.serve.stream import REPLACEMENT, Outbox, TokenStream
 
 VOCAB = 256
 TOKEN = 7  # the one token FreeStep answers
+# the 8B Llama's decode step at batch 1 on one H200 (docs/validation/serve-gpu.md: 7.0 ms)
+GPU_STEP_SECONDS, GPU_STEP_TOKENS = 0.007, 200
 
 
 class FreeStep:
@@ -59,6 +64,23 @@ class FreeStep:
 
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
         return self.logits.expand(len(slots), VOCAB)
+
+
+class WaitingStep(FreeStep):
+    """A backend whose step waits ``seconds`` with the GIL released, as the engine's thread waits
+    for a GPU's decode (graph replay, then the host read of its arg max), then gives fixed logits."""
+
+    def __init__(self, slots: int, context_tokens: int, seconds: float) -> None:
+        super().__init__(slots, context_tokens)
+        self.seconds = seconds
+
+    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return super().prefill(slot, token_ids)
+
+    def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return super().decode(slots, token_ids, positions)
 
 
 class BeforeStream(TokenStream):
@@ -113,10 +135,10 @@ def served(tokens: int):
     return Served("free", None, word_tokenizer(), frozenset(), VOCAB, tokens + 8)
 
 
-def engine_of(tokens: int):
+def engine_of(tokens: int, step_seconds: float = 0.0):
     from kernelfleet.serve.engine import Engine
 
-    return Engine(FreeStep(1, tokens + 8), 1)
+    return Engine(WaitingStep(1, tokens + 8, step_seconds) if step_seconds else FreeStep(1, tokens + 8), 1)
 
 
 def greedy(engine, tokens: int, sink):
@@ -125,9 +147,9 @@ def greedy(engine, tokens: int, sink):
     return engine.submit([1, 2], tokens, frozenset(), Sampling(temperature=0.0), sink)
 
 
-def stepped(tokens: int) -> float:
-    """Row 1: seconds per token of the engine alone."""
-    engine, stamps = engine_of(tokens), []
+def stepped(tokens: int, step_seconds: float = 0.0) -> float:
+    """Row 1 (and 6): seconds per token of the engine alone."""
+    engine, stamps = engine_of(tokens, step_seconds), []
     greedy(engine, tokens, lambda token, reason: stamps.append(time.perf_counter()))
     while engine.step():
         pass
@@ -187,11 +209,11 @@ print((stamps[-1] - stamps[0]) / (len(stamps) - 1))
 """
 
 
-def over_http(tokens: int, client: str) -> float:
-    """Rows 4 and 5: the app on uvicorn in this process, ``client`` in its own."""
+def over_http(tokens: int, client: str, step_seconds: float = 0.0) -> float:
+    """Rows 4, 5 and 7: the app on uvicorn in this process, ``client`` in its own."""
     from kernelfleet.fleet.listener import Listener, bind
 
-    engine = engine_of(tokens).start()
+    engine = engine_of(tokens, step_seconds).start()
     sock = bind("127.0.0.1", 0)
     server = Listener(api.serve_app(engine, served(tokens)), sock).start()
     body = json.dumps({"prompt": [1, 2], "max_tokens": tokens, "temperature": 0, "stream": True})
@@ -212,6 +234,10 @@ ROWS: dict[str, Callable[[int], float]] = {
     "+ the token's event: text, pydantic JSON": lambda n: on_loop(n, chunks=True),
     "+ HTTP: uvicorn, loopback, raw client": lambda n: over_http(n, RAW_CLIENT),
     "  with an httpx client parsing each chunk": lambda n: over_http(n, HTTPX_CLIENT),
+    # a GPU-like step: what the serving path adds when the engine's thread waits most of the time
+    f"engine, a {GPU_STEP_SECONDS * 1e3:g} ms step waiting as on a GPU": lambda n: stepped(
+        min(n, GPU_STEP_TOKENS), GPU_STEP_SECONDS),
+    "  the same over HTTP, raw client": lambda n: over_http(min(n, GPU_STEP_TOKENS), RAW_CLIENT, GPU_STEP_SECONDS),
 }
 
 
@@ -232,6 +258,10 @@ def parts(tokens: int, repeats: int) -> None:
     names = list(ROWS)
     client = {before: us[names[4], before] - us[names[3], before] for before in (True, False)}
     print(f"{'the httpx client share (row 5 - row 4)':<44} {client[True]:>8.1f} {client[False]:>8.1f}")
+    added = {before: us[names[6], before] - us[names[5], before] for before in (True, False)}
+    print(f"{'HTTP on a GPU-like step (row 7 - row 6)':<44} {added[True]:>8.1f} {added[False]:>8.1f}   "
+          f"{100 * added[False] / us[names[5], False]:+.1f} % of the step after")
     print(json.dumps({"command": command_line(), "tokens": tokens, "repeats": repeats,
                       "us_per_token": {name: {"before": us[name, True], "after": us[name, False]} for name in ROWS},
-                      "client_share_us_per_token": {"before": client[True], "after": client[False]}}))
+                      "client_share_us_per_token": {"before": client[True], "after": client[False]},
+                      "http_on_gpu_like_step_us_per_token": {"before": added[True], "after": added[False]}}))

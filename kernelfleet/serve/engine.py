@@ -79,6 +79,11 @@ class Engine:
         self._thread: threading.Thread | None = None
 
     @property
+    def backend(self) -> Backend:
+        """The first decode backend: the only one under ``single``."""
+        return self.strategy.backends[0]
+
+    @property
     def context_tokens(self) -> int:
         return self.strategy.context_tokens
 
