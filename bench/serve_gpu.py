@@ -1,7 +1,7 @@
 """Benchmark: ``kernelfleet serve`` on one GPU — the server's own cost at batch 1 against the bare
 graph loop, then Poisson arrivals and a trace of requests against the real HTTP server.
 
-    python -m bench.serve_gpu --out DIR [--quick] [--cpu] [--trace FILE] [--cases llama8b,moe,capped]
+    python -m bench.serve_gpu --out DIR [--quick] [--cpu] [--trace FILE] [--cases llama8b,moe,capped,replicas,split]
 
 Cases (each a config-only model directory, so the server draws seeded random bf16 weights on the
 GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
@@ -9,7 +9,11 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
 * ``llama8b``: Llama 3 8B's shapes, 2048 tokens per slot, slots sized from the free memory;
 * ``moe``: Qwen1.5-MoE-A2.7B's shapes at 12 of its 24 layers (60 experts, 4 a token, a shared one);
 * ``capped``: the 8B Llama under ``--device capped:20`` — 20 GB: the 16 GB of weights fit, the KV
-  cache gets what is left, and the server sizes its slots from it (its /healthz says how many).
+  cache gets what is left, and the server sizes its slots from it (its /healthz says how many);
+* ``replicas`` and ``split`` (not in the default ``--cases``): the 8B under ``--strategy replicas``
+  (two 60 GB devices) and ``--strategy split`` (prefill in 30 GB, decode in 100 GB), both devices
+  on GPU 0: the strategies' control flow and hand-over on one GPU, whose two devices share its
+  SMs (no speed-up to expect; ``@1`` in their flags puts the second on another GPU).
 
 Tables, for each case:
 
@@ -86,11 +90,21 @@ TINY_MOE = {**TINY, "model_type": "qwen2_moe", "moe_intermediate_size": 32, "sha
 
 GPU_CASES = [Case("llama8b", LLAMA8B, 2048, (), (4.0, 16.0, 64.0), overhead=True),
              Case("moe", MOE, 2048, (), (4.0, 16.0, 64.0)),
-             Case("capped", LLAMA8B, 2048, ("--device", "capped:20"), (2.0, 4.0, 8.0))]
+             Case("capped", LLAMA8B, 2048, ("--device", "capped:20"), (2.0, 4.0, 8.0)),
+             # the strategies on one H200, both devices GPU 0 (use @1 for a second GPU): the mechanism, not a speed-up
+             Case("replicas", LLAMA8B, 2048, ("--strategy", "replicas", "--device", "r0:60@0", "--device", "r1:60@0"),
+                  (4.0, 16.0, 64.0)),
+             Case("split", LLAMA8B, 2048, ("--strategy", "split", "--device", "pre:30@0", "--device", "dec:100@0"),
+                  (4.0, 16.0, 64.0))]
 # the CPU's dry run: the same three, tiny; a CPU has no cap to set, so the third gets 2 slots instead
 CPU_CASES = [Case("llama8b", {**TINY, "model_type": "llama"}, 256, ("--cpu",), (4.0, 16.0), overhead=True),
              Case("moe", TINY_MOE, 256, ("--cpu",), (4.0, 16.0)),
-             Case("capped", {**TINY, "model_type": "llama"}, 256, ("--cpu", "--slots", "2"), (4.0,))]
+             Case("capped", {**TINY, "model_type": "llama"}, 256, ("--cpu", "--slots", "2"), (4.0,)),
+             Case("replicas", {**TINY, "model_type": "llama"}, 256, ("--cpu", "--strategy", "replicas", "--device",
+                                                                      "cpu0:1", "--device", "cpu1:1", "--slots", "4"),
+                  (4.0,)),
+             Case("split", {**TINY, "model_type": "llama"}, 256, ("--cpu", "--strategy", "split", "--device", "pre:1",
+                                                                   "--device", "dec:1", "--slots", "4"), (4.0,))]
 
 
 @dataclass(frozen=True)
@@ -388,7 +402,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few requests and tokens: a check that it runs")
     parser.add_argument("--cpu", action="store_true", help="tiny models on the CPU: the control flow only")
     parser.add_argument("--trace", type=Path, help="CSV arrival_seconds,prompt_tokens,output_tokens to replay")
-    parser.add_argument("--cases", default="llama8b,moe,capped", help="comma-separated, of llama8b, moe, capped")
+    parser.add_argument("--cases", default="llama8b,moe,capped",
+                        help="comma-separated, of llama8b, moe, capped, replicas, split")
     parser.add_argument("--requests", type=int, help="requests per Poisson rate (default 32; --quick 6)")
     args = parser.parse_args()
     args.requests = args.requests or (6 if args.quick else 32)

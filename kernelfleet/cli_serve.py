@@ -81,10 +81,10 @@ def serve(
             placed = [(name, served, n) for name, n in twins]  # the CPU twins share one copy of the weights
             where = ", ".join(f"{name} ({n} slots)" for name, n in twins) if devices else "the CPU"
         else:
-            placed = []
-            for n, gpu in sized:
-                gpu.enforce()
-                placed.append((gpu.name, load(target, gpu.torch_device, seed, chosen), n))
+            from kernelfleet.serve.device import enforce
+
+            enforce([gpu for _, gpu in sized])
+            placed = [(gpu.name, load(target, gpu.torch_device, seed, chosen), n) for n, gpu in sized]
             where = ", ".join(f"{gpu.described}: {n} slots" for n, gpu in sized) if devices[1:] else sized[0][1].described
             gpus = [gpu for _, gpu in sized]
         served = placed[0][1]
