@@ -265,3 +265,21 @@ def parts(tokens: int, repeats: int) -> None:
                       "us_per_token": {name: {"before": us[name, True], "after": us[name, False]} for name in ROWS},
                       "client_share_us_per_token": {"before": client[True], "after": client[False]},
                       "http_on_gpu_like_step_us_per_token": {"before": added[True], "after": added[False]}}))
+
+
+def main() -> None:
+    """The same as ``python -m bench.serve_cpu --parts`` (its flags), under this module's name."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part-tokens", type=int, default=2000, help="tokens a run")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="200 tokens, one round (a check that it runs)")
+    args = parser.parse_args()
+    if args.part_tokens < 2 or args.repeats < 1:
+        raise SystemExit("bench.serve_parts: --part-tokens must be at least 2 and --repeats at least 1")
+    parts(*((200, 1) if args.quick else (args.part_tokens, args.repeats)))
+
+
+if __name__ == "__main__":
+    main()
