@@ -119,7 +119,18 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="output tokens per request")
     parser.add_argument("--concurrency", default="1,2,4,8", help="clients at once, comma-separated")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--parts", action="store_true", help="the serving path's own cost per token, part by part, "
+                        "before and after (bench/serve_parts.py), instead of the model's tables")
+    parser.add_argument("--part-tokens", type=int, default=2000, help="tokens a run of --parts")
+    parser.add_argument("--quick", action="store_true", help="with --parts: 200 tokens, one round (a check that it runs)")
     args = parser.parse_args()
+    if args.parts:
+        from bench.serve_parts import parts
+
+        if args.part_tokens < 2 or args.repeats < 1:
+            raise SystemExit("bench.serve_cpu: --part-tokens must be at least 2 and --repeats at least 1")
+        parts(*((200, 1) if args.quick else (args.part_tokens, args.repeats)))
+        return
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"command: {command_line()}")
     lm = model(args.hidden, args.layers, args.vocab)

@@ -5,7 +5,8 @@ default) decode runs as captured graphs, one per batch bucket, with a progress b
 captured; ``--cpu`` runs the model eagerly on the CPU. Every flag, and whether the model fits the
 device's cap, is checked before the weights load, and the listening socket is bound before them
 too, so a mistake or a port clash is one line at once; the listening rules (loopback by default;
-another address needs ``--allow-remote`` and a token) are the agent's.
+another address needs ``--allow-remote`` and a token) are the agent's. ``--strategy`` with
+``--device`` given twice runs request distribution or the prefill/decode split (docs/serve.md).
 """
 
 from __future__ import annotations
@@ -19,14 +20,18 @@ from kernelfleet.errors import UsageError
 
 DTYPES = ("bfloat16", "float16", "float32")
 CPU_SLOTS = 4  # the CPU's default: tiny models, a few requests at once
+DeviceOption = typer.Option(None, "--device", show_default=False, help="NAME:MEMORY_GB[@GPU]: a GPU (default 0), its "
+                            "name in the metrics, and the memory the weights and the KV cache must fit; twice or more "
+                            "for --strategy replicas or split (with --cpu: NAME:MEMORY_GB, CPU twins).")
 
 
 def serve(
     target: str = typer.Argument(..., help="hf:DIR, a transformers causal LM directory (weights from its "
                                  "safetensors; random from --seed where it has only config.json)."),
     cpu: bool = typer.Option(False, "--cpu", help="Run the model eagerly on the CPU (no graphs)."),
-    device: str | None = typer.Option(None, "--device", help="NAME:MEMORY_GB[@GPU]: the GPU (default 0), its name "
-                                      "in the metrics, and the memory the weights and the KV cache must fit."),
+    device: list[str] | None = DeviceOption,
+    strategy: str = typer.Option("single", "--strategy", help="single | replicas (request distribution over the "
+                                 "--device list) | split (prefill on the first --device, decode on the second)."),
     listen: str = typer.Option("127.0.0.1:8000", "--listen", help="HOST:PORT of the API."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback listen address."),
     token: str | None = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
@@ -42,9 +47,14 @@ def serve(
     """Serve a model: POST /v1/completions (OpenAI's API, streaming too), /v1/models, /healthz, /metrics."""
     from kernelfleet.fleet.listener import bind, given_token, listen_address
 
+    devices = device or []
     if dtype is not None and dtype not in DTYPES:
         raise UsageError(f"--dtype takes {', '.join(DTYPES)}, got {dtype!r}")
-    if cpu and device is not None:
+    from kernelfleet.serve.memory import parse_device
+    from kernelfleet.serve.strategies import checked_strategy
+
+    checked_strategy(strategy, [parse_device(spec).name for spec in devices])
+    if cpu and devices and strategy == "single":
         raise UsageError("--device names a GPU; with --cpu the model runs on the CPU: pass one or the other")
     token = given_token(token)
     host, port = listen_address(listen, allow_remote, token)
@@ -58,44 +68,76 @@ def serve(
     # every flag is checked before the weights load: a mistake is one line at once
     tokens_per_slot = checked_sizes(slots, max_queue, context, max_context_tokens(target))
     if cpu:
-        slots = slots or CPU_SLOTS
-        where, name = "the CPU", None
+        twins = _twins(devices, strategy, slots or CPU_SLOTS)
+        slots = sum(n for _, n in twins[strategy == "split":])
+        gpus = []
     else:
-        slots, gpu = fitted(target, device, slots, chosen, tokens_per_slot)
-        where, name = gpu.described, gpu.name
+        sized = fitted(target, devices, strategy, slots, chosen, tokens_per_slot)
+        slots = sum(n for n, _ in sized[strategy == "split":])
     sock = bind(host, port)
     try:
-        if not cpu:
-            gpu.enforce()
-        served = load(target, "cpu" if cpu else gpu.torch_device, seed, chosen)
+        if cpu:
+            served = load(target, "cpu", seed, chosen)
+            placed = [(name, served, n) for name, n in twins]  # the CPU twins share one copy of the weights
+            where = ", ".join(f"{name} ({n} slots)" for name, n in twins) if devices else "the CPU"
+        else:
+            from kernelfleet.serve.device import enforce
+
+            enforce([gpu for _, gpu in sized])
+            placed = [(gpu.name, load(target, gpu.torch_device, seed, chosen), n) for n, gpu in sized]
+            where = ", ".join(f"{gpu.described}: {n} slots" for n, gpu in sized) if devices[1:] else sized[0][1].described
+            gpus = [gpu for _, gpu in sized]
+        served = placed[0][1]
         started = time.perf_counter()
-        engine, app = _built(served, slots, max_queue, tokens_per_slot, token, not cpu, name)
+        engine, app = _built(served, slots, max_queue, tokens_per_slot, token, not cpu, strategy,
+                             placed if devices else [], gpus[0].name if gpus else None)
     except BaseException:
         sock.close()
         raise
-    if not cpu:
-        sizes = ", ".join(map(str, engine.backend.sizes))
-        err.print(f"kernelfleet serve: decode graphs of batch buckets {sizes} captured in "
+    for backend in engine.strategy.backends if not cpu else []:
+        sizes = ", ".join(map(str, backend.sizes))
+        on = f" on {backend.device}" if devices[1:] else ""
+        err.print(f"kernelfleet serve: decode graphs of batch buckets {sizes}{on} captured in "
                   f"{time.perf_counter() - started:.1f} s", markup=False, highlight=False)
+    how = f"{strategy}: " if strategy != "single" else ""
     err.print(f"kernelfleet serve: {served.name} on http://{host}:{port}/v1 ({slots} slots of "
-              f"{engine.context_tokens} tokens, {where})", markup=False, highlight=False)
+              f"{engine.context_tokens} tokens, {how}{where})", markup=False, highlight=False)
     run(engine, app, sock)
 
 
-def _built(served, slots: int, max_queue: int, context: int, token: str | None, graphs: bool, name: str | None):
-    """The engine and app (``serve.command.build``), with a progress bar over the buckets while a
-    GPU's graphs are captured."""
-    from kernelfleet.serve.command import build
+def _twins(devices: list[str], strategy: str, slots: int) -> list[tuple[str | None, int]]:
+    """The CPU's devices (``--cpu``): without ``--device`` the CPU itself with ``slots``; otherwise
+    each ``NAME:MEMORY_GB`` a twin of its own KV cache, the slots split as on GPUs (memory.py,
+    command.fitted), nothing enforcing the memory."""
+    from kernelfleet.serve.memory import parse_device, proportional_slots
 
+    if not devices:
+        return [(None, slots)]
+    caps = [parse_device(spec) for spec in devices]
+    if any("@" in spec for spec in devices):
+        raise UsageError("with --cpu a --device is a CPU twin, NAME:MEMORY_GB: it has no @GPU")
+    counts = [1, slots] if strategy == "split" else proportional_slots(slots, [cap.memory_bytes for cap in caps])
+    return [(cap.name, n) for cap, n in zip(caps, counts)]
+
+
+def _built(served, slots: int, max_queue: int, context: int, token: str | None, graphs: bool, strategy: str,
+           placed: list, name: str | None):
+    """The engine and app (``serve.command.build``) over ``placed`` (name, loaded model, slots per
+    device), with a progress bar over the buckets while a GPU's graphs are captured."""
+    from kernelfleet.serve.command import Placed, build
+
+    devices = [Placed(device, loaded.model, n) for device, loaded, n in placed]
+    options = {"strategy": strategy, "devices": devices, "device_name": name}
     if not graphs:
-        return build(served, slots, max_queue, context, token)
+        return build(served, slots, max_queue, context, token, **options)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kernelfleet.serve.graphs import buckets
 
+    decoding = [n for _, _, n in placed[strategy == "split":]] or [slots]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:
-        task = bar.add_task("capturing decode graphs", total=len(buckets(slots)))
-        return build(served, slots, max_queue, context, token, graphs=True, device_name=name,
+        task = bar.add_task("capturing decode graphs", total=sum(len(buckets(n)) for n in decoding))
+        return build(served, slots, max_queue, context, token, graphs=True, **options,
                      progress=lambda done, size: bar.update(task, completed=done,
                                                             description=f"captured the graph of batch bucket {size}"))

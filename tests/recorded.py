@@ -151,6 +151,17 @@ def tiny_causal_lm(kind: str = "llama", seed: int = 0, vocab_size: int = 256):
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval().requires_grad_(False)
 
 
+def word_tokenizer(vocab_size: int = 256):
+    """A tokenizer of the words w0 ... w254 (and [UNK]), one token each: text prompts without a download."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size - 1)} | {"[UNK]": vocab_size - 1}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]")
+
+
 def served_model(model, name: str = "tiny", tokenizer=None):
     """``model`` as ``kernelfleet serve`` holds a loaded directory (kernelfleet.serve.model.Served)."""
     from kernelfleet.serve.model import Served

@@ -37,7 +37,7 @@ from kernelfleet.serve.engine import ERROR, Closed, Engine, Request
 from kernelfleet.serve.model import Served
 from kernelfleet.serve.sampling import Sampling
 from kernelfleet.serve.scheduler import QueueFull
-from kernelfleet.serve.stream import Detokenizer, TokenStream
+from kernelfleet.serve.stream import Detokenizer, Outbox, TokenStream
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a long text prompt, or its token ids as JSON
 
@@ -61,6 +61,13 @@ def serve_app(engine: Engine, served: Served, token: str | None = None) -> FastA
     app.add_middleware(BodyCap, max_bytes=MAX_BODY_BYTES)
     api = APIRouter(dependencies=[Depends(token_guard(token))])
     created = int(time.time())
+    outboxes: list[Outbox] = []  # the one of the loop serving now (uvicorn runs one)
+
+    def outbox() -> Outbox:
+        loop = asyncio.get_running_loop()
+        if not outboxes or outboxes[0].loop is not loop:
+            outboxes[:] = [Outbox(loop)]
+        return outboxes[0]
 
     @app.exception_handler(RequestValidationError)
     def invalid(request, exc: RequestValidationError) -> Response:
@@ -77,7 +84,7 @@ def serve_app(engine: Engine, served: Served, token: str | None = None) -> FastA
     @api.get("/healthz")
     def healthz() -> Response:
         alive = engine.alive()
-        return JSONResponse({"ok": alive, "model": served.name, "slots": engine.backend.slots,
+        return JSONResponse({"ok": alive, "model": served.name, "slots": engine.slots,
                              "running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting)},
                             status_code=200 if alive else 503)
 
@@ -90,7 +97,7 @@ def serve_app(engine: Engine, served: Served, token: str | None = None) -> FastA
         prompt = _prompt(body, served, engine.context_tokens)
         stop = frozenset(body.stop_token_ids) | (frozenset() if body.ignore_eos else served.eos_token_ids)
         seed = body.seed if body.seed is not None else secrets.randbits(63)
-        stream = TokenStream(asyncio.get_running_loop())
+        stream = TokenStream(outbox())
         try:
             request = engine.submit(prompt, body.max_tokens, stop, Sampling(body.temperature, body.top_p, seed),
                                     stream)
@@ -101,7 +108,7 @@ def serve_app(engine: Engine, served: Served, token: str | None = None) -> FastA
             raise Refused(503, str(exc), "server_error") from exc
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": served.name}
         if body.stream:
-            return StreamingResponse(_events(engine, request, stream, served, head), media_type="text/event-stream")
+            return StreamingResponse(sse_events(engine, request, stream, served, head), media_type="text/event-stream")
         return await _whole(engine, request, stream, served, head)
 
     app.include_router(api)
@@ -157,8 +164,9 @@ async def _whole(engine: Engine, request: Request, stream: TokenStream, served: 
     return JSONResponse(Completion(**head, choices=[choice], usage=usage).model_dump())
 
 
-async def _events(engine: Engine, request: Request, stream: TokenStream, served: Served,
-                  head: dict) -> AsyncIterator[str]:
+async def sse_events(engine: Engine, request: Request, stream: TokenStream, served: Served,
+                     head: dict) -> AsyncIterator[str]:
+    """The server-sent events of ``request``: a chunk per token, then ``data: [DONE]``."""
     text = Detokenizer(served.tokenizer)
     try:
         async for token, reason in stream:

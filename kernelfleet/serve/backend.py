@@ -12,6 +12,10 @@ GPU: at start it captures a decode graph per batch bucket (1, 2, 4, ... up to th
 :meth:`EagerBackend.forward` in its graph-safe form, and ``decode`` pads the batch to the smallest
 bucket that holds it, writes the inputs in place and replays that graph. The place half's plans
 would run each bucket's graph across devices; the engine does not change.
+
+Two more calls let a request move between backends (the prefill/decode split, ``strategies.py``):
+``kv(slot)`` says where a slot's keys and values lie (a cache and its row), and
+``adopt(slot, cache, row, tokens)`` copies such a row into one of this backend's slots.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from kernelfleet.serve.cache import SlotCache, attention_mask
 
 
 class Backend(Protocol):
-    """What the engine needs of a device (module docstring)."""
+    """What the engine needs of a device (module docstring); ``device`` is its name in the metrics."""
 
     device: str
     slots: int
@@ -35,15 +39,21 @@ class Backend(Protocol):
 
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor: ...
 
+    def kv(self, slot: int) -> tuple[SlotCache, int]: ...
+
+    def adopt(self, slot: int, source: SlotCache, row: int, tokens: int) -> None: ...
+
 
 class EagerBackend:
-    """A transformers causal LM run eagerly, its KV cache a :class:`SlotCache` of ``slots`` slots."""
+    """A transformers causal LM run eagerly, its KV cache a :class:`SlotCache` of ``slots`` slots;
+    ``device_name`` names it in the metrics (default: torch's name of its device)."""
 
-    def __init__(self, model: torch.nn.Module, slots: int, context_tokens: int) -> None:
+    def __init__(self, model: torch.nn.Module, slots: int, context_tokens: int, device_name: str | None = None) -> None:
         self.model, self.slots, self.context_tokens = model, slots, context_tokens
         parameter = next(model.parameters())
-        self.device, self.dtype = str(parameter.device), parameter.dtype
-        self.cache = SlotCache(slots, context_tokens)
+        self.torch_device, self.dtype = str(parameter.device), parameter.dtype
+        self.device = device_name or self.torch_device
+        self.cache = SlotCache(slots, context_tokens, self.torch_device)
         self.eager = model.config._attn_implementation == "eager"
         # transformers 5 calls the cache argument ``cache``; earlier releases ``past_key_values``
         accepted = inspect.signature(model.forward).parameters
@@ -51,13 +61,22 @@ class EagerBackend:
         self.keep_argument = "logits_to_keep" if "logits_to_keep" in accepted else "num_logits_to_keep"
 
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
-        positions = torch.arange(len(token_ids), device=self.device)[None, :]
-        return self.forward(torch.tensor([token_ids], device=self.device), torch.tensor([slot], device=self.device),
+        positions = torch.arange(len(token_ids), device=self.torch_device)[None, :]
+        return self.forward(torch.tensor([token_ids], device=self.torch_device), torch.tensor([slot], device=self.torch_device),
                             positions, len(token_ids))[0]
 
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
-        return self.forward(torch.tensor(token_ids, device=self.device)[:, None], torch.tensor(slots, device=self.device),
-                            torch.tensor(positions, device=self.device)[:, None], max(positions) + 1)
+        return self.forward(torch.tensor(token_ids, device=self.torch_device)[:, None], torch.tensor(slots, device=self.torch_device),
+                            torch.tensor(positions, device=self.torch_device)[:, None], max(positions) + 1)
+
+    def kv(self, slot: int) -> tuple[SlotCache, int]:
+        """Where ``slot``'s keys and values lie: the cache and its row."""
+        return self.cache, slot
+
+    @torch.inference_mode()
+    def adopt(self, slot: int, source: SlotCache, row: int, tokens: int) -> None:
+        """Take over a request prefilled elsewhere: ``source``'s row ``row`` into ``slot`` (cache.py)."""
+        self.cache.adopt(source, row, slot, tokens)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,

@@ -30,9 +30,9 @@ class SlotCache(Cache):
     """Keys and values of ``slots`` requests of up to ``context_tokens`` tokens, per layer,
     allocated at the first forward (shapes and dtype from the model's own key states)."""
 
-    def __init__(self, slots: int, context_tokens: int) -> None:
+    def __init__(self, slots: int, context_tokens: int, device: str = "cpu") -> None:
         super().__init__(layers=[])
-        self.slots, self.context_tokens = slots, context_tokens
+        self.slots, self.context_tokens, self.device = slots, context_tokens, device
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
         self.rows: torch.Tensor | None = None
@@ -69,9 +69,22 @@ class SlotCache(Cache):
             for layer in cache.values():
                 layer[target, :, :tokens] = layer[source, :, :tokens]
 
-    def _allocate(self, states: torch.Tensor) -> torch.Tensor:
+    def adopt(self, source: SlotCache, source_row: int, target_row: int, tokens: int) -> None:
+        """Copy ``source``'s row ``source_row`` (its first ``tokens`` positions, every layer) into row
+        ``target_row``: a request prefilled on another device, handed over to decode here. Between two
+        GPUs each layer is one device-to-device copy, queued without a host wait (``non_blocking``;
+        torch orders it after the source's prefill and before this device's next forward); on the
+        CPU a plain copy. A cache that has not run a forward yet is allocated from the source's shapes."""
+        for mine, theirs in ((self.keys, source.keys), (self.values, source.values)):
+            for layer, tensor in theirs.items():
+                if layer not in mine:
+                    mine[layer] = self._allocate(tensor, self.device)
+                mine[layer][target_row, :, :tokens].copy_(tensor[source_row, :, :tokens], non_blocking=True)
+
+    def _allocate(self, states: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
         heads, dim = states.shape[1], states.shape[3]
-        return torch.zeros(self.slots, heads, self.context_tokens, dim, dtype=states.dtype, device=states.device)
+        return torch.zeros(self.slots, heads, self.context_tokens, dim, dtype=states.dtype,
+                           device=states.device if device is None else device)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length

@@ -62,3 +62,18 @@ def gpu_for(cap: DeviceCap | None) -> Gpu:
                          f"{total_bytes / 1e9:.1f} GB")
     return Gpu(device, cap.name, cap.memory_bytes, total_bytes, capped=True)
 
+
+
+def enforce(gpus: list[Gpu]) -> None:
+    """Hold torch's allocator on each GPU to its caps: the sum of the caps of the ``--device``s on it
+    (two on one GPU share its allocator, whose limit is one fraction a device), which must fit it."""
+    for torch_device in dict.fromkeys(gpu.torch_device for gpu in gpus):
+        here = [gpu for gpu in gpus if gpu.torch_device == torch_device]
+        if len(here) == 1:
+            here[0].enforce()
+            continue
+        capped_bytes, total_bytes = sum(gpu.cap_bytes for gpu in here), here[0].total_bytes
+        if capped_bytes > total_bytes:
+            raise UsageError(f"--device {', '.join(gpu.name for gpu in here)} on {torch_device}: their caps add up to "
+                             f"{capped_bytes / 1e9:.1f} GB, more than its {total_bytes / 1e9:.1f} GB")
+        torch.cuda.set_per_process_memory_fraction(capped_bytes / total_bytes, torch_device)

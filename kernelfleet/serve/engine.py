@@ -5,9 +5,12 @@ One thread owns the backend. Each step:
 1. requests whose client went away leave their slots;
 2. waiting requests move into free slots (``scheduler.py``) and are prefilled one by one, which
    gives each its first token;
-3. one decode forward runs every request in a slot, each at its own position, and gives each its
-   next token. A request whose token is a stop token, or that reached ``max_tokens``, leaves its
-   slot at once, so the next step's newcomer reuses it.
+3. one decode forward per backend runs every request in a slot there, each at its own position,
+   and gives each its next token. A request whose token is a stop token, or that reached
+   ``max_tokens``, leaves its slot at once, so the next step's newcomer reuses it.
+
+Which backend prefills and which decodes a request is the :class:`~kernelfleet.serve.strategies.Strategy`'s
+(one device, request distribution, prefill/decode split); a plain backend is the ``single`` one.
 
 Tokens go to each request's ``sink`` (called on the engine's thread: the API hands them to its
 event loop) as ``sink(token_id, finish_reason)``, ``finish_reason`` None until the last token;
@@ -30,6 +33,7 @@ from kernelfleet.serve.backend import Backend
 from kernelfleet.serve.metrics import ServeMetrics
 from kernelfleet.serve.sampling import Sampler, Sampling
 from kernelfleet.serve.scheduler import Scheduler
+from kernelfleet.serve.strategies import STAGE_SLOT, Strategy, single
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +68,28 @@ class Request:
 class Engine:
     """The loop over ``backend`` with a queue of ``max_queue`` (module docstring)."""
 
-    def __init__(self, backend: Backend, max_queue: int, metrics: ServeMetrics | None = None,
+    def __init__(self, backend: Backend | Strategy, max_queue: int, metrics: ServeMetrics | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.backend, self.clock = backend, clock
+        self.strategy = backend if isinstance(backend, Strategy) else single(backend)
+        self.clock = clock
         self.metrics = metrics or ServeMetrics(max_queue)
-        self.scheduler: Scheduler[Request] = Scheduler(backend.slots, max_queue)
+        self.scheduler: Scheduler[Request] = Scheduler(self.strategy.slots, max_queue, self.strategy.choose)
         self._wake = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
 
     @property
+    def backend(self) -> Backend:
+        """The first decode backend: the only one under ``single``."""
+        return self.strategy.backends[0]
+
+    @property
     def context_tokens(self) -> int:
-        return self.backend.context_tokens
+        return self.strategy.context_tokens
+
+    @property
+    def slots(self) -> int:
+        return self.strategy.slots
 
     def submit(self, prompt: list[int], max_tokens: int, stop_token_ids: frozenset[int], sampling: Sampling,
                sink: Sink) -> Request:
@@ -108,31 +122,58 @@ class Engine:
             self._gauges()
         for slot, request in admitted:
             self.metrics.prompt.inc(len(request.prompt))
-            logits = self._run([slot], self.backend.prefill, slot, request.prompt)
+            logits = self._prefill(slot, request.prompt)
             if logits is not None:
                 self._next(slot, request, logits)
-        batch = sorted(self.scheduler.running.items())
-        if not batch:
+        running = sorted(self.scheduler.running.items())
+        if not running:
             return bool(admitted)
-        slots = [slot for slot, _ in batch]
-        logits = self._run(slots, self.backend.decode, slots, [r.generated[-1] for _, r in batch],
-                           [r.position for _, r in batch])
-        if logits is not None:
+        groups: list[list[tuple[int, Request]]] = [[] for _ in self.strategy.backends]
+        for slot, request in running:
+            groups[self.strategy.locate(slot)[0]].append((slot, request))
+        # every backend's decode is launched before any result is read: GPUs run side by side
+        launched = []
+        for backend, batch in zip(self.strategy.backends, groups):
+            if batch:
+                slots = [slot for slot, _ in batch]
+                logits = self._run(slots, backend, backend.decode, [self.strategy.locate(s)[1] for s in slots],
+                                   [r.generated[-1] for _, r in batch], [r.position for _, r in batch])
+                if logits is not None:
+                    launched.append((backend, batch, logits))
+        for backend, batch, logits in launched:
+            started = self.clock()
             greedy = logits.argmax(-1).tolist()  # one host read for the batch, not one per row
+            self.metrics.busy.labels(backend.device).inc(self.clock() - started)  # the wait for its results
             for row, (slot, request) in enumerate(batch):
                 self._next(slot, request, logits[row], greedy[row])
         return True
 
-    def _run(self, slots: list[int], forward: Callable[..., torch.Tensor], *args: object) -> torch.Tensor | None:
+    def _prefill(self, slot: int, prompt: list[int]) -> torch.Tensor | None:
+        """The logits of ``prompt``'s last position, its keys and values in ``slot``: prefilled on the
+        slot's own backend, or (``split``) on the prefill backend and handed over."""
+        index, local = self.strategy.locate(slot)
+        decoder, prefiller = self.strategy.backends[index], self.strategy.prefill_on
+        if prefiller is None:
+            return self._run([slot], decoder, decoder.prefill, local, prompt)
+        logits = self._run([slot], prefiller, prefiller.prefill, STAGE_SLOT, prompt)
+        if logits is None:
+            return None
+        handed = self._run([slot], decoder, decoder.adopt, local, *prefiller.kv(STAGE_SLOT), len(prompt))
+        return None if handed is None else logits
+
+    def _run(self, slots: list[int], backend: Backend, forward: Callable[..., object], *args: object) -> object:
+        """``forward(*args)`` on ``backend``, its time counted as the device's busy time; None
+        (and its requests ended with an error) when it fails."""
         started = self.clock()
         try:
-            return forward(*args)
+            done = forward(*args)
+            return True if done is None else done
         except Exception:  # a failed forward ends its requests; the loop and the other slots go on
             log.exception("a forward over slots %s failed; its requests end with an error", slots)
             self._fail(slots)
             return None
         finally:
-            self.metrics.busy.labels(self.backend.device).inc(self.clock() - started)
+            self.metrics.busy.labels(backend.device).inc(self.clock() - started)
 
     def _next(self, slot: int, request: Request, logits: torch.Tensor, greedy: int | None = None) -> None:
         try:

@@ -32,6 +32,7 @@ import torch
 
 from kernelfleet.errors import EnvironmentProblem
 from kernelfleet.serve.backend import EagerBackend
+from kernelfleet.serve.cache import SlotCache
 from kernelfleet.serve.rows import Rows
 
 
@@ -85,7 +86,7 @@ class GraphBackend:
                  graphs: bool = True, device_name: str | None = None) -> None:
         self.eager_backend, self.graphs = eager, graphs
         self.slots, self.context_tokens = eager.slots, eager.context_tokens
-        self.device = device_name or eager.device  # its name in the metrics; torch's is eager.device
+        self.device = device_name or eager.device  # its name in the metrics; torch's is eager.torch_device
         self.rows = Rows(eager.slots)
         self.sizes = buckets(eager.slots)
         self.buckets: dict[int, Bucket] = {}
@@ -98,12 +99,12 @@ class GraphBackend:
 
     @torch.inference_mode()
     def _captured(self, size: int) -> Bucket:
-        bucket = Bucket(size, torch.tensor(padded([], [], size), device=self.eager_backend.device))
+        bucket = Bucket(size, torch.tensor(padded([], [], size), device=self.eager_backend.torch_device))
         if not self.graphs:
             return bucket
         try:
             # the capture's own stream is made on the current device: make it this one
-            with torch.cuda.device(self.eager_backend.device):
+            with torch.cuda.device(self.eager_backend.torch_device):
                 self._capture(bucket)
         except torch.OutOfMemoryError as exc:
             raise CaptureFailed(f"capturing the decode graph of batch bucket {size} failed: out of memory "
@@ -127,6 +128,14 @@ class GraphBackend:
 
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
         return self.eager_backend.prefill(self.rows.take(slot), token_ids)
+
+    def kv(self, slot: int) -> tuple[SlotCache, int]:
+        return self.eager_backend.cache, self.rows.row_of[slot]
+
+    def adopt(self, slot: int, source: SlotCache, row: int, tokens: int) -> None:
+        # into the row the slot takes, as a prefill there would write it; the cache was allocated at
+        # start, so the copy writes the tensors the graphs read
+        self.eager_backend.adopt(self.rows.take(slot), source, row, tokens)
 
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:

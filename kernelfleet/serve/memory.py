@@ -82,3 +82,17 @@ def planned_slots(footprint: Footprint, cap_bytes: int, slots: int | None, where
             f"GiB, workspace {(need - footprint.weights_bytes - wanted * footprint.kv_bytes_per_slot) / GIB:.2f} "
             f"GiB) and the cap allows {cap_bytes / GIB:.2f} GiB; raise the cap, or lower --slots or --context")
     return wanted
+
+
+def proportional_slots(total: int, weights: list[float]) -> list[int]:
+    """``total`` slots over devices in proportion to ``weights`` (their memory), each at least one,
+    by largest remainder (the counts add up to ``total``); UsageError when there are fewer slots than devices."""
+    if total < len(weights):
+        raise UsageError(f"--slots {total} cannot give each of the {len(weights)} devices a slot")
+    shares = [total * w / sum(weights) for w in weights]
+    counts = [max(1, int(share)) for share in shares]
+    while sum(counts) < total:  # the largest remainder first
+        counts[max(range(len(counts)), key=lambda i: (shares[i] - counts[i], -i))] += 1
+    while sum(counts) > total:  # a device raised to its one slot is paid for by the most over its share
+        counts[max((i for i in range(len(counts)) if counts[i] > 1), key=lambda i: (counts[i] - shares[i], -i))] -= 1
+    return counts

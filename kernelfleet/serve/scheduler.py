@@ -10,6 +10,7 @@ A request that finds no free slot and ``max_queue`` requests already waiting for
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from kernelfleet.errors import KernelfleetError
@@ -24,9 +25,13 @@ class QueueFull(KernelfleetError):
 class Scheduler(Generic[Item]):
     """``slots`` slots (0 .. slots-1) and a queue of at most ``max_queue`` waiting requests."""
 
-    def __init__(self, slots: int, max_queue: int) -> None:
+    def __init__(self, slots: int, max_queue: int,
+                 choose: Callable[[list[int], dict[int, Item]], int] | None = None) -> None:
         self.free = list(range(slots - 1, -1, -1))  # popped from the end: slot 0 first
         self.max_queue = max_queue
+        # which free slot (its index in ``free``) a newcomer takes, given those running; by default
+        # the most recently freed (``strategies.py`` balances devices instead)
+        self.choose = choose or (lambda free, running: len(free) - 1)
         self.waiting: deque[Item] = deque()
         self.running: dict[int, Item] = {}
 
@@ -48,7 +53,7 @@ class Scheduler(Generic[Item]):
         """Waiting requests moved into free slots, oldest first: ``(slot, request)`` pairs."""
         admitted = []
         while self.waiting and self.free:
-            slot = self.free.pop()
+            slot = self.free.pop(self.choose(self.free, self.running))
             self.running[slot] = item = self.waiting.popleft()
             admitted.append((slot, item))
         return admitted

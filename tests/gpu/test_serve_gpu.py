@@ -99,6 +99,26 @@ def test_the_gpu_server_over_http_gives_the_greedy_tokens_of_generate_streamed_o
     assert got[len(PROMPTS):] == want
 
 
+@pytest.mark.parametrize("strategy", ["replicas", "split"])
+def test_two_gpus_under_each_strategy_give_the_greedy_tokens_of_generate(model_dir, strategy):
+    """Request distribution and the prefill/decode split over GPUs 0 and 1 (both on GPU 0 where
+    there is one: the same control flow, the hand-over a copy within the device)."""
+    from kernelfleet.serve.command import Placed
+
+    second = "cuda:1" if torch.cuda.device_count() > 1 else DEVICE
+    first, other = (load(f"hf:{model_dir}", device, dtype=torch.float32) for device in (DEVICE, second))
+    want = [generated(first.model, prompt, 10) for prompt in PROMPTS]
+    devices = [Placed("gpu0", first.model, 1 if strategy == "split" else 2), Placed("gpu1", other.model, 2)]
+    with serving(first, slots=4 if strategy == "replicas" else 2, context_tokens=64, graphs=True, strategy=strategy,
+                 devices=devices) as (url, engine):
+        assert all(backend.buckets[2].graph is not None for backend in engine.strategy.backends)
+        got = asyncio.run(whole_and_streamed(url, PROMPTS, 10))
+        metrics = httpx.get(f"{url}/metrics").text
+    assert got[:len(PROMPTS)] == want and got[len(PROMPTS):] == want
+    for name in ("gpu0", "gpu1"):
+        assert f'kernelfleet_serve_device_busy_seconds_total{{device="{name}"}}' in metrics
+
+
 def test_the_command_prints_the_capture_and_serves_on_the_gpu(model_dir):
     with ServeCommand(f"hf:{model_dir}", "--device", "small:4", "--context", "64", startup_seconds=600) as server:
         answer = httpx.post(f"{server.url}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 5,

@@ -9,22 +9,11 @@ import sys
 import httpx
 import pytest
 import torch
-from recorded import ServeCommand, free_port, reference, tiny_causal_lm
+from recorded import ServeCommand, free_port, reference, tiny_causal_lm, word_tokenizer
 
 from kernelfleet.cli import main
 
 pytestmark = pytest.mark.unit
-
-
-def word_tokenizer(vocab_size: int = 256):
-    """A tokenizer of the words w0 ... w254 (and [UNK]), one token each: text prompts without a download."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(vocab_size - 1)} | {"[UNK]": vocab_size - 1}
-    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    words.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]")
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +44,23 @@ def test_the_command_serves_text_prompts_whole_and_streamed(model_dir):
     assert models["data"][0]["id"] == model_dir.name
 
 
+@pytest.mark.parametrize(("strategy", "says"), [
+    ("replicas", "(4 slots of 64 tokens, replicas: small (1 slots), big (3 slots))"),
+    ("split", "(4 slots of 64 tokens, split: small (1 slots), big (4 slots))"),
+])
+def test_the_command_serves_under_a_strategy_over_two_cpu_twins(model_dir, strategy, says):
+    from transformers import AutoModelForCausalLM
+
+    with ServeCommand(f"hf:{model_dir}", "--cpu", "--strategy", strategy, "--device", "small:1", "--device", "big:3",
+                      "--slots", "4", "--context", "64") as server:
+        body = {"prompt": [5, 9, 100, 3], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        whole = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+        metrics = httpx.get(f"{server.url}/metrics").text
+    assert server.returncode == 0 and says in server.err, server.err
+    assert whole["token_ids"] == reference(AutoModelForCausalLM.from_pretrained(model_dir), [5, 9, 100, 3], 6, eos=False)
+    assert 'device_busy_seconds_total{device="small"}' in metrics  # the split's prefill, or the first replica's request
+
+
 def run_main(monkeypatch, capsys, *args):
     monkeypatch.setattr(sys, "argv", ["kernelfleet", "serve", *map(str, args)])
     with pytest.raises(SystemExit) as stop:
@@ -78,6 +84,13 @@ def run_main(monkeypatch, capsys, *args):
     (["{dir}", "--device", "h200"], 2, "--device takes NAME:MEMORY_GB[@GPU]"),
     (["{dir}", "--cpu", "--device", "h200:40"], 2, "--device names a GPU; with --cpu"),
     (["{dir}", "--dtype", "int8"], 2, "--dtype takes bfloat16, float16, float32"),
+    (["{dir}", "--cpu", "--strategy", "ring"], 2, "--strategy takes single, replicas, split, got 'ring'"),
+    (["{dir}", "--cpu", "--strategy", "split", "--device", "a:1"], 2, "--strategy split takes two --device"),
+    (["{dir}", "--cpu", "--strategy", "replicas", "--device", "a:1", "--device", "a:2"], 2,
+     "--device names must differ"),
+    (["{dir}", "--cpu", "--strategy", "replicas", "--device", "a:1@1", "--device", "b:1"], 2, "it has no @GPU"),
+    (["{dir}", "--cpu", "--strategy", "replicas", "--device", "a:1", "--device", "b:1", "--slots", "1"], 2,
+     "--slots 1 cannot give each of the 2 devices a slot"),
 ])
 def test_bad_flags_and_targets_are_one_line(monkeypatch, capsys, model_dir, args, code, says):
     with socket.socket() as busy:
