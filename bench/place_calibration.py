@@ -33,7 +33,7 @@ from pathlib import Path
 
 from kernelfleet.costs.table import CostTable
 from kernelfleet.kernels.ir import Program
-from kernelfleet.plan.command import COPY_US, LINK_GBPS
+from kernelfleet.plan.links import COPY_US, LINK_GBPS
 from kernelfleet.plan.model import Plan
 from kernelfleet.plan.slots import estimate, makespan, uniform_link
 from kernelfleet.runtime.executor import plan_graph

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench import command_line, place_calibration
-from kernelfleet.plan import command
+from kernelfleet.plan import command, links
 from kernelfleet.plan.model import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,8 +107,8 @@ def row_of(folder: Path) -> Row:
 def replanned_latency(folder: Path) -> str:
     """The strategy of the run whose placement today's latency policy picks from the folder's
     program and cost table ("-" when it picks one the run did not time)."""
-    problem = command.setup(folder / "program.json.gz", folder / "costs.json", ["a", "b"], [], command.LINK_GBPS,
-                            [], [], None, command.COPY_US).problem
+    problem = command.setup(folder / "program.json.gz", folder / "costs.json", ["a", "b"], [], links.LINK_GBPS,
+                            [], [], None, links.COPY_US).problem
     chosen, _ = command.make_plans(problem, "latency", 10.0)
     files = sorted(folder.glob("plan.*.json"), key=lambda p: (not p.name.startswith("plan.single"), p.name))
     timed = (Plan.from_json(p.read_text(), str(p)) for p in files)  # a single device by its own name

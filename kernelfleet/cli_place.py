@@ -17,7 +17,7 @@ from rich.console import Console
 from kernelfleet.cli_common import CatalogOption, err, out_console
 from kernelfleet.documents import read_text
 from kernelfleet.errors import EnvironmentProblem, UsageError
-from kernelfleet.plan.command import COPY_US, LINK_GBPS
+from kernelfleet.plan.links import COPY_US, LINK_GBPS
 
 CopyUsOption = typer.Option(COPY_US, "--copy-us", help="Microseconds each copy between devices costs beyond its "
                             "bytes (default: measured on an H200's partitions, docs/place.md).")
@@ -466,7 +466,7 @@ def disagg_command(
                                     "each graph's predicted time costs its copies so (kernelfleet plan's flags)."),
 ) -> None:
     """Every placement strategy for one step on the emulated pair, gated on identical outputs, in one run."""
-    from kernelfleet.plan.command import check_link
+    from kernelfleet.plan.links import check_link
 
     check_link(link_gbps, copy_us)
     make_step, profiles, table = _pair_bench(step, plans, costs, device, "the disaggregation benchmark")

@@ -43,7 +43,7 @@ from rich.table import Table
 
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
-from kernelfleet.plan.command import COPY_US, LINK_GBPS
+from kernelfleet.plan.links import COPY_US, LINK_GBPS
 from kernelfleet.plan.model import Plan
 from kernelfleet.plan.schedule import Node
 from kernelfleet.plan.slots import estimate, makespan, uniform_link

@@ -36,7 +36,7 @@ from rich.console import Console
 from kernelfleet.bench.disagg import Strategy, show, strategies
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
-from kernelfleet.plan.command import COPY_US, LINK_GBPS
+from kernelfleet.plan.links import COPY_US, LINK_GBPS
 from kernelfleet.plan.model import Plan
 from kernelfleet.plan.slots import estimate, uniform_link
 from kernelfleet.profile.devices import ProfileSpec

@@ -19,6 +19,7 @@ from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.baselines import baselines
+from kernelfleet.plan.links import check_link
 from kernelfleet.plan.model import Device, Link, Plan, Problem
 from kernelfleet.plan.policy import throughput
 from kernelfleet.plan.validate import evaluate
@@ -26,22 +27,8 @@ from kernelfleet.plan.validate import evaluate
 # Requests in flight a plan is made for: slots of one graph, each with replicas of its own, so memory
 # bounds them long before this; the prediction simulates every slot (the cost grows with K).
 MAX_IN_FLIGHT = 256
-# What one copy costs the executor's graph beyond its bytes: on an H200's two partitions, plans of
-# the Llama decode and prefill steps with 54 and 23 copies ran 4.3 and 3.1 us per copy slower than
-# their zero-cost prediction (docs/place.md, "Devices that capture different kernels").
-COPY_US = 4.0
-LINK_GBPS = 25.0  # a PCIe 4.0 x16 link's order: what two GPUs of different types in one host share
-MAX_COPY_US = 10_000.0
 POLICIES = ("throughput", "latency", "single", "replicas", "pipeline", "attention-ffn", "all")
 GB = 1e9
-
-
-def check_link(link_gbps: float, copy_us: float) -> None:
-    """UsageError naming the flag unless ``--link-gbps`` and ``--copy-us`` make a link."""
-    if not link_gbps > 0:
-        raise UsageError(f"--link-gbps must be positive, got {link_gbps}")
-    if not 0 <= copy_us <= MAX_COPY_US:
-        raise UsageError(f"--copy-us must be between 0 and {MAX_COPY_US:g} microseconds, got {copy_us}")
 
 
 @dataclass

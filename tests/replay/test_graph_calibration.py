@@ -16,7 +16,7 @@ from kernelfleet.cli import app, main
 from kernelfleet.costs.table import CostTable
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
-from kernelfleet.plan import command
+from kernelfleet.plan import command, links
 from kernelfleet.plan.slots import per_request
 
 pytestmark = pytest.mark.replay
@@ -37,8 +37,8 @@ def measured_table(folder, tmp_path):
 @pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
 def test_the_planner_predicts_each_single_device_as_its_graph_measured(folder, tmp_path):
     path, found = measured_table(folder, tmp_path)
-    setup = command.setup(folder / "program.json.gz", path, ["a", "b"], [], command.LINK_GBPS, [], [],
-                          None, command.COPY_US)
+    setup = command.setup(folder / "program.json.gz", path, ["a", "b"], [], links.LINK_GBPS, [], [],
+                          None, links.COPY_US)
     assert "scaled to the measured graph time (a x0." in setup.notes[0]
     _, plans = command.make_plans(setup.problem, "single", 10.0)
     singles = [p for p in plans if p.policy.startswith("single:")]

@@ -120,18 +120,18 @@ def test_with_the_measured_copy_cost_the_planner_says_what_the_gpu_measured_best
     free (``--copy-us 0``) the planner said kernel placement wins on the decode rows, and what it
     chose measured up to 3.2x replicas' time; with the per-copy cost measured on these partitions
     (the default) it says to run replicas, as measured."""
-    from kernelfleet.plan import command
+    from kernelfleet.plan import command, links
 
     results = json.loads((DATA / target / "disagg.disagg.json").read_text())["strategies"]
     timed = {n: r["seconds"] for n, r in results.items() if "seconds" in r and n in
              ("single:a", "single:b", "replicas", "pipeline", "attention-ffn", "latency-greedy", "throughput-milp")}
     assert min(timed, key=timed.get) == "replicas"
     said = {}
-    for copy_us in (0.0, command.COPY_US):
+    for copy_us in (0.0, links.COPY_US):
         setup = command.setup(DATA / target / "profile.program.json", DATA / target / "profile.costs.json", [], [],
                               25.0, [], [], copy_us=copy_us)
         said[copy_us] = command.verdict(command.make_plans(setup.problem, "all", 10.0)[1])
-    assert said[command.COPY_US].endswith("run replicas on this pair")
+    assert said[links.COPY_US].endswith("run replicas on this pair")
     if target.endswith("decode"):
         assert said[0.0].startswith("kernel placement serves")
 

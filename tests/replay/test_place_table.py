@@ -9,7 +9,7 @@ import json
 import pytest
 
 from bench import place_calibration, place_table
-from kernelfleet.plan import command
+from kernelfleet.plan import command, links
 from kernelfleet.plan.slots import per_request
 
 pytestmark = pytest.mark.replay
@@ -45,8 +45,8 @@ def test_each_row_follows_from_its_recorded_strategies(folder):
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
 def test_todays_latency_plan_is_predicted_no_slower_than_the_fastest_single_device(folder):
-    problem = command.setup(folder / "program.json.gz", folder / "costs.json", ["a", "b"], [], command.LINK_GBPS,
-                            [], [], None, command.COPY_US).problem
+    problem = command.setup(folder / "program.json.gz", folder / "costs.json", ["a", "b"], [], links.LINK_GBPS,
+                            [], [], None, links.COPY_US).problem
     chosen, plans = command.make_plans(problem, "latency", 10.0)
     singles = [per_request(problem, p, 1) for p in plans if p.policy.startswith("single:")]
     assert per_request(problem, chosen, 1) <= min(singles) * (1 + 1e-9)

@@ -2,7 +2,8 @@
 
 * The pure core (catalog, ofu, ptx, the kernel IR, graph, costs, plan) and the see half (what goes
   on every GPU node) import with torch, triton, cuda-python, HiGHS and transformers blocked: the
-  solver is imported where a solve happens, the GPU libraries only at the hardware edges.
+  solver is imported where a solve happens, the GPU libraries only at the hardware edges. The see
+  half and every command's module import without numpy too (the core install has none).
 * No import cycle between packages, lazy imports included (an import under ``TYPE_CHECKING`` is a
   type, not a dependency).
 * The core imports nothing above it: no hardware edge, no application.
@@ -182,9 +183,9 @@ print("\\n".join(failed + [f"loaded {{m}}" for m in loaded]))
 """
 
 
-def blocked_import_failures(names: list[str], root: Path = ROOT) -> list[str]:
-    """Import each module in a fresh interpreter with the heavy libraries blocked: what failed."""
-    script = BLOCKER.format(heavy=HEAVY, root=str(root), names=names)
+def blocked_import_failures(names: list[str], root: Path = ROOT, heavy: tuple[str, ...] = HEAVY) -> list[str]:
+    """Import each module in a fresh interpreter with the ``heavy`` libraries blocked: what failed."""
+    script = BLOCKER.format(heavy=heavy, root=str(root), names=names)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return [line for line in done.stdout.splitlines() if line]
@@ -206,6 +207,18 @@ def test_the_core_and_the_see_half_import_with_torch_triton_cuda_and_highs_block
     names = light_modules()
     assert {"kernelfleet.plan.milp", "kernelfleet.kernels.ir", "kernelfleet.fleet.agent", "kernelfleet.cli"} <= set(names)
     assert blocked_import_failures(names) == []
+
+
+def test_the_see_half_imports_with_only_its_own_dependencies():
+    """`make run` installs the core dependencies only (pyproject's `dependencies`: no numpy, which
+    the planners use): the agent, the dashboard's server, watch and every command's module must
+    import without it. kernelfleet.cli once took a flag default from plan.command, which imports
+    the MILP and numpy, and the agent did not start on a fresh machine."""
+    see = [m for m in modules() if within(m, SEE) and not within(m, EDGES)]
+    assert {"kernelfleet.cli", "kernelfleet.fleet.agent", "kernelfleet.fleet.server"} <= set(see)
+    assert blocked_import_failures(see + ["kernelfleet.cli_place", "kernelfleet.cli_serve",
+                                          "kernelfleet.telemetry.nvml", "kernelfleet.telemetry.replay"],
+                                   heavy=(*HEAVY, "numpy")) == []
 
 
 def test_the_runtimes_pure_parts_import_with_torch_blocked():
