@@ -259,3 +259,54 @@ def test_the_layer_check_finds_a_planted_violation():
              "kernelfleet.ofu.core": {"kernelfleet.telemetry.sample"}}
     assert layer_violations(edges) == ["kernelfleet.kernels.ir -> kernelfleet.kernels.cuda.driver",
                                        "kernelfleet.plan.policy -> kernelfleet.runtime.executor"]
+
+
+RUN_BLOCKED = """
+import importlib.abc, runpy, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {heavy!r}:
+            raise ImportError(f"{{name}} is blocked: the see half must run without it")
+sys.meta_path.insert(0, Block())
+sys.path.insert(0, {root!r})
+sys.argv = ["kernelfleet", *sys.argv[1:]]
+runpy.run_module("kernelfleet", run_name="__main__")
+"""
+
+
+def test_the_agent_and_its_dashboard_run_with_only_the_core_dependencies(tmp_path):
+    """What `make run` starts on a fresh machine, run with numpy and the place half's libraries
+    blocked: the agent on the bundled recording serves its API, dashboard and /metrics, and watch
+    prints a frame (their lazy imports included, which importing the modules does not reach)."""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    from recorded import free_port
+
+    script = RUN_BLOCKED.format(heavy=(*HEAVY, "numpy"), root=str(ROOT))
+    frame = subprocess.run([sys.executable, "-c", script, "watch", "--demo", "--once", "--json"], capture_output=True,
+                           text=True, timeout=60)
+    assert frame.returncode == 0 and json.loads(frame.stdout), frame.stderr[-2000:]
+    port = free_port()
+    agent = subprocess.Popen([sys.executable, "-c", script, "agent", "--demo", "--store", str(tmp_path / "kf.db"),
+                              "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    paths = ("/healthz", "/api/fleet", "/api/overview?k=3", "/api/heatmap", "/api/jobs/summary", "/metrics", "/")
+    answers: dict[str, int | None] = dict.fromkeys(paths)
+    try:
+        for path in paths:
+            deadline = time.monotonic() + 30
+            while answers[path] is None and agent.poll() is None and time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+                        answers[path] = reply.status
+                except urllib.error.HTTPError as exc:  # an answer, not a server still starting
+                    answers[path] = exc.code
+                except OSError:
+                    time.sleep(0.5)
+    finally:
+        agent.terminate()
+        _, stderr = agent.communicate(timeout=30)
+    assert answers == dict.fromkeys(paths, 200), (answers, stderr[-2000:])
+    assert "blocked" not in stderr and "Traceback" not in stderr, stderr[-2000:]
