@@ -44,6 +44,7 @@ STEPS = {"raw": 15, "1m": 60, "1h": 3600}
 MAX_POINTS = 1440  # a range query's points at most: a day at one a minute, what a chart can show
 # Job series go on the "many" side of a join: a GPU shared by two jobs has two of them.
 SHARE = "kernelfleet_job_gpu_share_ratio"
+WHOLE_OFU = 'kernelfleet_ofu_ratio{mig=""}'  # whole GPUs: a MIG slice is a row of its GPU, not a GPU
 WORST_RECORDED = 50  # rules.yml's kernelfleet:fleet_worst_gpu_ofu:bottom50
 
 
@@ -80,6 +81,10 @@ class PrometheusBackend:
         result = self._vector_or(*queries)
         return float(result[0]["value"][1]) if result else None
 
+    def _host_gpus(self) -> dict[str, float]:
+        """Whole GPUs by host, as the fleet card lists hosts and the hosts table counts them."""
+        return self._by_host("kernelfleet:host_gpus:count", 'count by (hostname) (kernelfleet_sample_stale{mig=""})')
+
     def _by_host(self, *queries: str) -> dict[str, float]:
         """A per-host series (a recorded one, then what it records) by hostname."""
         return {s["metric"]["hostname"]: float(s["value"][1]) for s in self._vector_or(*queries)}
@@ -104,8 +109,7 @@ class PrometheusBackend:
     def fleet(self) -> dict[str, Any]:
         """The fleet card: recorded aggregates (rules.yml's dashboard group), the raw series behind
         each where its rule is missing; never an instant vector of every GPU."""
-        whole = 'kernelfleet_ofu_ratio{mig=""}'
-        peak = 'kernelfleet_dense_peak_flops{precision="bf16"}'
+        whole, peak = WHOLE_OFU, 'kernelfleet_dense_peak_flops{precision="bf16"}'
         achieved = self._scalar_or("kernelfleet:fleet_achieved_bf16_flops:sum",
                                    f"sum({whole} * on (uuid) group_left () {peak})")
         total_peak = self._scalar_or("kernelfleet:fleet_peak_bf16_flops:sum", f"sum({peak} and on (uuid) {whole})")
@@ -116,15 +120,14 @@ class PrometheusBackend:
             "achieved_flops": achieved,
             "peak_flops": total_peak,
             "capacity_weighted_ofu_ratio": achieved / total_peak if achieved is not None and total_peak else None,
-            "hosts": sorted(self._by_host("kernelfleet:host_gpus:count",
-                                          'count by (hostname) (kernelfleet_sample_stale{mig=""})')),
+            "hosts": sorted(self._host_gpus()),
         }
 
     def overview(self, hosts: Sequence[str], k: int, catalog: Catalog) -> views.Overview:
         """The fleet view from per-host aggregates and two ``bottomk`` queries; GPU rows only for
         the hosts asked for (views.overview is the same from every GPU's rows)."""
-        whole = 'kernelfleet_ofu_ratio{mig=""}'
-        counts = self._by_host("kernelfleet:host_gpus:count", 'count by (hostname) (kernelfleet_sample_stale{mig=""})')
+        whole = WHOLE_OFU
+        counts = self._host_gpus()
         measured = self._by_host("kernelfleet:host_gpus_with_ofu:count", f"count by (hostname) ({whole})")
         stale = self._by_host("kernelfleet:host_stale:count", "sum by (hostname) (kernelfleet_sample_stale)")
         mean = self._by_host("kernelfleet:host_gpu_ofu:avg", f"avg by (hostname) ({whole})")
@@ -139,7 +142,7 @@ class PrometheusBackend:
                                                                  "count by (sku) (kernelfleet_gpu_info)")}
         return views.Overview(
             hosts=rows, worst=worst,
-            gpus=[{**g, "label": views.gpu_label(g["host"], g["gpu"], g["mig_instance"])} for g in self.gpus(hosts)],
+            gpus=views.labelled(self.gpus(hosts)),
             newest_seconds=self._scalar_or("kernelfleet:fleet_newest_sample:timestamp",
                                            "max(timestamp(kernelfleet_sample_stale))"),
             ofu_note=same_die_note(catalog) if set(SAME_DIE) <= skus else None)

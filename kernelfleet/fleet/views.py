@@ -75,12 +75,17 @@ def worst_gpus(gpus: Iterable[Mapping[str, Any]], k: int) -> list[GpuRef]:
     return [_ref(g) for g in sorted(measured, key=lambda g: (g["ofu_ratio"], g["host"], g["gpu"]))[:k]]
 
 
+def labelled(gpus: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A backend's GPU rows, each with the name the page shows."""
+    return [{**g, "label": gpu_label(g["host"], g["gpu"], g["mig_instance"])} for g in gpus]
+
+
 def overview(gpus: Sequence[Mapping[str, Any]], hosts: Iterable[str], k: int, catalog: Catalog) -> Overview:
     wanted = set(hosts)
     skus = {g["sku"] for g in gpus}
     return Overview(
         hosts=host_rows(gpus), worst=worst_gpus(gpus, k),
-        gpus=[{**g, "label": gpu_label(g["host"], g["gpu"], g["mig_instance"])} for g in gpus if g["host"] in wanted],
+        gpus=labelled(g for g in gpus if g["host"] in wanted),
         newest_seconds=max((g["timestamp_seconds"] for g in gpus), default=None),
         ofu_note=same_die_note(catalog) if set(SAME_DIE) <= skus else None)
 
