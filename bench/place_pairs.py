@@ -17,8 +17,8 @@ given until ``--budget-s`` is spent; the rest are listed as not run. ``python -m
 DIR`` makes the table of measured against predicted from what this writes (on any machine).
 
 The targets: the six reference workloads (tiny presets: four replicas of an 8B step do not fit one
-H200) and Llama and Qwen2-MoE from transformers, prefill and decode, built from small configs
-(seeded random weights). Device b of the different-kernel pair captures with SDPA's math attention.
+H200), Llama and Qwen2-MoE from transformers, prefill and decode, and Mamba's decode (recurrent
+state), built from small configs (seeded random weights). Device b of the different-kernel pair captures with SDPA's math attention.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 from bench import command_line
 
 REFERENCE = ("llama-decode", "llama-prefill", "moe-decode", "mamba-decode", "vlm-prefill", "dit-denoise")
-TRANSFORMERS = ("hf-llama-prefill", "hf-llama-decode", "hf-qwen2moe-prefill", "hf-qwen2moe-decode")
+TRANSFORMERS = ("hf-llama-prefill", "hf-llama-decode", "hf-qwen2moe-prefill", "hf-qwen2moe-decode", "hf-mamba-decode")
 PAIRS = {"same": ("a:64", "b:32"), "different": ("a:64", "b:32/math-attention")}
 SIZES = dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
              max_position_embeddings=256)
@@ -48,12 +48,17 @@ def target_of(name: str, folder: Path) -> str:
     prefill: batch 4 of 64 tokens)."""
     if name not in TRANSFORMERS or name == "hf-llama-prefill":  # the latter is a reference builder
         return name
-    from transformers import LlamaConfig, Qwen2MoeConfig
+    from transformers import LlamaConfig, MambaConfig, Qwen2MoeConfig
 
     model = name.rsplit("-", 1)[0]
-    config = LlamaConfig(intermediate_size=688, **SIZES) if model == "hf-llama" else \
-        Qwen2MoeConfig(intermediate_size=688, moe_intermediate_size=128, shared_expert_intermediate_size=256,
-                       num_experts=8, num_experts_per_tok=2, **SIZES)
+    if model == "hf-mamba":
+        config = MambaConfig(vocab_size=SIZES["vocab_size"], hidden_size=SIZES["hidden_size"], state_size=16,
+                             num_hidden_layers=SIZES["num_hidden_layers"])
+    elif model == "hf-llama":
+        config = LlamaConfig(intermediate_size=688, **SIZES)
+    else:
+        config = Qwen2MoeConfig(intermediate_size=688, moe_intermediate_size=128, shared_expert_intermediate_size=256,
+                                num_experts=8, num_experts_per_tok=2, **SIZES)
     config.save_pretrained(folder / model)
     phase = "decode,batch=4,context=128" if name.endswith("decode") else "batch=4,tokens=64"
     return f"hf:{folder / model},{phase}"

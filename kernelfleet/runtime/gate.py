@@ -257,33 +257,39 @@ def replays_differ(step: str, device: str, elements: int) -> str:
 def decode_steps(step: Callable[[], None], args: tuple, decode: Any, output: Callable[[], torch.Tensor], forced: bool,
                  steps: int, sync: Callable[[], None] = lambda: None) -> tuple[torch.Tensor, list[list[int]]]:
     """Logits (steps × batch rows) and greedy tokens of ``steps`` decode steps, each ``step()`` with
-    the new token and position written into ``args`` (``decode``: a ``workloads.steps.Decode``) and
-    read back from ``output()``: the prompt's last ``steps`` positions decoded again (the last one
-    the step's own), fed the prompt's tokens (``forced``) or, after the first, each step's own
-    greedy choice. ``args`` are left as they came."""
-    token, position = args[decode.token], args[decode.position]
-    kept = token.clone(), position.clone()
-    last = int(position.reshape(-1)[0])
-    start = max(0, last - steps + 1)
+    the new token (and position) written into ``args`` (``decode``: a ``workloads.steps.Decode``)
+    and read back from ``output()``, fed the prompt's tokens (``forced``) or, after the first, each
+    step's own greedy choice. A cache of positions decodes the prompt's last ``steps`` positions
+    again (the last one the step's own); a recurrent step goes on from its state, the first step fed
+    its own token and the next ones the prompt's first. ``args`` are left as they came."""
+    token = args[decode.token]
+    position = None if decode.recurrent else args[decode.position]
+    kept = token.clone(), None if position is None else position.clone()
+    if position is None:
+        positions, feeds = range(steps), [kept[0]] + [decode.prompt[:, k:k + 1] for k in range(steps - 1)]
+    else:
+        last = int(position.reshape(-1)[0])
+        positions = range(max(0, last - steps + 1), last + 1)
+        # the prompt's tokens at each position; after the prompt, the step's own new token
+        feeds = [decode.prompt[:, p:p + 1] if p < decode.prompt.shape[1] else kept[0] for p in positions]
     logits, chosen = [], []
-    feed = decode.prompt[:, start:start + 1]
+    feed = feeds[0]
     try:
-        for p in range(start, last + 1):
+        for k, p in enumerate(positions):
             token.copy_(feed)
-            position.fill_(p)
+            if position is not None:
+                position.fill_(p)
             step()
             sync()
             out = output()
             logits.append(out.detach().float().reshape(-1, out.shape[-1]).clone())
             greedy = out[:, -1:].argmax(-1).to(token.dtype)
             chosen.append(greedy.flatten().tolist())
-            if not forced:
-                feed = greedy
-            else:  # the prompt's next token; after the prompt, the step's own new token
-                feed = decode.prompt[:, p + 1:p + 2] if p + 1 < decode.prompt.shape[1] else kept[0]
+            feed = feeds[k + 1] if forced and k + 1 < len(feeds) else greedy
     finally:
         token.copy_(kept[0])
-        position.copy_(kept[1])
+        if position is not None:
+            position.copy_(kept[1])
     return torch.cat(logits), chosen
 
 

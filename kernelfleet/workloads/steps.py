@@ -32,11 +32,18 @@ class Decode:
     """What makes a step a decode step the gate can run for several steps: ``fn(*args)`` reads its
     new tokens from ``args[token]`` and their position from ``args[position]`` (both written in
     place between replays), and ``prompt`` (batch × positions) are the tokens the cache was filled
-    with, so a teacher-forced run decodes the prompt's last positions again."""
+    with, so a teacher-forced run decodes the prompt's last positions again. A step with no
+    position (``position`` None) is recurrent (an SSM's state): each step advances its state, so
+    the gate runs steps one after another from the saved state, teacher-forced on the prompt's
+    tokens."""
 
     token: int
-    position: int
+    position: int | None
     prompt: torch.Tensor
+
+    @property
+    def recurrent(self) -> bool:
+        return self.position is None
 
 
 def make(family: str, preset: str = "tiny", phase: str = "decode", *, device: str = "cuda", seed: int = 0,

@@ -17,7 +17,9 @@ first: transformers' static cache advances a device counter on every call, so a 
 replayed as it is would write each replay one position further. With the counter reset, a replay
 writes the same cache row with the same values and reads the same cache: a replay changes nothing
 that the next replay reads, so the step needs no state restored between replays, and the cache is
-named (``cache_L_keys``, ``cache_L_values``) so placement sees it as state.
+named (``cache_L_keys``, ``cache_L_values``) so placement sees it as state. A recurrent model
+(Mamba) has no positions: its decode step advances the convolution window and SSM state in place
+(``state_L_J_conv``, ``state_L_J_ssm``), which kernelfleet saves and puts back before every replay.
 
 :func:`step_maker` checks the target at once (a name, an importable factory, a directory with a
 config) and returns ``make(device, seed)``: a place command captures one step per device and slot.
@@ -152,8 +154,6 @@ def _transformers(folder: Path, phase: str, batch: int, tokens: int, context: in
 
 def _decode(model: Any, prompt: Any, token: Any, context: int, name: str) -> Any:
     """The decode step of the module docstring: the cache filled by ``prompt``, ``token`` next."""
-    import inspect
-
     import torch
     from transformers import StaticCache
 
@@ -164,15 +164,16 @@ def _decode(model: Any, prompt: Any, token: Any, context: int, name: str) -> Any
     key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.no_grad():
         model(input_ids=prompt, use_cache=True, **{key: cache})
-    recurrent = sorted({type(layer).__name__ for layer in cache.layers if not hasattr(layer, "cumulative_length")})
-    if recurrent:  # a recurrent state (Mamba's) moves on at every replay: no fixed-position step to capture
-        raise UsageError(f"{name}: {type(model).__name__}'s cache holds recurrent state ({', '.join(recurrent)}), "
-                         "which every decode step advances; decode is built for attention KV caches only (use "
-                         "prefill, or the reference step mamba-decode)")
-    counters = [layer.cumulative_length for layer in cache.layers]
-    position = torch.tensor([context - 1], device=prompt.device)
+    attention = [hasattr(layer, "cumulative_length") for layer in cache.layers]
     holder = torch.nn.Module()  # names the weights and the cache, so placement sees the cache as state
     holder.model = model
+    if not any(attention):
+        return _recurrent_decode(model, cache, key, holder, prompt, token, name)
+    if not all(attention):
+        raise UsageError(f"{name}: {type(model).__name__} mixes attention and recurrent layers; its decode step is not "
+                         "built (use prefill)")
+    counters = [layer.cumulative_length for layer in cache.layers]
+    position = torch.tensor([context - 1], device=prompt.device)
     for i, layer in enumerate(cache.layers):
         holder.register_buffer(f"cache_{i}_keys", layer.keys)
         holder.register_buffer(f"cache_{i}_values", layer.values)
@@ -184,6 +185,23 @@ def _decode(model: Any, prompt: Any, token: Any, context: int, name: str) -> Any
                      **{key: cache}).logits
 
     return Step(decode, (token, position), holder, name, Decode(0, 1, prompt))
+
+
+def _recurrent_decode(model: Any, cache: Any, key: str, holder: Any, prompt: Any, token: Any, name: str) -> Any:
+    """The decode step of a model whose cache is recurrent state only (Mamba's convolution window
+    and SSM state, updated in place at fixed addresses): no position; the state, named as such, is
+    what kernelfleet saves and puts back before every replay."""
+    from kernelfleet.workloads.steps import Decode, Step
+
+    for i, layer in enumerate(cache.layers):
+        for j in range(layer.number_of_states):
+            holder.register_buffer(f"state_{i}_{j}_conv", layer.conv_states[j])
+            holder.register_buffer(f"state_{i}_{j}_ssm", layer.recurrent_states[j])
+
+    def decode(new: Any) -> Any:
+        return model(input_ids=new, use_cache=True, **{key: cache}).logits
+
+    return Step(decode, (token,), holder, name, Decode(0, None, prompt))
 
 
 def checked_folder(folder: Path) -> Path:

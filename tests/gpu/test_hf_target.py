@@ -28,12 +28,30 @@ def kf(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("options", ["", ",decode,batch=4,context=128"])
 def test_analyze_captures_a_config_only_transformers_directory(model_dir, tmp_path, options):
-    done = kf("analyze", f"hf:{model_dir}{options}", "--out", str(tmp_path / "an"), "--json")
+    analyzed(f"hf:{model_dir}{options}", tmp_path)
+
+
+@pytest.mark.parametrize("family", ["gpt-neox", "mamba"])
+def test_analyze_captures_the_decode_step_of_other_families(tmp_path, family):
+    """GPT-NeoX (a KV cache at positions) and Mamba (recurrent state advanced in place, put back
+    before every replay) from transformers, decode steps captured and their claims checked."""
+    from transformers import GPTNeoXConfig, MambaConfig
+
+    config = GPTNeoXConfig(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                           num_attention_heads=8, max_position_embeddings=256) if family == "gpt-neox" else \
+        MambaConfig(vocab_size=512, hidden_size=256, state_size=16, num_hidden_layers=2)
+    config.save_pretrained(tmp_path / family)
+    analyzed(f"hf:{tmp_path / family},decode,batch=4,context=128", tmp_path)
+
+
+def analyzed(target: str, tmp_path) -> dict:
+    done = kf("analyze", target, "--out", str(tmp_path / "an"), "--json")
     print(done.stdout[-2000:], done.stderr[-2000:])
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
-    assert found["launches"] > 50 and found["node_by_node_equals_graph"] is True
+    assert found["launches"] > 20 and found["node_by_node_equals_graph"] is True
     assert found["unsound_writes"] == 0 and found["probe_disagreements"] == 0
+    return found
 
 
 def test_run_places_it_across_two_partitions_behind_the_gate(model_dir, tmp_path):

@@ -116,10 +116,62 @@ def test_every_family_prefills(tmp_path, family):
         assert step.fn(*step.args).shape == (2, 8, 128)
 
 
-def test_a_mamba_decode_says_why_it_is_not_built(tmp_path):
+def test_a_mamba_decode_step_advances_its_named_state_and_replays_alike_once_it_is_put_back(tmp_path):
+    """Mamba's cache is recurrent state: the step has no position, advances the convolution window
+    and SSM state in place (named as state, as kernelfleet saves them), and from the state put back
+    gives the same logits again, the full forward's after the prompt and the new token."""
     architectures()["mamba"].save_pretrained(tmp_path)
-    with pytest.raises(UsageError, match="recurrent state"):
-        step_maker(f"hf:{tmp_path},decode,context=16")("cpu", 0)
+    step = step_maker(f"hf:{tmp_path},decode,batch=2,context=16")("cpu", 0)
+    (token,) = step.args
+    assert step.decode.recurrent and token.shape == (2, 1)
+    state = dict(step.module.named_buffers())
+    assert {"state_0_0_conv", "state_0_0_ssm", "state_1_0_conv", "state_1_0_ssm"} <= set(state)
+    saved = {n: t.clone() for n, t in state.items()}
+    with torch.no_grad():
+        first = step.fn(*step.args)
+        assert not torch.equal(state["state_0_0_ssm"], saved["state_0_0_ssm"])  # the step moved it on
+        for n, t in state.items():
+            t.copy_(saved[n])
+        again = step.fn(*step.args)
+        full = step.module.model(input_ids=torch.cat([step.decode.prompt, token], 1), use_cache=False).logits[:, -1:]
+    assert torch.equal(first, again)
+    torch.testing.assert_close(first.float(), full.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_the_multi_step_gate_goes_on_from_a_recurrent_state(tmp_path):
+    """``decode_steps`` on a recurrent step: teacher-forced, step k's logits are the full forward's
+    after the prompt, the step's token and the prompt's first k - 1 tokens; free-running, its greedy
+    tokens are ``generate``'s from the prompt and the step's token."""
+    from kernelfleet.runtime.gate import decode_steps
+
+    architectures()["mamba"].save_pretrained(tmp_path)
+    step = step_maker(f"hf:{tmp_path},decode,batch=2,context=16")("cpu", 0)
+    state = dict(step.module.named_buffers())
+    saved = {n: t.clone() for n, t in state.items()}
+    out: list[torch.Tensor] = []
+
+    def once() -> None:
+        with torch.no_grad():
+            out[:] = [step.fn(*step.args)]
+
+    def put_back() -> None:
+        for n, t in state.items():
+            t.copy_(saved[n])
+
+    (token,) = (t.clone() for t in step.args)
+    prompt, model = step.decode.prompt, step.module.model
+    logits, _ = decode_steps(once, step.args, step.decode, lambda: out[0], True, 4)
+    put_back()
+    with torch.no_grad():
+        fed = torch.cat([prompt, token, prompt[:, :3]], 1)
+        full = model(input_ids=fed, use_cache=False).logits[:, 15:19]
+    torch.testing.assert_close(logits.view(4, 2, 128).transpose(0, 1), full.float(), atol=3e-2, rtol=3e-2)
+    _, free = decode_steps(once, step.args, step.decode, lambda: out[0], False, 4)
+    put_back()
+    with torch.no_grad():
+        generated = model.generate(torch.cat([prompt, token], 1), max_new_tokens=4, do_sample=False)[:, 16:]
+    assert free == generated.T.tolist()
+    assert torch.equal(step.args[0], token)
 
 
 def test_the_multi_step_gate_decodes_the_prompts_last_positions_again(tmp_path):
