@@ -113,7 +113,7 @@ schemas: $(VENV)/.see
 	$(PY) -c "from kernelfleet.schemas import write_schemas; print(*write_schemas(), sep='\n')"
 
 # deploy/kubernetes's PrometheusRule and Grafana ConfigMap, from deploy/prometheus/rules.yml and
-# deploy/grafana/kernelfleet.json (tests/e2e/test_deploy.py fails when the committed ones are stale).
+# deploy/grafana/kernelfleet.json and kernelfleet-serve.json (tests/e2e/test_deploy.py fails when the committed ones are stale).
 k8s-manifests:
 	$(PYTHON) deploy/kubernetes/generate.py
 

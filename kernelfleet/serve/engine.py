@@ -30,7 +30,7 @@ import torch
 
 from kernelfleet.errors import KernelfleetError
 from kernelfleet.serve.backend import Backend
-from kernelfleet.serve.metrics import ServeMetrics
+from kernelfleet.serve.metrics import FINISH_REASONS, ServeMetrics
 from kernelfleet.serve.sampling import Sampler, Sampling
 from kernelfleet.serve.scheduler import Scheduler
 from kernelfleet.serve.strategies import STAGE_SLOT, Strategy, single
@@ -38,7 +38,7 @@ from kernelfleet.serve.strategies import STAGE_SLOT, Strategy, single
 log = logging.getLogger(__name__)
 
 Sink = Callable[[int | None, str | None], None]
-STOP, LENGTH, CANCELLED, ERROR = "stop", "length", "cancelled", "error"
+STOP, LENGTH, CANCELLED, ERROR = FINISH_REASONS
 
 
 class Closed(KernelfleetError):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+FINISH_REASONS = ("stop", "length", "cancelled", "error")  # why a request ends (the engine names them)
 # From 1 ms (a tiny model's step on a GPU) to a minute (a long queue), about ×2 apart
 BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -39,6 +40,8 @@ class ServeMetrics:
               registry=registry).set(max_queue)
         self.finished = Counter(prefix + "requests", "Requests finished, by why.", ["finish_reason"],
                                 registry=registry)
+        for reason in FINISH_REASONS:  # exported at 0 from the start, so a rate() sees the first ones finish
+            self.finished.labels(reason)
         self.rejected = Counter(prefix + "rejected_requests", "Requests refused with 429: the queue was full.",
                                 registry=registry)
         self.busy = Counter(prefix + "device_busy_seconds", "Seconds a device spent running forwards.",

@@ -109,6 +109,17 @@ def exporter_metric_names() -> set[str]:
     return names
 
 
+def serve_metric_names() -> set[str]:
+    """Series names ``kernelfleet serve`` exposes, from its own registry (no model needed)."""
+    from kernelfleet.serve.metrics import ServeMetrics
+
+    suffixes = {"gauge": [""], "counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+    names = {family.name + suffix for family in ServeMetrics(max_queue=1).registry.collect()
+             for suffix in suffixes[family.type]}
+    assert "kernelfleet_serve_time_per_output_token_seconds_bucket" in names
+    return names
+
+
 def rule_groups() -> list[dict]:
     (doc,) = load_yaml(RULES)
     return doc["groups"]
@@ -321,3 +332,79 @@ class SyntheticFleet:
         self._thread.join(timeout=30)
         self.server.stop()
         self.store.close()
+
+
+# Grafana dashboards against a real Prometheus (tests/e2e/test_grafana_*.py)
+
+RANGE_SECONDS = 120  # what the tests stand in for Grafana's $__range, and the range queries span
+# Grafana's own variables ($__range, ${__field.labels.x}, ...) and label_replace's capture groups ($1).
+BUILTIN_VARIABLE = re.compile(r"__\w+|\d+")
+_VARIABLE = re.compile(r"\$\{(\w+)[^}]*\}|\$(\w+)")
+
+
+def panels(items: list[dict]):
+    for panel in items:
+        yield panel
+        yield from panels(panel.get("panels", []))
+
+
+def dashboard_targets(board: dict) -> list[tuple[str, dict, dict]]:
+    """(where, panel, target) for every panel query of ``board``."""
+    return [(f"{p['title']} {t['refId']}", p, t) for p in panels(board["panels"]) if p["type"] != "row"
+            for t in p["targets"]]
+
+
+def dashboard_variables(board: dict) -> dict[str, dict]:
+    return {v["name"]: v for v in board["templating"]["list"]}
+
+
+def variable_query(var: dict) -> str:
+    return var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+
+
+def used_variables(text: str) -> set[str]:
+    return {a or b for a, b in _VARIABLE.findall(text)}
+
+
+def grafana_expr(expr: str, values: dict[str, str]) -> str:
+    """``expr`` as Grafana sends it: its variables replaced by regexes (or k), its builtins by the range."""
+    expr = re.sub(r"\$__range\b", f"{RANGE_SECONDS}s", expr)
+    return _VARIABLE.sub(lambda m: values.get(m.group(1) or m.group(2), m.group(0)), expr)
+
+
+def start_prometheus(tmp_path: Path, target_port: int, interval: str, job: str = "kernelfleet",
+                     labels: str = "{}"):
+    """A real Prometheus evaluating rules.yml, scraping ``target_port`` as ``job`` with the target
+    ``labels`` (YAML flow mapping); (its process, its base URL)."""
+    import subprocess
+
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
+        f"rule_files: ['{RULES}']\nscrape_configs:\n  - job_name: {job}\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{target_port}']\n        labels: {labels}\n")
+    prom = subprocess.Popen(
+        [binary("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60)
+    return prom, f"http://127.0.0.1:{port}"
+
+
+def query(base: str, expr: str, instant: bool) -> list[dict]:
+    """The result of ``expr`` over the last RANGE_SECONDS (or now, for an instant query); a PromQL error fails."""
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    now = time.time()
+    params = {"query": expr, "time": now} if instant else {
+        "query": expr, "start": now - RANGE_SECONDS, "end": now, "step": 5}
+    url = f"{base}/api/v1/{'query' if instant else 'query_range'}?" + urllib.parse.urlencode(params)
+    try:
+        body = json.loads(urllib.request.urlopen(url, timeout=30).read())
+    except urllib.error.HTTPError as exc:
+        body = json.loads(exc.read())
+    assert body["status"] == "success", f"{body.get('error')}: {expr}"
+    return body["data"]["result"]

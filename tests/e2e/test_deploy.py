@@ -44,6 +44,7 @@ from e2e_helpers import (
     promql_metric_names,
     recorded_names,
     rule_groups,
+    serve_metric_names,
     wait_http,
 )
 
@@ -58,6 +59,7 @@ SCRAPE = PROM / "scrape.yml"
 RULES_TEST = PROM / "rules.test.yml"
 UNIT = DEPLOY / "systemd" / "kernelfleet-agent.service"
 DASHBOARD = DEPLOY / "grafana" / "kernelfleet.json"
+SERVE_DASHBOARD = DEPLOY / "grafana" / "kernelfleet-serve.json"
 KUBE = DEPLOY / "kubernetes"
 DOCKERFILE = ROOT / "Dockerfile"
 IMAGE_PLACEHOLDER = "ghcr.io/kernelfleet/kernelfleet:0.1.0"
@@ -71,7 +73,8 @@ def test_promql_name_extraction():
 
 
 def test_rules_select_only_exported_recorded_or_prometheus_series():
-    known = exporter_metric_names() | recorded_names() | {"up"}  # up: Prometheus's own, per target
+    # up: Prometheus's own, per target
+    known = exporter_metric_names() | serve_metric_names() | recorded_names() | {"up"}
     for group in rule_groups():
         for rule in group["rules"]:
             used = promql_metric_names(rule["expr"])
@@ -135,12 +138,12 @@ def full_prometheus_config(tmp_path: Path, fragment: str, rules: Path = RULES, i
 def test_scrape_fragment_shape():
     (doc,) = load_yaml(SCRAPE)
     jobs = doc["scrape_configs"]
-    assert {j["job_name"] for j in jobs} >= {"kernelfleet"}
+    assert {j["job_name"] for j in jobs} == {"kernelfleet", "kernelfleet-kubernetes", "kernelfleet-serve"}
     for job in jobs:
         assert job["scrape_interval"] == "15s"
         assert job["authorization"]["type"] == "Bearer" and job["authorization"]["credentials_file"]
-    (static,) = [j for j in jobs if "static_configs" in j]
-    assert static["job_name"] == "kernelfleet"
+    # the agents' static job and the model servers' (KernelfleetServeDown watches the latter's name)
+    assert [j["job_name"] for j in jobs if "static_configs" in j] == ["kernelfleet", "kernelfleet-serve"]
     (kube,) = [j for j in jobs if "kubernetes_sd_configs" in j]
     assert kube["kubernetes_sd_configs"][0]["role"] == "pod"
     # Its targets end up with job="kernelfleet" too, so KernelfleetAgentDown covers them.
@@ -181,7 +184,8 @@ def test_rule_unit_tests_cover_every_alert_firing():
     (doc,) = load_yaml(RULES_TEST)
     alerts = {r["alert"] for g in rule_groups() for r in g["rules"] if "alert" in r}
     assert alerts == {"KernelfleetOfuRegression", "KernelfleetGpuStale", "KernelfleetAgentDown",
-                      "KernelfleetGpuIdleHeld"}
+                      "KernelfleetGpuIdleHeld", "KernelfleetServeDown", "KernelfleetServeSlowTokens",
+                      "KernelfleetServeRejecting"}
     fired = {t["alertname"] for test in doc["tests"] for t in test.get("alert_rule_test", [])
              if t["exp_alerts"]}
     assert fired == alerts
@@ -423,10 +427,11 @@ def test_prometheusrule_is_rules_yml_and_its_groups_pass_promtool(tmp_path):
     assert f"SUCCESS: {sum(len(g['rules']) for g in rule['spec']['groups'])} rules found" in done.stdout
 
 
-def test_grafana_configmap_is_the_dashboard_byte_for_byte():
+def test_grafana_configmap_is_the_dashboards_byte_for_byte():
     configmap = kube_objects()["ConfigMap"]
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert configmap["data"] == {"kernelfleet.json": DASHBOARD.read_text()}
+    assert configmap["data"] == {"kernelfleet.json": DASHBOARD.read_text(),
+                                 "kernelfleet-serve.json": SERVE_DASHBOARD.read_text()}
 
 
 def test_generated_objects_are_current_and_a_stale_one_is_named(tmp_path):

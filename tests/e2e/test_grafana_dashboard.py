@@ -20,19 +20,24 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 from e2e_helpers import (
-    RULES,
-    binary,
+    BUILTIN_VARIABLE,
+    RANGE_SECONDS,
+    dashboard_targets,
+    dashboard_variables,
     exporter_metric_names,
     free_port,
+    grafana_expr,
+    panels,
     promql_metric_names,
+    query,
     recorded_names,
+    start_prometheus,
+    used_variables,
+    variable_query,
     wait_http,
 )
 from prometheus_client import CollectorRegistry, generate_latest
@@ -48,9 +53,6 @@ pytestmark = pytest.mark.e2e
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "kernelfleet.json"
 FILTERS = {"cluster": 'cluster=~"$cluster"', "hostname": 'hostname=~"$hostname"', "model": 'model=~"$model"',
            "job": 'job_id=~"$job"'}
-# Grafana's own variables ($__range, ${__field.labels.x}, ...) and label_replace's capture groups ($1).
-_BUILTIN = re.compile(r"__\w+|\d+")
-_VARIABLE = re.compile(r"\$\{(\w+)[^}]*\}|\$(\w+)")
 # Queries the bundled recording leaves empty: it has no stale window, and it predates temperature and
 # clock-event reasons (the exporter leaves out what a GPU lacks, never exports 0).
 EMPTY_ON_THE_RECORDING = {"Stale GPUs A", "Stale GPUs B", "Clocks held down: GPUs per reason A", "Hottest $k GPUs A"}
@@ -60,28 +62,12 @@ def dashboard() -> dict:
     return json.loads(DASHBOARD.read_text())
 
 
-def panels(items: list[dict]):
-    for panel in items:
-        yield panel
-        yield from panels(panel.get("panels", []))
-
-
 def targets() -> list[tuple[str, dict, dict]]:
-    """(where, panel, target) for every panel query."""
-    return [(f"{p['title']} {t['refId']}", p, t) for p in panels(dashboard()["panels"]) if p["type"] != "row"
-            for t in p["targets"]]
+    return dashboard_targets(dashboard())
 
 
 def variables() -> dict[str, dict]:
-    return {v["name"]: v for v in dashboard()["templating"]["list"]}
-
-
-def variable_query(var: dict) -> str:
-    return var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
-
-
-def used_variables(text: str) -> set[str]:
-    return {a or b for a, b in _VARIABLE.findall(text)}
+    return dashboard_variables(dashboard())
 
 
 def test_every_query_selects_only_exported_or_recorded_series():
@@ -102,7 +88,7 @@ def test_every_variable_used_is_defined_and_every_defined_one_is_used():
     defined = variables()
     text = json.dumps({k: v for k, v in dashboard().items() if k != "templating"})
     text += " ".join(variable_query(v) for v in defined.values() if v["type"] == "query")
-    used = {name for name in used_variables(text) if not _BUILTIN.fullmatch(name)}
+    used = {name for name in used_variables(text) if not BUILTIN_VARIABLE.fullmatch(name)}
     assert used <= defined.keys(), f"used but not defined: {sorted(used - defined.keys())}"
     assert defined.keys() - {"datasource"} <= used, f"defined but never used: {sorted(defined.keys() - used)}"
     assert defined["datasource"]["type"] == "datasource" and defined["datasource"]["query"] == "prometheus"
@@ -170,14 +156,6 @@ def test_links_open_the_agent_and_the_kernelfleet_dashboard():
 # Against a real Prometheus
 # --------------------------------------------------------------------------
 
-RANGE_SECONDS = 120
-
-
-def grafana_expr(expr: str, values: dict[str, str]) -> str:
-    """``expr`` as Grafana sends it: its variables replaced by regexes (or k), its builtins by the range."""
-    expr = re.sub(r"\$__range\b", f"{RANGE_SECONDS}s", expr)
-    return _VARIABLE.sub(lambda m: values.get(m.group(1) or m.group(2), m.group(0)), expr)
-
 
 def promql_regex(value: str) -> str:
     """``value`` as a regex inside a PromQL string, escaped as Grafana escapes a variable's value."""
@@ -191,22 +169,6 @@ def test_promql_regex_escapes_for_a_promql_string():
 def test_grafana_expr_fills_variables_and_keeps_capture_groups():
     assert grafana_expr('bottomk($k, x{a=~"$hostname"}[$__range]) "$1"', {"k": "5", "hostname": ".*"}) == \
         f'bottomk(5, x{{a=~".*"}}[{RANGE_SECONDS}s]) "$1"'
-
-
-def start_prometheus(tmp_path: Path, target_port: int, interval: str) -> tuple[subprocess.Popen, str]:
-    """A real Prometheus evaluating rules.yml, scraping ``target_port`` with the ``cluster`` target label
-    docs/fleet.md asks operators to add."""
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
-        f"rule_files: ['{RULES}']\nscrape_configs:\n  - job_name: kernelfleet\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{target_port}']\n        labels: {{cluster: test-a}}\n")
-    prom = subprocess.Popen(
-        [binary("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60)
-    return prom, f"http://127.0.0.1:{port}"
 
 
 def wait_for_recording_rules(base: str) -> None:
@@ -226,7 +188,7 @@ def prometheus_with_rules(tmp_path):
     prom = None
     try:
         wait_http(f"http://127.0.0.1:{agent_port}/healthz")
-        prom, base = start_prometheus(tmp_path, agent_port, "1s")
+        prom, base = start_prometheus(tmp_path, agent_port, "1s", labels="{cluster: test-a}")
         yield base
     finally:
         if prom is not None:
@@ -234,20 +196,6 @@ def prometheus_with_rules(tmp_path):
             prom.wait(timeout=30)
         agent.kill()
         agent.wait(timeout=10)
-
-
-def query(base: str, expr: str, instant: bool) -> list[dict]:
-    """The result of ``expr`` over the last RANGE_SECONDS (or now, for an instant query); a PromQL error fails."""
-    now = time.time()
-    params = {"query": expr, "time": now} if instant else {
-        "query": expr, "start": now - RANGE_SECONDS, "end": now, "step": 5}
-    url = f"{base}/api/v1/{'query' if instant else 'query_range'}?" + urllib.parse.urlencode(params)
-    try:
-        body = json.loads(urllib.request.urlopen(url, timeout=30).read())
-    except urllib.error.HTTPError as exc:
-        body = json.loads(exc.read())
-    assert body["status"] == "success", f"{body.get('error')}: {expr}"
-    return body["data"]["result"]
 
 
 def _only_the_zero_fallback(result: list[dict]) -> bool:
@@ -333,7 +281,7 @@ def fleet_prometheus(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     prom = None
     try:
-        prom, base = start_prometheus(tmp_path, server.server_address[1], "2s")
+        prom, base = start_prometheus(tmp_path, server.server_address[1], "2s", labels="{cluster: test-a}")
         yield base, readings
     finally:
         if prom is not None:
