@@ -354,6 +354,19 @@ def dashboard_targets(board: dict) -> list[tuple[str, dict, dict]]:
             for t in p["targets"]]
 
 
+def assert_panels_tile_the_grid(board: dict) -> None:
+    """Every panel of ``board`` has its own id, fits the 24 columns and overlaps no other."""
+    every = list(panels(board["panels"]))
+    assert len({p["id"] for p in every}) == len(every), "panel ids must be unique"
+    taken: dict[tuple[int, int], str] = {}
+    for panel in every:
+        g = panel["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, panel["title"]
+        for cell in ((x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])):
+            assert cell not in taken, f"{panel['title']} overlaps {taken[cell]}"
+            taken[cell] = panel["title"]
+
+
 def dashboard_variables(board: dict) -> dict[str, dict]:
     return {v["name"]: v for v in board["templating"]["list"]}
 

@@ -26,6 +26,7 @@ import pytest
 from e2e_helpers import (
     BUILTIN_VARIABLE,
     RANGE_SECONDS,
+    assert_panels_tile_the_grid,
     dashboard_targets,
     dashboard_variables,
     exporter_metric_names,
@@ -128,15 +129,7 @@ def test_no_panel_draws_a_line_per_gpu_without_a_k_bound():
 def test_panels_have_unique_ids_and_do_not_overlap_on_the_grid():
     board = dashboard()
     assert board["uid"] == "kernelfleet-ofu" and board["schemaVersion"] >= 39  # links and bookmarks keep the uid
-    every = list(panels(board["panels"]))
-    assert len({p["id"] for p in every}) == len(every), "panel ids must be unique"
-    taken: dict[tuple[int, int], str] = {}
-    for panel in every:
-        g = panel["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, panel["title"]
-        for cell in ((x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])):
-            assert cell not in taken, f"{panel['title']} overlaps {taken[cell]}"
-            taken[cell] = panel["title"]
+    assert_panels_tile_the_grid(board)
 
 
 def test_links_open_the_agent_and_the_kernelfleet_dashboard():

@@ -19,10 +19,10 @@ import httpx
 import pytest
 from e2e_helpers import (
     BUILTIN_VARIABLE,
+    assert_panels_tile_the_grid,
     dashboard_targets,
     dashboard_variables,
     grafana_expr,
-    panels,
     promql_metric_names,
     query,
     recorded_names,
@@ -67,15 +67,8 @@ def test_every_variable_used_is_defined_and_every_panel_follows_the_server_filte
 
 
 def test_panels_have_unique_ids_and_do_not_overlap_on_the_grid():
-    every = list(panels(board()["panels"]))
-    assert board()["uid"] == "kernelfleet-serve" and len({p["id"] for p in every}) == len(every)
-    taken: dict[tuple[int, int], str] = {}
-    for panel in every:
-        g = panel["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, panel["title"]
-        for cell in ((x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])):
-            assert cell not in taken, f"{panel['title']} overlaps {taken[cell]}"
-            taken[cell] = panel["title"]
+    assert board()["uid"] == "kernelfleet-serve" and board()["schemaVersion"] >= 39
+    assert_panels_tile_the_grid(board())
 
 
 async def load(url: str) -> list[int]:
