@@ -2,6 +2,7 @@
 same-kernel and the different-kernel pair of one H200, through the commands a user runs:
 
     python -m bench.place_pairs --out DIR [--targets NAME ...] [--pairs same different] [--budget-s 540]
+        [--phases profile plan disagg] [--work DIR]
 
 For each (target, pair) it runs
 
@@ -70,8 +71,13 @@ def device_flag(profile: str) -> str:
     return f"{head}@0" + (f"/{kernels}" if kernels else "")
 
 
-def run_row(name: str, pair: str, out: Path, work: Path, slots: int, repeats: int, trials: int) -> dict:
-    """One (target, pair): the three commands, what they kept under ``out``, and how long each took."""
+PHASES = ("profile", "plan", "disagg")
+
+
+def run_row(name: str, pair: str, out: Path, work: Path, slots: int, repeats: int, trials: int,
+            phases: tuple[str, ...] = PHASES) -> dict:
+    """One (target, pair): the commands of ``phases`` (each reads what the one before left under
+    ``work``), what they kept under ``out``, and how long each took."""
     target = target_of(name, work)
     profile, plans, runs = work / f"{name}.{pair}.profile", work / f"{name}.{pair}.plans", work / f"{name}.{pair}.runs"
     a, b = PAIRS[pair]
@@ -84,8 +90,10 @@ def run_row(name: str, pair: str, out: Path, work: Path, slots: int, repeats: in
     ]
     out.mkdir(parents=True, exist_ok=True)
     row = {"target": name, "pair": pair, "seconds": {}}
-    with (out / "log.txt").open("w") as log:
-        for args in commands:
+    with (out / "log.txt").open("a" if phases != PHASES else "w") as log:
+        for phase, args in zip(PHASES, commands):
+            if phase not in phases:
+                continue
             began = time.monotonic()
             done = subprocess.run([sys.executable, "-m", "kernelfleet", *args], capture_output=True, text=True,
                                   timeout=420)
@@ -94,12 +102,15 @@ def run_row(name: str, pair: str, out: Path, work: Path, slots: int, repeats: in
             if done.returncode != 0:
                 row["failed"] = f"kernelfleet {args[0]} exited {done.returncode}: {done.stderr.strip()[-300:]}"
                 return row
-    shutil.copy(profile / "costs.json", out / "costs.json")
-    with gzip.open(out / "program.json.gz", "wt") as program:
-        program.write((profile / "program.json").read_text())
-    for plan in plans.glob("*.json"):
-        shutil.copy(plan, out / f"plan.{plan.name}")
-    shutil.copy(runs / "disagg.json", out / "disagg.json")
+    if "profile" in phases:
+        shutil.copy(profile / "costs.json", out / "costs.json")
+        with gzip.open(out / "program.json.gz", "wt") as program:
+            program.write((profile / "program.json").read_text())
+    if "plan" in phases:
+        for plan in plans.glob("*.json"):
+            shutil.copy(plan, out / f"plan.{plan.name}")
+    if "disagg" in phases:
+        shutil.copy(runs / "disagg.json", out / "disagg.json")
     return row
 
 
@@ -113,22 +124,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--trials", type=int, default=3, help="Profile trials per launch.")
     parser.add_argument("--budget-s", type=float, default=540.0, help="Start no row after this many seconds.")
+    parser.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES,
+                        help="The commands to run (in order): profile and disagg need the GPU, plan only the CPU, "
+                             "so a run may profile on the GPU, plan elsewhere and come back to time.")
+    parser.add_argument("--work", type=Path, help="Keep the commands' own folders here (for a later --phases); "
+                                                  "default: a temporary folder.")
     args = parser.parse_args(argv)
     began, rows, skipped = time.monotonic(), [], []
     wanted = [(pair, name) for pair in args.pairs for name in args.targets]
     with tempfile.TemporaryDirectory() as scratch:
+        work = args.work or Path(scratch)
+        work.mkdir(parents=True, exist_ok=True)
         for index, (pair, name) in enumerate(wanted):
             if time.monotonic() - began > args.budget_s:
                 skipped.append(f"{name}.{pair}")
                 continue
-            print(f"[{index + 1}/{len(wanted)}] {name} on the {pair}-kernel pair", flush=True)
-            row = run_row(name, pair, args.out / f"{name}.{pair}", Path(scratch), args.slots, args.repeats,
-                          args.trials)
+            print(f"[{index + 1}/{len(wanted)}] {name} on the {pair}-kernel pair: {' '.join(args.phases)}", flush=True)
+            row = run_row(name, pair, args.out / f"{name}.{pair}", work, args.slots, args.repeats, args.trials,
+                          tuple(p for p in PHASES if p in args.phases))
             print(f"    {row.get('failed', 'done')} ({row['seconds']} s)", flush=True)
             rows.append(row)
     summary = {"command": command_line(), "rows": rows, "not_run": skipped,
                "seconds": round(time.monotonic() - began, 1)}
-    (args.out / "runs.json").write_text(json.dumps(summary, indent=1))
+    runs = args.out / "runs.json"  # a later phase adds its seconds to the rows an earlier one ran
+    if runs.exists() and args.phases != list(PHASES):
+        earlier = {(r["target"], r["pair"]): r for r in json.loads(runs.read_text())["rows"]}
+        for row in rows:
+            row["seconds"] = {**earlier.get((row["target"], row["pair"]), {}).get("seconds", {}), **row["seconds"]}
+        summary["command"] = f"{json.loads(runs.read_text())['command']} && {summary['command']}"
+    runs.write_text(json.dumps(summary, indent=1))
     print(f"\n{command_line()}\n{len(rows)} rows run, {len(skipped)} not run (budget): {' '.join(skipped) or '-'}")
     print(json.dumps(summary))
     return 0 if all("failed" not in r for r in rows) else 1
