@@ -28,6 +28,7 @@ The table ends with the command that made it and a last line of JSON holding eve
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "kernelfleet" / "data" / "demo-h200.jsonl.gz"
 GPUS_PER_JOB = 8
 BLOCK_SECONDS = 7200  # promtool's TSDB block
-AHEAD_SECONDS = 3600
+UNBOUNDED = "every GPU's row in one answer (the unpaged /api/gpus before)"
 TARGETS = {"embedded_p95_ms": 100.0, "job_report_24h_ms": 300.0, "store_bytes_30d": 5e9, "write_ratio": 0.5,
            "prometheus_1000_p95_ms": 300.0, "prometheus_1000_refresh_ms": 500.0, "prometheus_10000_ms": 1000.0}
 
@@ -160,7 +162,12 @@ def timed(client: TestClient, path: str, repeats: int) -> tuple[float, float]:
         times.append(time.perf_counter() - start)
         if response.status_code != 200:
             raise SystemExit(f"{path}: HTTP {response.status_code} {response.text[:200]}")
-    times.sort()
+    return _percentiles(times)
+
+
+def _percentiles(times: list[float]) -> tuple[float, float]:
+    """p50 and p95 of ``times`` (seconds), in ms."""
+    times = sorted(times)
     return statistics.median(times) * 1000, times[min(len(times) - 1, round(0.95 * (len(times) - 1)))] * 1000
 
 
@@ -318,17 +325,18 @@ def backfill(files: list[Path], tsdb: Path, workers: int) -> None:
             out.rmdir()
 
 
-def prometheus(tmp: Path, gpus: int, repeats: int, step: int, instant_seconds: int, workers: int) -> dict[str, Any]:
-    # The day ends an hour ahead of the wall clock: the backend's instant queries are evaluated at
-    # Prometheus's now, which must fall inside the data however long the backfill took (at 10,000
-    # GPUs it outlasted the 5-minute lookback, and every instant query found nothing).
-    end = (time.time() + AHEAD_SECONDS) // step * step
+@contextlib.contextmanager
+def served_tsdb(tmp: Path, gpus: int, end: float, step: int, instant_seconds: int,
+                workers: int) -> Iterator[tuple[str, dict[str, float]]]:
+    """Prometheus on loopback over a TSDB of ``gpus`` x 24 h ending at ``end`` (openmetrics() then
+    backfill()); yields its URL and what making it took. tests/e2e reads a past day through it."""
     tsdb = tmp / f"tsdb-{gpus}"
     made = time.perf_counter()
     files = openmetrics(tmp, gpus, end, 86400, step, instant_seconds)
     written = time.perf_counter() - made
     backfill(files, tsdb, workers)
-    backfill_seconds = time.perf_counter() - made
+    made_stats = {"text_seconds": written, "backfill_seconds": time.perf_counter() - made,
+                  "tsdb_bytes": sum(f.stat().st_size for f in tsdb.rglob("*") if f.is_file())}
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -340,6 +348,18 @@ def prometheus(tmp: Path, gpus: int, repeats: int, step: int, instant_seconds: i
     url = f"http://127.0.0.1:{port}"
     try:
         _ready(f"{url}/-/ready", server)
+        yield url, made_stats
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        shutil.rmtree(tsdb, ignore_errors=True)
+
+
+def prometheus(tmp: Path, gpus: int, repeats: int, step: int, instant_seconds: int, workers: int) -> dict[str, Any]:
+    # The day ends at the wall clock, and the backend's instant queries run at that end (its clock=),
+    # however long the backfill took.
+    end = time.time() // step * step
+    with served_tsdb(tmp, gpus, end, step, instant_seconds, workers) as (url, made):
         asked: list[str] = []
 
         def fetch(address: str) -> Any:
@@ -350,6 +370,10 @@ def prometheus(tmp: Path, gpus: int, repeats: int, step: int, instant_seconds: i
         client = TestClient(create_app(backend))
         paths = endpoints("GPU-00000", "job-0", end)
         paths.pop("/healthz")
+        first = client.get("/api/gpus").json()
+        if first["next_after"] is not None:
+            paths[f"/api/gpus (the page after the first of {first['limit']})"] = f"/api/gpus?after={first['next_after']}"
+        paths["/api/gpus?limit=1000"] = "/api/gpus?limit=1000"
         figures, floors = {}, {}
         for name, path in paths.items():
             client.get(path)  # the first answer warms Prometheus's caches, as a dashboard's second refresh finds them
@@ -357,14 +381,23 @@ def prometheus(tmp: Path, gpus: int, repeats: int, step: int, instant_seconds: i
             figures[name] = timed(client, path, repeats)
             queries = asked[: len(asked) // repeats]
             floors[name] = statistics.median(_direct(queries) for _ in range(repeats)) * 1000
+        # what /api/gpus was before it was paged: every GPU's row in one answer (the backend's rows
+        # and their JSON, without the HTTP layer, which only adds to it)
+        asked.clear()
+        figures[UNBOUNDED] = _timed_call(lambda: json.dumps(backend.gpus()), repeats)
+        floors[UNBOUNDED] = statistics.median(_direct(asked[: len(asked) // repeats]) for _ in range(repeats)) * 1000
         return {"gpus": gpus, "step_seconds": step, "instant_series_seconds": instant_seconds,
-                "text_seconds": written, "backfill_seconds": backfill_seconds, "backfill_workers": workers,
-                "tsdb_bytes": sum(f.stat().st_size for f in tsdb.rglob("*") if f.is_file()), "endpoints_ms": figures,
+                **made, "backfill_workers": workers, "endpoints_ms": figures,
                 "promql_floor_ms": floors, "refresh_ms": sum(figures[name][0] for name in REFRESH)}
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-        shutil.rmtree(tsdb, ignore_errors=True)
+
+
+def _timed_call(call: Callable[[], object], repeats: int) -> tuple[float, float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return _percentiles(times)
 
 
 def _ready(url: str, server: subprocess.Popen) -> None:

@@ -118,8 +118,8 @@ def test_the_fleet_card_and_the_hosts_table_read_aggregates_never_every_gpu():
     the worst GPUs two bottomk queries, and GPU rows only for the hosts that are open."""
     from kernelfleet.catalog import Catalog
 
-    host = lambda h, v: {"metric": {"hostname": h}, "value": [NOW, str(v)]}  # noqa: E731
-    gpu = lambda h, i, v: {"metric": {**GPU, "hostname": h, "gpu": str(i), "uuid": f"GPU-{h}-{i}"},  # noqa: E731
+    host = lambda h, v: {"metric": {"hostname": h}, "value": [NOW, str(v)]}
+    gpu = lambda h, i, v: {"metric": {**GPU, "hostname": h, "gpu": str(i), "uuid": f"GPU-{h}-{i}"},
                            "value": [NOW, str(v)]}
     answers = Answers({
         "kernelfleet:fleet_gpus:count": [{"metric": {}, "value": [NOW, "16"]}],
