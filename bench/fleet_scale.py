@@ -54,7 +54,7 @@ from kernelfleet.fleet import store_roll
 from kernelfleet.fleet.agent import Agent
 from kernelfleet.fleet.prometheus_backend import PrometheusBackend, http_json
 from kernelfleet.fleet.server import agent_app, create_app
-from kernelfleet.fleet.store import GpuRow, JobRow, Store
+from kernelfleet.fleet.store import Batch, GpuRow, JobRow, Store
 from kernelfleet.fleet.store_schema import METRICS
 from kernelfleet.telemetry.replay import ReplaySource
 from kernelfleet.telemetry.sample import Sample
@@ -84,18 +84,21 @@ def write_rate(tmp: Path, gpus: int, windows: int, attempts: int = 3) -> dict[st
     """The store's write and the bare-WAL floor, taken in turns ``attempts`` times each, on fresh
     files; the best of each (other work on a shared machine only ever slows a run down)."""
     t0 = 1.8e9 + 0.331
-    batches = [([gpu_row(g, t0 + w) for g in range(gpus)], [job_row(g, t0 + w) for g in range(gpus)])
+    # made before the clock starts, as the floor's tuples are: the agent makes a window's batch of
+    # columns as it reads the window (kernelfleet/fleet/agent.py), not in the store
+    batches = [Batch.of([gpu_row(g, t0 + w) for g in range(gpus)], [job_row(g, t0 + w) for g in range(gpus)])
                for w in range(windows + 1)]
     width = 3 + len(METRICS) + 2  # gpu_id, ts, window_seconds, the metrics, bottleneck, stale
     values = [[(i, r.ts, r.window_seconds, r.ofu, r.tensor_active, r.sm_clock_hertz, r.sm_active, r.sm_occupancy,
-                r.dram_bandwidth, r.power_watts, 1, 0) for i, r in enumerate(rows)] for rows, _ in batches[1:]]
+                r.dram_bandwidth, r.power_watts, 1, 0) for i, r in enumerate(rows)]
+              for rows in ([gpu_row(g, t0 + w) for g in range(gpus)] for w in range(1, windows + 1))]
     full, floor = [], []
     for attempt in range(attempts):
         store = Store(tmp / f"write-{gpus}-{attempt}.db", clock=lambda: t0 + windows)
-        store.write(*batches[0])  # registers the GPUs and jobs
+        store.write_batch(batches[0])  # registers the GPUs and jobs
         start = time.perf_counter()
-        for w, (rows, jobs) in enumerate(batches[1:], 1):
-            store.write(rows, jobs)
+        for w, batch in enumerate(batches[1:], 1):
+            store.write_batch(batch)
             if w % 60 == 0:
                 store.enforce_retention()
         full.append(gpus * windows / (time.perf_counter() - start))
