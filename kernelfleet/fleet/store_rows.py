@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 from kernelfleet.errors import UsageError
@@ -61,29 +61,10 @@ class Retention:
     budget_bytes: int = 5 * 10**9
 
 
-class GpuKey(NamedTuple):
-    """Which GPU a batch's row is (the writer registers a GPU by its first three)."""
-
-    host: str
-    uuid: str
-    mig_instance: int | None
-    gpu_index: int
-    name: str
-    sku: str | None
-
-
-class Hold(NamedTuple):
-    """One job's hold on one GPU in a batch's window; ``share`` < 1 when the GPU was shared."""
-
-    job: str
-    kind: str
-    user: str | None
-    host: str
-    uuid: str
-    mig_instance: int | None
-    share: float
-    approximate: bool
-
+# Which GPU a batch's row is: GpuRow's first six fields (the writer registers a GPU by the first three).
+GpuKey = NamedTuple("GpuKey", [(f.name, f.type) for f in fields(GpuRow)[:6]])  # type: ignore[misc]
+# One job's hold on one GPU in a batch's window: a JobRow without its ts (the batch's row has it).
+Hold = NamedTuple("Hold", [(f.name, f.type) for f in fields(JobRow) if f.name != "ts"])  # type: ignore[misc]
 
 _COLUMNS = operator.attrgetter("ts", "window_seconds", *METRICS, "bottleneck", "stale")
 _GPU = operator.attrgetter(*GpuKey._fields)
