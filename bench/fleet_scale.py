@@ -3,9 +3,10 @@
     python -m bench.fleet_scale [--quick] [--prometheus-gpus 1000,10000] [--no-prometheus] [--no-embedded]
                                 [--instant-series-hours 2] [--backfill-workers N]
 
-1. Write rate of the embedded store (the agent's Store.write of a window batch with its jobs, and
-   retention every minute) against a bare SQLite WAL ``executemany`` of rows as wide, one
-   transaction a window, on the same disk: ``write_ratio_to_bare_wal``; bytes per GPU-window.
+1. Write rate of the embedded store (the agent's Store.write_batch of a window's columns with its
+   jobs, and retention every minute) against a bare SQLite WAL ``executemany`` of rows as wide, one
+   transaction a window, on the same disk: ``write_ratio_to_bare_wal``; bytes per GPU-window. Both
+   get their input made before the clock starts (the batches, the floor's tuples).
 2. p50/p95 of every dashboard endpoint, through the app's HTTP stack (FastAPI's test client), on
    embedded stores of 8 GPUs x 30 days and 64 GPUs x 24 h; and the windows a sampler writing once a
    second misses while two readers refresh the dashboard without pause. A month of raw 1-s windows
@@ -20,6 +21,8 @@
    affordable: one file per 2-h block, backfilled in parallel (promtool reads a file once per block
    it spans), and the series the dashboard reads only as instant vectors (stale, info, jobs,
    shares) hold their last ``--instant-series-hours`` only (24: every series the whole day).
+   ``/api/gpus`` is timed paged (its first page of 200, the page after it, a page of 1,000) beside
+   what it was before it was paged: every GPU's row in one answer (the backend's rows and their JSON).
 
 The table ends with the command that made it and a last line of JSON holding every figure.
 ``--quick`` runs the same at small sizes in under a minute (CI runs it: tests/unit/test_fleet_scale.py).
