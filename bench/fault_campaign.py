@@ -334,12 +334,12 @@ def hostile_scrape(tmp: Path, seconds: dict[str, float]) -> dict[str, Any]:
             if now_windows != last:
                 longest_gap = max(longest_gap, time.monotonic() - last_change)
                 last, last_change = now_windows, time.monotonic()
-            gpus_max = max(gpus_max, len(json.loads(agent.get("/api/gpus")[1])))
+            gpus_max = max(gpus_max, json.loads(agent.get("/api/gpus")[1])["total"])
         longest_gap = max(longest_gap, time.monotonic() - last_change)
-        gpus = json.loads(agent.get("/api/gpus")[1])
+        gpus = json.loads(agent.get("/api/gpus")[1])["total"]  # a hostile exporter's GPUs may pass a page
         metrics = agent.get("/metrics")[1].decode()
         phases[phase] = {"seconds": length, "windows": agent.windows() - before, "alive": agent.alive(),
-                         "rss_bytes": agent.rss(), "gpus": len(gpus), "metrics_bytes": len(metrics),
+                         "rss_bytes": agent.rss(), "gpus": gpus, "metrics_bytes": len(metrics),
                          "negative_ofu_lines": sum(line.startswith("kernelfleet_ofu") and line.split()[-1].startswith("-")
                                                    for line in metrics.splitlines())}
     alive = agent.alive()

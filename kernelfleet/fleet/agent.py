@@ -17,7 +17,7 @@ from kernelfleet.fleet.attribution import JobIdentity, attribute, clean, split_s
 from kernelfleet.fleet.detect import Event, RegressionDetector
 from kernelfleet.fleet.pods import pod_jobs
 from kernelfleet.fleet.reading import JobShare, Reading
-from kernelfleet.fleet.store import GpuRow, JobRow, Store
+from kernelfleet.fleet.store import Batch, GpuKey, Hold, Store
 from kernelfleet.ofu import classify, corrected_ofu, ofu
 from kernelfleet.telemetry.sample import ProcessSample, Sample
 from kernelfleet.telemetry.scrape import PodRef
@@ -111,11 +111,8 @@ class Agent:
             self._last_step = self.clock()
         events = self._detect(readings)
         if self.store is not None:
-            self.store.write([_row(r) for r in readings], [  # one transaction: the windows and their jobs
-                JobRow(j.job, j.kind, j.user, r.host, r.sample.uuid, r.sample.mig_instance, r.sample.timestamp_seconds,
-                       j.share, j.approximate)
-                for r in readings for j in r.jobs
-            ])
+            if readings:
+                self.store.write_batch(_batch(readings))  # one transaction: the windows and their jobs
             for event in events:
                 uuid = event.key[1] if event.key[0] == "gpu" else None
                 job = event.key[1] if event.key[0] == "job" else None
@@ -301,12 +298,14 @@ def _peak(sku: Sku, precision: str) -> float | None:
         return None
 
 
-def _row(r: Reading) -> GpuRow:
-    s = r.sample
-    return GpuRow(
-        host=r.host, uuid=s.uuid, mig_instance=s.mig_instance, gpu_index=s.gpu_index, name=s.name,
-        sku=r.sku.key if r.sku else None, ts=s.timestamp_seconds, window_seconds=s.window_seconds,
-        bottleneck=r.bottleneck, stale=s.stale, ofu=r.ofu.ofu_ratio, tensor_active=s.tensor_active_ratio,
-        sm_clock_hertz=s.sm_clock_mean_hertz, sm_active=s.sm_active_ratio, sm_occupancy=s.sm_occupancy_ratio,
-        dram_bandwidth=s.dram_bandwidth_ratio, power_watts=s.power_mean_watts,
-    )
+def _batch(readings: Sequence[Reading]) -> Batch:
+    """The store's batch of a window: its columns made in one pass (in the order of
+    store_schema.METRICS), and the jobs' holds."""
+    gpus, ts, window_seconds, *metrics, names, stale = zip(*[
+        (GpuKey(r.host, s.uuid, s.mig_instance, s.gpu_index, s.name, r.sku.key if r.sku else None),
+         s.timestamp_seconds, s.window_seconds, r.ofu.ofu_ratio, s.tensor_active_ratio, s.sm_clock_mean_hertz,
+         s.sm_active_ratio, s.sm_occupancy_ratio, s.dram_bandwidth_ratio, s.power_mean_watts, r.bottleneck, s.stale)
+        for r in readings for s in (r.sample,)])
+    holds = tuple(Hold(j.job, j.kind, j.user, r.host, r.sample.uuid, r.sample.mig_instance, j.share, j.approximate)
+                  for r in readings for j in r.jobs)
+    return Batch(gpus, ts, window_seconds, metrics, names, stale, holds)

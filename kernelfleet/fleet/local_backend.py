@@ -7,7 +7,7 @@ from typing import Any
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.errors import UsageError
-from kernelfleet.fleet import views
+from kernelfleet.fleet import gpu_pages, views
 from kernelfleet.fleet.agent import Agent
 from kernelfleet.fleet.store import Store
 from kernelfleet.ofu.aggregate import fleet, summarize
@@ -40,6 +40,11 @@ class LocalBackend:
 
     def overview(self, hosts: Sequence[str], k: int, catalog: Catalog) -> views.Overview:
         return views.overview(self.gpus(), hosts, k, catalog)
+
+    def gpu_page(self, limit: int, after: gpu_pages.Key | None) -> gpu_pages.GpuPage:
+        """A page of :meth:`gpus` in the pages' order (gpu_pages.py)."""
+        rows = self.gpus()
+        return gpu_pages.page(rows, limit, after, total=len(rows))
 
     def gpus(self) -> list[dict[str, Any]]:
         return [

@@ -28,7 +28,7 @@ from typing import Any
 from kernelfleet.catalog import Catalog
 from kernelfleet.catalog.notes import SAME_DIE, same_die_note
 from kernelfleet.errors import EnvironmentProblem, UsageError
-from kernelfleet.fleet import views
+from kernelfleet.fleet import gpu_pages, views
 from kernelfleet.fleet.exporter import POD_LABELS
 from kernelfleet.fleet.local_backend import NotFound
 from kernelfleet.ofu.bottleneck import classify
@@ -45,7 +45,8 @@ MAX_POINTS = 1440  # a range query's points at most: a day at one a minute, what
 # Job series go on the "many" side of a join: a GPU shared by two jobs has two of them.
 SHARE = "kernelfleet_job_gpu_share_ratio"
 WHOLE_OFU = 'kernelfleet_ofu_ratio{mig=""}'  # whole GPUs: a MIG slice is a row of its GPU, not a GPU
-WORST_RECORDED = 50  # rules.yml's kernelfleet:fleet_worst_gpu_ofu:bottom50
+WORST_RECORDED = 50
+ROWS_BY_HOST = "count by (hostname) (kernelfleet_sample_stale)"  # GPU rows (MIG instances too) per host  # rules.yml's kernelfleet:fleet_worst_gpu_ofu:bottom50
 
 
 def http_json(url: str) -> Any:
@@ -71,7 +72,9 @@ class PrometheusBackend:
         return body["data"]
 
     def _vector(self, query: str) -> list[dict[str, Any]]:
-        return self._get("/api/v1/query", query=query)["result"]
+        # at the backend's clock, not Prometheus's own now: a dashboard of a past day (or a clock
+        # passed in by a test or a benchmark) reads the instant it says
+        return self._get("/api/v1/query", query=query, time=self.clock())["result"]
 
     def _scalar(self, query: str) -> float | None:
         result = self._vector(query)
@@ -146,6 +149,23 @@ class PrometheusBackend:
             newest_seconds=self._scalar_or("kernelfleet:fleet_newest_sample:timestamp",
                                            "max(timestamp(kernelfleet_sample_stale))"),
             ofu_note=same_die_note(catalog) if set(SAME_DIE) <= skus else None)
+
+    def gpu_page(self, limit: int, after: gpu_pages.Key | None) -> gpu_pages.GpuPage:
+        """A page of GPU rows that reads a few hosts' series, not the whole fleet's: the rows per
+        host (one aggregate, a series a host) say which hosts hold the ``limit`` rows after
+        ``after``; then :meth:`gpus` of those hosts only."""
+        counts = self._by_host(ROWS_BY_HOST)
+        pending = sorted(h for h in counts if after is None or h >= after[0])
+        rows: list[dict[str, Any]] = []
+        while pending and len(rows) <= limit:  # one row past the page says there is a next one
+            chosen, wanted = [], limit + 1 - len(rows)
+            while pending and wanted > 0:
+                chosen.append(host := pending.pop(0))
+                # the cursor's host holds rows before the cursor too: how many of its rows are after
+                # it is unknown, so it counts for none and the next host is read with it
+                wanted -= 0 if after is not None and host == after[0] else counts[host]
+            rows += [r for r in self.gpus(chosen) if after is None or gpu_pages.key(r) > after]
+        return gpu_pages.page(rows, limit, after, total=int(sum(counts.values())), more=bool(pending))
 
     def gpus(self, hosts: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Every GPU's row, or (``hosts``) the rows of those hosts' GPUs only."""

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.errors import EnvironmentProblem, UsageError
-from kernelfleet.fleet import report, views
+from kernelfleet.fleet import gpu_pages, report, views
 from kernelfleet.fleet.agent import Agent
 from kernelfleet.fleet.exporter import OfuCollector
 from kernelfleet.fleet.local_backend import LocalBackend, NotFound
@@ -43,7 +43,7 @@ WORST = 100  # the worst GPUs an overview lists at most
 class Backend(Protocol):
     def health(self) -> dict[str, Any]: ...
     def fleet(self) -> dict[str, Any]: ...
-    def gpus(self) -> list[dict[str, Any]]: ...
+    def gpu_page(self, limit: int, after: gpu_pages.Key | None) -> gpu_pages.GpuPage: ...
     def overview(self, hosts: Sequence[str], k: int, catalog: Catalog) -> views.Overview: ...
     def series(self, uuid: str, start: float, end: float, resolution: str, metrics: list[str],
                limit: int | None = None) -> list[dict[str, Any]]: ...
@@ -213,8 +213,14 @@ def create_app(backend: Backend, token: str | None = None, metrics: Callable[[],
         return {"resolution": "1m", "points": backend.fleet_series(start, end)}
 
     @api.get("/api/gpus")
-    def gpus() -> list[dict[str, Any]]:
-        return backend.gpus()
+    def gpus(limit: str | None = Query(None, description=f"Rows at most, 1 to {gpu_pages.MAX_LIMIT} "
+                                                          f"(default {gpu_pages.DEFAULT_LIMIT})"),
+             after: str | None = Query(None, description="The next_after of the page before")) -> gpu_pages.GpuPage:
+        try:
+            size, start = gpu_pages.parse(limit, after)
+        except UsageError as exc:  # a bad parameter of a paged export: a 400 that says which
+            raise HTTPException(status_code=400, detail=str(exc)) from None
+        return backend.gpu_page(size, start)
 
     @api.get("/api/overview")
     def overview(host: Annotated[list[str] | None, Query(description="Hosts whose GPU rows to include (the expanded ones)")] = None,

@@ -24,11 +24,11 @@ from typing import TypeVar
 from kernelfleet.errors import UsageError
 from kernelfleet.fleet import store_queries, store_retention, store_roll, store_schema
 from kernelfleet.fleet.store_lock import WriterLock
-from kernelfleet.fleet.store_rows import GpuRow, JobRow, Retention
+from kernelfleet.fleet.store_rows import Batch, GpuKey, GpuRow, Hold, JobRow, Retention
 from kernelfleet.fleet.store_schema import SCHEMA_VERSION
 from kernelfleet.fleet.store_write import Writer
 
-__all__ = ["GpuRow", "JobRow", "Retention", "Store"]
+__all__ = ["Batch", "GpuKey", "GpuRow", "Hold", "JobRow", "Retention", "Store"]
 T = TypeVar("T")
 _DEFAULT_RETENTION = Retention()
 
@@ -140,10 +140,14 @@ class Store:
 
     # -- writing -------------------------------------------------------------------
     @_locked
+    def write_batch(self, batch: Batch) -> None:
+        """Write one window batch in one transaction: its raw rows, and which jobs held its GPUs;
+        roll up the minutes it closed. (The agent's way: a batch of columns made once a window.)"""
+        self._writer.write(batch)
+
     def write(self, rows: Sequence[GpuRow], jobs: Sequence[JobRow] = ()) -> None:
-        """Write one window batch in one transaction: its raw rows, and which jobs held its GPUs
-        (``jobs``, for GPUs among ``rows``); roll up the minutes it closed."""
-        self._writer.write(rows, jobs)
+        """:meth:`write_batch` of ``rows`` and ``jobs`` (for GPUs among ``rows``) as row objects."""
+        self.write_batch(Batch.of(rows, jobs))
 
     @_locked
     def add_event(self, ts: float, kind: str, detail: str, gpu_uuid: str | None = None, job: str | None = None) -> None:

@@ -1,8 +1,15 @@
-"""What the store is given to write (a GPU's window, a job's hold on a GPU) and how long it keeps it."""
+"""What the store is given to write (a window batch as columns, or a GPU's window and a job's hold
+on a GPU as rows) and how long it keeps it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+from kernelfleet.errors import UsageError
+from kernelfleet.fleet.store_schema import METRICS
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,3 +59,44 @@ class Retention:
     minute_seconds: float = 30 * 24 * 3600
     hour_seconds: float = 400 * 24 * 3600
     budget_bytes: int = 5 * 10**9
+
+
+# Which GPU a batch's row is: GpuRow's first six fields (the writer registers a GPU by the first three).
+GpuKey = NamedTuple("GpuKey", [(f.name, f.type) for f in fields(GpuRow)[:6]])  # type: ignore[misc]
+# One job's hold on one GPU in a batch's window: a JobRow without its ts (the batch's row has it).
+Hold = NamedTuple("Hold", [(f.name, f.type) for f in fields(JobRow) if f.name != "ts"])  # type: ignore[misc]
+
+_COLUMNS = operator.attrgetter("ts", "window_seconds", *METRICS, "bottleneck", "stale")
+_GPU = operator.attrgetter(*GpuKey._fields)
+_HOLD = operator.attrgetter(*Hold._fields)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One window batch as columns, a place per GPU row: what the agent hands the store, made once
+    a window. (Row objects read attribute by attribute, and transposed, cost the writer as much
+    Python as its SQL took time: the writer now takes the columns as they come.)"""
+
+    gpus: Sequence[GpuKey]
+    ts: Sequence[float]
+    window_seconds: Sequence[float]
+    metrics: Sequence[Sequence[float | None]]  # a column per name of store_schema.METRICS, in its order
+    bottleneck: Sequence[str]
+    stale: Sequence[bool]
+    holds: Sequence[Hold] = ()  # of GPUs among ``gpus``
+
+    def __post_init__(self) -> None:
+        n = len(self.gpus)
+        lengths = (len(self.ts), len(self.window_seconds), len(self.bottleneck), len(self.stale), *map(len, self.metrics))
+        if len(self.metrics) != len(METRICS) or lengths.count(n) != len(lengths):
+            raise UsageError(f"a store batch needs {n} places in every column and {len(METRICS)} metric columns "
+                             f"({', '.join(METRICS)}); got {len(self.metrics)} metric columns of lengths {lengths}")
+
+    @classmethod
+    def of(cls, rows: Sequence[GpuRow], jobs: Sequence[JobRow] = ()) -> Batch:
+        """The batch of ``rows`` and ``jobs`` (transposed in C)."""
+        if not rows:
+            return cls((), (), (), ((),) * len(METRICS), (), (), tuple(map(Hold._make, map(_HOLD, jobs))))
+        ts, window_seconds, *metrics, names, stale = zip(*map(_COLUMNS, rows))
+        return cls(tuple(map(GpuKey._make, map(_GPU, rows))), ts, window_seconds, metrics, names, stale,
+                   tuple(map(Hold._make, map(_HOLD, jobs))))

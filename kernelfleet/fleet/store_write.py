@@ -12,7 +12,7 @@ from itertools import repeat
 from kernelfleet.fleet import store_roll
 from kernelfleet.fleet.store_lock import transaction
 from kernelfleet.fleet.store_minute import Holds, OpenMinute
-from kernelfleet.fleet.store_rows import GpuRow, JobRow
+from kernelfleet.fleet.store_rows import Batch, GpuKey, Hold
 from kernelfleet.fleet.store_schema import BOTTLENECKS, KEY, METRICS, OPEN, floor, span
 
 # ?1 gpu_id, ?2 ts, ?3 window_seconds, the metrics, bottleneck, stale; the key made of ?2 and ?1
@@ -21,9 +21,7 @@ _INSERT_SAMPLE = (f"INSERT OR REPLACE INTO samples VALUES ({KEY.replace(':ts', '
 _CODES = {name: i for i, name in enumerate(BOTTLENECKS)}
 _UNKNOWN = BOTTLENECKS.index("unknown")
 _NONE: dict = {}  # a GPU no job holds
-_COLUMNS = operator.attrgetter("ts", "window_seconds", *METRICS, "bottleneck", "stale")
-_GPU_KEY = operator.attrgetter("host", "uuid", "mig_instance")
-_JOB_KEY = operator.attrgetter("job", "kind", "user", "host", "uuid", "mig_instance", "share", "approximate")
+_GPU_KEY = operator.itemgetter(0, 1, 2)  # a GpuKey's host, uuid, mig_instance
 
 
 class Writer:
@@ -44,6 +42,8 @@ class Writer:
         self._newest: dict[int, float] = {}  # each GPU's newest window written here
         self._holds_adopted = False
         self._id_of: dict[tuple[str, str, int | None], int] = {}  # _gpu_ids by the row's own fields
+        self._last_gpus: Sequence[GpuKey] = ()  # the last batch's GPUs, and their ids
+        self._last_ids: list[int] = []
         self._minute: OpenMinute | None = None  # the minute being written, summed as it comes
         # the last batch's jobs and GPUs, and the newest window of any GPU: a batch with the same
         # jobs on the same GPUs, all newer, changes no hold (the agent's every window but a few)
@@ -51,9 +51,9 @@ class Writer:
         self._signature_ids: list[int] | None = None
         self._newest_any = float("-inf")
 
-    def write(self, rows: Sequence[GpuRow], jobs: Sequence[JobRow]) -> None:
+    def write(self, batch: Batch) -> None:
         """Write one window batch in one transaction; roll up the minutes it closed."""
-        if not rows:
+        if not batch.gpus:
             return
         with transaction(self.db):
             if not self._holds_adopted:
@@ -61,16 +61,15 @@ class Writer:
                 self.db.execute("UPDATE holds SET until = MAX(since, COALESCE((SELECT ts FROM samples ORDER BY key DESC "
                                 "LIMIT 1), since)) WHERE until = ?", (OPEN,))
                 self._holds_adopted = True
-            ids = self._ids(rows)
-            # the batch as columns (transposed in C): ts, window_seconds, the metrics, bottleneck, stale
-            ts, window_seconds, *metrics, names, stale = zip(*map(_COLUMNS, rows))
-            codes = list(map(_CODES.get, names, repeat(_UNKNOWN)))
+            ids = self._ids(batch.gpus)
+            ts, window_seconds, metrics, stale = batch.ts, batch.window_seconds, batch.metrics, batch.stale
+            codes = list(map(_CODES.get, batch.bottleneck, repeat(_UNKNOWN)))
             lo, hi = floor(min(ts), 60), floor(max(ts), 60)
             # A writer's first minute may hold windows another wrote before it (a crash mid-minute)
             on_file = self._minute is None and self.db.execute(
                 "SELECT 1 FROM samples WHERE key >= ? LIMIT 1", (span(hi, OPEN)["lo_key"],)).fetchone() is not None
             self.db.executemany(_INSERT_SAMPLE, zip(ids, ts, window_seconds, *metrics, codes, stale))
-            changed, late = self._hold(ids, ts, jobs)
+            changed, late = self._hold(ids, ts, batch.holds)
             if self.rolled_until is None:
                 # Nothing rolled yet: start at the oldest window on file, not this batch's. A first
                 # writer stopped (or killed) before its first minute closed left windows behind that
@@ -115,11 +114,11 @@ class Writer:
         self.db.execute("INSERT INTO events (ts, kind, gpu_id, job, detail) VALUES (?, ?, ?, ?, ?)",
                         (ts, kind, gpu_id, job, detail))
 
-    def _hold(self, ids: list[int], ts: Sequence[float], jobs: Sequence[JobRow]) -> tuple[set[int], bool]:
+    def _hold(self, ids: list[int], ts: Sequence[float], jobs: Sequence[Hold]) -> tuple[set[int], bool]:
         """Open or close the holds of the batch's GPUs where their jobs changed: which GPUs changed,
         and whether a window was no newer than its GPU's newest (late, or written again: it changes
         no hold)."""
-        signature = list(map(_JOB_KEY, jobs))
+        signature = list(jobs)
         if signature == self._signature and ids == self._signature_ids and min(ts) > self._newest_any:
             # the same jobs on the same GPUs as the last batch, every window newer: every hold goes on
             self._newest.update(zip(ids, ts))
@@ -158,7 +157,7 @@ class Writer:
         self.db.execute("UPDATE holds SET until = ? WHERE gpu_id = ? AND since = ? AND job_id = ?",
                         (until, gpu, self._since.pop((gpu, job_id)), job_id))
 
-    def _job_id(self, j: JobRow) -> int:
+    def _job_id(self, j: Hold) -> int:
         found = self._job_ids.get(j.job)
         if found is None or found[1] != j.kind or found[2] != j.user:
             self.db.execute("INSERT INTO jobs (name, kind, user) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
@@ -167,14 +166,19 @@ class Writer:
             found = self._job_ids[j.job] = (job_id, j.kind, j.user)
         return found[0]
 
-    def _ids(self, rows: Sequence[GpuRow]) -> list[int]:
-        """The gpu_id of every row (registering the GPUs never seen)."""
-        ids = list(map(self._id_of.get, map(_GPU_KEY, rows)))
+    def _ids(self, gpus: Sequence[GpuKey]) -> list[int]:
+        """The gpu_id of every row (registering the GPUs never seen); the agent's batches name the
+        same GPUs window after window, so the last batch's ids mostly serve."""
+        gpus = tuple(gpus)  # kept as the last batch's: a list the caller changes later must not match
+        if gpus == self._last_gpus:
+            return self._last_ids
+        ids = list(map(self._id_of.get, map(_GPU_KEY, gpus)))
         if None in ids:
-            ids = [self._gpu_id(r) for r in rows]
+            ids = [self._gpu_id(g) for g in gpus]
+        self._last_gpus, self._last_ids = gpus, ids
         return ids
 
-    def _gpu_id(self, r: GpuRow) -> int:
+    def _gpu_id(self, r: GpuKey) -> int:
         key = (r.host, r.uuid, -1 if r.mig_instance is None else r.mig_instance)
         found = self._gpu_ids.get(key)
         if found is None:

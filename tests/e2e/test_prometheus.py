@@ -63,8 +63,8 @@ def test_fleet_dashboard_reads_prometheus(agent, prometheus, tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{base}/healthz")
-        (local,) = json.loads(get(f"http://127.0.0.1:{agent['port']}/api/gpus"))
-        (remote,) = json.loads(get(f"{base}/api/gpus"))
+        (local,) = json.loads(get(f"http://127.0.0.1:{agent['port']}/api/gpus"))["gpus"]
+        (remote,) = json.loads(get(f"{base}/api/gpus"))["gpus"]
         assert (remote["uuid"], remote["sku"], remote["host"]) == (local["uuid"], "h200-sxm", local["host"])
         assert remote["bottleneck"] in ("tensor-bound", "low-occupancy/launch-bound", "idle", "memory-bound", "mixed")
         assert [j["job"] for j in remote["jobs"]] == [j["job"] for j in local["jobs"]]

@@ -68,7 +68,7 @@ def test_the_agent_labels_gpus_with_their_pods_and_groups_the_jobs_pods(tmp_path
         assert len(info) == 2
         assert all('job_id="k8s:ml/ddp-train"' in line and 'kind="kubernetes"' in line for line in info), info
 
-        gpus = json.loads(get(f"{base}/api/gpus"))
+        gpus = json.loads(get(f"{base}/api/gpus"))["gpus"]
         holders = {g["uuid"]: [(j["job"], j["namespace"], j["pod"], j["container"]) for j in g["jobs"]] for g in gpus}
         assert holders == {GPU0: [("k8s:ml/ddp-train", "ml", "ddp-train-0-x7k2p", "trainer")],
                            GPU1: [("k8s:ml/ddp-train", "ml", "ddp-train-1-9dq4m", "trainer")]}

@@ -125,7 +125,7 @@ def test_a_scraped_gpu_that_leaves_expires_after_the_agents_expire(tmp_path):
     try:
         for _ in range(300):  # until GPU 1 is gone, for a minute at most (the old agent kept it 10)
             try:
-                seen.append(sorted(g["uuid"] for g in json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/gpus"))))
+                seen.append(sorted(g["uuid"] for g in json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/gpus"))["gpus"]))
             except OSError:
                 pass  # not listening yet
             if seen and seen[-1] == ["GPU-0"]:

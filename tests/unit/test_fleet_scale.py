@@ -53,4 +53,6 @@ def test_prometheus_endpoints_stand_beside_their_promql_floor(quick):
     assert p["instant_series_seconds"] == 7200 and p["backfill_workers"] >= 1 and p["tsdb_bytes"] > 0
     assert p["text_seconds"] <= p["backfill_seconds"]
     assert set(p["promql_floor_ms"]) == set(p["endpoints_ms"])
+    # the paged /api/gpus beside the unpaged answer it replaced, each with its own floor
+    assert {"/api/gpus?limit=1000", "every GPU's row in one answer (the unpaged /api/gpus before)"} <= set(p["endpoints_ms"])
     assert all(floor > 0 for floor in p["promql_floor_ms"].values())

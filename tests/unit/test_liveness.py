@@ -53,7 +53,7 @@ def test_a_gpu_is_stale_after_two_missed_windows_and_shows_no_ofu(agent):
     step(agent, clock, 1005.0, 0)
     assert stale_of(agent) == {"GPU-0": False, "GPU-1": True}
     client = TestClient(agent_app(agent, None))
-    gone = next(g for g in client.get("/api/gpus").json() if g["uuid"] == "GPU-1")
+    gone = next(g for g in client.get("/api/gpus").json()["gpus"] if g["uuid"] == "GPU-1")
     assert gone["ofu_ratio"] is None and gone["stale_reason"] == "missing from the last 2 windows"
     assert gone["timestamp_seconds"] == 1003.0  # the page says how long ago it was last seen
     metrics = client.get("/metrics").text

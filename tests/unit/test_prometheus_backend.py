@@ -18,10 +18,12 @@ class Answers:
 
     def __init__(self, vectors: dict[str, list], ranges: dict[str, list] | None = None, alerts: list | None = None):
         self.vectors, self.ranges, self.alerts, self.asked = vectors, ranges or {}, alerts or [], []
+        self.times: list[str | None] = []  # each request's time= parameter (None: Prometheus's own now)
 
     def __call__(self, url: str) -> dict:
         path, _, query = url.partition("?")
         params = dict(urllib.parse.parse_qsl(query))
+        self.times.append(params.get("time"))
         self.asked.append((path.rsplit("/", 1)[-1], params.get("query"), params.get("step")))
         if path.endswith("/alerts"):
             return {"status": "success", "data": {"alerts": self.alerts}}
@@ -55,6 +57,14 @@ def test_a_gpu_without_info_keeps_its_model_label():
     answers = Answers({"kernelfleet_sample_stale": [{"metric": GPU, "value": [NOW, "1"]}]})
     (gpu,) = PrometheusBackend("http://prom:9090", fetch=answers, clock=lambda: NOW).gpus()
     assert (gpu["name"], gpu["stale"], gpu["timestamp_seconds"]) == ("h200-sxm", True, NOW)
+
+
+def test_instant_queries_run_at_the_backends_clock_not_prometheus_now():
+    answers = Answers({"kernelfleet:fleet_gpus:count": [{"metric": {}, "value": [NOW - 7200, "3"]}]})
+    backend = PrometheusBackend("http://p", fetch=answers, clock=lambda: NOW - 7200)
+    backend.fleet()
+    backend.gpus()
+    assert answers.times and set(answers.times) == {str(NOW - 7200)}
 
 
 def test_the_step_grows_with_the_range_so_a_chart_gets_at_most_max_points():
@@ -108,8 +118,8 @@ def test_the_fleet_card_and_the_hosts_table_read_aggregates_never_every_gpu():
     the worst GPUs two bottomk queries, and GPU rows only for the hosts that are open."""
     from kernelfleet.catalog import Catalog
 
-    host = lambda h, v: {"metric": {"hostname": h}, "value": [NOW, str(v)]}  # noqa: E731
-    gpu = lambda h, i, v: {"metric": {**GPU, "hostname": h, "gpu": str(i), "uuid": f"GPU-{h}-{i}"},  # noqa: E731
+    host = lambda h, v: {"metric": {"hostname": h}, "value": [NOW, str(v)]}
+    gpu = lambda h, i, v: {"metric": {**GPU, "hostname": h, "gpu": str(i), "uuid": f"GPU-{h}-{i}"},
                            "value": [NOW, str(v)]}
     answers = Answers({
         "kernelfleet:fleet_gpus:count": [{"metric": {}, "value": [NOW, "16"]}],

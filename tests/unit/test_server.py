@@ -30,7 +30,7 @@ def test_metrics_and_gpus(served):
     text = client.get("/metrics").text
     assert f'kernelfleet_sample_stale{{container="",gpu="0",hostname="node-1",mig="",model="h200-sxm",namespace="",pod="",uuid="{UUID}"}} 0.0' in text
     assert 'kernelfleet_reference_clock_hertz{source="catalog:h200-sxm:measured"' in text
-    (gpu,) = client.get("/api/gpus").json()
+    (gpu,) = client.get("/api/gpus").json()["gpus"]
     assert gpu["uuid"] == UUID and gpu["bottleneck"] == "idle"  # the recording ends idle
 
 
