@@ -69,13 +69,13 @@ def predict(combined: list[SlotNode], seconds: Callable[[SlotNode], float], cont
     """Seconds of the graph ``combined`` (``slots.pipeline`` in ``mode``), each node taking
     ``seconds(node)`` alone, under ``contention`` (module docstring)."""
     alone = [seconds(x) for x in combined]
-    shared = mode == "free" and bool(contention.free)
-    spans = _shared(combined, alone, contention) if shared else _serial(combined, alone)
+    sharing = mode == "free" and bool(contention.free)  # else each stream takes its nodes in list order
+    spans = _shared(combined, alone, contention) if sharing else _serial(combined, alone)
     if not contention.shared:
         return max((end for _, end in spans), default=0.0)
     stretched = [t * (1 + share * (contention.shared.get(_device(x), 1.0) - 1)) if _device(x) else t
                  for x, t, share in zip(combined, alone, _overlaps(spans, combined))]
-    spans = _shared(combined, stretched, contention) if shared else _serial(combined, stretched)
+    spans = _shared(combined, stretched, contention) if sharing else _serial(combined, stretched)
     return max((end for _, end in spans), default=0.0)
 
 
