@@ -22,15 +22,14 @@ NOISE = 0.05  # two medians of 10 graph launches of one step agree within this (
 AGAIN = 0.10  # the same measurement repeated, every figure within this of the first
 
 
+TARGET = "llama-decode"  # the replicas of the second test are this target's captures too
+
+
 @pytest.fixture(scope="module")
 def step():
-    from kernelfleet.kernels.assemble import assemble
-    from kernelfleet.kernels.cuda.capture import capture
-    from kernelfleet.workloads.steps import llama_decode
+    from kernelfleet.analyze import capture_step
 
-    made = llama_decode()
-    captured = capture(made.fn, made.args, module=made.module, what=made.name)
-    return captured, assemble(captured.raw)
+    return capture_step(TARGET)
 
 
 def test_the_step_as_one_graph_is_timed_on_two_profiles_and_scales_the_cost_table(step):
@@ -60,7 +59,7 @@ def test_two_partitions_busy_at_once_and_free_copies_are_timed_ordered_and_repro
 
     captured, _ = step
     specs = [ProfileSpec(name, sms) for name, sms in PAIR]
-    chains = step_chains("llama-decode", specs, {(0, "default"): captured})
+    chains = step_chains(TARGET, specs, {(0, "default"): captured})
     assert len({id(c) for mine in chains.values() for c in mine}) == 2 * len(specs)  # no two chains share buffers
     first, again = (step_times(chains, specs) for _ in range(2))
     for name, _ in PAIR:
