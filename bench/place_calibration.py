@@ -4,11 +4,13 @@
 A cost table times each launch alone; the run's single-device rows (``single:a``, ``single:b``:
 the whole step as one graph on one partition) are what ``kernelfleet profile`` measures itself
 (``profile/steptime.py``). Each correction is fitted on those two figures per (target, pair) and
-nothing else, then every chained strategy's prediction is recomputed on the CPU as ``bench
-disagg`` computes it: the strategy's slots from ``bench.disagg.strategies``, its graph from
-``runtime.executor.plan_graph`` (pure), ``slots.makespan`` over it with the corrected costs and the
-plans' link (``uniform_link(COPY_US, LINK_GBPS)``). The mixed strategies (request distribution and
-the four placements) are the evaluation: no correction saw them.
+nothing else, then every strategy's prediction (chained, free and scheduled slots) is recomputed
+on the CPU as ``bench disagg`` computes it: the strategy's slots from ``bench.disagg.strategies``,
+its graph from ``runtime.executor.plan_graph`` (pure), ``contention.predict`` over it in its slot
+mode with the corrected costs and the plans' link (``uniform_link(COPY_US, LINK_GBPS)``). The mixed
+strategies (request distribution and the four placements) are the evaluation: no correction saw
+them. The counts within 10 % are of the chained rows (as before); free and scheduled rows are
+counted apart.
 
 Corrections:
 
