@@ -4,11 +4,13 @@
 A cost table times each launch alone; the run's single-device rows (``single:a``, ``single:b``:
 the whole step as one graph on one partition) are what ``kernelfleet profile`` measures itself
 (``profile/steptime.py``). Each correction is fitted on those two figures per (target, pair) and
-nothing else, then every chained strategy's prediction is recomputed on the CPU as ``bench
-disagg`` computes it: the strategy's slots from ``bench.disagg.strategies``, its graph from
-``runtime.executor.plan_graph`` (pure), ``slots.makespan`` over it with the corrected costs and the
-plans' link (``uniform_link(COPY_US, LINK_GBPS)``). The mixed strategies (request distribution and
-the four placements) are the evaluation: no correction saw them.
+nothing else, then every strategy's prediction (chained, free and scheduled slots) is recomputed
+on the CPU as ``bench disagg`` computes it: the strategy's slots from ``bench.disagg.strategies``,
+its graph from ``runtime.executor.plan_graph`` (pure), ``contention.predict`` over it in its slot
+mode with the corrected costs and the plans' link (``uniform_link(COPY_US, LINK_GBPS)``). The mixed
+strategies (request distribution and the four placements) are the evaluation: no correction saw
+them. The counts within 10 % are of the chained rows (as before); free and scheduled rows are
+counted apart.
 
 Corrections:
 
@@ -16,7 +18,18 @@ Corrections:
   below);
 * ``scale``: each device's column times its graph time over its sum (``CostTable.calibrated``);
 * ``overhead``: each device's column less one fitted cost per launch (unit), (sum - graph) / n,
-  floored at zero.
+  floored at zero;
+* ``contention``: ``scale``, and every strategy predicted by ``contention.predict`` with the cost
+  table's shared and free graph times (``kernelfleet profile`` measures them since 2026-12-01):
+  what ``bench disagg`` and ``kernelfleet plan`` now predict. A table without them (the committed
+  run) predicts as ``scale``.
+
+The graph times come from the cost table where ``kernelfleet profile`` measured them, else from
+the run's single-device rows (the committed run was profiled before profile measured graphs).
+
+Beside each correction's predictions stands its choice: the row it predicts fastest among every
+plan and single device in every slot mode (``bench.choice``, what ``kernelfleet plan`` ranks), and
+that row's measured time over the fastest measured row's (target: within 3 %).
 
 The recomputation repeats the run's ``predicted_seconds`` on 90 of 92 rows to the last digit. The
 two others are mamba-decode's on the different-kernel pair (pipeline 283.9 µs against 279.9
@@ -31,16 +44,18 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kernelfleet.bench.choice import chosen
 from kernelfleet.costs.table import CostTable
 from kernelfleet.kernels.ir import Program
+from kernelfleet.plan.contention import Contention, predict
 from kernelfleet.plan.links import COPY_US, LINK_GBPS
 from kernelfleet.plan.model import Plan
-from kernelfleet.plan.slots import estimate, makespan, uniform_link
+from kernelfleet.plan.slots import estimate, uniform_link
 from kernelfleet.runtime.executor import plan_graph
 
-CORRECTIONS = ("none", "scale", "overhead")
+CORRECTIONS = ("none", "scale", "overhead", "contention")
 SINGLES = ("single:a", "single:b")
-WITHIN = 0.10
+WITHIN, CHOSEN_WITHIN = 0.10, 0.03
 
 
 def graph_seconds(found: dict) -> dict[str, float]:
@@ -49,11 +64,18 @@ def graph_seconds(found: dict) -> dict[str, float]:
             if found.get(name, {}).get("seconds")}
 
 
+def timed(found: dict) -> dict[str, float]:
+    """Measured seconds per slot of every strategy that passed its gate, but for the paced links and
+    the one-slot ablations (not strategies a server would run)."""
+    return {name: r["seconds"] / r["slots"] for name, r in found.items() if r.get("seconds")
+            and not name.startswith(("link ", "ablation")) and not name.endswith("1 slot")}
+
+
 def corrected(costs: CostTable, graph: dict[str, float], how: str) -> CostTable:
     """``costs`` under correction ``how`` (module docstring), fitted on ``graph``."""
     if how == "none":
         return costs
-    if how == "scale":
+    if how in ("scale", "contention"):
         return replace(costs, graph_seconds=graph).calibrated()
     less = {d: (sum(r.get(d) or 0.0 for r in costs.seconds) - g) / len(costs.seconds) for d, g in graph.items()}
     rows = [{d: (max(0.0, t - less[d]) if t is not None and d in less else t) for d, t in row.items()}
@@ -61,8 +83,10 @@ def corrected(costs: CostTable, graph: dict[str, float], how: str) -> CostTable:
     return replace(costs, seconds=rows)
 
 
-def predictions(folder: Path, costs: CostTable) -> dict[str, float]:
-    """Seconds ``slots.makespan`` predicts for each chained strategy the run timed, from ``costs``."""
+def predictions(folder: Path, costs: CostTable, contention: Contention | None = None) -> dict[str, float]:
+    """Seconds ``contention.predict`` gives each strategy the run timed in a slot mode (chained,
+    free, scheduled; not the ablations, paced links or one slot), from ``costs`` and ``contention``
+    (None: none, each device as if alone)."""
     from kernelfleet.bench.disagg import strategies  # torch at import: only where predictions are made
 
     run = json.loads((folder / "disagg.json").read_text())
@@ -78,12 +102,14 @@ def predictions(folder: Path, costs: CostTable) -> dict[str, float]:
                                       == found.get("throughput-milp", {}).get("predicted_seconds"))
     seconds = estimate(costs, uniform_link(COPY_US, LINK_GBPS))
     out = {}
-    for s in strategies(plans, devices, slots, None, n) + strategies(plans, devices, slots, rates, n):
-        if s.options or len(s.assignments) != slots or not found.get(s.name, {}).get("seconds"):
-            continue  # chained rows of every slot only, as the table's predictions
+    for s in strategies(plans, devices, slots, None, n) + strategies(plans, devices, slots, rates, n, seconds):
+        if (set(s.options) - {"slot_mode", "seconds"} or len(s.assignments) != slots
+                or not found.get(s.name, {}).get("seconds")):
+            continue  # every slot, in a slot mode: no ablation, paced link or one slot
+        mode = s.options.get("slot_mode", "sequential")
         _, combined = plan_graph([(program, a, h) for a, h in zip(s.assignments, s.homes)], not conservative,
-                                 resident_state=True)
-        out[s.name] = makespan(combined, lambda x: seconds(x.slot, x.node))
+                                 resident_state=True, slot_mode=mode, seconds=s.options.get("seconds"))
+        out[s.name] = predict(combined, lambda x: seconds(x.slot, x.node), contention or Contention(), mode)
     return out
 
 
@@ -97,18 +123,29 @@ class Evaluation:
     rows: int
     mixed: int
     factors: dict[str, float]  # scale: graph / column sum, per device
-    errors: dict[str, dict[str, float]]  # correction -> strategy -> measured / predicted - 1
+    errors: dict[str, dict[str, float]]  # correction -> chained strategy -> measured / predicted - 1
+    chosen: dict[str, str]  # "recorded" and each correction -> the row it predicts fastest
+    chosen_over_best: dict[str, float]  # its measured time over the fastest measured row's
+    best: str  # the fastest measured row
+    free_errors: dict[str, dict[str, float]]  # correction -> free and scheduled rows -> measured / predicted - 1
 
 
 def evaluate(folder: Path) -> Evaluation:
-    """Every correction of one (target, pair) folder, against its measured chained strategies."""
+    """Every correction of one (target, pair) folder, against its measured strategies."""
     found = json.loads((folder / "disagg.json").read_text())["strategies"]
     costs = CostTable.from_json((folder / "costs.json").read_text(), str(folder / "costs.json"))
-    graph = graph_seconds(found)
-    errors = {}
+    graph = costs.graph_seconds or graph_seconds(found)
+    measured = timed(found)
+    best = min(measured, key=measured.get)
+    errors, free_errors = {}, {}
+    picks = {"recorded": chosen(found)}
     for how in CORRECTIONS:
-        predicted = predictions(folder, corrected(costs, graph, how))
-        errors[how] = {name: found[name]["seconds"] / p - 1 for name, p in predicted.items()}
+        table = corrected(costs, graph, how)
+        predicted = predictions(folder, table, Contention.of(table) if how == "contention" else None)
+        every = {name: found[name]["seconds"] / p - 1 for name, p in predicted.items()}
+        errors[how] = {name: e for name, e in every.items() if ", slots" not in name}
+        free_errors[how] = {name: e for name, e in every.items() if ", slots" in name}
+        picks[how] = chosen({name: {**found[name], "predicted_seconds": p} for name, p in predicted.items()})
     names = list(errors["none"])
     mixed = [n for n in names if n not in SINGLES]
     target, _, pair = folder.name.rpartition(".")
@@ -116,28 +153,43 @@ def evaluate(folder: Path) -> Evaluation:
     return Evaluation(target, pair, recorded,
                       {h: sum(abs(e) <= WITHIN for e in errors[h].values()) for h in CORRECTIONS},
                       {h: sum(abs(errors[h][n]) <= WITHIN for n in mixed) for h in CORRECTIONS},
-                      len(names), len(mixed), replace(costs, graph_seconds=graph).graph_factors(), errors)
+                      len(names), len(mixed), replace(costs, graph_seconds=graph).graph_factors(), errors,
+                      picks, {h: measured[p] / measured[best] for h, p in picks.items() if p}, best, free_errors)
 
 
 def markdown(found: list[Evaluation]) -> str:
-    head = ("| target | pair | scale a, b | within 10 %: recorded | none | scale | overhead "
-            "| mixed within 10 %: none | scale | overhead | worst mixed, scale |")
+    head = ("| target | pair | scale a, b | within 10 %: recorded | " + " | ".join(CORRECTIONS)
+            + " | mixed within 10 %: " + " | ".join(CORRECTIONS) + " | worst mixed, contention |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for e in found:
-        mixed = {n: v for n, v in e.errors["scale"].items() if n not in SINGLES}
+        mixed = {n: v for n, v in e.errors["contention"].items() if n not in SINGLES}
         worst = max(mixed, key=lambda n: abs(mixed[n]))
         lines.append(f"| {e.target} | {e.pair} | {', '.join(f'{f:.2f}' for f in e.factors.values())} "
                      f"| {e.recorded} of {e.rows} | " + " | ".join(str(e.within[h]) for h in CORRECTIONS)
-                     + f" | {e.mixed_within['none']} of {e.mixed} | {e.mixed_within['scale']} "
-                     f"| {e.mixed_within['overhead']} | {worst} {mixed[worst]:+.1%} |")
+                     + f" | {e.mixed_within['none']} of {e.mixed} | "
+                     + " | ".join(str(e.mixed_within[h]) for h in CORRECTIONS[1:])
+                     + f" | {worst} {mixed[worst]:+.1%} |")
+    lines += ["", "| target | pair | best (measured) | chosen: recorded | scale | contention |", "|---|---|---|---|---|---|"]
+    for e in found:
+        lines.append(f"| {e.target} | {e.pair} | {e.best} | "
+                     + " | ".join(f"{e.chosen[h]} {e.chosen_over_best[h]:.3f}" if e.chosen.get(h) else "-"
+                                  for h in ("recorded", "scale", "contention")) + " |")
     return "\n".join(lines)
 
 
 def totals(found: list[Evaluation]) -> dict[str, str]:
-    """Rows within 10 % over the whole run, per correction: all chained rows and the mixed ones."""
+    """Rows within 10 % over the whole run, per correction: all chained rows and the mixed ones;
+    free and scheduled rows; rows whose choice is within 3 % of the best."""
     rows, mixed = sum(e.rows for e in found), sum(e.mixed for e in found)
+    free = sum(len(e.free_errors["none"]) for e in found)
     out = {"recorded predictions": f"{sum(e.recorded for e in found)} of {rows} chained rows"}
     for h in CORRECTIONS:
         out[h] = (f"{sum(e.within[h] for e in found)} of {rows} chained rows, "
                   f"{sum(e.mixed_within[h] for e in found)} of {mixed} mixed")
+    for h in CORRECTIONS:
+        out[f"free and scheduled rows within 10 %, {h}"] = (
+            f"{sum(abs(v) <= WITHIN for e in found for v in e.free_errors[h].values())} of {free}")
+    for h in ("recorded", *CORRECTIONS):
+        out[f"chosen within 3 % of the best, {h}"] = (
+            f"{sum(e.chosen_over_best.get(h, float('inf')) <= 1 + CHOSEN_WITHIN for e in found)} of {len(found)} rows")
     return out

@@ -12,7 +12,10 @@ For each (target, pair) it runs
     kernelfleet bench disagg TARGET --plans PLANS --device a:64@0 --device b:32@0[/math-attention]
         --slots SLOTS --costs PROFILE/costs.json
 
-(``profile`` times the whole GPU too; the plans are for the pair) and keeps, under ``DIR/TARGET.PAIR/``, the cost table, the program (gzipped), the plans, bench
+(``profile`` times the whole GPU too, and each device's whole step as one graph alone, with its
+copies free and with the other device busy: ``graph_seconds``, ``graph_seconds_free``,
+``graph_seconds_shared`` in the cost table, which ``plan`` and ``bench disagg`` predict with;
+``runs.json`` lists which of them each row's table holds; the plans are for the pair) and keeps, under ``DIR/TARGET.PAIR/``, the cost table, the program (gzipped), the plans, bench
 disagg's ``disagg.json`` and the commands with their output (``log.txt``). Rows run in the order
 given until ``--budget-s`` is spent; the rest are listed as not run. ``python -m bench.place_table
 DIR`` makes the table of measured against predicted from what this writes (on any machine).
@@ -35,12 +38,13 @@ import time
 from pathlib import Path
 
 from bench import command_line
+from kernelfleet.costs.table import GRAPHS
 
 REFERENCE = ("llama-decode", "llama-prefill", "moe-decode", "mamba-decode", "vlm-prefill", "dit-denoise")
 TRANSFORMERS = ("hf-llama-prefill", "hf-llama-decode", "hf-qwen2moe-prefill", "hf-qwen2moe-decode", "hf-mamba-decode")
 PAIRS = {"same": ("a:64", "b:32"), "different": ("a:64", "b:32/math-attention")}
-SIZES = dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
-             max_position_embeddings=256)
+SIZES = {"vocab_size": 512, "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 8,
+         "num_key_value_heads": 4, "max_position_embeddings": 256}
 
 
 def target_of(name: str, folder: Path) -> str:
@@ -96,7 +100,7 @@ def run_row(name: str, pair: str, out: Path, work: Path, slots: int, repeats: in
                 continue
             began = time.monotonic()
             done = subprocess.run([sys.executable, "-m", "kernelfleet", *args], capture_output=True, text=True,
-                                  timeout=420)
+                                  timeout=420, check=False)  # a failed command is kept in the log
             row["seconds"][args[0] if args[0] != "bench" else "disagg"] = round(time.monotonic() - began, 1)
             log.write(f"$ kernelfleet {' '.join(args)}\n{done.stdout}{done.stderr}\nexit {done.returncode}\n\n")
             if done.returncode != 0:
@@ -111,6 +115,8 @@ def run_row(name: str, pair: str, out: Path, work: Path, slots: int, repeats: in
             shutil.copy(plan, out / f"plan.{plan.name}")
     if "disagg" in phases:
         shutil.copy(runs / "disagg.json", out / "disagg.json")
+    costs = json.loads((profile / "costs.json").read_text())
+    row["graph_times"] = [name for name in GRAPHS if costs.get(name)]  # what the predictions could use
     return row
 
 

@@ -9,8 +9,9 @@ Per (target, pair), from its ``disagg.json`` (every strategy behind its gate, ti
 * **best**: the strategy with the most slots per second, in any slot mode (chained, free,
   scheduled); paced-link rows and the one-slot ablations are not strategies a server would run;
 * **chosen**: the strategy the planner's model predicts fastest (least predicted time for the
-  slots in flight, among the plans it wrote), and its measured rate against the best (target:
-  within 3 %);
+  slots in flight, among the plans it wrote and the single devices, in every slot mode:
+  ``bench.choice``, what ``kernelfleet plan --in-flight`` ranks), and its measured rate against
+  the best (target: within 3 %);
 * **prediction**: every chained plan row's measured time against its prediction (target: within
   10 %); the worst is named;
 * **latency**: the latency plan's measured time per request against the fastest single device's
@@ -24,7 +25,8 @@ A strategy that failed its gate has no time and is never best or chosen. Prints 
 the command, and a last line of JSON with every figure.
 
 ``--calibrated`` prints instead how many chained rows each correction of the cost table, fitted on
-the single-device graphs only, brings within 10 % of its prediction (``bench/place_calibration.py``).
+the single-device graphs only, brings within 10 % of its prediction, and what each would choose
+(``bench/place_calibration.py``; ``contention`` is the model ``bench disagg`` and ``plan`` use now).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench import command_line, place_calibration
+from kernelfleet.bench.choice import chosen as choice
 from kernelfleet.plan import command, links
 from kernelfleet.plan.model import Plan
 
@@ -68,18 +71,11 @@ class Row:
     gates: str  # which gates the timed strategies passed
 
 
-def per_slot(result: dict) -> float | None:
-    """Measured seconds per slot of a strategy that passed its gate, else None."""
-    seconds = result.get("seconds")
-    return seconds / result["slots"] if seconds else None
-
-
 def row_of(folder: Path) -> Row:
     """The figures of one (target, pair) folder (module docstring)."""
     found = json.loads((folder / "disagg.json").read_text())["strategies"]
     target, _, pair = folder.name.rpartition(".")
-    timed = {name: per_slot(found[name]) for name in found if not name.startswith(("link ", "ablation"))
-             and not name.endswith("1 slot") and per_slot(found[name])}
+    timed = place_calibration.timed(found)
     if not timed:
         raise ValueError(f"{folder}: no strategy passed its gate")
     best = min(timed, key=timed.get)
@@ -89,7 +85,7 @@ def row_of(folder: Path) -> Row:
         return min(times) if times else None
 
     planned = {p: found[p]["predicted_seconds"] for p in PLANS if p in timed and found[p].get("predicted_seconds")}
-    chosen = min(planned, key=planned.get)
+    chosen = choice(found)
     errors = {p: found[p]["seconds"] / found[p]["predicted_seconds"] - 1 for p in planned}
     worst = max(errors, key=lambda p: abs(errors[p]))
     single = min(t for t in (timed.get("single:a"), timed.get("single:b")) if t)

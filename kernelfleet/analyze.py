@@ -57,6 +57,29 @@ def capture_step(target: str, *, record_ops: bool = True) -> tuple[Any, Program]
     return captured, assemble(captured.raw)
 
 
+def step_chains(target: str, specs: list[Any], captures: dict[tuple[int, str], Any],
+                copies: int = 2) -> dict[str, list[Any]]:
+    """The captures each profile's whole-step graphs run (``profile/steptime.py``): ``copies`` per
+    profile, all different, so that no two chains, and no two devices timed together, share their
+    weights and activations (as no two slots of ``bench disagg`` do). The first profile of each
+    (GPU, kernels) gets that capture of ``captures`` first; the rest are replicas captured here."""
+    import torch
+
+    from kernelfleet.kernels.cuda.capture import capture
+    from kernelfleet.profile.devices import choosing_kernels
+
+    given, out = dict(captures), {}
+    for spec in specs:
+        mine = [given.pop((spec.device, spec.kernels))] if (spec.device, spec.kernels) in given else []
+        while len(mine) < copies:
+            torch.cuda.set_device(spec.device)
+            fn, args, module, name = load_step(target)
+            with choosing_kernels(spec.kernels):
+                mine.append(capture(fn, args, module=module, what=f"{name} (replica)", record_ops=False))
+        out[spec.name] = mine
+    return out
+
+
 def write_analysis(raw: Any, program: Program, out: Path) -> dict[str, Any]:
     """Write the raw capture, the program (JSON) and its graph (DOT) under ``out``; the census."""
     edges = dependencies(program)
@@ -105,7 +128,7 @@ def profile_per_device(target: str, specs: list[Any], progress: Any, trials: int
     from kernelfleet.kernels.assemble import assemble
     from kernelfleet.kernels.cuda.capture import capture
     from kernelfleet.profile.devices import choosing_kernels
-    from kernelfleet.profile.run import graph_times, time_on
+    from kernelfleet.profile.run import step_times, time_on
     from kernelfleet.profile.table import cost_table
 
     captures = {}
@@ -115,13 +138,15 @@ def profile_per_device(target: str, specs: list[Any], progress: Any, trials: int
         with choosing_kernels(kernels):
             captures[gpu, kernels] = capture(fn, args, module=module, what=f"{name} ({kernels} kernels)")
     out.mkdir(parents=True, exist_ok=True)
+    seconds = {spec.name: time_on(captures[spec.device, spec.kernels], [spec], progress, trials,
+                                  flush_l2_bytes)[spec.name] for spec in specs}
+    graphs = step_times(step_chains(target, specs, captures), specs)
     for spec in specs:
         captured = captures[spec.device, spec.kernels]
-        seconds = time_on(captured, [spec], progress, trials, flush_l2_bytes)[spec.name]
-        about = captured.raw.about
-        table = cost_table(captured.raw, assemble(captured.raw), {spec.name: seconds},
+        about, mine = captured.raw.about, graphs.of(spec.name)
+        table = cost_table(captured.raw, assemble(captured.raw), {spec.name: seconds[spec.name]},
                            f"measured on {about.get('device')} GPU {spec.device}, profile {spec.name} "
-                           f"({spec.kernels} kernels)", graph_times(captured, [spec]))
+                           f"({spec.kernels} kernels)", mine.alone, shared=mine.shared, free=mine.free)
         captured.raw.save(out / f"capture.{spec.name}.json.gz")
         (out / f"launches.{spec.name}.json").write_text(table.to_json())
     return merge_profiles([out], out)
@@ -142,7 +167,8 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
     from kernelfleet.kernels.raw import RawCapture
     from kernelfleet.profile.table import graph_note, unit_table
 
-    raws, programs, seconds, sources, where, graphs = {}, {}, {}, [], {}, {}
+    raws, programs, seconds, sources, where = {}, {}, {}, [], {}
+    graphs: dict[str, dict[str, float]] = {"graph_seconds": {}, "graph_seconds_shared": {}, "graph_seconds_free": {}}
     for folder in folders:
         found = sorted(folder.glob("capture.*.json.gz"))
         if not found:
@@ -161,8 +187,9 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
                                  f"{len(programs[device].launches)}")
             seconds[device] = column
             sources.append(table.source)
-            if device in (table.graph_seconds or {}):  # older profiles measured no graph
-                graphs[device] = table.graph_seconds[device]
+            for kind, found in graphs.items():  # older profiles measured no graph, or only alone
+                if device in (getattr(table, kind) or {}):
+                    found[device] = getattr(table, kind)[device]
     home = next(iter(raws))
     lined = views(raws, programs, home)
     out.mkdir(parents=True, exist_ok=True)
@@ -172,7 +199,8 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
                 shutil.copy(folder / name, out / name)
     program = lined[home].program
     (out / "program.json").write_text(program.to_json())
-    costs = unit_table(lined, seconds, "; ".join(sources), graphs)
+    costs = unit_table(lined, seconds, "; ".join(sources), graphs["graph_seconds"],
+                       shared=graphs["graph_seconds_shared"], free=graphs["graph_seconds_free"])
     (out / "costs.json").write_text(costs.to_json())
     totals = ", ".join(f"{d} {sum(t or 0 for t in seconds[d]) * 1e3:.2f} ms" for d in seconds)
     note = graph_note(costs)
@@ -182,16 +210,16 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
 
 
 def write_profile(captured: Any, program: Program, seconds: dict[str, list[float]], out: Path,
-                  graph_seconds: dict[str, float] | None = None) -> str:
-    """Write capture, program and cost table (with each profile's whole-step ``graph_seconds``,
-    where measured) under ``out``; say which device each kernel prefers."""
+                  graphs: Any = None) -> str:
+    """Write capture, program and cost table (with each profile's whole-step graph times,
+    ``profile.run.StepTimes``, where measured) under ``out``; say which device each kernel prefers."""
     from kernelfleet.profile.table import cost_table, graph_note, preference
 
     write_analysis(captured.raw, program, out)
     about = captured.raw.about
     costs = cost_table(captured.raw, program, seconds, f"measured on {about.get('device')} profiles "
                                                          f"{', '.join(seconds)} ({about.get('what')})",
-                       graph_seconds)
+                       graphs and graphs.alone, shared=graphs and graphs.shared, free=graphs and graphs.free)
     (out / "costs.json").write_text(costs.to_json())
     lines = [f"wrote {out}/costs.json: {len(program.launches)} launches x {', '.join(seconds)}"]
     lines += [note] if (note := graph_note(costs)) else []

@@ -171,11 +171,15 @@ def profile_command(
         Console().print(done)
         return
     captured, program = analysis.capture_step(target, record_ops=ops)
+    whole = ProfileSpec("whole")
     with Progress(transient=True) as bar:
         task = bar.add_task("timing kernels", total=len(program.launches) * (len(specs) + 1))
-        seconds = run.time_on(captured, specs + [ProfileSpec("whole")], lambda n: bar.advance(task, n), trials,
-                              flush_l2_mb << 20)
-        graphs = run.graph_times(captured, specs + [ProfileSpec("whole")])  # what the planner scales each column to
+        seconds = run.time_on(captured, specs + [whole], lambda n: bar.advance(task, n), trials, flush_l2_mb << 20)
+    # the whole step as a graph on each device: alone, free, and with the other devices busy (the whole GPU
+    # overlaps the partitions, so it runs on the first device's captures and is never timed together)
+    chains = analysis.step_chains(target, specs, {(specs[0].device, specs[0].kernels): captured})
+    graphs = run.step_times({**chains, whole.name: chains[specs[0].name]}, specs + [whole],
+                            together=[spec.name for spec in specs])
     done = analysis.write_profile(captured, program, seconds, out, graphs)
     Console().print(done)
 
@@ -223,7 +227,7 @@ def plan_command(
     in_flight: int | None = typer.Option(
         None, "--in-flight", help="Plan for this many requests in flight: the throughput policy picks the plan "
         "(switch budgets, the best single cut, every baseline) fastest per request as the executor runs it "
-        "(plan/slots.py), and every plan's time at K is printed."),
+        "(plan/slots.py, each slot mode), and every plan's time at K is printed."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """Place a kernel program on devices: the chosen policy's plan beside every baseline."""
@@ -239,13 +243,16 @@ def plan_command(
         console.print(note, markup=False, highlight=False)
     header, rows = command.table(done.problem, plans, chosen)
     if in_flight is not None:
-        from kernelfleet.plan.slots import per_request
+        from kernelfleet.plan.slots import SUFFIXES, per_request_modes
 
-        header.append(f"time/request, {in_flight} in flight")
-        predicted = {plan.policy: per_request(done.problem, plan, in_flight) for plan in plans}
+        header.append(f"time/request, {in_flight} in flight (fastest slot mode)")
+        # every plan in every slot mode, named as bench disagg names its rows ("pipeline, slots free")
+        predicted = {plan.policy: per_request_modes(done.problem, plan, in_flight) for plan in plans}
         for row, plan in zip(rows, plans):
-            row.append("—" if predicted[plan.policy] is None else command.seconds(predicted[plan.policy]))
-        best = min((v, k) for k, v in predicted.items() if v is not None)
+            modes = predicted[plan.policy]
+            mode = min(modes, key=modes.get) if modes else None
+            row.append("—" if mode is None else f"{command.seconds(modes[mode])} ({mode})")
+        best = min((v, k + SUFFIXES[mode]) for k, modes in predicted.items() for mode, v in modes.items())
     t = Table(*header, title=f"kernelfleet plan — {policy} (* chosen)", title_justify="left")
     for row in rows:
         t.add_row(*row)

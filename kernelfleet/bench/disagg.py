@@ -7,7 +7,7 @@ A100-like) on the other. Every strategy runs ``slots`` micro-batches of the step
 replicas of its own, as one CUDA graph (``runtime/executor.py``); its time is the median of
 ``repeats`` graph launches and its rate is slots per second. Strategies:
 
-* ``single:<device>``: every slot whole on one device;
+* ``single:<device>``: every slot whole on one device, chained and (once the rates are known) free;
 * ``replicas`` (request distribution): each slot whole on one device, slots split between the
   devices in proportion to their measured single-device rates;
 * every plan of the folder ``kernelfleet plan --policy all --out PLANS`` wrote (the throughput
@@ -20,7 +20,8 @@ replicas of its own, as one CUDA graph (``runtime/executor.py``); its time is th
 * link sensitivity: the throughput plan, slots free, with every copy paced to 200, 100 and 25 Gbit/s;
 * given the cost table the plans were made from (``--costs``): the throughput plan and the layer
   pipeline with list-scheduled slots (``plan/slots.py``), and beside every strategy the graph
-  time ``slots.makespan`` predicts.
+  time ``contention.predict`` predicts in its slot mode (the prediction ``kernelfleet plan``
+  ranks plans by: with the cost table's shared and free graph times where it has them).
 
 Before a strategy is timed, every slot of it passes the validator (``runtime/plans.py``), the
 executor checks its plan graph has no race (``schedule.races``) and the GPU runs it once from the
@@ -41,12 +42,14 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from kernelfleet.bench.choice import candidates, chosen
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
+from kernelfleet.plan.contention import Contention, predict
 from kernelfleet.plan.links import COPY_US, LINK_GBPS
 from kernelfleet.plan.model import Plan
 from kernelfleet.plan.schedule import Node
-from kernelfleet.plan.slots import estimate, makespan, uniform_link
+from kernelfleet.plan.slots import estimate, uniform_link
 from kernelfleet.profile.devices import ProfileSpec
 from kernelfleet.profile.timing import median_seconds
 from kernelfleet.runtime import plans as runtime_plans
@@ -80,8 +83,9 @@ def strategies(plans: dict[str, Plan], devices: list[str], slots: int, single_ra
     on_first = min(slots - 1, max(1, round(slots * single_rates[devices[0]] / total)))
     split = [devices[0]] * on_first + [devices[1]] * (slots - on_first)
     free = {"slot_mode": "free"}
-    out = [Strategy("replicas", [[d] * n for d in split], split),
-           Strategy("replicas, slots free", [[d] * n for d in split], split, free)]
+    out = [Strategy(f"single:{d}, slots free", [[d] * n] * slots, [d] * slots, free) for d in devices]
+    out += [Strategy("replicas", [[d] * n for d in split], split),
+            Strategy("replicas, slots free", [[d] * n for d in split], split, free)]
     for policy, plan in plans.items():
         if policy.startswith("single"):
             continue
@@ -108,12 +112,15 @@ def strategies(plans: dict[str, Plan], devices: list[str], slots: int, single_ra
 
 
 def measure(gate: Gate, strategy: Strategy, repeats: int, stream: torch.cuda.Stream,
-            seconds: Callable[[int, Node], float] | None = None) -> dict:
+            seconds: Callable[[int, Node], float] | None = None, contention: Contention | None = None) -> dict:
     """Gate the strategy's graph, then time it: the median of ``repeats`` launches on ``stream``;
-    beside it the graph's time as ``plan/slots.py`` predicts it from ``seconds`` (an estimate of
-    each node), where given. A strategy failing the gate is reported, never timed."""
+    beside it the graph's time as ``contention.predict`` predicts it in the strategy's slot mode from
+    ``seconds`` (an estimate of each node) and ``contention``, where given. A strategy failing the
+    gate is reported, never timed."""
     built = gate.graph(strategy.name, strategy.assignments, strategy.homes, **strategy.options)
-    predicted = None if seconds is None else makespan(built.combined, lambda x: seconds(x.slot, x.node))
+    mode = strategy.options.get("slot_mode", "sequential")
+    predicted = None if seconds is None else predict(built.combined, lambda x: seconds(x.slot, x.node),
+                                                     contention or Contention(), mode)
     try:
         verdict = gate.gate(built, strategy.homes, stream)
         if not passed(verdict):
@@ -138,6 +145,7 @@ def disagg(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpe
     gate = Gate(make_step, profiles, slots, costs, lambda each: track(each, description="capturing replicas"))
     loaded = runtime_plans.load(plans, gate.problem)
     seconds = estimate(costs, link or uniform_link(COPY_US, LINK_GBPS)) if costs is not None else None
+    contention = Contention.of(costs)
     results: dict = {"command": " ".join(["kernelfleet"] + sys.argv[1:]), "devices": {n: asdict(s) for n, s in profiles.items()},
                      "slots": slots, "strategies": {}}
     stream = torch.cuda.Stream(device=profiles[gate.devices[0]].device)  # graphs launch and are timed here
@@ -148,7 +156,7 @@ def disagg(make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpe
         for pass_ in range(2):  # the singles first: request distribution splits slots by their rates
             for s in track(todo, description="gate and time", console=console):
                 try:
-                    found = measure(gate, s, repeats, stream, seconds)
+                    found = measure(gate, s, repeats, stream, seconds, contention)
                 except Exception as exc:  # a strategy the replicas cannot run is reported, never timed
                     found = {"gate": f"refused: {exc}"}
                 found["model_seconds"] = s.model_seconds
@@ -181,4 +189,9 @@ def show(results: dict, console: Console) -> None:
                       str(r.get("copies", "-")), f"{r['copy_bytes'] / 1e6:.1f}" if "copy_bytes" in r else "-",
                       f"{r['model_seconds'] * 1e3:.1f}" if r.get("model_seconds") else "-")
     console.print(table)
+    if (pick := chosen(found)) is not None:
+        timed = {n: r["seconds"] / r["slots"] for n, r in found.items() if n in candidates(found)}
+        console.print(f"the planner's model chooses {pick} ({found[pick]['predicted_seconds'] * 1e3:.3f} ms predicted, "
+                      f"{timed[pick] * 1e6:.1f} µs/slot measured; fastest measured {min(timed, key=timed.get)} "
+                      f"{min(timed.values()) * 1e6:.1f} µs/slot)")
     console.print(f"command: {results['command']}")

@@ -16,6 +16,8 @@ COSTS_FORMAT = 1
 # One launch's time: no kernel of an inference step runs an hour; a larger figure is a corrupt table
 # (and 1e30 s leaves the MILP's numerics nothing to place by).
 LaunchSeconds = Annotated[float, Field(ge=0, le=3600)]
+GraphSeconds = Annotated[float, Field(gt=0, le=3600)]  # one copy of the whole step as a graph
+GRAPHS = ("graph_seconds", "graph_seconds_shared", "graph_seconds_free")
 
 
 @document("kernelfleet_costs", COSTS_FORMAT, "cost table")
@@ -35,6 +37,18 @@ class CostTable(Document):
     alone pays a fixed cost per launch that back-to-back kernels of one graph do not, so on steps
     of few-µs kernels a column's sum overstates the graph by up to 46 % (H200, 2026-12-01,
     docs/validation/place-h200-pairs.md); :meth:`calibrated` scales each column to its graph.
+
+    Two more optional measurements by device, of the same graph (the step's ``copies`` back to back,
+    per copy), each what a strategy meets that a graph alone on its device does not:
+
+    * ``graph_seconds_shared``: the graph timed while every other device of the profile loops its
+      own (on replicas of its own): two partitions of one GPU busy at once share its memory and L2,
+      and request distribution ran 11-18 % slower than each device's graph alone predicts (H200,
+      2026-12-01). :meth:`shared_factors` is it over ``graph_seconds``.
+    * ``graph_seconds_free``: the copies as independent chains ("slots free": the GPU runs kernels
+      of both at once on the one device, which helps steps of kernels too small to fill it).
+      :meth:`free_speedups` is ``graph_seconds`` over it: how much more work per second the device
+      does with ``copies`` chains in flight than with one.
     """
 
     seconds: list[dict[str, LaunchSeconds | None]]
@@ -42,7 +56,9 @@ class CostTable(Document):
     flops: list[int | None] | None = None
     bytes: list[int | None] | None = None
     precision: list[one_of("precision", PRECISIONS) | None] | None = None  # type: ignore[valid-type]
-    graph_seconds: dict[str, Annotated[float, Field(gt=0, le=3600)]] | None = None
+    graph_seconds: dict[str, GraphSeconds] | None = None
+    graph_seconds_shared: dict[str, GraphSeconds] | None = None
+    graph_seconds_free: dict[str, GraphSeconds] | None = None
     DUMP: ClassVar[dict[str, Any]] = {"exclude_none": True}
 
     @field_validator("flops", "bytes")
@@ -60,9 +76,12 @@ class CostTable(Document):
             values = getattr(self, name)
             if values is not None and len(values) != n:
                 raise ValueError(f"{name} has {len(values)} entries, seconds has {n} rows")
-        for device in self.graph_seconds or {}:
-            if not any(row.get(device) for row in self.seconds):
-                raise ValueError(f"graph_seconds: device {device!r} has no launch time in seconds")
+        for name in GRAPHS:
+            for device in getattr(self, name) or {}:
+                if not any(row.get(device) for row in self.seconds):
+                    raise ValueError(f"{name}: device {device!r} has no launch time in seconds")
+                if name != "graph_seconds" and device not in (self.graph_seconds or {}):
+                    raise ValueError(f"{name}: device {device!r} has no graph_seconds to compare it with")
         return self
 
     def calibrated(self) -> CostTable:
@@ -71,19 +90,35 @@ class CostTable(Document):
         per device, not an overhead per launch: in the H200 run a per-unit overhead fitted the same
         single-device graphs but predicted fewer of the mixed plans within 10 % (the table in
         docs/validation/place-h200-pairs.md). The source says what was scaled, and by how much."""
-        factors = self.graph_factors()
-        if not factors:
+        factors = {d: f for d, f in self.graph_factors().items() if abs(f - 1) > 1e-12}
+        if not factors:  # nothing measured, or scaled already
             return self
         rows = [{d: (t * factors[d] if t is not None and d in factors else t) for d, t in row.items()}
                 for row in self.seconds]
         said = ", ".join(f"{d} x{f:.3f}" for d, f in factors.items())
-        return replace(self, seconds=rows, graph_seconds=None,
+        return replace(self, seconds=rows,
                        source=f"{self.source}; scaled to the measured graph time ({said})")
 
     def graph_factors(self) -> dict[str, float]:
         """Measured graph seconds over the column's sum, for each device with ``graph_seconds``."""
         sums = {d: sum(row.get(d) or 0.0 for row in self.seconds) for d in self.graph_seconds or {}}
         return {d: self.graph_seconds[d] / total for d, total in sums.items() if total > 0}
+
+    def shared_factors(self) -> dict[str, float]:
+        """Each device's graph while the others run theirs over its graph alone (>= 1 but for noise)."""
+        return {d: t / self.graph_seconds[d] for d, t in (self.graph_seconds_shared or {}).items()}
+
+    def free_speedups(self) -> dict[str, float]:
+        """Each device's work per second with its graph's copies as free chains over chained."""
+        return {d: self.graph_seconds[d] / t for d, t in (self.graph_seconds_free or {}).items()}
+
+    def restricted(self, devices: list[str]) -> CostTable:
+        """The table of ``devices`` only (their columns and measurements, in that order)."""
+        def kept(values: dict[str, float] | None) -> dict[str, float] | None:
+            return None if values is None else {d: values[d] for d in devices if d in values} or None
+
+        return replace(self, seconds=[{d: row.get(d) for d in devices if d in row} for row in self.seconds],
+                       **{name: kept(getattr(self, name)) for name in GRAPHS})
 
     def faster_than(self, ceiling: dict[str, float]) -> list[tuple[int, str, float]]:
         """(launch, device, FLOP/s) wherever a time implies more FLOP/s than ``ceiling[precision]``

@@ -114,14 +114,8 @@ def setup(
         for i, a in enumerate(names)
         for b in names[i + 1 :]
     ]
-    kept = CostTable(
-        [{d: row.get(d) for d in names if d in row} for row in costs.seconds],
-        costs.source,
-        costs.flops,
-        costs.bytes,
-        costs.precision,
-    )
-    return Setup(Problem(program, chosen, all_links, kept), notes)
+    # the devices' measured graphs stay: the slot-mode model (plan/contention.py) reads them
+    return Setup(Problem(program, chosen, all_links, costs.restricted(names)), notes)
 
 
 def implausible_note(costs: CostTable, catalog_path: Path | None) -> list[str]:
@@ -136,9 +130,9 @@ def implausible_note(costs: CostTable, catalog_path: Path | None) -> list[str]:
         return []
     k, device, rate = max(found, key=lambda x: x[2])
     launches = len({x[0] for x in found})
-    return [f"warning: {launches} launches take less time than any GPU of the catalog could (launch {k} on {device}: "
-            f"{rate / 1e12:,.0f} TFLOP/s {costs.precision[k]}); those times are wrong, and plans made on them are not "
-            "to be trusted (a stream-K GEMM or cuDNN attention timed without its memset skips its work)"]
+    return [(f"warning: {launches} launches take less time than any GPU of the catalog could (launch {k} on {device}: "
+             f"{rate / 1e12:,.0f} TFLOP/s {costs.precision[k]}); those times are wrong, and plans made on them are not "
+             "to be trusted (a stream-K GEMM or cuDNN attention timed without its memset skips its work)")]
 
 
 def _predict(

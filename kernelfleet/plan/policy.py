@@ -1,7 +1,8 @@
 """The entry points: every plan for a problem, and the throughput plan started from the best baseline.
 
 With ``in_flight=K`` the throughput plan is the one predicted fastest per request with K requests
-in flight, as the executor runs them (``runtime/slots.per_request``: list-scheduled slots). The
+in flight, as the executor runs them (``plan/slots.per_request``: the fastest slot mode, each
+predicted with what the devices do to each other, ``plan/contention.py``). The
 MILP's objective, the busiest device's time, is the limit with unboundedly many requests in flight;
 with a few, a plan that switches devices every few kernels makes each request one serial chain
 through both devices (docs/place.md, the disaggregation benchmark). So the policy solves the MILP
@@ -155,7 +156,7 @@ def _in_flight(problem: Problem, plans: list[Plan], requests: int, began: float,
     flight = InFlight(
         requests=requests, chosen=mine["plan"], max_switches=mine.get("max_switches"), switches=mine["switches"],
         per_request_seconds=mine["per_request_seconds"],
-        objective=f"seconds per request with {requests} in flight, list-scheduled slots (plan/slots.py)",
+        objective=f"seconds per request with {requests} in flight, in the fastest slot mode (plan/slots.py)",
         replicas_faster=faster, candidates=[Candidate(**row) for row in rows],
         note=(f"request distribution (replicas) is predicted faster with {requests} in flight "
               f"({replicas['per_request_seconds']:.6f} s per request against {mine['per_request_seconds']:.6f} s): "

@@ -20,7 +20,9 @@ dependencies of one of three kinds:
 :func:`makespan` predicts the graph's time with each stream a single server taking its nodes in
 list order, from per-node seconds; on the recorded plans it predicts the sequential measurements
 within 4 % (llama8b decode: throughput plan 139.3 ms per slot vs 134.0 measured, layer pipeline
-96.0 vs 95.6).
+96.0 vs 95.6). :func:`per_request` predicts each slot mode with ``contention.predict``, which adds
+what the devices do to each other where the cost table measured it (partitions sharing a GPU's
+memory; free slots sharing a device).
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ from dataclasses import dataclass
 
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
+from kernelfleet.plan.contention import Contention, predict
 from kernelfleet.plan.model import Plan, Problem
 from kernelfleet.plan.schedule import Node, schedule
 
 MODES = ("sequential", "free", "scheduled")
+# how bench disagg and kernelfleet plan name a plan run in each mode ("pipeline, slots free")
+SUFFIXES = {"sequential": "", "free": ", slots free", "scheduled": ", slots scheduled"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,23 +143,38 @@ def estimate(costs: CostTable, transfer_seconds: Callable[[int, str, str], float
 
 def per_request(problem: Problem, plan: Plan, slots: int) -> float | None:
     """Predicted seconds per request with ``slots`` requests in flight, as the executor would run
-    the plan (list-scheduled slots, resident state, the problem's costs and links). Request
+    the plan in its fastest slot mode (:func:`per_request_modes`); None for a plan of another shape."""
+    modes = per_request_modes(problem, plan, slots)
+    return min(modes.values()) if modes else None
+
+
+def per_request_modes(problem: Problem, plan: Plan, slots: int) -> dict[str, float]:
+    """Predicted seconds per request with ``slots`` requests in flight in each slot mode of
+    :data:`MODES` (one slot: ``sequential`` only, the modes being the same), as the executor would
+    run the plan: resident state, the problem's costs and links, ``contention.predict``. Request
     distribution (a plan without an assignment, naming its ``replicas``) runs each request whole on
-    the device that would finish it first. None for a plan of another shape."""
+    the device that would finish it first. Empty for a plan of another shape."""
     if slots < 1:
         raise UsageError(f"requests in flight must be at least 1, got {slots}")
+    program, overlap = problem.program, not problem.program.units
     if plan.assignment:
         home = plan.details.home or problem.home
-        order = schedule(problem.program, plan.assignment, home, overlap=not problem.program.units,
-                         resident_state=True)
-        seconds = estimate(problem.costs, problem.transfer_seconds)
-        return makespan(pipeline([order] * slots, "scheduled", seconds), lambda x: seconds(x.slot, x.node)) / slots
-    devices = plan.details.replicas
-    if not devices:
-        return None
-    whole = {d: sum(problem.cost(k, d) or 0.0 for k in range(len(problem.program.launches))) for d in devices}
-    busy = dict.fromkeys(devices, 0.0)
-    for _ in range(slots):
-        d = min(devices, key=lambda x: busy[x] + whole[x])
-        busy[d] += whole[d]
-    return max(busy.values()) / slots
+        orders = [schedule(program, plan.assignment, home, overlap=overlap, resident_state=True)] * slots
+    elif plan.details.replicas:
+        devices = plan.details.replicas
+        whole = {d: sum(problem.cost(k, d) or 0.0 for k in range(len(program.launches))) for d in devices}
+        busy = dict.fromkeys(devices, 0.0)
+        split = []
+        for _ in range(slots):
+            d = min(devices, key=lambda x: busy[x] + whole[x])
+            busy[d] += whole[d]
+            split.append(d)
+        alone = {d: schedule(program, [d] * len(program.launches), d, overlap=overlap, resident_state=True)
+                 for d in set(split)}
+        orders = [alone[d] for d in split]
+    else:
+        return {}
+    seconds = estimate(problem.costs, problem.transfer_seconds)
+    contention = Contention.of(problem.costs)
+    return {mode: predict(pipeline(orders, mode, seconds), lambda x: seconds(x.slot, x.node), contention, mode) / slots
+            for mode in (MODES if slots > 1 else MODES[:1])}

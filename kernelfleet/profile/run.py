@@ -8,6 +8,8 @@ up to at most 120 of its 132 SMs (the driver splits it into 15 groups of 8).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 from kernelfleet.errors import UsageError
@@ -83,13 +85,43 @@ def time_on(captured: Any, specs: list[ProfileSpec], progress: Callable[[int], N
     return out
 
 
-def graph_times(captured: Any, specs: list[ProfileSpec], trials: int = 10) -> dict[str, float]:
-    """Seconds of the whole step as one graph on each profile (``profile/steptime.py``): what the
-    cost table's columns are scaled to (``CostTable.calibrated``)."""
-    from kernelfleet.profile.steptime import graph_seconds
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds per copy of the whole step as one graph on each profile (``profile/steptime.py``):
+    alone, its copies free, and while the other profiles of ``shared`` run theirs (empty: fewer
+    than two profiles were timed together). What ``CostTable`` keeps as ``graph_seconds``,
+    ``graph_seconds_free`` and ``graph_seconds_shared``."""
 
-    out = {}
+    alone: dict[str, float]
+    free: dict[str, float]
+    shared: dict[str, float]
+
+    def of(self, name: str) -> StepTimes:
+        """The figures of one profile only (what its own launch table keeps)."""
+        return StepTimes(*({name: d[name]} if name in d else {} for d in (self.alone, self.free, self.shared)))
+
+
+def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, together: list[str] | None = None,
+               trials: int = 10) -> StepTimes:
+    """The step as one graph on each profile of ``specs``, ``chains[name]`` its chains (captures of
+    the step, replicas of their own where there is more than one): alone and free on each, and
+    shared among the profiles named in ``together`` (default: all of them) when they are two or
+    more. Partitions of one GPU that overlap (the whole GPU and a part of it) cannot run at once:
+    leave the whole GPU out of ``together``."""
+    from kernelfleet.profile.steptime import graph_seconds, shared_seconds
+
+    alone, free = {}, {}
     for spec in specs:
         with DeviceProfile(spec) as device, device.active() as stream:
-            out[spec.name] = graph_seconds(captured, stream, device.context, trials=trials)
-    return out
+            alone[spec.name] = graph_seconds(chains[spec.name], stream, device.context, trials=trials)
+            free[spec.name] = graph_seconds(chains[spec.name], stream, device.context, trials=trials, free=True)
+    names = [spec.name for spec in specs] if together is None else together
+    shared: dict[str, float] = {}
+    if len(names) > 1:
+        with ExitStack() as stack:
+            running = {}
+            for spec in (s for s in specs if s.name in names):
+                device = stack.enter_context(DeviceProfile(spec))
+                running[spec.name] = (chains[spec.name], stack.enter_context(device.active()), device.context)
+            shared = shared_seconds(running, alone, trials=trials)
+    return StepTimes(alone, free, shared)

@@ -55,25 +55,30 @@ def launch_bytes(program: Program) -> list[int | None]:
 
 
 def cost_table(raw: RawCapture, program: Program, seconds: dict[str, list[float | None]], source: str,
-               graph_seconds: dict[str, float] | None = None) -> CostTable:
+               graph_seconds: dict[str, float] | None = None, *, shared: dict[str, float] | None = None,
+               free: dict[str, float] | None = None) -> CostTable:
     """A cost table of ``program`` from per-profile seconds (``seconds[profile][launch]``) and, where
-    measured, each profile's whole-step graph seconds (``profile/steptime.py``)."""
+    measured, each profile's whole-step graph seconds (``profile/steptime.py``): alone, while the
+    other profiles run theirs (``shared``) and with its copies free (``free``)."""
     for name, values in seconds.items():
         if len(values) != len(program.launches):
             raise UsageError(f"profile {name}: {len(values)} times for a program of {len(program.launches)} launches")
     flops, precision = launch_flops(raw, program)
     rows = [{name: values[i] for name, values in seconds.items()} for i in range(len(program.launches))]
-    return CostTable(rows, source, flops, launch_bytes(program), precision, graph_seconds or None)
+    return CostTable(rows, source, flops, launch_bytes(program), precision, graph_seconds or None, shared or None,
+                     free or None)
 
 
 def unit_table(views: dict[str, UnitView], seconds: dict[str, list[float | None]], source: str,
-               graph_seconds: dict[str, float] | None = None) -> CostTable:
+               graph_seconds: dict[str, float] | None = None, *, shared: dict[str, float] | None = None,
+               free: dict[str, float] | None = None) -> CostTable:
     """A cost table of the units of devices that captured different kernels (``graph/units.py``):
     on each device the sum of its own launches of each unit, timed on it (``seconds[device]``: every
     launch of that device's own capture), None where any of them cannot run there. FLOPs per unit
     are the home device's (the first view's): the same op calls, whichever kernels run them.
     ``graph_seconds``: each device's whole step as one graph, where measured; every launch is in
-    one unit, so a unit column sums to its launches and scales by the same factor."""
+    one unit, so a unit column sums to its launches and scales by the same factor; ``shared`` and
+    ``free``: the same graph while the other devices run theirs, and with its copies free."""
     for name, view in views.items():
         if len(seconds[name]) != sum(map(len, view.launches)):
             raise UsageError(f"device {name}: {len(seconds[name])} times for {sum(map(len, view.launches))} launches")
@@ -86,7 +91,8 @@ def unit_table(views: dict[str, UnitView], seconds: dict[str, list[float | None]
         rows.append(row)
     home = next(iter(views.values()))
     flops: list[int | None] = [sum(op.flops for op in home.raw.ops[a:b]) or None for a, b in home.ops]
-    return CostTable(rows, source, flops, graph_seconds=graph_seconds or None)
+    return CostTable(rows, source, flops, graph_seconds=graph_seconds or None, graph_seconds_shared=shared or None,
+                     graph_seconds_free=free or None)
 
 
 def graph_note(costs: CostTable) -> str | None:
@@ -94,8 +100,12 @@ def graph_note(costs: CostTable) -> str | None:
     factors = costs.graph_factors()
     if not factors:
         return None
-    return "whole-step graph: " + ", ".join(f"{d} {costs.graph_seconds[d] * 1e3:.3f} ms (x{f:.2f} its launches' sum)"
-                                            for d, f in factors.items())
+    shared, free = costs.shared_factors(), costs.free_speedups()
+    return "whole-step graph: " + ", ".join(
+        f"{d} {costs.graph_seconds[d] * 1e3:.3f} ms (x{f:.2f} its launches' sum"
+        + (f"; x{shared[d]:.2f} with the others running" if d in shared else "")
+        + (f"; free copies x{free[d]:.2f} the work per second" if d in free else "") + ")"
+        for d, f in factors.items())
 
 
 @dataclass(frozen=True, slots=True)

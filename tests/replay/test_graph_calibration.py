@@ -77,16 +77,20 @@ def test_profiles_merged_into_units_keep_each_devices_graph_time(tmp_path):
     from kernelfleet.profile.table import cost_table
 
     graphs = {"a": 200e-6, "b": 240e-6}  # what steptime measured on each device
+    shared, free = {"a": 230e-6, "b": 250e-6}, {"a": 120e-6}  # b's free copies left unmeasured
     for device, graph in graphs.items():
         raw = RawCapture.load(PAIR / f"profile.capture.{device}.json.gz")
         program = assemble(raw)
-        table = cost_table(raw, program, {device: [1e-6] * len(program.launches)}, device, {device: graph})
+        table = cost_table(raw, program, {device: [1e-6] * len(program.launches)}, device, {device: graph},
+                           shared={device: shared[device]}, free={d: t for d, t in free.items() if d == device})
         (tmp_path / f"launches.{device}.json").write_text(table.to_json())
         (tmp_path / f"capture.{device}.json.gz").write_bytes((PAIR / f"profile.capture.{device}.json.gz").read_bytes())
     said = merge_profiles([tmp_path], tmp_path / "merged")
     assert "whole-step graph: a 0.200 ms" in said
     merged = CostTable.from_json((tmp_path / "merged" / "costs.json").read_text())
     assert merged.graph_seconds == graphs
+    assert merged.graph_seconds_shared == shared and merged.graph_seconds_free == free
+    assert "x1.15 with the others running; free copies x1.67 the work per second), b 0.240 ms" in said
     calibrated = merged.calibrated()
     for device, graph in graphs.items():  # every launch is in one unit: the unit column scales to the graph
         assert sum(row[device] for row in calibrated.seconds) == pytest.approx(graph)
