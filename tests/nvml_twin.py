@@ -33,6 +33,7 @@ NVML_ERROR_DRIVER_NOT_LOADED = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
 NVML_ERROR_NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
 NVML_ERROR_FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 NVML_ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+XID_EVENT, CLOCK_EVENT = 0x8, 0x10  # nvmlEventTypeXidCriticalError, nvmlEventTypeClock
 
 
 class MetricsRequest:
@@ -88,6 +89,10 @@ class TwinGpu:
     ecc_errors: tuple[int, int] | None = (3, 0)  # (corrected, uncorrected)
     events: bool = True  # whether the GPU registers for Xid events
     pending_xids: list[int] = field(default_factory=list)  # Xid codes an event set will hand out
+    # The SM clock as a step function of the twin's time, (time, MHz) in time order; empty: clock_mhz
+    clock_trace: list[tuple[float, int]] = field(default_factory=list)
+    clock_events: bool = False  # whether the GPU offers clock-change events (nvmlEventTypeClock)
+    delivers_clock_events: bool = True  # False: it registers them but never sends one
 
 
 class TwinHandle(ctypes.c_void_p):
@@ -131,9 +136,11 @@ class Twin:
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
     NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
 
-    def __init__(self, gpus: list[TwinGpu], now: Any, library: bool = True, c_side: bool = True) -> None:
+    def __init__(self, gpus: list[TwinGpu], now: Any, library: bool = True, c_side: bool = True,
+                 sleep: Any = None) -> None:
         self.gpus = gpus
         self.now = now  # callable: the fake monotonic clock
+        self.sleep = sleep  # how an event wait passes its time (the fake clock's, or time.sleep); None: it does not
         self.library = library
         self.c_side = c_side  # whether _nvmlGetFunctionPointer offers C functions
         self.inits = 0
@@ -171,9 +178,12 @@ class Twin:
                 return exc.value
             out = rest[n].contents
             if isinstance(out, ctypes.Structure):
-                for field_name, _ in out._fields_:
+                for field_name, field_type in out._fields_:
                     if hasattr(value, field_name):
-                        setattr(out, field_name, getattr(value, field_name))
+                        item = getattr(value, field_name)
+                        # a handle (an event's device) goes into the structure's pointer field
+                        setattr(out, field_name, ctypes.cast(item, field_type) if isinstance(item, ctypes.c_void_p)
+                                else item)
             else:
                 out.value = value
             return NVML_SUCCESS
@@ -209,7 +219,9 @@ class Twin:
         return self._gpu(h).max_clock_mhz
 
     def nvmlDeviceGetClockInfo(self, h: Any, kind: int) -> int:
-        return self._gpu(h).clock_mhz
+        gpu = self._gpu(h)
+        now = self.now()
+        return next((mhz for t, mhz in reversed(gpu.clock_trace) if t <= now), gpu.clock_mhz)
 
     def nvmlDeviceGetUUID(self, h: Any) -> str:
         gpu = self._gpu(h)
@@ -301,23 +313,43 @@ class Twin:
         return self._supported(self._gpu(h).ecc_errors)[kind]
 
     def nvmlDeviceGetSupportedEventTypes(self, h: Any) -> int:
-        return 0x8 | 0x1 | 0x2 if self._gpu(h).events else 0  # Xid and ECC, no clock-change events
+        gpu = self._gpu(h)
+        return (XID_EVENT | 0x1 | 0x2 if gpu.events else 0) | (CLOCK_EVENT if gpu.clock_events else 0)
 
     def nvmlEventSetCreate(self) -> Any:
         self.live_event_sets += 1
-        return self._handle(gpus=[])
+        return self._handle(gpus=[], clocks={})  # clocks: handle value -> [handle, time of the last change sent]
 
     def nvmlEventSetFree(self, events: Any) -> None:
         self.live_event_sets -= 1
 
     def nvmlDeviceRegisterEvents(self, h: Any, types: int, events: Any) -> None:
         gpu = self._gpu(h)
-        if not gpu.events:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        events.gpus.append(gpu)
+        if types & CLOCK_EVENT:
+            if not gpu.clock_events:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            events.clocks[h.value] = [h, self.now()]  # changes from now on are sent
+        if types & XID_EVENT:
+            if not gpu.events:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            events.gpus.append(gpu)
 
     def nvmlEventSetWait_v2(self, events: Any, timeout_ms: int) -> Any:
         for gpu in events.gpus:
             if gpu.pending_xids:
-                return SimpleNamespace(eventType=0x8, eventData=gpu.pending_xids.pop(0))
+                return SimpleNamespace(eventType=XID_EVENT, eventData=gpu.pending_xids.pop(0))
+        # the first clock change not yet sent, of any GPU in the set: sent at once if it is past,
+        # else when it comes, if within the timeout
+        now = self.now()
+        changes = [(t, entry) for entry in events.clocks.values() if entry[0].gpu.delivers_clock_events
+                   for t, _ in entry[0].gpu.clock_trace if entry[1] < t]
+        if changes:
+            when, entry = min(changes, key=lambda c: c[0])
+            if when <= now + timeout_ms / 1000:
+                if when > now and self.sleep is not None:
+                    self.sleep(when - now)
+                entry[1] = when
+                return SimpleNamespace(eventType=CLOCK_EVENT, eventData=0, device=entry[0])
+        if self.sleep is not None and timeout_ms:
+            self.sleep(timeout_ms / 1000)
         raise NVMLError(NVML_ERROR_TIMEOUT)

@@ -64,12 +64,14 @@ class ClockPoller:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._polled: list[tuple[Callable[[], float], deque[tuple[float, float]]]] = []
+        self._readers: dict[object, Callable[[], float]] = {}
         self._reads: dict[object, deque[tuple[float, float]]] = {}
         self._last: dict[object, float] = {}
 
     def watch(self, readers: Mapping[object, Callable[[], float]]) -> None:
         """Poll exactly these devices (key -> read) from now on."""
         self._reads = {k: deque() for k in readers}
+        self._readers = dict(readers)
         self._polled = [(read, self._reads[k]) for k, read in readers.items()]
         self._last = {}
 
@@ -82,6 +84,18 @@ class ClockPoller:
                 pending.append((now, read()))
             except Exception:  # noqa: BLE001, S112 - a failed read only thins the window
                 continue
+
+    def poll_one(self, key: object) -> None:
+        """Read one device's clock now (a clock-change event named it: telemetry/clock_events.py);
+        an unknown key reads every device."""
+        read = self._readers.get(key)
+        if read is None:
+            self.poll_once()
+            return
+        try:
+            self._reads[key].append((self._clock(), read()))
+        except Exception:  # noqa: BLE001 - a failed read only thins the window
+            return
 
     def take(self, key: object, start: float, end: float) -> ClockWindow:
         """The window ``[start, end]`` for ``key``; reads up to ``end`` are consumed."""

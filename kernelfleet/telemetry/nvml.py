@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, Self
 
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 from kernelfleet.telemetry.clock import ClockPoller, ClockWindow
+from kernelfleet.telemetry.clock_events import FLOOD_RATIO, ClockEvents
 from kernelfleet.telemetry.gpm import GpmMetrics
 from kernelfleet.telemetry.health import SLOW_HEALTH_SECONDS, HealthReader
 from kernelfleet.telemetry.nvml_api import REPLAY_HINT, Nvml, NvmlCallFailed
@@ -28,6 +30,7 @@ from kernelfleet.telemetry.sample import Sample
 log = logging.getLogger(__name__)
 
 MIN_INTERVAL_SECONDS = 0.1
+CLOCK_MODES = ("auto", "events", "poll")
 
 @dataclass
 class _Target:
@@ -69,6 +72,9 @@ class NvmlSource:
     # still (idle, or boosting steadily below the power cap), read once a window. A change is seen
     # late by at most one window, whose mean then rests on the read at its end.
     adaptive_clock_poll: bool = True
+    # "auto": sleep on clock-change events where every GPU offers them (telemetry/clock_events.py),
+    # else poll as above; "events" or "poll" force one (the benchmark measures both).
+    clock_mode: str = "auto"
     # The reads made every poll and every window call NVML's C functions directly
     # (telemetry/nvml_hot.py); False goes through pynvml's wrapper for each, as before.
     hot_reads: bool = True
@@ -80,6 +86,7 @@ class NvmlSource:
     proc_root: Path = Path("/proc")
     _targets: list[_Target] = field(default_factory=list, init=False)
     _poller: ClockPoller | None = field(default=None, init=False)
+    _events: ClockEvents | None = field(default=None, init=False)
     _warned: set[str] = field(default_factory=set, init=False)
     _handles: dict[int, Any] = field(default_factory=dict, init=False)
     _window_clocks: dict[int, ClockWindow] = field(default_factory=dict, init=False)
@@ -94,6 +101,8 @@ class NvmlSource:
                 f"--interval must be at least {MIN_INTERVAL_SECONDS} s "
                 f"(GPM windows shorter than that read as zeros), got {self.interval_seconds}"
             )
+        if self.clock_mode not in CLOCK_MODES:
+            raise UsageError(f"clock_mode must be one of {', '.join(CLOCK_MODES)}, got {self.clock_mode!r}")
         if self.slow_health_seconds < 0:
             raise UsageError(f"slow_health_seconds must be >= 0, got {self.slow_health_seconds}")
         self._health = HealthReader(self.nvml, self._warn_once, self.hot_reads, self.slow_health_seconds, self.clock)
@@ -109,6 +118,7 @@ class NvmlSource:
         self._poller = ClockPoller(self.clock)
         self._poller.watch(self._clock_readers())
         self._health.watch(self._whole_gpus())
+        self._watch_clock_events()
         self._prime()
         return self
 
@@ -116,6 +126,8 @@ class NvmlSource:
         for target in self._targets:
             self._free(target)
         self._health.close()
+        if self._events is not None:
+            self._events.close()
         self.nvml.shutdown()
 
     def __enter__(self) -> Self:
@@ -128,32 +140,57 @@ class NvmlSource:
     def batches(self, count: int | None = None) -> Iterator[list[Sample]]:
         """Yield one batch (a Sample per GPU/MIG instance) every interval.
 
-        Between batches the loop wakes every ``clock_poll_seconds`` to read the
-        SM clocks, so each window's mean clock rests on evenly spaced reads.
+        Between batches the loop either sleeps on clock-change events, reading a GPU's clock when
+        it changes (``clock_path`` "events"), or wakes every ``clock_poll_seconds`` to read the SM
+        clocks, so each window's mean clock rests on evenly spaced reads.
         """
         emitted = 0
         window_end = self.clock() + self.interval_seconds
+        if self.clock_path == "events":
+            self.poll_clocks()  # the value the first window starts from; events say when it changes
         while count is None or emitted < count:
-            # How densely to read is decided once a window; each wake-up is then one sleep to an
-            # absolute deadline and one read of every GPU's clock (a wake-up is most of a read's
-            # CPU in a VM: docs/telemetry.md).
-            step = self.clock_poll_seconds if self._clocks_moving() else self.interval_seconds
-            start, polls = window_end - self.interval_seconds, 0
-            while True:
-                # the next deadline after now: a loop held up (a slow frame of `watch`) skips the
-                # reads it missed instead of making them back to back
-                polls = max(polls + 1, int((self.clock() - start) / step) + 1)
-                due = start + polls * step
-                last = due > window_end - 1e-6  # the read at the window's end (to float rounding)
-                due = window_end if last else due
-                while (left := due - self.clock()) > 1e-6:
-                    self.sleep(left)
-                self._poller.poll_once()  # type: ignore[union-attr] - open() made it
-                if last:
-                    break
+            if self.clock_path == "events":
+                self._events.until(window_end, self.clock, self.sleep, self._poller)  # type: ignore[union-attr]
+                self.poll_clocks()  # every GPU at the window's end: the check that no change went unannounced
+            else:
+                self._poll_until(window_end)
             window_end += self.interval_seconds
-            yield self.read()
+            batch = self.read()
+            if self.clock_path == "events":
+                self._events.judge({i: self._window_clocks[i] for i in self._handles  # type: ignore[union-attr]
+                                    if i in self._window_clocks})
+            yield batch
             emitted += 1
+
+    @property
+    def clock_path(self) -> str:
+        """How the SM clock is being read now: "events" or "poll"."""
+        return "events" if self._events is not None and self._events.active else "poll"
+
+    @property
+    def clock_events(self) -> ClockEvents | None:
+        """The clock-change events (their counts, or why they are off); None when polling was asked for."""
+        return self._events
+
+    def _poll_until(self, window_end: float) -> None:
+        """Poll the clocks through one window, the last read at its end."""
+        # How densely to read is decided once a window; each wake-up is then one sleep to an
+        # absolute deadline and one read of every GPU's clock (a wake-up is most of a read's
+        # CPU in a VM: docs/telemetry.md).
+        step = self.clock_poll_seconds if self._clocks_moving() else self.interval_seconds
+        start, polls = window_end - self.interval_seconds, 0
+        while True:
+            # the next deadline after now: a loop held up (a slow frame of `watch`) skips the
+            # reads it missed instead of making them back to back
+            polls = max(polls + 1, int((self.clock() - start) / step) + 1)
+            due = start + polls * step
+            last = due > window_end - 1e-6  # the read at the window's end (to float rounding)
+            due = window_end if last else due
+            while (left := due - self.clock()) > 1e-6:
+                self.sleep(left)
+            self._poller.poll_once()  # type: ignore[union-attr] - open() made it
+            if last:
+                break
 
     def read(self) -> list[Sample]:
         """Close the current window of every target and open the next one."""
@@ -174,6 +211,21 @@ class NvmlSource:
         if not self.adaptive_clock_poll or len(self._window_clocks) < len(self._handles):
             return True
         return any(w.moved or w.reads == 0 for w in self._window_clocks.values())
+
+    def _watch_clock_events(self) -> None:
+        """Register every whole GPU for clock-change events, unless polling was asked for."""
+        if self.clock_mode == "poll":
+            return
+        if self._events is None:
+            polls = math.ceil(self.interval_seconds / self.clock_poll_seconds)
+            self._events = ClockEvents(self.nvml, direct=self.hot_reads, max_events_per_window=FLOOD_RATIO * polls,
+                                       trust_misses=self.clock_mode == "auto")
+        if not self._events.register({i: self._handles[i] for i in sorted(self._handles)}):
+            if self.clock_mode == "events":
+                self.close()
+                raise EnvironmentProblem(f"clock_mode 'events': {self._events.off}")
+            # the usual case (NVML documents clock events for Kepler only): not a warning
+            log.info("SM clock: %s; polling every %s s", self._events.off, self.clock_poll_seconds)
 
     def _discover(self) -> None:
         call, m = self.nvml.call, self.nvml.m
@@ -334,6 +386,8 @@ class NvmlSource:
         for target in self._targets:
             target.previous = target.spare = None  # buffers died with the old NVML session
         self._health.close()
+        if self._events is not None:
+            self._events.close()
         self.nvml.shutdown()
         try:
             self.nvml.init()
@@ -352,6 +406,8 @@ class NvmlSource:
         if self._poller is not None:
             self._poller.watch(self._clock_readers())
         self._health.watch(self._whole_gpus())
+        if self._events is not None:
+            self._events.register({i: self._handles[i] for i in sorted(self._handles)})
         self._prime()
 
     def _free(self, target: _Target) -> None:
