@@ -13,6 +13,7 @@ event sets are ctypes pointers (``TwinHandle``) so they cross that C boundary.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,6 +35,10 @@ NVML_ERROR_NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
 NVML_ERROR_FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 NVML_ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
 XID_EVENT, CLOCK_EVENT = 0x8, 0x10  # nvmlEventTypeXidCriticalError, nvmlEventTypeClock
+
+
+def _time(item: tuple[float, Any]) -> float:
+    return item[0]
 
 
 class MetricsRequest:
@@ -206,6 +211,9 @@ class Twin:
     def nvmlShutdown(self) -> None:
         pass
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "twin"
+
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
@@ -220,8 +228,8 @@ class Twin:
 
     def nvmlDeviceGetClockInfo(self, h: Any, kind: int) -> int:
         gpu = self._gpu(h)
-        now = self.now()
-        return next((mhz for t, mhz in reversed(gpu.clock_trace) if t <= now), gpu.clock_mhz)
+        i = bisect.bisect_right(gpu.clock_trace, self.now(), key=_time)
+        return gpu.clock_trace[i - 1][1] if i else gpu.clock_mhz
 
     def nvmlDeviceGetUUID(self, h: Any) -> str:
         gpu = self._gpu(h)
@@ -341,10 +349,14 @@ class Twin:
         # the first clock change not yet sent, of any GPU in the set: sent at once if it is past,
         # else when it comes, if within the timeout
         now = self.now()
-        changes = [(t, entry) for entry in events.clocks.values() if entry[0].gpu.delivers_clock_events
-                   for t, _ in entry[0].gpu.clock_trace if entry[1] < t]
+        changes = []
+        for entry in events.clocks.values():
+            trace = entry[0].gpu.clock_trace
+            i = bisect.bisect_right(trace, entry[1], key=_time)
+            if entry[0].gpu.delivers_clock_events and i < len(trace):
+                changes.append((trace[i][0], entry))
         if changes:
-            when, entry = min(changes, key=lambda c: c[0])
+            when, entry = min(changes, key=_time)
             if when <= now + timeout_ms / 1000:
                 if when > now and self.sleep is not None:
                     self.sleep(when - now)

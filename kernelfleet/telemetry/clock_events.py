@@ -67,6 +67,7 @@ class ClockEvents:
     off: str | None = None  # why events are not used (any more); None while they are
     window_events: Counter[object] = field(default_factory=Counter)  # key -> events in the current window
     events_total: int = 0
+    wakes_total: int = 0  # returns from the event wait (an event, or the window's end)
     missed_windows_total: int = 0  # windows with a change no event announced
     _missed_in_a_row: int = 0
     _set: Any = None
@@ -116,6 +117,7 @@ class ClockEvents:
             except KernelfleetError as exc:
                 self._give_up(f"waiting for clock events failed ({exc})")
                 break
+            self.wakes_total += 1
             if event is None:
                 continue  # the wait timed out: the window's end
             key = self._keys.get(_address(event.device))

@@ -22,7 +22,7 @@ from kernelfleet.telemetry.clock import ClockPoller, ClockWindow
 from kernelfleet.telemetry.clock_events import FLOOD_RATIO, ClockEvents
 from kernelfleet.telemetry.gpm import GpmMetrics
 from kernelfleet.telemetry.health import SLOW_HEALTH_SECONDS, HealthReader
-from kernelfleet.telemetry.nvml_api import REPLAY_HINT, Nvml, NvmlCallFailed
+from kernelfleet.telemetry.nvml_api import REPLAY_HINT, Nvml, NvmlCallFailed, text
 from kernelfleet.telemetry.nvml_hot import Read, bind, clock_reader, read_optional
 from kernelfleet.telemetry.processes import running_processes
 from kernelfleet.telemetry.sample import Sample
@@ -146,7 +146,7 @@ class NvmlSource:
         """
         emitted = 0
         window_end = self.clock() + self.interval_seconds
-        if self.clock_path == "events":
+        if self.clock_path == "events" and not self._window_clocks:
             self.poll_clocks()  # the value the first window starts from; events say when it changes
         while count is None or emitted < count:
             if self.clock_path == "events":
@@ -238,8 +238,8 @@ class NvmlSource:
                 gpu_index=index,
                 handle=handle,
                 info_handle=handle,
-                uuid=_text(call("nvmlDeviceGetUUID", handle)),
-                name=_text(call("nvmlDeviceGetName", handle)),
+                uuid=text(call("nvmlDeviceGetUUID", handle)),
+                name=text(call("nvmlDeviceGetName", handle)),
                 pci_device_id=(pci.pciDeviceId >> 16) if pci is not None else None,
                 max_clock_hertz=max_mhz * 1e6 if max_mhz else None,
                 gpm_supported=self._gpm_supported(handle),
@@ -269,7 +269,7 @@ class NvmlSource:
                     gpu_index=gpu.gpu_index,
                     handle=gpu.handle,
                     info_handle=mig,
-                    uuid=_text(self.nvml.call("nvmlDeviceGetUUID", mig)),
+                    uuid=text(self.nvml.call("nvmlDeviceGetUUID", mig)),
                     name=gpu.name,
                     pci_device_id=gpu.pci_device_id,
                     max_clock_hertz=gpu.max_clock_hertz,
@@ -437,6 +437,3 @@ def _identity(target: _Target) -> dict[str, Any]:
         "sm_clock_max_hertz": target.max_clock_hertz,
     }
 
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
