@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +110,7 @@ def measure(mode: str, windows: int, interval: float, nvml: Callable[[], Nvml] |
         source.open()
     except KernelfleetError as exc:
         return {"mode": mode, "unavailable": str(exc)}
-    with source:
+    with closing(source):  # opened above
         main = threading.get_native_id()
         gpus, polls, samples = 1, 0, []
         next(iter(source.batches(count=1)))  # one window first: adaptive mode starts dense
@@ -141,7 +141,8 @@ def measure(mode: str, windows: int, interval: float, nvml: Callable[[], Nvml] |
 def add_reference_errors(runs: list[dict], reference: list[list[tuple[float, int]]]) -> None:
     """Each run's window-mean clock error against the dense reference (None where it has none)."""
     for run in runs:
-        errors = window_errors(run.pop("samples", []), reference) if reference else []
+        samples = run.pop("samples", [])
+        errors = window_errors(samples, reference) if reference else []
         run["clock_error_mean_ratio"] = sum(errors) / len(errors) if errors else None
         run["clock_error_max_ratio"] = max(errors) if errors else None
         run["reference_windows"] = len(errors)

@@ -4,11 +4,13 @@ last line; the event probe reads what the driver offers; a mode the GPU cannot r
 
 import json
 import sys
+import time
 
 import pytest
 from nvml_twin import Twin, TwinGpu
 
 from bench import sampler_cost
+from bench.clock_event_probe import ClockEventRecording
 from kernelfleet.telemetry.nvml_api import Nvml
 
 pytestmark = pytest.mark.unit
@@ -80,3 +82,31 @@ def test_twin_trace_is_the_recorded_clock_repeated():
     times = [t for t, _ in trace]
     assert times == sorted(times) and times[0] == 50.0 and times[-1] >= 75.0
     assert {m for _, m in trace} <= set(range(1000, 1981)) and len({m for _, m in trace}) > 3
+
+
+def test_the_gpu_run_end_to_end_on_the_twin_as_pynvml(tmp_path, monkeypatch, capsys):
+    # What the lead runs on the H200, idle only (the load needs torch and a GPU), with the twin in
+    # pynvml's place: every mode, the probe, the parts, both JSON files. The reference child has
+    # a process of its own and real NVML, absent here: it says so in one line and the errors are None.
+    twin = Twin([TwinGpu(processes=[(1, 1 << 30)], clock_trace=sampler_cost.twin_trace(time.monotonic(), 60),
+                         clock_events=True)], time.monotonic, sleep=time.sleep)
+    monkeypatch.setitem(sys.modules, "pynvml", twin)
+    monkeypatch.setattr(sampler_cost, "PROBE_SECONDS", 1.5)
+    monkeypatch.setattr(sampler_cost, "PART_WAKES", 1)
+    monkeypatch.setattr(sys, "argv", ["sampler_cost", "--windows", "1", "--repeat", "1", "--interval", "0.2",
+                                      "--out", str(tmp_path)])
+    sampler_cost.main()
+    out = capsys.readouterr().out.splitlines()
+    written = json.loads((tmp_path / "sampler_cost.json").read_text())
+    assert json.loads(out[-1]) == written
+    assert written["events"] == {"supported_event_types": "0x1b", "clock_change_events": True}
+    assert [(r["load"], r["mode"]) for r in written["rows"]] == [("idle", m) for m in ("before", "poll", "events",
+                                                                                         "floor")]
+    assert all(r["clock_error_mean_ratio"] is None for r in written["rows"])  # no reference without real NVML
+    assert written["parts_us"][0]["part"] == "a 100-ms sleep alone (the wake-up)"
+    assert written["parts_us"][-1]["part"].startswith("a whole window")
+    (cover,) = written["clock_event_coverage"]
+    assert cover["label"] == "idle" and cover["events"] == cover["announced"] > 0
+    recording = ClockEventRecording.model_validate_json((tmp_path / "clock_events.json").read_text())
+    assert recording.gpus == ["NVIDIA H200"] and recording.phases[0].registered
+    assert twin.live_event_sets == 0 and twin.live_samples == 0
