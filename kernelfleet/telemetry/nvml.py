@@ -23,7 +23,8 @@ from kernelfleet.telemetry.clock_events import FLOOD_RATIO, ClockEvents
 from kernelfleet.telemetry.gpm import GpmMetrics
 from kernelfleet.telemetry.health import SLOW_HEALTH_SECONDS, HealthReader
 from kernelfleet.telemetry.nvml_api import REPLAY_HINT, Nvml, NvmlCallFailed, text
-from kernelfleet.telemetry.nvml_hot import Read, bind, clock_reader, read_optional
+from kernelfleet.telemetry.nvml_hot import bind, clock_reader, read_optional
+from kernelfleet.telemetry.nvml_target import Target, identity
 from kernelfleet.telemetry.processes import running_processes
 from kernelfleet.telemetry.sample import Sample
 
@@ -31,30 +32,6 @@ log = logging.getLogger(__name__)
 
 MIN_INTERVAL_SECONDS = 0.1
 CLOCK_MODES = ("auto", "events", "poll")
-
-@dataclass
-class _Target:
-    """One thing GPM samples: a whole GPU, or one MIG instance of it."""
-
-    gpu_index: int
-    handle: Any  # the parent GPU's handle (GPM of a MIG slice is read through it)
-    info_handle: Any  # the handle processes are read from (the MIG handle for a slice)
-    uuid: str
-    name: str
-    pci_device_id: int | None
-    max_clock_hertz: float | None
-    mig_instance: int | None = None
-    gpm_supported: bool = True
-    previous: Any = None  # last GPM sample buffer
-    spare: Any = None  # the buffer before it, reused for the next sample (no alloc/free per window)
-    previous_time: float = 0.0
-    previous_wall: float = 0.0
-    previous_process_timestamp: int = 0
-    failed: str | None = None  # set when a read failed: the next window starts fresh
-    memory: Read | None = None  # bound once per NVML session (telemetry/nvml_hot.py)
-    power: Read | None = None  # whole GPUs only: MIG slices have no power of their own
-    process_names: dict[int, str | None] = field(default_factory=dict)  # pid -> name, while it stays
-
 
 @dataclass
 class NvmlSource:
@@ -84,7 +61,7 @@ class NvmlSource:
     wall: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
     proc_root: Path = Path("/proc")
-    _targets: list[_Target] = field(default_factory=list, init=False)
+    _targets: list[Target] = field(default_factory=list, init=False)
     _poller: ClockPoller | None = field(default=None, init=False)
     _events: ClockEvents | None = field(default=None, init=False)
     _warned: set[str] = field(default_factory=set, init=False)
@@ -229,12 +206,12 @@ class NvmlSource:
 
     def _discover(self) -> None:
         call, m = self.nvml.call, self.nvml.m
-        targets: list[_Target] = []
+        targets: list[Target] = []
         for index in range(call("nvmlDeviceGetCount")):
             handle = call("nvmlDeviceGetHandleByIndex", index)
             pci = self.nvml.optional("nvmlDeviceGetPciInfo", handle)
             max_mhz = self.nvml.optional("nvmlDeviceGetMaxClockInfo", handle, m.NVML_CLOCK_SM)
-            gpu = _Target(
+            gpu = Target(
                 gpu_index=index,
                 handle=handle,
                 info_handle=handle,
@@ -254,7 +231,7 @@ class NvmlSource:
         support = self.nvml.optional("nvmlGpmQueryDeviceSupport", handle)
         return bool(support is not None and support.isSupportedDevice)
 
-    def _mig_targets(self, gpu: _Target) -> list[_Target]:
+    def _mig_targets(self, gpu: Target) -> list[Target]:
         modes = self.nvml.optional("nvmlDeviceGetMigMode", gpu.handle)
         if not modes or modes[0] != getattr(self.nvml.m, "NVML_DEVICE_MIG_ENABLE", 1):
             return []
@@ -265,7 +242,7 @@ class NvmlSource:
             except NvmlCallFailed:
                 continue  # an empty slot (NVML_ERROR_NOT_FOUND)
             slices.append(
-                _Target(
+                Target(
                     gpu_index=gpu.gpu_index,
                     handle=gpu.handle,
                     info_handle=mig,
@@ -287,7 +264,7 @@ class NvmlSource:
     def _whole_gpus(self) -> dict[str, Any]:
         return {t.uuid: t.handle for t in self._targets if t.mig_instance is None and not t.failed}
 
-    def _bind_reads(self, target: _Target) -> None:
+    def _bind_reads(self, target: Target) -> None:
         target.memory = bind(self.nvml, "nvmlDeviceGetMemoryInfo", (target.info_handle,), self.nvml.m.c_nvmlMemory_t,
                              direct=self.hot_reads)
         if target.mig_instance is None:
@@ -301,14 +278,14 @@ class NvmlSource:
             except NvmlCallFailed as exc:
                 target.failed = str(exc)
 
-    def _start_window(self, target: _Target) -> None:
+    def _start_window(self, target: Target) -> None:
         target.failed = None
         target.previous_time = self.clock()
         target.previous_wall = self.wall()
         target.previous_process_timestamp = int(target.previous_wall * 1e6)
         target.previous = self._gpm_sample(target)
 
-    def _gpm_sample(self, target: _Target) -> Any:
+    def _gpm_sample(self, target: Target) -> Any:
         if not target.gpm_supported:
             return None
         sample, target.spare = target.spare, None
@@ -324,7 +301,7 @@ class NvmlSource:
             raise
         return sample
 
-    def _read_target(self, target: _Target) -> Sample:
+    def _read_target(self, target: Target) -> Sample:
         if target.failed:
             return self._stale(target, target.failed, self.clock())
         start, prev_proc = target.previous_time, target.previous_process_timestamp
@@ -352,7 +329,7 @@ class NvmlSource:
         return Sample(
             timestamp_seconds=end_wall,
             window_seconds=end - start,
-            **_identity(target),
+            **identity(target),
             sm_clock_mean_hertz=clock.mean if clock else None,
             sm_clock_instant_hertz=clock.last if clock else None,
             sm_clock_polls=clock.reads if clock else 0,
@@ -364,7 +341,7 @@ class NvmlSource:
             **health,
         )
 
-    def _clock_window(self, target: _Target, start: float, end: float) -> ClockWindow | None:
+    def _clock_window(self, target: Target, start: float, end: float) -> ClockWindow | None:
         """The SM clock over the window; MIG slices share their GPU's (read, not consumed)."""
         if self._poller is None:
             return None
@@ -372,13 +349,13 @@ class NvmlSource:
             self._window_clocks[target.gpu_index] = self._poller.take(target.gpu_index, start, end)
         return self._window_clocks.get(target.gpu_index)
 
-    def _stale(self, target: _Target, error: str, end: float) -> Sample:
+    def _stale(self, target: Target, error: str, end: float) -> Sample:
         return Sample(
             timestamp_seconds=self.wall(),
             window_seconds=max(0.0, end - target.previous_time),
             stale=True,
             error=error,
-            **_identity(target),
+            **identity(target),
         )
 
     def _reinit(self) -> None:
@@ -410,7 +387,7 @@ class NvmlSource:
             self._events.register({i: self._handles[i] for i in sorted(self._handles)})
         self._prime()
 
-    def _free(self, target: _Target) -> None:
+    def _free(self, target: Target) -> None:
         for buffer in (target.previous, target.spare):
             if buffer is not None:
                 try:
@@ -423,17 +400,3 @@ class NvmlSource:
         if key not in self._warned:
             self._warned.add(key)
             log.warning(message)
-
-
-def _identity(target: _Target) -> dict[str, Any]:
-    """The Sample fields that name the GPU, the same in every window."""
-    return {
-        "gpu_index": target.gpu_index,
-        "uuid": target.uuid,
-        "name": target.name,
-        "pci_device_id": target.pci_device_id,
-        "mig_instance": target.mig_instance,
-        "gpm_supported": target.gpm_supported,
-        "sm_clock_max_hertz": target.max_clock_hertz,
-    }
-
