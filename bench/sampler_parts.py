@@ -50,14 +50,20 @@ def cold_us(fn: Callable[[], Any], wakes: int, sleep: Callable[[float], Any] = t
     return (time.thread_time() - c0) / wakes * 1e6
 
 
+def gpm_pair(nvml: Nvml, handle: Any, seconds: float = 0.2) -> tuple[Any, Any]:
+    """Two GPM samples of the GPU ``seconds`` apart (free both with nvmlGpmSampleFree)."""
+    first, second = nvml.call("nvmlGpmSampleAlloc"), nvml.call("nvmlGpmSampleAlloc")
+    nvml.call("nvmlGpmSampleGet", handle, first)
+    time.sleep(seconds)
+    nvml.call("nvmlGpmSampleGet", handle, second)
+    return first, second
+
+
 def gpu_parts(nvml: Nvml, wakes: int = 8, reps: int = 200) -> list[dict[str, Any]]:
     """(part, warm µs, cold µs less a wake-up) of GPU 0's window reads, on an initialised ``nvml``."""
     m = nvml.m
     handle = nvml.call("nvmlDeviceGetHandleByIndex", 0)
-    first, second = nvml.call("nvmlGpmSampleAlloc"), nvml.call("nvmlGpmSampleAlloc")
-    nvml.call("nvmlGpmSampleGet", handle, first)
-    time.sleep(0.2)
-    nvml.call("nvmlGpmSampleGet", handle, second)
+    first, second = gpm_pair(nvml, handle)
     quiet = GpmMetrics(nvml, lambda *_: None, cycle_counters=False)
     cycles = GpmMetrics(nvml, lambda *_: None)
     health = HealthReader(nvml, lambda *_: None)
