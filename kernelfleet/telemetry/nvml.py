@@ -50,7 +50,8 @@ class NvmlSource:
     # late by at most one window, whose mean then rests on the read at its end.
     adaptive_clock_poll: bool = True
     # "auto": sleep on clock-change events where every GPU offers them (telemetry/clock_events.py),
-    # else poll as above; "events" or "poll" force one (the benchmark measures both).
+    # else poll as above (and poll when dense polling was asked for: adaptive_clock_poll False,
+    # --dense-clock); "events" or "poll" force one (the benchmark measures both).
     clock_mode: str = "auto"
     # The reads made every poll and every window call NVML's C functions directly
     # (telemetry/nvml_hot.py); False goes through pynvml's wrapper for each, as before.
@@ -191,7 +192,7 @@ class NvmlSource:
 
     def _watch_clock_events(self) -> None:
         """Register every whole GPU for clock-change events, unless polling was asked for."""
-        if self.clock_mode == "poll":
+        if self.clock_mode == "poll" or (self.clock_mode == "auto" and not self.adaptive_clock_poll):
             return
         if self._events is None:
             polls = math.ceil(self.interval_seconds / self.clock_poll_seconds)

@@ -118,6 +118,14 @@ def test_auto_polls_where_no_gpu_offers_clock_events(fake_time, caplog):
     assert twin.live_event_sets == 0
 
 
+def test_dense_polling_asked_for_is_dense_polling(fake_time):
+    # `--dense-clock` (adaptive_clock_poll False) reads every 100 ms even where events are offered
+    _, batches, path, events = run(fake_time, [TwinGpu(clock_mhz=1980, clock_events=True)], "auto", windows=2,
+                                   adaptive_clock_poll=False)
+    assert path == "poll" and events is None
+    assert [b[0].sm_clock_polls for b in batches] == [10, 10]
+
+
 def test_forcing_events_where_none_are_offered_is_one_line(fake_time):
     twin = Twin([TwinGpu()], fake_time.now)
     source = NvmlSource(nvml=Nvml(twin), clock=fake_time.now, sleep=fake_time.sleep, clock_mode="events")
