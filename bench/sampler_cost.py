@@ -235,7 +235,8 @@ class PynvmlOverTwin:
         import pynvml
 
         self._twin, self._pynvml = twin, pynvml
-        self._hot = {name for name in c_side if hasattr(pynvml, name)}
+        # (the process list's wrapper calls the _v3 C function twice, as on a GPU)
+        self._hot = {name for name in c_side if hasattr(pynvml, name)} | {"nvmlDeviceGetComputeRunningProcesses"}
 
     def __getattr__(self, name: str) -> Any:
         if name in self._hot or name == "NVMLError":  # the twin's errors are pynvml's (a subclass)

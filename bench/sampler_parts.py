@@ -26,7 +26,7 @@ from kernelfleet.telemetry.health import XID_EVENT, HealthReader
 from kernelfleet.telemetry.nvml import NvmlSource
 from kernelfleet.telemetry.nvml_api import Nvml
 from kernelfleet.telemetry.nvml_hot import bind, clock_reader
-from kernelfleet.telemetry.processes import running_processes
+from kernelfleet.telemetry.processes import process_lister, running_processes
 
 SLEEP_SECONDS = 0.1  # the poll period the parts are woken at
 
@@ -71,6 +71,7 @@ def gpu_parts(nvml: Nvml, wakes: int = 8, reps: int = 200) -> list[dict[str, Any
     memory = bind(nvml, "nvmlDeviceGetMemoryInfo", (handle,), m.c_nvmlMemory_t)
     power = bind(nvml, "nvmlDeviceGetPowerUsage", (handle,), ctypes.c_uint)
     names: dict[int, str | None] = {}
+    lister = process_lister(nvml, handle)
     since = int((time.time() - 1) * 1e6)
     empty = nvml.call("nvmlEventSetCreate")  # Xid events only: a 100-ms wait in it times out
     try:
@@ -84,7 +85,9 @@ def gpu_parts(nvml: Nvml, wakes: int = 8, reps: int = 200) -> list[dict[str, Any
         "nvmlGpmSampleGet": lambda: nvml.call("nvmlGpmSampleGet", handle, second),
         "nvmlGpmMetricsGet, 15 metrics": lambda: quiet.metrics(first, second),
         "the same + the cycle-counter call": lambda: cycles.metrics(first, second),
-        "processes (pynvml, /proc names kept)": lambda: running_processes(nvml, handle, since, Path("/proc"), names),
+        "processes (pynvml's wrapper: two C calls)": lambda: running_processes(nvml, handle, since, Path("/proc"),
+                                                                               names),
+        "processes (bound: one C call)": lambda: running_processes(nvml, handle, since, Path("/proc"), names, lister),
         "memory + power (bound)": lambda: (memory(), power()),
         "health: reasons, Xid drain": lambda: health.read("gpu0", handle),
     }

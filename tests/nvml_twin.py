@@ -108,6 +108,7 @@ class TwinHandle(ctypes.c_void_p):
 # The C signatures (nvml.h) of the functions the C side offers: argument types after the handle,
 # the out-param's type, and the arguments after the out-param.
 U, U64 = ctypes.c_uint, ctypes.c_ulonglong
+PROCESSES = "nvmlDeviceGetComputeRunningProcesses_v3"
 C_SIDE: dict[str, tuple[tuple[type, ...], type, tuple[type, ...]]] = {
     "nvmlDeviceGetClockInfo": ((U,), U, ()),
     "nvmlDeviceGetPowerUsage": ((), U, ()),
@@ -116,6 +117,8 @@ C_SIDE: dict[str, tuple[tuple[type, ...], type, tuple[type, ...]]] = {
     "nvmlDeviceGetTotalEccErrors": ((U, U), U64, ()),
     "nvmlDeviceGetMemoryInfo": ((), pynvml.c_nvmlMemory_t, ()),
     "nvmlEventSetWait_v2": ((), pynvml.c_nvmlEventData_t, (U,)),
+    # (handle, unsigned *count, nvmlProcessInfo_v3_t *infos): the count is in and out (Twin._c_processes)
+    PROCESSES: ((), U, (ctypes.POINTER(pynvml.c_nvmlProcessInfo_v3_t),)),
 }
 
 
@@ -126,6 +129,8 @@ class Twin:
     c_nvmlGpmMetricsGet_t = MetricsRequest
     c_nvmlMemory_t = pynvml.c_nvmlMemory_t
     c_nvmlEventData_t = pynvml.c_nvmlEventData_t
+    c_nvmlProcessInfo_v3_t = pynvml.c_nvmlProcessInfo_v3_t
+    NVML_ERROR_INSUFFICIENT_SIZE = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
     NVML_SUCCESS = NVML_SUCCESS
     NVML_CLOCK_SM = NVML_CLOCK_SM
     NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
@@ -171,6 +176,8 @@ class Twin:
 
     def _c_function(self, name: str) -> Any:
         before, out_type, after = C_SIDE[name]
+        if name == PROCESSES:
+            return ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(out_type), *after)(self._c_processes)
         python = getattr(self, name)
         prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *before, ctypes.POINTER(out_type), *after)
         n = len(before)
@@ -194,6 +201,21 @@ class Twin:
             return NVML_SUCCESS
 
         return prototype(c_function)
+
+    def _c_processes(self, pointer: int, count: Any, infos: Any) -> int:
+        """NVML's process list: too small a count (pynvml's first call passes 0 and no array)
+        answers INSUFFICIENT_SIZE with the count needed."""
+        self.c_calls[PROCESSES] += 1
+        try:
+            running = self.nvmlDeviceGetComputeRunningProcesses(self._pointers[pointer])
+        except NVMLError as exc:
+            return exc.value
+        room, count.contents.value = count.contents.value, len(running)
+        if len(running) > room or (running and not infos):
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, process in enumerate(running):
+            infos[i].pid, infos[i].usedGpuMemory = process.pid, process.usedGpuMemory
+        return NVML_SUCCESS
 
     # -- helpers -----------------------------------------------------------------
     def _gpu(self, handle: Any) -> TwinGpu:

@@ -25,7 +25,7 @@ from kernelfleet.telemetry.health import SLOW_HEALTH_SECONDS, HealthReader
 from kernelfleet.telemetry.nvml_api import REPLAY_HINT, Nvml, NvmlCallFailed, text
 from kernelfleet.telemetry.nvml_hot import bind, clock_reader, read_optional
 from kernelfleet.telemetry.nvml_target import Target, identity
-from kernelfleet.telemetry.processes import running_processes
+from kernelfleet.telemetry.processes import process_lister, running_processes
 from kernelfleet.telemetry.sample import Sample
 
 log = logging.getLogger(__name__)
@@ -266,6 +266,7 @@ class NvmlSource:
         return {t.uuid: t.handle for t in self._targets if t.mig_instance is None and not t.failed}
 
     def _bind_reads(self, target: Target) -> None:
+        target.processes = process_lister(self.nvml, target.info_handle, direct=self.hot_reads)
         target.memory = bind(self.nvml, "nvmlDeviceGetMemoryInfo", (target.info_handle,), self.nvml.m.c_nvmlMemory_t,
                              direct=self.hot_reads)
         if target.mig_instance is None:
@@ -311,7 +312,7 @@ class NvmlSource:
             end, end_wall = self.clock(), self.wall()
             metrics = self._gpm.metrics(target.previous, current) if current is not None else {}
             processes = running_processes(self.nvml, target.info_handle, prev_proc, self.proc_root,
-                                          target.process_names)
+                                          target.process_names, target.processes)
             memory = read_optional(target.memory)
             if memory is not None:
                 memory = (int(memory.used), int(memory.total))  # the bound read reuses its structure

@@ -29,6 +29,7 @@ class Target:
     failed: str | None = None  # set when a read failed: the next window starts fresh
     memory: Read | None = None  # bound once per NVML session (telemetry/nvml_hot.py)
     power: Read | None = None  # whole GPUs only: MIG slices have no power of their own
+    processes: Read | None = None  # the processes listed (telemetry/processes.py)
     process_names: dict[int, str | None] = field(default_factory=dict)  # pid -> name, while it stays
 
 
