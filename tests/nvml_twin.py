@@ -98,6 +98,8 @@ class TwinGpu:
     clock_trace: list[tuple[float, int]] = field(default_factory=list)
     clock_events: bool = False  # whether the GPU offers clock-change events (nvmlEventTypeClock)
     delivers_clock_events: bool = True  # False: it registers them but never sends one
+    # each event is sent this long after its change (negative: before it, and a read it wakes sees the old clock)
+    clock_event_delay_seconds: float = 0.0
 
 
 class TwinHandle(ctypes.c_void_p):
@@ -373,16 +375,16 @@ class Twin:
         now = self.now()
         changes = []
         for entry in events.clocks.values():
-            trace = entry[0].gpu.clock_trace
-            i = bisect.bisect_right(trace, entry[1], key=_time)
-            if entry[0].gpu.delivers_clock_events and i < len(trace):
-                changes.append((trace[i][0], entry))
+            gpu = entry[0].gpu
+            i = bisect.bisect_right(gpu.clock_trace, entry[1], key=_time)
+            if gpu.delivers_clock_events and i < len(gpu.clock_trace):
+                changes.append((gpu.clock_trace[i][0] + gpu.clock_event_delay_seconds, entry, gpu.clock_trace[i][0]))
         if changes:
-            when, entry = min(changes, key=_time)
+            when, entry, change = min(changes, key=_time)
             if when <= now + timeout_ms / 1000:
                 if when > now and self.sleep is not None:
                     self.sleep(when - now)
-                entry[1] = when
+                entry[1] = change
                 return SimpleNamespace(eventType=CLOCK_EVENT, eventData=0, device=entry[0])
         if self.sleep is not None and timeout_ms:
             self.sleep(timeout_ms / 1000)

@@ -24,6 +24,7 @@ class ClockWindow:
     last: float | None  # the last read at or before the window's end
     reads: int  # reads that fell inside the window
     moved: bool = False  # some read differed from the value before it: the clock is not holding still
+    last_moved: bool = False  # the last read did (on the event path: a change no event announced)
 
 
 def step_mean(
@@ -41,14 +42,15 @@ def step_mean(
     value = before if before is not None else reads[0][1]
     t = start
     area = 0.0
-    moved = False
+    moved = last_moved = False
     for when, reading in reads:
         when = min(max(when, start), end)
         area += value * (when - t)
-        moved = moved or reading != value
+        last_moved = reading != value
+        moved = moved or last_moved
         t, value = when, reading
     area += value * (end - t)
-    return ClockWindow(area / (end - start), value, len(reads), moved)
+    return ClockWindow(area / (end - start), value, len(reads), moved, last_moved)
 
 
 class ClockPoller:

@@ -8,9 +8,10 @@ end, reads a GPU's clock when an event names it, and reads every GPU once more a
 end. The clock is a step function that changes only at events, so the window's mean over those
 reads (``clock.step_mean``) is the polled mean without the reads that saw no change.
 
-Whether the driver sends an event for every change is checked as the windows come: a window
-whose end read differs from the read before it, with no event from that GPU in the window, saw a
-change nobody announced. ``MISSED_WINDOWS_LIMIT`` such windows in a row, or more events in a
+Whether the driver sends an event for every change is checked as the windows come: where events
+announce every change, the window's end read equals the read before it (at the last event, or the
+last window's end); one that differs saw a change nobody announced, or announced before the clock
+had moved. ``MISSED_WINDOWS_LIMIT`` such windows in a row, or more events in a
 window than polling would make wake-ups several times over, and :class:`ClockEvents` gives up
 (logged once); the source then polls as before.
 """
@@ -33,9 +34,9 @@ from kernelfleet.telemetry.nvml_hot import Read, bind
 log = logging.getLogger(__name__)
 
 CLOCK_EVENT = 0x10  # nvmlEventTypeClock (nvml.h)
-# Windows in a row with an unannounced change before the events are given up. One can be an
-# event that arrives just after the window's end read; three in a row is a driver that does not
-# send them (under a power cap the clock moves every window).
+# Windows in a row with an unannounced change before the events are given up. One can be a change
+# within an event's latency of the window's end read; three in a row is a driver that does not
+# send them, or sends them early (under a power cap the clock moves every window).
 MISSED_WINDOWS_LIMIT = 3
 # More events a window than this many times the polls it replaces, and polling is cheaper.
 FLOOD_RATIO = 4
@@ -134,8 +135,8 @@ class ClockEvents:
             sleep(left)
 
     def judge(self, windows: Mapping[object, ClockWindow]) -> None:
-        """After a window: count the GPUs whose clock changed with no event from them."""
-        missed = any(w.moved and not self.window_events.get(key) for key, w in windows.items())
+        """After a window: did some GPU's end read show a change its events had not?"""
+        missed = any(w.last_moved for w in windows.values())
         self.missed_windows_total += missed
         self._missed_in_a_row = self._missed_in_a_row + 1 if missed else 0
         if self.trust_misses and self._missed_in_a_row >= MISSED_WINDOWS_LIMIT:

@@ -151,6 +151,25 @@ def test_events_that_never_come_fall_back_to_polling(fake_time, caplog):
     assert forced_path == "events" and forced.missed_windows_total == 6  # forced: counted, kept
 
 
+def test_events_sent_before_the_clock_moves_fall_back_to_polling(fake_time):
+    # each event comes 5 ms early: the read it wakes sees the old clock, the end read the new one
+    mid_windows = [(fake_time.now() + w + 0.5, 1440 + 60 * (w % 2)) for w in range(6)]
+    gpu = TwinGpu(clock_trace=mid_windows, clock_events=True, clock_event_delay_seconds=-0.005)
+    _, batches, path, events = run(fake_time, [gpu], "auto", windows=5)
+    assert path == "poll" and "3 windows in a row" in events.off and events.events_total == 3
+    assert [b[0].sm_clock_polls for b in batches][3:] == [10, 10]
+
+
+def test_a_change_at_the_end_read_alone_keeps_the_events(fake_time):
+    # events come 1 ms late; one change falls within that of a window's end, so its end read sees
+    # it before its event does (in flight): one miss, not three in a row
+    start = fake_time.now()
+    steps = [(start + 0.3, 1500), (start + 0.9995, 1980), (start + 1.5, 1455), (start + 2.5, 1500)]
+    gpu = TwinGpu(clock_trace=steps, clock_events=True, clock_event_delay_seconds=0.001)
+    _, _, path, events = run(fake_time, [gpu], "auto", windows=3)
+    assert path == "events" and events.missed_windows_total == 1
+
+
 def test_a_flood_of_events_falls_back_to_polling(fake_time):
     flood = [(fake_time.now() + k * 0.001, 1400 + k % 2) for k in range(1, 3000)]
     _, batches, path, events = run(fake_time, [TwinGpu(clock_trace=flood, clock_events=True)], "auto", windows=2)
