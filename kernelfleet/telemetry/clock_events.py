@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,7 +65,6 @@ class ClockEvents:
     max_events_per_window: int = 40
     trust_misses: bool = True
     off: str | None = None  # why events are not used (any more); None while they are
-    window_events: Counter[object] = field(default_factory=Counter)  # key -> events in the current window
     events_total: int = 0
     wakes_total: int = 0  # returns from the event wait (an event, or the window's end)
     missed_windows_total: int = 0  # windows with a change no event announced
@@ -109,8 +107,6 @@ class ClockEvents:
         A failed wait (a lost GPU) sleeps out the window: the window's end read and the source's
         re-initialisation deal with the GPU, and the next window polls.
         """
-        counts = self.window_events
-        counts.clear()
         wait, keys, arrived = self._wait, self._keys, 0
         only = next(iter(keys.values())) if len(keys) == 1 else None  # one GPU: no need to look the device up
         while wait is not None and (left := deadline - clock()) > 1e-6:
@@ -125,7 +121,6 @@ class ClockEvents:
                 continue  # the wait timed out: the window's end
             key = only if only is not None else keys.get(_address(event.device))
             poller.poll_one(key)
-            counts[key] += 1
             arrived += 1
             if arrived > self.max_events_per_window:
                 self._give_up(f"more than {self.max_events_per_window} clock events in a window")
