@@ -59,6 +59,7 @@ class ClockEventRecording(BaseModel):
     gpus: list[str]
     supported_event_types: list[str | None]  # per GPU, hex
     phases: list[ClockEventPhase] = []
+    failures: list[str] = []  # a phase (or the benchmark's parts beside it) that failed, and why
 
 
 class Coverage(BaseModel):

@@ -45,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import closing, contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -467,6 +468,15 @@ def twin_runs(order: list[str], windows: int, interval: float) -> tuple[list[dic
     return runs, [[(t + offset, m) for t, m in trace]]
 
 
+def informative(step: str, recording: ClockEventRecording, work: Callable[[], Any]) -> None:
+    """Run a step that only informs (the probe, the parts): if it fails, say so and go on."""
+    try:
+        work()
+    except Exception as exc:  # noqa: BLE001 - one shot on a lent GPU: say what failed, keep the rest
+        print(f"{step}: failed ({exc!r})", flush=True)
+        recording.failures.append(f"{step}: {exc!r}")
+
+
 def gpu_runs(order: list[str], args: argparse.Namespace) -> tuple[list[dict], list, ClockEventRecording, list]:
     """Every mode idle and under load on the GPUs, each load with the event probe and the parts,
     while a child reads the clocks every 2 ms."""
@@ -484,8 +494,8 @@ def gpu_runs(order: list[str], args: argparse.Namespace) -> tuple[list[dict], li
         for load in ["idle"] + (["bf16 GEMM loop"] if args.load_seconds else []):
             with gemm_load(max(args.load_seconds, busy_seconds)) if load != "idle" else nullcontext():
                 runs.extend({"load": load, **measure(mode, args.windows, args.interval)} for mode in order)
-                probe_phase(recording, load)
-                parts.extend(parts_phase(load))
+                informative(f"clock-event probe, {load}", recording, partial(probe_phase, recording, load))
+                informative(f"parts, {load}", recording, lambda rows=parts, label=load: rows.extend(parts_phase(label)))
     return runs, reference, recording, parts
 
 
