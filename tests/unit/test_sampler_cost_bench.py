@@ -5,6 +5,7 @@ last line; the event probe reads what the driver offers; a mode the GPU cannot r
 import json
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 from nvml_twin import Twin, TwinGpu
@@ -86,11 +87,19 @@ def test_twin_trace_is_the_recorded_clock_repeated():
 
 def test_the_gpu_run_end_to_end_on_the_twin_as_pynvml(tmp_path, monkeypatch, capsys):
     # What the lead runs on the H200, idle only (the load needs torch and a GPU), with the twin in
-    # pynvml's place: every mode, the probe, the parts, both JSON files. The reference child has
-    # a process of its own and real NVML, absent here: it says so in one line and the errors are None.
-    twin = Twin([TwinGpu(processes=[(1, 1 << 30)], clock_trace=sampler_cost.twin_trace(time.monotonic(), 60),
-                         clock_events=True)], time.monotonic, sleep=time.sleep)
+    # pynvml's place: every mode, the probe, the parts, both JSON files. The dense reference (a child
+    # process on real NVML) is the twin's own clock trace here.
+    trace = sampler_cost.twin_trace(time.monotonic(), 60)
+    twin = Twin([TwinGpu(processes=[(1, 1 << 30)], clock_trace=trace, clock_events=True)], time.monotonic,
+                sleep=time.sleep)
     monkeypatch.setitem(sys.modules, "pynvml", twin)
+    offset = time.time() - time.monotonic()
+
+    @contextmanager
+    def reference(_path):
+        yield [[(t + offset, mhz) for t, mhz in trace]]
+
+    monkeypatch.setattr(sampler_cost, "dense_reference", reference)
     monkeypatch.setattr(sampler_cost, "PROBE_SECONDS", 1.5)
     monkeypatch.setattr(sampler_cost, "PART_WAKES", 1)
     monkeypatch.setattr(sys, "argv", ["sampler_cost", "--windows", "1", "--repeat", "1", "--interval", "0.2",
@@ -102,7 +111,8 @@ def test_the_gpu_run_end_to_end_on_the_twin_as_pynvml(tmp_path, monkeypatch, cap
     assert written["events"] == {"supported_event_types": "0x1b", "clock_change_events": True}
     assert [(r["load"], r["mode"]) for r in written["rows"]] == [("idle", m) for m in ("before", "poll", "events",
                                                                                          "floor")]
-    assert all(r["clock_error_mean_ratio"] is None for r in written["rows"])  # no reference without real NVML
+    assert all(r["reference_windows"] == 1 for r in written["rows"])
+    assert {r["mode"]: r for r in written["rows"]}["events"]["clock_error_max_ratio"] < 0.01
     assert written["parts_us"][0]["part"] == "a 100-ms sleep alone (the wake-up)"
     assert written["parts_us"][-1]["part"].startswith("a whole window")
     (cover,) = written["clock_event_coverage"]
