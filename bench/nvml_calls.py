@@ -13,6 +13,7 @@ import threading
 import time
 
 from bench import command_line
+from bench.sampler_parts import gpm_pair
 from kernelfleet.telemetry.nvml import NvmlSource
 from kernelfleet.telemetry.nvml_api import Nvml
 
@@ -26,10 +27,7 @@ def main() -> None:
     nvml.init()
     m = nvml.m
     h = nvml.call("nvmlDeviceGetHandleByIndex", 0)
-    s1, s2 = nvml.call("nvmlGpmSampleAlloc"), nvml.call("nvmlGpmSampleAlloc")
-    nvml.call("nvmlGpmSampleGet", h, s1)
-    time.sleep(0.2)
-    nvml.call("nvmlGpmSampleGet", h, s2)
+    s1, s2 = gpm_pair(nvml, h)
 
     def metrics() -> None:
         req = m.c_nvmlGpmMetricsGet_t()

@@ -13,6 +13,7 @@ event sets are ctypes pointers (``TwinHandle``) so they cross that C boundary.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,6 +34,11 @@ NVML_ERROR_DRIVER_NOT_LOADED = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
 NVML_ERROR_NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
 NVML_ERROR_FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 NVML_ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+XID_EVENT, CLOCK_EVENT = 0x8, 0x10  # nvmlEventTypeXidCriticalError, nvmlEventTypeClock
+
+
+def _time(item: tuple[float, Any]) -> float:
+    return item[0]
 
 
 class MetricsRequest:
@@ -88,6 +94,12 @@ class TwinGpu:
     ecc_errors: tuple[int, int] | None = (3, 0)  # (corrected, uncorrected)
     events: bool = True  # whether the GPU registers for Xid events
     pending_xids: list[int] = field(default_factory=list)  # Xid codes an event set will hand out
+    # The SM clock as a step function of the twin's time, (time, MHz) in time order; empty: clock_mhz
+    clock_trace: list[tuple[float, int]] = field(default_factory=list)
+    clock_events: bool = False  # whether the GPU offers clock-change events (nvmlEventTypeClock)
+    delivers_clock_events: bool = True  # False: it registers them but never sends one
+    # each event is sent this long after its change (negative: before it, and a read it wakes sees the old clock)
+    clock_event_delay_seconds: float = 0.0
 
 
 class TwinHandle(ctypes.c_void_p):
@@ -98,6 +110,7 @@ class TwinHandle(ctypes.c_void_p):
 # The C signatures (nvml.h) of the functions the C side offers: argument types after the handle,
 # the out-param's type, and the arguments after the out-param.
 U, U64 = ctypes.c_uint, ctypes.c_ulonglong
+PROCESSES = "nvmlDeviceGetComputeRunningProcesses_v3"
 C_SIDE: dict[str, tuple[tuple[type, ...], type, tuple[type, ...]]] = {
     "nvmlDeviceGetClockInfo": ((U,), U, ()),
     "nvmlDeviceGetPowerUsage": ((), U, ()),
@@ -106,6 +119,8 @@ C_SIDE: dict[str, tuple[tuple[type, ...], type, tuple[type, ...]]] = {
     "nvmlDeviceGetTotalEccErrors": ((U, U), U64, ()),
     "nvmlDeviceGetMemoryInfo": ((), pynvml.c_nvmlMemory_t, ()),
     "nvmlEventSetWait_v2": ((), pynvml.c_nvmlEventData_t, (U,)),
+    # (handle, unsigned *count, nvmlProcessInfo_v3_t *infos): the count is in and out (Twin._c_processes)
+    PROCESSES: ((), U, (ctypes.POINTER(pynvml.c_nvmlProcessInfo_v3_t),)),
 }
 
 
@@ -116,6 +131,8 @@ class Twin:
     c_nvmlGpmMetricsGet_t = MetricsRequest
     c_nvmlMemory_t = pynvml.c_nvmlMemory_t
     c_nvmlEventData_t = pynvml.c_nvmlEventData_t
+    c_nvmlProcessInfo_v3_t = pynvml.c_nvmlProcessInfo_v3_t
+    NVML_ERROR_INSUFFICIENT_SIZE = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
     NVML_SUCCESS = NVML_SUCCESS
     NVML_CLOCK_SM = NVML_CLOCK_SM
     NVML_DEVICE_MIG_ENABLE = NVML_DEVICE_MIG_ENABLE
@@ -131,9 +148,11 @@ class Twin:
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
     NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
 
-    def __init__(self, gpus: list[TwinGpu], now: Any, library: bool = True, c_side: bool = True) -> None:
+    def __init__(self, gpus: list[TwinGpu], now: Any, library: bool = True, c_side: bool = True,
+                 sleep: Any = None) -> None:
         self.gpus = gpus
         self.now = now  # callable: the fake monotonic clock
+        self.sleep = sleep  # how an event wait passes its time (the fake clock's, or time.sleep); None: it does not
         self.library = library
         self.c_side = c_side  # whether _nvmlGetFunctionPointer offers C functions
         self.inits = 0
@@ -159,6 +178,8 @@ class Twin:
 
     def _c_function(self, name: str) -> Any:
         before, out_type, after = C_SIDE[name]
+        if name == PROCESSES:
+            return ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(out_type), *after)(self._c_processes)
         python = getattr(self, name)
         prototype = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *before, ctypes.POINTER(out_type), *after)
         n = len(before)
@@ -171,14 +192,32 @@ class Twin:
                 return exc.value
             out = rest[n].contents
             if isinstance(out, ctypes.Structure):
-                for field_name, _ in out._fields_:
+                for field_name, field_type in out._fields_:
                     if hasattr(value, field_name):
-                        setattr(out, field_name, getattr(value, field_name))
+                        item = getattr(value, field_name)
+                        # a handle (an event's device) goes into the structure's pointer field
+                        setattr(out, field_name, ctypes.cast(item, field_type) if isinstance(item, ctypes.c_void_p)
+                                else item)
             else:
                 out.value = value
             return NVML_SUCCESS
 
         return prototype(c_function)
+
+    def _c_processes(self, pointer: int, count: Any, infos: Any) -> int:
+        """NVML's process list: too small a count (pynvml's first call passes 0 and no array)
+        answers INSUFFICIENT_SIZE with the count needed."""
+        self.c_calls[PROCESSES] += 1
+        try:
+            running = self.nvmlDeviceGetComputeRunningProcesses(self._pointers[pointer])
+        except NVMLError as exc:
+            return exc.value
+        room, count.contents.value = count.contents.value, len(running)
+        if len(running) > room or (running and not infos):
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, process in enumerate(running):
+            infos[i].pid, infos[i].usedGpuMemory = process.pid, process.usedGpuMemory
+        return NVML_SUCCESS
 
     # -- helpers -----------------------------------------------------------------
     def _gpu(self, handle: Any) -> TwinGpu:
@@ -196,6 +235,9 @@ class Twin:
     def nvmlShutdown(self) -> None:
         pass
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "twin"
+
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
@@ -209,7 +251,9 @@ class Twin:
         return self._gpu(h).max_clock_mhz
 
     def nvmlDeviceGetClockInfo(self, h: Any, kind: int) -> int:
-        return self._gpu(h).clock_mhz
+        gpu = self._gpu(h)
+        i = bisect.bisect_right(gpu.clock_trace, self.now(), key=_time)
+        return gpu.clock_trace[i - 1][1] if i else gpu.clock_mhz
 
     def nvmlDeviceGetUUID(self, h: Any) -> str:
         gpu = self._gpu(h)
@@ -301,23 +345,47 @@ class Twin:
         return self._supported(self._gpu(h).ecc_errors)[kind]
 
     def nvmlDeviceGetSupportedEventTypes(self, h: Any) -> int:
-        return 0x8 | 0x1 | 0x2 if self._gpu(h).events else 0  # Xid and ECC, no clock-change events
+        gpu = self._gpu(h)
+        return (XID_EVENT | 0x1 | 0x2 if gpu.events else 0) | (CLOCK_EVENT if gpu.clock_events else 0)
 
     def nvmlEventSetCreate(self) -> Any:
         self.live_event_sets += 1
-        return self._handle(gpus=[])
+        return self._handle(gpus=[], clocks={})  # clocks: handle value -> [handle, time of the last change sent]
 
     def nvmlEventSetFree(self, events: Any) -> None:
         self.live_event_sets -= 1
 
     def nvmlDeviceRegisterEvents(self, h: Any, types: int, events: Any) -> None:
         gpu = self._gpu(h)
-        if not gpu.events:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        events.gpus.append(gpu)
+        if types & CLOCK_EVENT:
+            if not gpu.clock_events:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            events.clocks[h.value] = [h, self.now()]  # changes from now on are sent
+        if types & XID_EVENT:
+            if not gpu.events:
+                raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+            events.gpus.append(gpu)
 
     def nvmlEventSetWait_v2(self, events: Any, timeout_ms: int) -> Any:
         for gpu in events.gpus:
             if gpu.pending_xids:
-                return SimpleNamespace(eventType=0x8, eventData=gpu.pending_xids.pop(0))
+                return SimpleNamespace(eventType=XID_EVENT, eventData=gpu.pending_xids.pop(0))
+        # the first clock change not yet sent, of any GPU in the set: sent at once if it is past,
+        # else when it comes, if within the timeout
+        now = self.now()
+        changes = []
+        for entry in events.clocks.values():
+            gpu = entry[0].gpu
+            i = bisect.bisect_right(gpu.clock_trace, entry[1], key=_time)
+            if gpu.delivers_clock_events and i < len(gpu.clock_trace):
+                changes.append((gpu.clock_trace[i][0] + gpu.clock_event_delay_seconds, entry, gpu.clock_trace[i][0]))
+        if changes:
+            when, entry, change = min(changes, key=_time)
+            if when <= now + timeout_ms / 1000:
+                if when > now and self.sleep is not None:
+                    self.sleep(when - now)
+                entry[1] = change
+                return SimpleNamespace(eventType=CLOCK_EVENT, eventData=0, device=entry[0])
+        if self.sleep is not None and timeout_ms:
+            self.sleep(timeout_ms / 1000)
         raise NVMLError(NVML_ERROR_TIMEOUT)

@@ -24,6 +24,7 @@ class ClockWindow:
     last: float | None  # the last read at or before the window's end
     reads: int  # reads that fell inside the window
     moved: bool = False  # some read differed from the value before it: the clock is not holding still
+    last_moved: bool = False  # the last read did (on the event path: a change no event announced)
 
 
 def step_mean(
@@ -41,14 +42,15 @@ def step_mean(
     value = before if before is not None else reads[0][1]
     t = start
     area = 0.0
-    moved = False
+    moved = last_moved = False
     for when, reading in reads:
         when = min(max(when, start), end)
         area += value * (when - t)
-        moved = moved or reading != value
+        last_moved = reading != value
+        moved = moved or last_moved
         t, value = when, reading
     area += value * (end - t)
-    return ClockWindow(area / (end - start), value, len(reads), moved)
+    return ClockWindow(area / (end - start), value, len(reads), moved, last_moved)
 
 
 class ClockPoller:
@@ -64,12 +66,14 @@ class ClockPoller:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._polled: list[tuple[Callable[[], float], deque[tuple[float, float]]]] = []
+        self._readers: dict[object, Callable[[], float]] = {}
         self._reads: dict[object, deque[tuple[float, float]]] = {}
         self._last: dict[object, float] = {}
 
     def watch(self, readers: Mapping[object, Callable[[], float]]) -> None:
         """Poll exactly these devices (key -> read) from now on."""
         self._reads = {k: deque() for k in readers}
+        self._readers = dict(readers)
         self._polled = [(read, self._reads[k]) for k, read in readers.items()]
         self._last = {}
 
@@ -82,6 +86,18 @@ class ClockPoller:
                 pending.append((now, read()))
             except Exception:  # noqa: BLE001, S112 - a failed read only thins the window
                 continue
+
+    def poll_one(self, key: object) -> None:
+        """Read one device's clock now (a clock-change event named it: telemetry/clock_events.py);
+        an unknown key reads every device."""
+        read = self._readers.get(key)
+        if read is None:
+            self.poll_once()
+            return
+        try:
+            self._reads[key].append((self._clock(), read()))
+        except Exception:  # noqa: BLE001 - a failed read only thins the window
+            return
 
     def take(self, key: object, start: float, end: float) -> ClockWindow:
         """The window ``[start, end]`` for ``key``; reads up to ``end`` are consumed."""

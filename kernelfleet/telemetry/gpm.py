@@ -62,12 +62,19 @@ class GpmMetrics:
         driver does not answer is None (and logged once)."""
         values = self._get(first, second, GPM_METRICS)
         if self.cycle_counters:
-            # A separate call, so a driver that refuses these cannot cost the metrics above.
+            # A separate call, so a driver that refuses these cannot cost the metrics above. A driver
+            # that refuses the call, or answers every counter with an error (the H200's, driver 580:
+            # code 2), is not asked again: a second nvmlGpmMetricsGet every window for nothing.
             try:
-                values.update(self._get(first, second, CYCLE_METRICS))
+                cycles = self._get(first, second, CYCLE_METRICS)
             except KernelfleetError as exc:
+                cycles, why = {}, str(exc)
+            else:
+                why = "every counter refused" if all(v is None for v in cycles.values()) else None
+            values.update(cycles)
+            if why is not None:
                 self.cycle_counters = False
-                self.warn_once("gpm-cycles", f"GPM cycle counters unavailable ({exc}); not asked for again")
+                self.warn_once("gpm-cycles", f"GPM cycle counters unavailable ({why}); not asked for again")
         return values
 
     def _get(self, first: Any, second: Any, wanted: dict[int, tuple[str, float]]) -> dict[str, float | None]:

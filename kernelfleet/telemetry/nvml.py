@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,40 +19,19 @@ from typing import Any, Self
 
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
 from kernelfleet.telemetry.clock import ClockPoller, ClockWindow
+from kernelfleet.telemetry.clock_events import FLOOD_RATIO, ClockEvents
 from kernelfleet.telemetry.gpm import GpmMetrics
 from kernelfleet.telemetry.health import SLOW_HEALTH_SECONDS, HealthReader
-from kernelfleet.telemetry.nvml_api import REPLAY_HINT, Nvml, NvmlCallFailed
-from kernelfleet.telemetry.nvml_hot import Read, bind, clock_reader, read_optional
-from kernelfleet.telemetry.processes import running_processes
+from kernelfleet.telemetry.nvml_api import REPLAY_HINT, Nvml, NvmlCallFailed, text
+from kernelfleet.telemetry.nvml_hot import bind, clock_reader, read_optional
+from kernelfleet.telemetry.nvml_target import Target, identity
+from kernelfleet.telemetry.processes import process_lister, running_processes
 from kernelfleet.telemetry.sample import Sample
 
 log = logging.getLogger(__name__)
 
 MIN_INTERVAL_SECONDS = 0.1
-
-@dataclass
-class _Target:
-    """One thing GPM samples: a whole GPU, or one MIG instance of it."""
-
-    gpu_index: int
-    handle: Any  # the parent GPU's handle (GPM of a MIG slice is read through it)
-    info_handle: Any  # the handle processes are read from (the MIG handle for a slice)
-    uuid: str
-    name: str
-    pci_device_id: int | None
-    max_clock_hertz: float | None
-    mig_instance: int | None = None
-    gpm_supported: bool = True
-    previous: Any = None  # last GPM sample buffer
-    spare: Any = None  # the buffer before it, reused for the next sample (no alloc/free per window)
-    previous_time: float = 0.0
-    previous_wall: float = 0.0
-    previous_process_timestamp: int = 0
-    failed: str | None = None  # set when a read failed: the next window starts fresh
-    memory: Read | None = None  # bound once per NVML session (telemetry/nvml_hot.py)
-    power: Read | None = None  # whole GPUs only: MIG slices have no power of their own
-    process_names: dict[int, str | None] = field(default_factory=dict)  # pid -> name, while it stays
-
+CLOCK_MODES = ("auto", "events", "poll")
 
 @dataclass
 class NvmlSource:
@@ -69,6 +49,10 @@ class NvmlSource:
     # still (idle, or boosting steadily below the power cap), read once a window. A change is seen
     # late by at most one window, whose mean then rests on the read at its end.
     adaptive_clock_poll: bool = True
+    # "auto": sleep on clock-change events where every GPU offers them (telemetry/clock_events.py),
+    # else poll as above (and poll when dense polling was asked for: adaptive_clock_poll False,
+    # --dense-clock); "events" or "poll" force one (the benchmark measures both).
+    clock_mode: str = "auto"
     # The reads made every poll and every window call NVML's C functions directly
     # (telemetry/nvml_hot.py); False goes through pynvml's wrapper for each, as before.
     hot_reads: bool = True
@@ -78,8 +62,9 @@ class NvmlSource:
     wall: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
     proc_root: Path = Path("/proc")
-    _targets: list[_Target] = field(default_factory=list, init=False)
+    _targets: list[Target] = field(default_factory=list, init=False)
     _poller: ClockPoller | None = field(default=None, init=False)
+    _events: ClockEvents | None = field(default=None, init=False)
     _warned: set[str] = field(default_factory=set, init=False)
     _handles: dict[int, Any] = field(default_factory=dict, init=False)
     _window_clocks: dict[int, ClockWindow] = field(default_factory=dict, init=False)
@@ -94,6 +79,8 @@ class NvmlSource:
                 f"--interval must be at least {MIN_INTERVAL_SECONDS} s "
                 f"(GPM windows shorter than that read as zeros), got {self.interval_seconds}"
             )
+        if self.clock_mode not in CLOCK_MODES:
+            raise UsageError(f"clock_mode must be one of {', '.join(CLOCK_MODES)}, got {self.clock_mode!r}")
         if self.slow_health_seconds < 0:
             raise UsageError(f"slow_health_seconds must be >= 0, got {self.slow_health_seconds}")
         self._health = HealthReader(self.nvml, self._warn_once, self.hot_reads, self.slow_health_seconds, self.clock)
@@ -109,6 +96,7 @@ class NvmlSource:
         self._poller = ClockPoller(self.clock)
         self._poller.watch(self._clock_readers())
         self._health.watch(self._whole_gpus())
+        self._watch_clock_events()
         self._prime()
         return self
 
@@ -116,6 +104,8 @@ class NvmlSource:
         for target in self._targets:
             self._free(target)
         self._health.close()
+        if self._events is not None:
+            self._events.close()
         self.nvml.shutdown()
 
     def __enter__(self) -> Self:
@@ -128,32 +118,57 @@ class NvmlSource:
     def batches(self, count: int | None = None) -> Iterator[list[Sample]]:
         """Yield one batch (a Sample per GPU/MIG instance) every interval.
 
-        Between batches the loop wakes every ``clock_poll_seconds`` to read the
-        SM clocks, so each window's mean clock rests on evenly spaced reads.
+        Between batches the loop either sleeps on clock-change events, reading a GPU's clock when
+        it changes (``clock_path`` "events"), or wakes every ``clock_poll_seconds`` to read the SM
+        clocks, so each window's mean clock rests on evenly spaced reads.
         """
         emitted = 0
         window_end = self.clock() + self.interval_seconds
+        if self.clock_path == "events" and not self._window_clocks:
+            self.poll_clocks()  # the value the first window starts from; events say when it changes
         while count is None or emitted < count:
-            # How densely to read is decided once a window; each wake-up is then one sleep to an
-            # absolute deadline and one read of every GPU's clock (a wake-up is most of a read's
-            # CPU in a VM: docs/telemetry.md).
-            step = self.clock_poll_seconds if self._clocks_moving() else self.interval_seconds
-            start, polls = window_end - self.interval_seconds, 0
-            while True:
-                # the next deadline after now: a loop held up (a slow frame of `watch`) skips the
-                # reads it missed instead of making them back to back
-                polls = max(polls + 1, int((self.clock() - start) / step) + 1)
-                due = start + polls * step
-                last = due > window_end - 1e-6  # the read at the window's end (to float rounding)
-                due = window_end if last else due
-                while (left := due - self.clock()) > 1e-6:
-                    self.sleep(left)
-                self._poller.poll_once()  # type: ignore[union-attr] - open() made it
-                if last:
-                    break
+            if self.clock_path == "events":
+                self._events.until(window_end, self.clock, self.sleep, self._poller)  # type: ignore[union-attr]
+                self.poll_clocks()  # every GPU at the window's end: the check that no change went unannounced
+            else:
+                self._poll_until(window_end)
             window_end += self.interval_seconds
-            yield self.read()
+            batch = self.read()
+            if self.clock_path == "events":
+                self._events.judge({i: self._window_clocks[i] for i in self._handles  # type: ignore[union-attr]
+                                    if i in self._window_clocks})
+            yield batch
             emitted += 1
+
+    @property
+    def clock_path(self) -> str:
+        """How the SM clock is being read now: "events" or "poll"."""
+        return "events" if self._events is not None and self._events.active else "poll"
+
+    @property
+    def clock_events(self) -> ClockEvents | None:
+        """The clock-change events (their counts, or why they are off); None when polling was asked for."""
+        return self._events
+
+    def _poll_until(self, window_end: float) -> None:
+        """Poll the clocks through one window, the last read at its end."""
+        # How densely to read is decided once a window; each wake-up is then one sleep to an
+        # absolute deadline and one read of every GPU's clock (a wake-up is most of a read's
+        # CPU in a VM: docs/telemetry.md).
+        step = self.clock_poll_seconds if self._clocks_moving() else self.interval_seconds
+        start, polls = window_end - self.interval_seconds, 0
+        while True:
+            # the next deadline after now: a loop held up (a slow frame of `watch`) skips the
+            # reads it missed instead of making them back to back
+            polls = max(polls + 1, int((self.clock() - start) / step) + 1)
+            due = start + polls * step
+            last = due > window_end - 1e-6  # the read at the window's end (to float rounding)
+            due = window_end if last else due
+            while (left := due - self.clock()) > 1e-6:
+                self.sleep(left)
+            self._poller.poll_once()  # type: ignore[union-attr] - open() made it
+            if last:
+                break
 
     def read(self) -> list[Sample]:
         """Close the current window of every target and open the next one."""
@@ -175,19 +190,34 @@ class NvmlSource:
             return True
         return any(w.moved or w.reads == 0 for w in self._window_clocks.values())
 
+    def _watch_clock_events(self) -> None:
+        """Register every whole GPU for clock-change events, unless polling was asked for."""
+        if self.clock_mode == "poll" or (self.clock_mode == "auto" and not self.adaptive_clock_poll):
+            return
+        if self._events is None:
+            polls = math.ceil(self.interval_seconds / self.clock_poll_seconds)
+            self._events = ClockEvents(self.nvml, direct=self.hot_reads, max_events_per_window=FLOOD_RATIO * polls,
+                                       trust_misses=self.clock_mode == "auto")
+        if not self._events.register({i: self._handles[i] for i in sorted(self._handles)}):
+            if self.clock_mode == "events":
+                self.close()
+                raise EnvironmentProblem(f"clock_mode 'events': {self._events.off}")
+            # the usual case (NVML documents clock events for Kepler only): not a warning
+            log.info("SM clock: %s; polling every %s s", self._events.off, self.clock_poll_seconds)
+
     def _discover(self) -> None:
         call, m = self.nvml.call, self.nvml.m
-        targets: list[_Target] = []
+        targets: list[Target] = []
         for index in range(call("nvmlDeviceGetCount")):
             handle = call("nvmlDeviceGetHandleByIndex", index)
             pci = self.nvml.optional("nvmlDeviceGetPciInfo", handle)
             max_mhz = self.nvml.optional("nvmlDeviceGetMaxClockInfo", handle, m.NVML_CLOCK_SM)
-            gpu = _Target(
+            gpu = Target(
                 gpu_index=index,
                 handle=handle,
                 info_handle=handle,
-                uuid=_text(call("nvmlDeviceGetUUID", handle)),
-                name=_text(call("nvmlDeviceGetName", handle)),
+                uuid=text(call("nvmlDeviceGetUUID", handle)),
+                name=text(call("nvmlDeviceGetName", handle)),
                 pci_device_id=(pci.pciDeviceId >> 16) if pci is not None else None,
                 max_clock_hertz=max_mhz * 1e6 if max_mhz else None,
                 gpm_supported=self._gpm_supported(handle),
@@ -202,7 +232,7 @@ class NvmlSource:
         support = self.nvml.optional("nvmlGpmQueryDeviceSupport", handle)
         return bool(support is not None and support.isSupportedDevice)
 
-    def _mig_targets(self, gpu: _Target) -> list[_Target]:
+    def _mig_targets(self, gpu: Target) -> list[Target]:
         modes = self.nvml.optional("nvmlDeviceGetMigMode", gpu.handle)
         if not modes or modes[0] != getattr(self.nvml.m, "NVML_DEVICE_MIG_ENABLE", 1):
             return []
@@ -213,11 +243,11 @@ class NvmlSource:
             except NvmlCallFailed:
                 continue  # an empty slot (NVML_ERROR_NOT_FOUND)
             slices.append(
-                _Target(
+                Target(
                     gpu_index=gpu.gpu_index,
                     handle=gpu.handle,
                     info_handle=mig,
-                    uuid=_text(self.nvml.call("nvmlDeviceGetUUID", mig)),
+                    uuid=text(self.nvml.call("nvmlDeviceGetUUID", mig)),
                     name=gpu.name,
                     pci_device_id=gpu.pci_device_id,
                     max_clock_hertz=gpu.max_clock_hertz,
@@ -235,7 +265,8 @@ class NvmlSource:
     def _whole_gpus(self) -> dict[str, Any]:
         return {t.uuid: t.handle for t in self._targets if t.mig_instance is None and not t.failed}
 
-    def _bind_reads(self, target: _Target) -> None:
+    def _bind_reads(self, target: Target) -> None:
+        target.processes = process_lister(self.nvml, target.info_handle, direct=self.hot_reads)
         target.memory = bind(self.nvml, "nvmlDeviceGetMemoryInfo", (target.info_handle,), self.nvml.m.c_nvmlMemory_t,
                              direct=self.hot_reads)
         if target.mig_instance is None:
@@ -249,14 +280,14 @@ class NvmlSource:
             except NvmlCallFailed as exc:
                 target.failed = str(exc)
 
-    def _start_window(self, target: _Target) -> None:
+    def _start_window(self, target: Target) -> None:
         target.failed = None
         target.previous_time = self.clock()
         target.previous_wall = self.wall()
         target.previous_process_timestamp = int(target.previous_wall * 1e6)
         target.previous = self._gpm_sample(target)
 
-    def _gpm_sample(self, target: _Target) -> Any:
+    def _gpm_sample(self, target: Target) -> Any:
         if not target.gpm_supported:
             return None
         sample, target.spare = target.spare, None
@@ -272,7 +303,7 @@ class NvmlSource:
             raise
         return sample
 
-    def _read_target(self, target: _Target) -> Sample:
+    def _read_target(self, target: Target) -> Sample:
         if target.failed:
             return self._stale(target, target.failed, self.clock())
         start, prev_proc = target.previous_time, target.previous_process_timestamp
@@ -281,7 +312,7 @@ class NvmlSource:
             end, end_wall = self.clock(), self.wall()
             metrics = self._gpm.metrics(target.previous, current) if current is not None else {}
             processes = running_processes(self.nvml, target.info_handle, prev_proc, self.proc_root,
-                                          target.process_names)
+                                          target.process_names, target.processes)
             memory = read_optional(target.memory)
             if memory is not None:
                 memory = (int(memory.used), int(memory.total))  # the bound read reuses its structure
@@ -300,7 +331,7 @@ class NvmlSource:
         return Sample(
             timestamp_seconds=end_wall,
             window_seconds=end - start,
-            **_identity(target),
+            **identity(target),
             sm_clock_mean_hertz=clock.mean if clock else None,
             sm_clock_instant_hertz=clock.last if clock else None,
             sm_clock_polls=clock.reads if clock else 0,
@@ -312,7 +343,7 @@ class NvmlSource:
             **health,
         )
 
-    def _clock_window(self, target: _Target, start: float, end: float) -> ClockWindow | None:
+    def _clock_window(self, target: Target, start: float, end: float) -> ClockWindow | None:
         """The SM clock over the window; MIG slices share their GPU's (read, not consumed)."""
         if self._poller is None:
             return None
@@ -320,13 +351,13 @@ class NvmlSource:
             self._window_clocks[target.gpu_index] = self._poller.take(target.gpu_index, start, end)
         return self._window_clocks.get(target.gpu_index)
 
-    def _stale(self, target: _Target, error: str, end: float) -> Sample:
+    def _stale(self, target: Target, error: str, end: float) -> Sample:
         return Sample(
             timestamp_seconds=self.wall(),
             window_seconds=max(0.0, end - target.previous_time),
             stale=True,
             error=error,
-            **_identity(target),
+            **identity(target),
         )
 
     def _reinit(self) -> None:
@@ -334,6 +365,8 @@ class NvmlSource:
         for target in self._targets:
             target.previous = target.spare = None  # buffers died with the old NVML session
         self._health.close()
+        if self._events is not None:
+            self._events.close()
         self.nvml.shutdown()
         try:
             self.nvml.init()
@@ -352,9 +385,11 @@ class NvmlSource:
         if self._poller is not None:
             self._poller.watch(self._clock_readers())
         self._health.watch(self._whole_gpus())
+        if self._events is not None:
+            self._events.register({i: self._handles[i] for i in sorted(self._handles)})
         self._prime()
 
-    def _free(self, target: _Target) -> None:
+    def _free(self, target: Target) -> None:
         for buffer in (target.previous, target.spare):
             if buffer is not None:
                 try:
@@ -367,20 +402,3 @@ class NvmlSource:
         if key not in self._warned:
             self._warned.add(key)
             log.warning(message)
-
-
-def _identity(target: _Target) -> dict[str, Any]:
-    """The Sample fields that name the GPU, the same in every window."""
-    return {
-        "gpu_index": target.gpu_index,
-        "uuid": target.uuid,
-        "name": target.name,
-        "pci_device_id": target.pci_device_id,
-        "mig_instance": target.mig_instance,
-        "gpm_supported": target.gpm_supported,
-        "sm_clock_max_hertz": target.max_clock_hertz,
-    }
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -16,6 +16,11 @@ from kernelfleet.errors import EnvironmentProblem, KernelfleetError, Unsupported
 REPLAY_HINT = "to look at a recording instead, pass --replay FILE"
 
 
+def text(value: str | bytes) -> str:
+    """A string NVML returned (older pynvml gives bytes)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class NvmlCallFailed(KernelfleetError):
     """An NVML call failed at run time (GPU lost, driver hiccup): the sample is stale."""
 

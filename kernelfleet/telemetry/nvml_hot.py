@@ -29,8 +29,9 @@ def bind(nvml: Nvml, function: str, args: tuple[Any, ...], out: type, after: tup
 
     A scalar out-param gives its ``.value`` times ``scale``; a structure is returned itself,
     reused by every call (copy what you keep before the next). A status equal to ``quiet``
-    returns ``None`` instead of raising (TIMEOUT for an empty event set). ``direct=False`` keeps
-    pynvml's wrapper (the path every read took before; bench/sampler_cost.py measures both).
+    returns ``None`` instead of raising (TIMEOUT for an empty event set). Arguments given to the
+    read itself go last (an event wait's timeout in ms, which changes every call). ``direct=False``
+    keeps pynvml's wrapper (the path every read took before; bench/sampler_cost.py measures both).
     """
     fn = nvml.function_pointer(function) if direct else None
     if fn is None:
@@ -41,8 +42,8 @@ def bind(nvml: Nvml, function: str, args: tuple[Any, ...], out: type, after: tup
     scalar = not isinstance(target, ctypes.Structure)
     error = nvml.error
 
-    def read() -> Any:
-        status = fn(*cargs)
+    def read(*late: int) -> Any:
+        status = fn(*cargs, *map(_c, late)) if late else fn(*cargs)
         if status:
             if status == quiet:
                 return None
@@ -53,9 +54,9 @@ def bind(nvml: Nvml, function: str, args: tuple[Any, ...], out: type, after: tup
 
 
 def _through_doorway(nvml: Nvml, function: str, args: tuple[Any, ...], quiet: int | None, scale: float) -> Read:
-    def read() -> Any:
+    def read(*late: int) -> Any:
         try:
-            value = nvml.call(function, *args)
+            value = nvml.call(function, *args, *late)
             return value * scale if scale != 1 else value
         except NvmlCallFailed as exc:
             if exc.code == quiet:

@@ -199,3 +199,24 @@ def test_statuses_become_the_doorway_errors_with_pynvml_s_text():
     assert isinstance(lost, NvmlCallFailed) and lost.code == pynvml.NVML_ERROR_GPU_IS_LOST
     assert str(lost) == "nvmlDeviceGetClockInfo failed: GPU is lost (NVML code 15)"
     assert isinstance(nvml.error("nvmlDeviceGetTemperature", pynvml.NVML_ERROR_NOT_SUPPORTED), Unsupported)
+
+
+def test_the_process_list_is_one_c_call_with_pynvml_s_answer(pynvml_over_twin):
+    from kernelfleet.telemetry.processes import PROCESS_SLOTS, PROCESSES_CALL, process_lister
+
+    pynvml, twin = pynvml_over_twin
+    gpu = twin.gpus[0]
+    nvml, handle = Nvml(pynvml), twin.nvmlDeviceGetHandleByIndex(0)
+    lister = process_lister(nvml, handle)
+    assert lister() == [] and twin.c_calls[PROCESSES_CALL] == 1
+    gpu.processes = [(4242, 1 << 30), (4243, 2**64 - 1)]  # NVML_VALUE_NOT_AVAILABLE: memory unknown
+    ours, theirs = lister(), pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    assert [(p.pid, p.usedGpuMemory) for p in ours] == [(p.pid, p.usedGpuMemory) for p in theirs] == [
+        (4242, 1 << 30), (4243, None)]
+    assert twin.c_calls[PROCESSES_CALL] == 2 + 2  # one call for ours; pynvml's asks for the count first
+    # more processes than the bound array holds: pynvml's sized call lists every one
+    gpu.processes = [(pid, 1 << 20) for pid in range(1, PROCESS_SLOTS + 10)]
+    assert [p.pid for p in lister()] == list(range(1, PROCESS_SLOTS + 10))
+    gpu.lost = True
+    with pytest.raises(NvmlCallFailed, match="GPU is lost"):
+        lister()

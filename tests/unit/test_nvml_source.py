@@ -1,11 +1,11 @@
 """NvmlSource's control flow on the NVML CPU twin: values, stale, re-init, MIG, no GPM."""
 
 import pytest
+from nvml_twin import Twin, TwinGpu
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.telemetry.nvml import NvmlSource
 from kernelfleet.telemetry.nvml_api import Nvml
-from nvml_twin import Twin, TwinGpu
 
 pytestmark = pytest.mark.unit
 
@@ -183,7 +183,7 @@ def test_cycle_counters_are_recorded_raw_when_the_driver_has_them(fake_time):
 
 def test_a_driver_refusing_the_cycle_counters_costs_nothing_else(fake_time):
     gpu = TwinGpu(refuse_calls_with={248})
-    twin, source = open_source([gpu], fake_time)
+    _, source = open_source([gpu], fake_time)
     with source:
         (first,) = tick(source, fake_time, [1400], gpu)
         (second,) = tick(source, fake_time, [1400], gpu)
@@ -191,6 +191,29 @@ def test_a_driver_refusing_the_cycle_counters_costs_nothing_else(fake_time):
         assert not s.stale and s.tensor_active_ratio == pytest.approx(0.9363)
         assert s.sm_cycles_elapsed_raw is None
     assert source._gpm.cycle_counters is False  # asked once, then not again
+
+
+def test_a_driver_answering_every_cycle_counter_with_an_error_is_not_asked_again(fake_time):
+    gpu = TwinGpu(refused_metrics={248, 250})  # the H200's driver 580 answers both with code 2
+    _, source = open_source([gpu], fake_time)
+    with source:
+        (first,) = tick(source, fake_time, [1400], gpu)
+        assert source._gpm.cycle_counters is False
+        gpu.refused_metrics = set()  # would answer now, but is not asked: one GPM call a window
+        gpu.gpm_values.update({248: 2.5e12})
+        (second,) = tick(source, fake_time, [1400], gpu)
+    assert first.sm_cycles_elapsed_raw is None and second.sm_cycles_elapsed_raw is None
+    assert second.tensor_active_ratio == pytest.approx(0.9363)
+
+
+def test_one_cycle_counter_answered_keeps_them_asked(fake_time):
+    gpu = TwinGpu(refused_metrics={250})
+    gpu.gpm_values.update({248: 2.5e12})
+    _, source = open_source([gpu], fake_time)
+    with source:
+        (s,) = tick(source, fake_time, [1400], gpu)
+    assert source._gpm.cycle_counters is True
+    assert (s.sm_cycles_elapsed_raw, s.mma_cycles_active_raw) == (2.5e12, None)
 
 
 def test_health_fields_come_through_the_doorway(fake_time, caplog):
