@@ -5,7 +5,9 @@ cannot pull it all. A *bandwidth-poor* device therefore needs a co-running bandw
 separate partition: copies in a loop, from a thread and stream of its own (a hog on another
 stream of the same partition just time-shares and changes nothing; DESIGN.md, Facts). The work
 and hog partitions are carved from one chain of splits (the driver's ``green_streams``)
-so they never share an SM; torch work runs on a partition through its stream. Clocks, power
+so they never share an SM, and profiles open at the same time on one GPU take SM groups past
+each other's (before 2026-12-01 each profile's split started at SM 0, so the "disjoint" pair
+a:64 + b:32 of one H200 shared 32 SMs); torch work runs on a partition through its stream. Clocks, power
 limits and MIG are never touched.
 
 Partitions live as long as the process, each shape made once and reused: in one H200 run, a
@@ -66,27 +68,53 @@ def choosing_kernels(kernels: str) -> AbstractContextManager:
     return nullcontext() if backend is None else sdpa_kernel(backend)
 
 
-_PARTITIONS: dict[tuple[CudaDriver, int, int, int], list[tuple[object, int, int]]] = {}
+# green contexts by (driver, GPU, first SM group, work SMs, hog SMs), each made once (module docstring)
+_PARTITIONS: dict[tuple[CudaDriver, int, int, int, int], list[tuple[object, int, int]]] = {}
+# the SM groups that open profiles hold, per (driver, GPU): first group -> groups
+_HELD: dict[tuple[CudaDriver, int], dict[int, int]] = {}
 
 
-def _partitions(spec: ProfileSpec, driver: CudaDriver) -> list[tuple[object, int, int]]:
-    key = (driver, spec.device, spec.sms or 0, spec.hog_sms or 0)  # a twin's partitions are not the GPU's
+def sm_groups(spec: ProfileSpec) -> int:
+    """SM groups (of :data:`SM_GRANULE`) a profile's partitions take: none for the whole GPU."""
+    return sum(-(-n // SM_GRANULE) for n in (spec.sms, spec.hog_sms) if n)
+
+
+def _first_free(held: dict[int, int], need: int) -> int:
+    """The lowest first group of ``need`` groups that no held range overlaps."""
+    first = 0
+    for start, count in sorted(held.items()):
+        if first + need <= start:
+            break
+        first = max(first, start + count)
+    return first
+
+
+def _partitions(spec: ProfileSpec, driver: CudaDriver, first_group: int | None) -> tuple[int, list]:
+    """Where ``spec``'s partitions start and what they are: at ``first_group``, or past the groups
+    that the profiles open in this process hold on its GPU, so profiles running together never
+    share an SM (each split of a GPU starts at its first SM: ``green_streams``)."""
+    total = torch.cuda.get_device_properties(spec.device).multi_processor_count
+    wanted = [n for n in (spec.sms, spec.hog_sms) if n]
+    held = _HELD.setdefault((driver, spec.device), {})
+    first = _first_free(held, sm_groups(spec)) if first_group is None else first_group
+    if (first + sm_groups(spec)) * SM_GRANULE > total:
+        beside = f" beside the {first * SM_GRANULE} SMs of the profiles that run with it" if first else ""
+        raise UsageError(f"profile {spec.name}: {sum(wanted)} SMs asked{beside} on GPU {spec.device}, which has "
+                         f"{total}: ask for fewer SMs in all")
+    key = (driver, spec.device, first, spec.sms or 0, spec.hog_sms or 0)  # a twin's partitions are not the GPU's
     if key not in _PARTITIONS:
-        total = torch.cuda.get_device_properties(spec.device).multi_processor_count
-        wanted = [n for n in (spec.sms, spec.hog_sms) if n]
-        if sum(wanted) > total:
-            raise UsageError(f"profile {spec.name}: {sum(wanted)} SMs asked, the GPU has {total}")
         torch.cuda.init()
-        _PARTITIONS[key] = driver.green_streams(spec.device, wanted)
-    return _PARTITIONS[key]
+        _PARTITIONS[key] = driver.green_streams(spec.device, wanted, SM_GRANULE, first)
+    return first, _PARTITIONS[key]
 
 
 class DeviceProfile:
     """A running profile: ``with DeviceProfile(spec) as p, p.active() as stream: ...``; ``driver``
     carves its partitions."""
 
-    def __init__(self, spec: ProfileSpec, driver: CudaDriver = CUDA) -> None:
-        self.spec, self.driver = spec, driver
+    def __init__(self, spec: ProfileSpec, driver: CudaDriver = CUDA, first_group: int | None = None) -> None:
+        self.spec, self.driver, self.first_group = spec, driver, first_group
+        self._held_at: int | None = None  # the first SM group this open profile holds
         self.sms: int | None = None  # SMs the work partition actually got
         self.context: object | None = None  # the work partition's CUcontext (None: the whole GPU)
         self._streams: list[torch.cuda.Stream] = []
@@ -97,7 +125,8 @@ class DeviceProfile:
     def __enter__(self) -> DeviceProfile:
         if self.spec.sms is None:
             return self
-        parts = _partitions(self.spec, self.driver)
+        self._held_at, parts = _partitions(self.spec, self.driver, self.first_group)
+        _HELD[self.driver, self.spec.device][self._held_at] = sm_groups(self.spec)
         self.context, self.sms = parts[0][0], parts[0][2]
         self._streams = [torch.cuda.ExternalStream(stream, device=self.spec.device) for _, stream, _ in parts]
         if self.spec.hog_sms:
@@ -110,6 +139,9 @@ class DeviceProfile:
         if self._hog is not None:
             self._hog.join()
         torch.cuda.synchronize(self.spec.device)
+        if self._held_at is not None:
+            del _HELD[self.driver, self.spec.device][self._held_at]
+            self._held_at = None
 
     @contextmanager
     def active(self) -> Iterator[torch.cuda.Stream]:

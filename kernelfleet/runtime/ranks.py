@@ -24,7 +24,7 @@ from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.cuda.replay import device_bytes, saved_state
 from kernelfleet.plan.model import Device
-from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
+from kernelfleet.profile.devices import DeviceProfile, ProfileSpec, sm_groups
 from kernelfleet.runtime import plans
 from kernelfleet.runtime.distributed import RankBuilt, RankSlot, build_rank, run_rank, weights_read
 from kernelfleet.runtime.gate import verdict
@@ -77,7 +77,9 @@ class Rank:
         memory = {name: torch.cuda.get_device_properties(spec.device).total_memory for name, spec in profiles.items()}
         self.problem = plans.problem(self.programs[0][self.devices[0]], [Device(d, memory[d]) for d in self.devices],
                                      costs)
-        self.profile = DeviceProfile(self.spec)
+        # ranks on one GPU are processes of their own: each starts past the SM groups of those before it
+        first = sum(sm_groups(profiles[d]) for d in self.devices[:rank] if profiles[d].device == self.spec.device)
+        self.profile = DeviceProfile(self.spec, first_group=first)
         self.compute = {k: torch.cuda.Stream() for k in range(slots)}
         # earlier slots first; torch maps a priority past the device's range to its nearest end
         self.prioritised = {k: torch.cuda.Stream(priority=k - slots + 1) for k in range(slots)}

@@ -128,3 +128,23 @@ def test_the_null_driver_and_the_multi_device_runtime_import_without_torch_or_cu
     assert blocked_import_failures(["kernelfleet.kernels.cuda.null", "kernelfleet.kernels.cuda.driver",
                                     "kernelfleet.kernels.cuda.replayer", "kernelfleet.runtime.executor",
                                     "kernelfleet.runtime.link", "kernelfleet.runtime.distributed"]) == []
+
+
+def test_null_partitions_start_at_the_group_asked_and_count_what_is_left():
+    null = NullDriver(sms=132)
+    (first,) = null.green_streams(0, [64])
+    (second,) = null.green_streams(0, [32], first_group=8)
+    assert first[0] != second[0] and second[2] == 32
+    with pytest.raises(DriverError, match=r"cannot carve \[72\] SMs from 8 groups of 8"):
+        null.green_streams(0, [72], first_group=8)
+
+
+def test_open_profiles_take_the_lowest_sm_groups_no_other_holds():
+    from kernelfleet.profile.devices import ProfileSpec, _first_free, sm_groups
+
+    assert sm_groups(ProfileSpec("a", 64)) == 8 and sm_groups(ProfileSpec("c", 56, 64)) == 15
+    assert sm_groups(ProfileSpec("whole")) == 0
+    assert _first_free({}, 8) == 0
+    assert _first_free({0: 8}, 4) == 8  # b beside an open a:64
+    assert _first_free({8: 4}, 8) == 0 and _first_free({8: 4}, 9) == 12  # a gap that fits, and one that does not
+    assert _first_free({0: 4, 6: 2}, 2) == 4

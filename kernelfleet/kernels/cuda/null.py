@@ -166,15 +166,16 @@ class NullDriver:
 
     # partitions
 
-    def green_streams(self, device: int, sm_counts: list[int], granule: int = 8) -> list[tuple[Any, int, int]]:
+    def green_streams(self, device: int, sm_counts: list[int], granule: int = 8,
+                      first_group: int = 0) -> list[tuple[Any, int, int]]:
         self._held(None, "green_streams")
-        groups, out, taken = self.sms // granule, [], 0
+        groups, out, taken = self.sms // granule, [], first_group
         for k, sms in enumerate(sm_counts):
             need = -(-sms // granule)
             if taken + need > groups:
-                raise DriverError(too_many(sm_counts, groups, granule))
+                raise DriverError(too_many(sm_counts, groups - first_group, granule))
+            out.append((f"green{device}.{taken}", 0x1000 * (device + 1) + taken, need * granule))
             taken += need
-            out.append((f"green{device}.{k}", 0x1000 * (device + 1) + k, need * granule))
         return out
 
     # contexts, modules, single launches
