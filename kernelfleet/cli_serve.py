@@ -89,7 +89,7 @@ def serve(
             [(gpu.cap_bytes, gpu.where) for gpu in gpus]
         layers, slots = staged(target, caps, slots or (CPU_SLOTS if cpu else None), chosen, tokens_per_slot)
     elif cpu:
-        twins = _twins(target, devices, strategy, slots or CPU_SLOTS, chosen, tokens_per_slot)
+        twins = _twins(devices, strategy, slots or CPU_SLOTS)
         slots = sum(n for _, n in twins[strategy == "split":])
     else:
         sized = fitted(gpus, target, strategy, slots, chosen, tokens_per_slot)
@@ -144,22 +144,16 @@ def _cpu_caps(devices: list[str]) -> list:
     return [parse_device(spec) for spec in devices]
 
 
-def _twins(target: str, devices: list[str], strategy: str, slots: int, dtype, context: int) -> list[tuple[str | None, int]]:
+def _twins(devices: list[str], strategy: str, slots: int) -> list[tuple[str | None, int]]:
     """The CPU's devices (``--cpu``): without ``--device`` the CPU itself with ``slots``; otherwise
     each ``NAME:MEMORY_GB`` a twin of its own KV cache, the slots split as on GPUs (memory.py,
-    command.fitted), and the model checked against each twin's cap as a GPU's would be (nothing
-    enforces it: the twins share one copy of the weights)."""
-    from kernelfleet.serve.command import twin_where
-    from kernelfleet.serve.memory import planned_slots, proportional_slots
-    from kernelfleet.serve.model import footprint
+    command.fitted), nothing enforcing the memory (under ``pipeline`` the caps choose the cut and are checked)."""
+    from kernelfleet.serve.memory import proportional_slots
 
     if not devices:
         return [(None, slots)]
     caps = _cpu_caps(devices)
     counts = [1, slots] if strategy == "split" else proportional_slots(slots, [cap.memory_bytes for cap in caps])
-    need = footprint(target, dtype, context)
-    for cap, n in zip(caps, counts):
-        planned_slots(need, cap.memory_bytes, n, twin_where(cap))
     return [(cap.name, n) for cap, n in zip(caps, counts)]
 
 

@@ -28,7 +28,7 @@ from kernelfleet.serve.strategies import pipeline
 pytestmark = pytest.mark.unit
 KINDS = ["llama", "qwen2-moe"]
 LENGTHS = [12, 5, 9, 16, 3, 7]
-HALVES = [range(0, 1), range(1, 2)]
+HALVES = [range(1), range(1, 2)]
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -153,14 +153,14 @@ def sizes_of(layers, layer_bytes=100, embedding=50, head=60):
 
 def test_the_cut_balances_layers_and_moves_them_off_a_device_that_cannot_hold_its_share():
     roomy = FIXED_WORKSPACE_BYTES + 10_000
-    assert cut(sizes_of(8), [roomy, roomy], 4, ["a", "b"])[0] == [range(0, 4), range(4, 8)]
-    assert cut(sizes_of(7), [roomy] * 3, 4, ["a", "b", "c"])[0] == [range(0, 3), range(3, 6), range(6, 7)]
+    assert cut(sizes_of(8), [roomy, roomy], 4, ["a", "b"])[0] == [range(4), range(4, 8)]
+    assert cut(sizes_of(7), [roomy] * 3, 4, ["a", "b", "c"])[0] == [range(3), range(3, 6), range(6, 7)]
     # the first device holds its embedding and at most 2 layers of 4 slots (50 + 200 + 80 + 4): the rest go on
     small = FIXED_WORKSPACE_BYTES + 334
-    assert cut(sizes_of(8), [small, roomy], 4, ["a", "b"])[0] == [range(0, 2), range(2, 8)]
+    assert cut(sizes_of(8), [small, roomy], 4, ["a", "b"])[0] == [range(2), range(2, 8)]
     # slots sized: as many as the fullest stage holds
     tight = FIXED_WORKSPACE_BYTES + 50 + 400 + 10 * 4 * 11
-    assert cut(sizes_of(8), [tight, roomy], None, ["a", "b"]) == ([range(0, 4), range(4, 8)], 10)
+    assert cut(sizes_of(8), [tight, roomy], None, ["a", "b"]) == ([range(4), range(4, 8)], 10)
 
 
 def test_a_stage_that_cannot_fit_is_refused_in_one_line():

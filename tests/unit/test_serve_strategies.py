@@ -97,7 +97,8 @@ def test_slots_split_in_proportion_to_memory_and_bad_strategies_are_one_line():
     assert proportional_slots(5, [1.0, 1.0]) == [3, 2]
     with pytest.raises(UsageError, match="--slots 1 cannot give each of the 2 devices a slot"):
         proportional_slots(1, [1.0, 1.0])
-    for strategy, devices, says in [("pipeline", "ab", "--strategy takes single, replicas, split, got 'pipeline'"),
+    for strategy, devices, says in [("ring", "ab", "--strategy takes single, replicas, split, pipeline, got 'ring'"),
+                                    ("pipeline", "a", "it takes two or more, got 1"),
                                     ("replicas", "a", "over two or more --device, got 1"),
                                     ("split", "abc", "takes two --device, the prefill's then the decode's, got 3"),
                                     ("single", "ab", "serves on one --device, got 2")]:
