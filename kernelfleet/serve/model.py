@@ -46,12 +46,17 @@ def load(target: str, device: str = "cpu", seed: int = 0, dtype: torch.dtype = t
     folder = model_folder(target)
     weights = any((folder / name).exists() for name in WEIGHT_FILES)
     model = causal_lm(folder, device, seed, dtype) if weights or device == "cpu" else _on_device(folder, device, seed, dtype)
+    capturable_experts(model, device, dtype)
+    return _served(folder, model, model.config, model.generation_config)
+
+
+def capturable_experts(model: Any, device: str, dtype: torch.dtype) -> None:
+    """An MoE's experts set to run in a form a CUDA graph captures on a GPU in ``dtype``."""
     if device != "cpu" and dtype != torch.bfloat16 and model._can_set_experts_implementation():
         # grouped_mm's fused kernel is bf16 only; in other dtypes torch loops over the groups with
         # their sizes read on the host, which no graph can capture. batched_mm gathers each token's
         # experts and multiplies them in one batched matmul: any dtype, no host read
         model.set_experts_implementation("batched_mm")
-    return _served(folder, model, model.config, model.generation_config)
 
 
 def described(target: str) -> Served:

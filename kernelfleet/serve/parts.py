@@ -36,7 +36,7 @@ from torch.utils._device import _device_constructors
 from kernelfleet.errors import UsageError
 from kernelfleet.serve.cut import StageSizes
 from kernelfleet.serve.memory import kv_bytes
-from kernelfleet.serve.model import model_config, model_folder
+from kernelfleet.serve.model import capturable_experts, model_config, model_folder
 
 PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")  # what a base model must have to be cut into stages
 
@@ -95,6 +95,7 @@ def build_part(target: str, layers: range, device: str, seed: int, dtype: torch.
             _replayed(config, dtype, seed, tensors, device)
         with torch.device(device):
             part.base.rotary_emb = type(part.base.rotary_emb)(config=part.base.config)
+    capturable_experts(module, device, dtype)
     return part
 
 

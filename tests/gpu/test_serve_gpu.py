@@ -166,3 +166,62 @@ def test_a_capture_that_fails_names_its_bucket_and_why():
     print(done.stdout, done.stderr[-2000:])
     assert done.stdout.startswith("capturing the decode graph of batch bucket 4 failed: an op synchronises with "
                                   "the host inside the forward"), done.stderr[-2000:]
+
+
+def pipeline_stages(folder, dtype, seed=0):
+    """Two stages of a two-layer model: GPUs 0 and 1, or both on GPU 0 where there is one."""
+    from kernelfleet.serve.parts import build_part
+    from kernelfleet.serve.pipeline import Stage
+
+    second = "cuda:1" if torch.cuda.device_count() > 1 else DEVICE
+    return [Stage(build_part(f"hf:{folder}", layers, device, seed, dtype), name)
+            for layers, device, name in [(range(1), DEVICE, "gpu0"), (range(1, 2), second, "gpu1")]]
+
+
+def test_pipeline_graph_decode_gives_the_eager_pipelines_logits(model_dir):
+    """A decode graph per (stage, bucket) against the same stages run eagerly, float32: the same
+    logits to float32 rounding, and the same arg max."""
+    from kernelfleet.serve.pipeline import PipelineBackend
+
+    stages = pipeline_stages(model_dir, torch.float32)
+    graphs, eager = PipelineBackend(stages, 4, 96, graphs=True), PipelineBackend(stages, 4, 96)
+    assert all(bucket.graph is not None for size in (1, 2, 4) for bucket in graphs.buckets[size])
+    slots, tokens, positions = [0, 1, 2], [], []
+    for slot in slots:
+        graphs.prefill(slot, PROMPTS[slot])
+        tokens.append(int(eager.prefill(slot, PROMPTS[slot]).argmax()))
+        positions.append(len(PROMPTS[slot]))
+    for step in range(12):
+        if step == 6:  # slot 0 leaves: slot 2 moves into row 0 of both stages' caches
+            slots, tokens, positions = slots[1:], tokens[1:], positions[1:]
+        got = graphs.decode(slots, tokens, positions).clone()
+        want = eager.decode(slots, tokens, positions)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert got.argmax(-1).tolist() == want.argmax(-1).tolist(), step
+        tokens = want.argmax(-1).tolist()
+        positions = [p + 1 for p in positions]
+
+
+def test_the_pipeline_over_http_gives_the_greedy_tokens_of_generate(model_dir):
+    from kernelfleet.serve.command import Placed
+
+    served = load(f"hf:{model_dir}", DEVICE, dtype=torch.float32)
+    want = [generated(served.model, prompt, 10) for prompt in PROMPTS]
+    devices = [Placed(stage.name, stage.part, 4) for stage in pipeline_stages(model_dir, torch.float32)]
+    with serving(served, slots=4, context_tokens=64, graphs=True, strategy="pipeline", devices=devices) as (url, engine):
+        assert [backend.slots for backend in engine.strategy.backends] == [2, 2]
+        got = asyncio.run(whole_and_streamed(url, PROMPTS, 10))
+        metrics = httpx.get(f"{url}/metrics").text
+    assert got[:len(PROMPTS)] == want and got[len(PROMPTS):] == want
+    for name in ("gpu0", "gpu1"):
+        assert f'kernelfleet_serve_device_busy_seconds_total{{device="{name}"}}' in metrics
+
+
+def test_a_stage_of_a_config_only_model_draws_the_whole_models_weights_on_the_gpu(tmp_path):
+    """The seeded weights a whole-model build draws on the GPU (model.load), stage by stage, in bf16."""
+    tiny_causal_lm("llama").config.save_pretrained(tmp_path)
+    whole = dict(load(f"hf:{tmp_path}", DEVICE, seed=7, dtype=torch.bfloat16).model.named_parameters())
+    for stage in pipeline_stages(tmp_path, torch.bfloat16, seed=7):
+        first = stage.part.layers.start
+        for name, tensor in stage.part.module.named_parameters():
+            assert torch.equal(tensor.cpu(), whole[name.replace("layers.0.", f"layers.{first}.")].cpu()), name
