@@ -99,19 +99,24 @@ def test_the_gpu_server_over_http_gives_the_greedy_tokens_of_generate_streamed_o
     assert got[len(PROMPTS):] == want
 
 
-@pytest.mark.parametrize("strategy", ["replicas", "split"])
+@pytest.mark.parametrize("strategy", ["replicas", "split", "pipeline"])
 def test_two_gpus_under_each_strategy_give_the_greedy_tokens_of_generate(model_dir, strategy):
-    """Request distribution and the prefill/decode split over GPUs 0 and 1 (both on GPU 0 where
-    there is one: the same control flow, the hand-over a copy within the device)."""
+    """Request distribution, the prefill/decode split and the layer pipeline (each stage its own
+    part, a graph per stage and bucket) over GPUs 0 and 1 (both on GPU 0 where there is one: the
+    same control flow, the hand-over a copy within the device)."""
     from kernelfleet.serve.command import Placed
 
     second = "cuda:1" if torch.cuda.device_count() > 1 else DEVICE
     first, other = (load(f"hf:{model_dir}", device, dtype=torch.float32) for device in (DEVICE, second))
     want = [generated(first.model, prompt, 10) for prompt in PROMPTS]
     devices = [Placed("gpu0", first.model, 1 if strategy == "split" else 2), Placed("gpu1", other.model, 2)]
-    with serving(first, slots=4 if strategy == "replicas" else 2, context_tokens=64, graphs=True, strategy=strategy,
+    if strategy == "pipeline":
+        devices = [Placed(stage.name, stage.part, 4) for stage in pipeline_stages(model_dir, torch.float32)]
+    with serving(first, slots=2 if strategy == "split" else 4, context_tokens=64, graphs=True, strategy=strategy,
                  devices=devices) as (url, engine):
-        assert all(backend.buckets[2].graph is not None for backend in engine.strategy.backends)
+        for backend in engine.strategy.backends:  # a pipeline's bucket is one graph a stage
+            bucket = backend.buckets[2]
+            assert all(b.graph is not None for b in (bucket if strategy == "pipeline" else [bucket]))
         got = asyncio.run(whole_and_streamed(url, PROMPTS, 10))
         metrics = httpx.get(f"{url}/metrics").text
     assert got[:len(PROMPTS)] == want and got[len(PROMPTS):] == want
@@ -200,21 +205,6 @@ def test_pipeline_graph_decode_gives_the_eager_pipelines_logits(model_dir):
         assert got.argmax(-1).tolist() == want.argmax(-1).tolist(), step
         tokens = want.argmax(-1).tolist()
         positions = [p + 1 for p in positions]
-
-
-def test_the_pipeline_over_http_gives_the_greedy_tokens_of_generate(model_dir):
-    from kernelfleet.serve.command import Placed
-
-    served = load(f"hf:{model_dir}", DEVICE, dtype=torch.float32)
-    want = [generated(served.model, prompt, 10) for prompt in PROMPTS]
-    devices = [Placed(stage.name, stage.part, 4) for stage in pipeline_stages(model_dir, torch.float32)]
-    with serving(served, slots=4, context_tokens=64, graphs=True, strategy="pipeline", devices=devices) as (url, engine):
-        assert [backend.slots for backend in engine.strategy.backends] == [2, 2]
-        got = asyncio.run(whole_and_streamed(url, PROMPTS, 10))
-        metrics = httpx.get(f"{url}/metrics").text
-    assert got[:len(PROMPTS)] == want and got[len(PROMPTS):] == want
-    for name in ("gpu0", "gpu1"):
-        assert f'kernelfleet_serve_device_busy_seconds_total{{device="{name}"}}' in metrics
 
 
 def test_a_stage_of_a_config_only_model_draws_the_whole_models_weights_on_the_gpu(tmp_path):

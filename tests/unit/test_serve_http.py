@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from recorded import PROMPTS, reference, served_model, serving, tiny_causal_lm
+from recorded import PROMPTS, interleaved, reference, served_model, serving, tiny_causal_lm
 
 from kernelfleet.fleet.listener import Listener, bind
 from kernelfleet.serve.api import serve_app
@@ -144,20 +144,8 @@ def test_many_interleaved_requests_each_get_their_own_tokens_none_lost(llama):
     prompts = [[(7 * i + j) % 256 for j in range(1 + i % 9)] for i in range(48)]
     lengths = [2 + (5 * i) % 11 for i in range(48)]
     expected = [reference(llama, p, n, eos=False) for p, n in zip(prompts, lengths)]
-
-    async def load(url):
-        gate = asyncio.Semaphore(16)
-        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-            async def one(i):
-                async with gate:
-                    body = {"prompt": prompts[i], "max_tokens": lengths[i], **GREEDY}
-                    if i % 2:
-                        return streamed_tokens(await stream(client, **body))
-                    return (await complete(client, **body))["choices"][0]["token_ids"]
-            return await asyncio.gather(*(one(i) for i in range(48)))
-
     with serving(served_model(llama), slots=4, max_queue=16) as (url, engine):
-        got = asyncio.run(load(url))
+        got = interleaved(url, prompts, lengths, 16)
         metrics = engine.metrics.exposition().decode()
     assert got == expected
     assert 'kernelfleet_serve_requests_total{finish_reason="length"} 48.0' in metrics

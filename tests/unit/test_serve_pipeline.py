@@ -6,23 +6,20 @@ two micro-batch groups, and over HTTP with many interleaved clients; the cut bal
 under the caps, accepts a model larger than any one cap, and refuses in one line a stage that
 cannot fit."""
 
-import asyncio
 import re
 
 import httpx
 import pytest
 import torch
-from recorded import PROMPTS, reference, served_model, serving, tiny_causal_lm
+from recorded import PROMPTS, interleaved, reference, served_model, serving, stepped, tiny_causal_lm
 
 from kernelfleet.errors import UsageError
 from kernelfleet.serve.command import Placed, micro_batch_slots
 from kernelfleet.serve.cut import StageSizes, cut
-from kernelfleet.serve.engine import Engine
 from kernelfleet.serve.memory import FIXED_WORKSPACE_BYTES, planned_slots
 from kernelfleet.serve.model import footprint
 from kernelfleet.serve.parts import build_part, stage_sizes
 from kernelfleet.serve.pipeline import PipelineBackend, Stage
-from kernelfleet.serve.sampling import Sampling
 from kernelfleet.serve.strategies import pipeline
 
 pytestmark = pytest.mark.unit
@@ -74,20 +71,10 @@ def test_greedy_tokens_through_the_stages_equal_generate(saved, graphs):
     kind, model, weights, _ = saved
     stages = stages_of(weights)
     plan = pipeline([PipelineBackend(stages, 2, 64, graphs=graphs), PipelineBackend(stages, 1, 64, graphs=graphs)])
-    engine = Engine(plan, max_queue=16)
-    got = [[] for _ in LENGTHS]
-    groups = []
-    for prompt, n, tokens in zip(PROMPTS, LENGTHS, got):
-        engine.submit(prompt, n, frozenset(), Sampling(temperature=0.0),
-                      lambda token, finish, tokens=tokens: tokens.append(token))
-    while engine.step():
-        groups.append(sorted(plan.locate(slot)[0] for slot in engine.scheduler.running))
+    got, groups, busy = stepped(plan, PROMPTS, LENGTHS)
     for prompt, n, tokens in zip(PROMPTS, LENGTHS, got):
         assert tokens == reference(model, prompt, n, eos=False), (kind, prompt)
     assert groups[0] == [0, 0, 1]  # three requests at once, in both micro-batch groups
-    busy = {s.labels["device"]: s.value for metric in engine.metrics.registry.collect()
-            if metric.name == "kernelfleet_serve_device_busy_seconds" for s in metric.samples
-            if s.name.endswith("_total")}
     assert set(busy) == {"cpu0", "cpu1"} and all(seconds > 0 for seconds in busy.values())
     if graphs:  # each stage's cache holds its own layers only, in rows 0 .. running-1
         assert [sorted(cache.keys) for cache in plan.backends[0].caches] == [[0], [1]]
@@ -100,20 +87,6 @@ def test_many_interleaved_requests_over_http_each_get_their_own_tokens():
     lengths = [2 + (3 * i) % 9 for i in range(24)]
     expected = [reference(llama, p, n, eos=False) for p, n in zip(prompts, lengths)]
 
-    async def load(url):
-        gate = asyncio.Semaphore(8)
-        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-            async def one(i):
-                async with gate:
-                    body = {"prompt": prompts[i], "max_tokens": lengths[i], "temperature": 0, "ignore_eos": True}
-                    if i % 2:
-                        async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as answer:
-                            return [t for line in [x async for x in answer.aiter_lines()]
-                                    if line.startswith("data: {") for t in httpx.Response(200, content=line[6:])
-                                    .json()["choices"][0]["token_ids"]]
-                    answer = await client.post("/v1/completions", json=body)
-                    return answer.json()["choices"][0]["token_ids"]
-            return await asyncio.gather(*(one(i) for i in range(24)))
 
     import tempfile
 
@@ -123,7 +96,7 @@ def test_many_interleaved_requests_over_http_each_get_their_own_tokens():
     with serving(served_model(llama), slots=4, max_queue=24, strategy="pipeline", devices=devices,
                  graphs=True) as (url, engine):
         assert [b.slots for b in engine.strategy.backends] == [2, 2]
-        got = asyncio.run(load(url))
+        got = interleaved(url, prompts, lengths, 8)
         metrics = httpx.get(f"{url}/metrics").text
     assert got == expected
     for device in ("cpu0", "cpu1"):
