@@ -34,8 +34,9 @@ def serve(
     strategy: str = typer.Option("single", "--strategy", help="single | replicas (request distribution over the "
                                  "--device list) | split (prefill on the first --device, decode on the second) | "
                                  "pipeline (the layers cut into one stage a --device, in order)."),
-    micro_batches: int = typer.Option(2, "--micro-batches", help="--strategy pipeline: decode groups in flight at "
-                                      "once, so each stage runs one while the next runs another."),
+    micro_batches: int | None = typer.Option(None, "--micro-batches", help="--strategy pipeline: decode groups in "
+                                             "flight at once, so each stage runs one while the next runs another "
+                                             "(default: 2 when every stage has a GPU of its own, else 1)."),
     listen: str = typer.Option("127.0.0.1:8000", "--listen", help="HOST:PORT of the API."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback listen address."),
     token: str | None = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
@@ -67,6 +68,7 @@ def serve(
     from kernelfleet.serve.command import (
         Placed,
         checked_sizes,
+        default_micro_batches,
         fitted,
         micro_batch_slots,
         part_words,
@@ -81,7 +83,7 @@ def serve(
     chosen = getattr(torch, dtype or ("float32" if cpu else "bfloat16"))
     # every flag is checked before the weights load: a mistake is one line at once
     tokens_per_slot = checked_sizes(slots, max_queue, context, max_context_tokens(target))
-    if micro_batches < 1:
+    if micro_batches is not None and micro_batches < 1:
         raise UsageError(f"--micro-batches must be at least 1, got {micro_batches}")
     gpus = [] if cpu else [gpu_for(parse_device(spec)) for spec in devices] or [gpu_for(None)]
     if strategy == "pipeline":
@@ -100,11 +102,13 @@ def serve(
             names = [parse_device(spec).name for spec in devices]
             if not cpu:
                 enforce(gpus)
-            placed = parts_of(target, names, ["cpu"] * len(names) if cpu else [g.torch_device for g in gpus], layers,
-                              slots, seed, chosen)
+            torch_devices = ["cpu"] * len(names) if cpu else [g.torch_device for g in gpus]
+            placed = parts_of(target, names, torch_devices, layers, slots, seed, chosen)
             served = described(target)
+            micro_batches = micro_batches or default_micro_batches(torch_devices)
+            groups = len(micro_batch_slots(slots, micro_batches))
             where = ", ".join(f"{name}: {part_words(p.model)}" for name, p in zip(names, placed))
-            where += f"; {len(micro_batch_slots(slots, micro_batches))} micro-batches"
+            where += f"; {groups} micro-batch{'es' * (groups != 1)}"
         elif cpu:
             served = load(target, "cpu", seed, chosen)
             placed = [Placed(name, served.model, n) for name, n in twins]  # the CPU twins share one copy of the weights
@@ -158,7 +162,7 @@ def _twins(devices: list[str], strategy: str, slots: int) -> list[tuple[str | No
 
 
 def _built(served, slots: int, max_queue: int, context: int, token: str | None, graphs: bool, strategy: str,
-           devices: list, name: str | None, micro_batches: int):
+           devices: list, name: str | None, micro_batches: int | None):
     """The engine and app (``serve.command.build``) over ``devices`` (``serve.command.Placed``), with
     a progress bar over the buckets while a GPU's graphs are captured."""
     from kernelfleet.serve.command import build, micro_batch_slots

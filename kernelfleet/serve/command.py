@@ -91,6 +91,15 @@ def parts_of(target: str, names: list[str], torch_devices: list[str], layers: li
             for name, device, stage in zip(names, torch_devices, layers)]
 
 
+def default_micro_batches(torch_devices: list[str]) -> int:
+    """``--micro-batches``' default: 2 where every stage has a GPU of its own (their stages run side
+    by side), else 1. Stages that share a device cannot overlap, and each more group only splits the
+    batch (each group reads all the weights again); on the CPU two groups cost up to 40 % of tokens/s
+    (docs/serve.md)."""
+    distinct = len(set(torch_devices)) == len(torch_devices)
+    return 2 if distinct and all(device.startswith("cuda") for device in torch_devices) else 1
+
+
 def micro_batch_slots(slots: int, micro_batches: int) -> list[int]:
     """The slots of each micro-batch group of the pipeline: ``slots`` split evenly (fewer groups when
     there are fewer slots)."""
@@ -110,12 +119,13 @@ class Placed:
 def build(served: Served, slots: int, max_queue: int, context_tokens: int | None = None,
           token: str | None = None, graphs: bool = False, progress: Callable[[int, int], None] | None = None,
           device_name: str | None = None, strategy: str = "single", devices: Sequence[Placed] = (),
-          micro_batches: int = 2) -> tuple[Engine, FastAPI]:
+          micro_batches: int | None = None) -> tuple[Engine, FastAPI]:
     """A started engine over ``served`` and its app: eagerly, or with ``graphs`` through the graph
     backend (captured where the model is on a GPU; ``progress(done, bucket)`` after each bucket).
     ``devices`` (default: ``served``'s model with ``slots``, named ``device_name``) are the
     strategy's, in ``--device`` order: under ``split`` the prefill device, then the decode one; under
-    ``pipeline`` the stages, whose ``slots`` are split into ``micro_batches`` groups (pipeline.py)."""
+    ``pipeline`` the stages, whose ``slots`` are split into ``micro_batches`` groups (pipeline.py;
+    None: :func:`default_micro_batches`)."""
     context = checked_sizes(slots, max_queue, context_tokens, served.max_context_tokens)
     placed = list(devices) or [Placed(device_name, served.model, slots)]
     checked_strategy(strategy, [device.name for device in devices])
@@ -131,9 +141,10 @@ def build(served: Served, slots: int, max_queue: int, context_tokens: int | None
     if strategy == "pipeline":
         from kernelfleet.serve.pipeline import PipelineBackend, Stage
 
+        stages = [Stage(device.model, device.name) for device in placed]
+        micro_batches = micro_batches or default_micro_batches([stage.torch_device for stage in stages])
         if micro_batches < 1:
             raise UsageError(f"--micro-batches must be at least 1, got {micro_batches}")
-        stages = [Stage(device.model, device.name) for device in placed]
         groups = micro_batch_slots(slots, micro_batches)
         plan = pipeline([PipelineBackend(stages, n, context, graphs, told) for n in groups])
     elif strategy == "split":  # the prefill device runs prompts only: eagerly, one staging slot

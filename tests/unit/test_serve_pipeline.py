@@ -14,7 +14,7 @@ import torch
 from recorded import PROMPTS, interleaved, reference, served_model, serving, stepped, tiny_causal_lm
 
 from kernelfleet.errors import UsageError
-from kernelfleet.serve.command import Placed, micro_batch_slots
+from kernelfleet.serve.command import Placed, default_micro_batches, micro_batch_slots
 from kernelfleet.serve.cut import StageSizes, cut
 from kernelfleet.serve.memory import FIXED_WORKSPACE_BYTES, planned_slots
 from kernelfleet.serve.model import footprint
@@ -94,7 +94,7 @@ def test_many_interleaved_requests_over_http_each_get_their_own_tokens():
         llama.save_pretrained(folder)
         devices = [Placed(s.name, s.part, 4) for s in stages_of(folder)]
     with serving(served_model(llama), slots=4, max_queue=24, strategy="pipeline", devices=devices,
-                 graphs=True) as (url, engine):
+                 graphs=True, micro_batches=2) as (url, engine):
         assert [b.slots for b in engine.strategy.backends] == [2, 2]
         got = interleaved(url, prompts, lengths, 8)
         metrics = httpx.get(f"{url}/metrics").text
@@ -149,7 +149,9 @@ def test_a_stage_that_cannot_fit_is_refused_in_one_line():
         cut(sizes_of(4), [roomy] * 5, 2, ["x"] * 5)
 
 
-def test_micro_batch_groups_split_the_slots_evenly():
+def test_micro_batch_groups_split_the_slots_evenly_and_are_two_only_where_stages_overlap():
+    assert default_micro_batches(["cuda:0", "cuda:1"]) == 2
+    assert default_micro_batches(["cuda:0", "cuda:0"]) == 1 and default_micro_batches(["cpu", "cpu"]) == 1
     assert micro_batch_slots(8, 2) == [4, 4]
     assert micro_batch_slots(5, 2) == [3, 2]
     assert micro_batch_slots(1, 2) == [1]
