@@ -218,7 +218,11 @@ def _replayed(config: Any, dtype: torch.dtype, seed: int, tensors: dict[str, tor
         names.setdefault(id(tensor), []).append(name)
     torch.manual_seed(seed)  # every device's generator: a whole-model build on this device draws from it
     for func, target, args, kwargs in recording.calls:
-        mine = next((tensors[n] for n in names.get(id(target), []) if n in tensors), None)
+        # an initialiser may write a view of a parameter (an embedding's padding row): the same view of ours
+        base = target if id(target) in names or target._base is None else target._base
+        mine = next((tensors[n] for n in names.get(id(base), []) if n in tensors), None)
+        if mine is not None and base is not target:
+            mine = mine.as_strided(target.size(), target.stride(), target.storage_offset())
         if mine is None and not _random(func):
             continue
         into = mine if mine is not None else torch.empty(target.shape, dtype=target.dtype, device=device)

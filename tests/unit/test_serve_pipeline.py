@@ -6,6 +6,7 @@ two micro-batch groups, and over HTTP with many interleaved clients; the cut bal
 under the caps, accepts a model larger than any one cap, and refuses in one line a stage that
 cannot fit."""
 
+import copy
 import re
 
 import httpx
@@ -30,11 +31,13 @@ HALVES = [range(1), range(1, 2)]
 
 @pytest.fixture(scope="module", params=KINDS)
 def saved(request, tmp_path_factory):
-    """(kind, the model, a directory of its safetensors, a directory of its config alone)."""
+    """(kind, the model, a directory of its safetensors, a directory of its config alone, with a padding token)."""
     model = tiny_causal_lm(request.param, seed=3)
     weights, config = tmp_path_factory.mktemp("weights"), tmp_path_factory.mktemp("config")
     model.save_pretrained(weights)
-    model.config.save_pretrained(config)
+    padded = copy.deepcopy(model.config)
+    padded.pad_token_id = 3  # its initialiser zeroes that row of the embedding through a view
+    padded.save_pretrained(config)
     return request.param, model, weights, config
 
 
