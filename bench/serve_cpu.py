@@ -18,6 +18,13 @@ a shared machine hits each alike, and each goes first as often):
 Then the server at each concurrency: that many streaming clients at once, each ``--tokens`` tokens,
 ``--slots`` = the largest concurrency; tokens/s of the whole, and each request's time to first
 token and per output token, p50 and p99.
+
+``--pipeline`` instead times the layer pipeline's loop on the CPU: the engine (no HTTP) at each
+concurrency over one device (the baseline), and over two CPU stages (half the layers each, each
+built with only its part) with one micro-batch group and with two; tokens/s of each, the
+medians of ``--repeats`` interleaved runs, and each against one device. On a CPU the stages
+cannot overlap, so this is what the micro-batches' split costs (smaller batches, twice the steps
+of each stage), not what they gain on GPUs.
 """
 
 from __future__ import annotations
@@ -123,6 +130,8 @@ def main() -> None:
                         "before and after (bench/serve_parts.py), instead of the model's tables")
     parser.add_argument("--part-tokens", type=int, default=2000, help="tokens a run of --parts")
     parser.add_argument("--quick", action="store_true", help="with --parts: 200 tokens, one round (a check that it runs)")
+    parser.add_argument("--pipeline", action="store_true", help="the layer pipeline's engine over two CPU stages, "
+                        "one and two micro-batches, against one device, instead of the server's tables")
     args = parser.parse_args()
     if args.parts:
         from bench.serve_parts import parts
@@ -134,6 +143,9 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"command: {command_line()}")
     lm = model(args.hidden, args.layers, args.vocab)
+    if args.pipeline:
+        pipeline_table(lm, args, levels)
+        return
     parameters = sum(p.numel() for p in lm.parameters())
     print(f"Llama, {parameters / 1e6:.1f} M parameters (hidden {args.hidden}, {args.layers} layers, vocabulary "
           f"{args.vocab}), float32, torch {torch.__version__}, {torch.get_num_threads()} threads; prompts of "
@@ -164,6 +176,46 @@ def start_server(folder: str, slots: int, context: int) -> tuple[subprocess.Pope
         except httpx.TransportError:
             time.sleep(0.2)
     raise SystemExit(f"kernelfleet serve exited with {server.returncode} before it answered")
+
+
+def engine_tokens_per_second(backend, n: int, vocab: int, tokens: int) -> float:
+    """``n`` requests of ``tokens`` each through the engine over ``backend``, stepped here: tokens/s."""
+    engine = Engine(backend, n)
+    for i in range(n):
+        engine.submit(prompt(i, vocab), tokens, frozenset(), Sampling(temperature=0.0), lambda token, finish: None)
+    started = time.perf_counter()
+    while engine.step():
+        pass
+    return n * tokens / (time.perf_counter() - started)
+
+
+def pipeline_table(lm, args: argparse.Namespace, levels: list[int]) -> None:
+    """``--pipeline`` (module docstring)."""
+    from kernelfleet.serve.command import micro_batch_slots
+    from kernelfleet.serve.parts import build_part
+    from kernelfleet.serve.pipeline import PipelineBackend, Stage
+    from kernelfleet.serve.strategies import pipeline
+
+    context, half = PROMPT_TOKENS + args.tokens, args.layers // 2
+    with tempfile.TemporaryDirectory() as folder:
+        lm.save_pretrained(folder)
+        stages = [Stage(build_part(f"hf:{folder}", layers, "cpu", 0, torch.float32), f"cpu{i}")
+                  for i, layers in enumerate([range(half), range(half, args.layers)])]
+    ways = {"one device": lambda n: EagerBackend(lm, n, context),
+            "pipeline, 1 micro-batch": lambda n: pipeline([PipelineBackend(stages, n, context)]),
+            "pipeline, 2 micro-batches": lambda n: pipeline([PipelineBackend(stages, k, context)
+                                                             for k in micro_batch_slots(n, 2)])}
+    print(f"\nthe engine, no HTTP: tokens/s, median of {args.repeats} interleaved runs (vs one device)")
+    print(f"{'clients':>7} " + " ".join(f"{name:>28}" for name in ways))
+    for n in levels:
+        runs: dict[str, list[float]] = {name: [] for name in ways}
+        for repeat in range(args.repeats):
+            names = list(ways)
+            for name in names[repeat % 3:] + names[:repeat % 3]:  # each goes first as often: no order effect
+                runs[name].append(engine_tokens_per_second(ways[name](n), n, args.vocab, args.tokens))
+        rates = {name: statistics.median(values) for name, values in runs.items()}
+        base = rates["one device"]
+        print(f"{n:>7} " + " ".join(f"{rate:>18.1f} ({rate / base:>5.2f}x)" for rate in rates.values()))
 
 
 def report(lm, url: str, args: argparse.Namespace, levels: list[int]) -> None:

@@ -6,7 +6,8 @@ captured; ``--cpu`` runs the model eagerly on the CPU. Every flag, and whether t
 device's cap, is checked before the weights load, and the listening socket is bound before them
 too, so a mistake or a port clash is one line at once; the listening rules (loopback by default;
 another address needs ``--allow-remote`` and a token) are the agent's. ``--strategy`` with
-``--device`` given twice runs request distribution or the prefill/decode split (docs/serve.md).
+``--device`` given twice runs request distribution, the prefill/decode split or the layer
+pipeline, whose devices each build only their stage's part of the model (docs/serve.md).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 CPU_SLOTS = 4  # the CPU's default: tiny models, a few requests at once
 DeviceOption = typer.Option(None, "--device", show_default=False, help="NAME:MEMORY_GB[@GPU]: a GPU (default 0), its "
                             "name in the metrics, and the memory the weights and the KV cache must fit; twice or more "
-                            "for --strategy replicas or split (with --cpu: NAME:MEMORY_GB, CPU twins).")
+                            "for --strategy replicas, split or pipeline (with --cpu: NAME:MEMORY_GB, CPU twins).")
 
 
 def serve(
@@ -31,7 +32,11 @@ def serve(
     cpu: bool = typer.Option(False, "--cpu", help="Run the model eagerly on the CPU (no graphs)."),
     device: list[str] | None = DeviceOption,
     strategy: str = typer.Option("single", "--strategy", help="single | replicas (request distribution over the "
-                                 "--device list) | split (prefill on the first --device, decode on the second)."),
+                                 "--device list) | split (prefill on the first --device, decode on the second) | "
+                                 "pipeline (the layers cut into one stage a --device, in order)."),
+    micro_batches: int | None = typer.Option(None, "--micro-batches", help="--strategy pipeline: decode groups in "
+                                             "flight at once, so each stage runs one while the next runs another "
+                                             "(default: 2 when every stage has a GPU of its own, else 1)."),
     listen: str = typer.Option("127.0.0.1:8000", "--listen", help="HOST:PORT of the API."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback listen address."),
     token: str | None = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
@@ -60,43 +65,72 @@ def serve(
     host, port = listen_address(listen, allow_remote, token)
     import torch
 
-    from kernelfleet.serve.command import checked_sizes, fitted
+    from kernelfleet.serve.command import (
+        Placed,
+        checked_sizes,
+        default_micro_batches,
+        fitted,
+        micro_batch_slots,
+        part_words,
+        parts_of,
+        staged,
+        twin_where,
+    )
     from kernelfleet.serve.command import serve as run
-    from kernelfleet.serve.model import load, max_context_tokens
+    from kernelfleet.serve.device import enforce, gpu_for
+    from kernelfleet.serve.model import described, load, max_context_tokens
 
     chosen = getattr(torch, dtype or ("float32" if cpu else "bfloat16"))
     # every flag is checked before the weights load: a mistake is one line at once
     tokens_per_slot = checked_sizes(slots, max_queue, context, max_context_tokens(target))
-    if cpu:
+    if micro_batches is not None and micro_batches < 1:
+        raise UsageError(f"--micro-batches must be at least 1, got {micro_batches}")
+    gpus = [] if cpu else [gpu_for(parse_device(spec)) for spec in devices] or [gpu_for(None)]
+    if strategy == "pipeline":
+        caps = [(cap.memory_bytes, twin_where(cap)) for cap in _cpu_caps(devices)] if cpu else \
+            [(gpu.cap_bytes, gpu.where) for gpu in gpus]
+        layers, slots = staged(target, caps, slots or (CPU_SLOTS if cpu else None), chosen, tokens_per_slot)
+    elif cpu:
         twins = _twins(devices, strategy, slots or CPU_SLOTS)
         slots = sum(n for _, n in twins[strategy == "split":])
-        gpus = []
     else:
-        sized = fitted(target, devices, strategy, slots, chosen, tokens_per_slot)
+        sized = fitted(gpus, target, strategy, slots, chosen, tokens_per_slot)
         slots = sum(n for n, _ in sized[strategy == "split":])
     sock = bind(host, port)
     try:
-        if cpu:
+        if strategy == "pipeline":
+            names = [parse_device(spec).name for spec in devices]
+            if not cpu:
+                enforce(gpus)
+            torch_devices = ["cpu"] * len(names) if cpu else [g.torch_device for g in gpus]
+            placed = parts_of(target, names, torch_devices, layers, slots, seed, chosen)
+            served = described(target)
+            micro_batches = micro_batches or default_micro_batches(torch_devices)
+            groups = len(micro_batch_slots(slots, micro_batches))
+            where = ", ".join(f"{name}: {part_words(p.model)}" for name, p in zip(names, placed))
+            where += f"; {groups} micro-batch{'es' * (groups != 1)}"
+        elif cpu:
             served = load(target, "cpu", seed, chosen)
-            placed = [(name, served, n) for name, n in twins]  # the CPU twins share one copy of the weights
+            placed = [Placed(name, served.model, n) for name, n in twins]  # the CPU twins share one copy of the weights
             where = ", ".join(f"{name} ({n} slots)" for name, n in twins) if devices else "the CPU"
         else:
-            from kernelfleet.serve.device import enforce
-
             enforce([gpu for _, gpu in sized])
-            placed = [(gpu.name, load(target, gpu.torch_device, seed, chosen), n) for n, gpu in sized]
+            loaded = [(load(target, gpu.torch_device, seed, chosen), n, gpu) for n, gpu in sized]
+            served = loaded[0][0]
+            placed = [Placed(gpu.name, model.model, n) for model, n, gpu in loaded]
             where = ", ".join(f"{gpu.described}: {n} slots" for n, gpu in sized) if devices[1:] else sized[0][1].described
-            gpus = [gpu for _, gpu in sized]
-        served = placed[0][1]
         started = time.perf_counter()
         engine, app = _built(served, slots, max_queue, tokens_per_slot, token, not cpu, strategy,
-                             placed if devices else [], gpus[0].name if gpus else None)
+                             placed if devices else [], gpus[0].name if gpus else None, micro_batches)
     except BaseException:
         sock.close()
         raise
-    for backend in engine.strategy.backends if not cpu else []:
+    backends = [] if cpu else engine.strategy.backends
+    for backend in backends[:1] if strategy == "pipeline" else backends:
         sizes = ", ".join(map(str, backend.sizes))
         on = f" on {backend.device}" if devices[1:] else ""
+        if strategy == "pipeline":
+            on = f" of each stage ({', '.join(s.name for s in backend.stages)}) and micro-batch group"
         err.print(f"kernelfleet serve: decode graphs of batch buckets {sizes}{on} captured in "
                   f"{time.perf_counter() - started:.1f} s", markup=False, highlight=False)
     how = f"{strategy}: " if strategy != "single" else ""
@@ -105,36 +139,45 @@ def serve(
     run(engine, app, sock)
 
 
+def _cpu_caps(devices: list[str]) -> list:
+    """The CPU twins' ``--device NAME:MEMORY_GB`` (no @GPU on a CPU)."""
+    from kernelfleet.serve.memory import parse_device
+
+    if any("@" in spec for spec in devices):
+        raise UsageError("with --cpu a --device is a CPU twin, NAME:MEMORY_GB: it has no @GPU")
+    return [parse_device(spec) for spec in devices]
+
+
 def _twins(devices: list[str], strategy: str, slots: int) -> list[tuple[str | None, int]]:
     """The CPU's devices (``--cpu``): without ``--device`` the CPU itself with ``slots``; otherwise
     each ``NAME:MEMORY_GB`` a twin of its own KV cache, the slots split as on GPUs (memory.py,
-    command.fitted), nothing enforcing the memory."""
-    from kernelfleet.serve.memory import parse_device, proportional_slots
+    command.fitted), nothing enforcing the memory (under ``pipeline`` the caps choose the cut and are checked)."""
+    from kernelfleet.serve.memory import proportional_slots
 
     if not devices:
         return [(None, slots)]
-    caps = [parse_device(spec) for spec in devices]
-    if any("@" in spec for spec in devices):
-        raise UsageError("with --cpu a --device is a CPU twin, NAME:MEMORY_GB: it has no @GPU")
+    caps = _cpu_caps(devices)
     counts = [1, slots] if strategy == "split" else proportional_slots(slots, [cap.memory_bytes for cap in caps])
     return [(cap.name, n) for cap, n in zip(caps, counts)]
 
 
 def _built(served, slots: int, max_queue: int, context: int, token: str | None, graphs: bool, strategy: str,
-           placed: list, name: str | None):
-    """The engine and app (``serve.command.build``) over ``placed`` (name, loaded model, slots per
-    device), with a progress bar over the buckets while a GPU's graphs are captured."""
-    from kernelfleet.serve.command import Placed, build
+           devices: list, name: str | None, micro_batches: int | None):
+    """The engine and app (``serve.command.build``) over ``devices`` (``serve.command.Placed``), with
+    a progress bar over the buckets while a GPU's graphs are captured."""
+    from kernelfleet.serve.command import build, micro_batch_slots
 
-    devices = [Placed(device, loaded.model, n) for device, loaded, n in placed]
-    options = {"strategy": strategy, "devices": devices, "device_name": name}
+    options = {"strategy": strategy, "devices": devices, "device_name": name, "micro_batches": micro_batches}
     if not graphs:
         return build(served, slots, max_queue, context, token, **options)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kernelfleet.serve.graphs import buckets
 
-    decoding = [n for _, _, n in placed[strategy == "split":]] or [slots]
+    if strategy == "pipeline":
+        decoding = micro_batch_slots(slots, micro_batches)
+    else:
+        decoding = [device.slots for device in devices[strategy == "split":]] or [slots]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:
         task = bar.add_task("capturing decode graphs", total=sum(len(buckets(n)) for n in decoding))

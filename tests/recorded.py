@@ -190,6 +190,53 @@ def serving(served, slots: int = 4, max_queue: int = 64, context_tokens: int = 1
         engine.close()
 
 
+def stepped(plan, prompts: list[list[int]], lengths: list[int]) -> tuple[list[list[int]], list[list[int]], dict]:
+    """Greedy requests through an engine over ``plan`` (a serve strategy), stepped here: each one's
+    tokens, after each step the backend index of every running request, and the busy seconds per device."""
+    from kernelfleet.serve.engine import Engine
+    from kernelfleet.serve.sampling import Sampling
+
+    engine = Engine(plan, max_queue=len(prompts))
+    got: list[list[int]] = [[] for _ in prompts]
+    where = []
+    for prompt, n, tokens in zip(prompts, lengths, got):
+        engine.submit(prompt, n, frozenset(), Sampling(temperature=0.0),
+                      lambda token, finish, tokens=tokens: tokens.append(token))
+    while engine.step():
+        where.append(sorted(plan.locate(slot)[0] for slot in engine.scheduler.running))
+    busy = {s.labels["device"]: s.value for metric in engine.metrics.registry.collect()
+            if metric.name == "kernelfleet_serve_device_busy_seconds" for s in metric.samples
+            if s.name.endswith("_total")}
+    return got, where, busy
+
+
+def interleaved(url: str, prompts: list[list[int]], lengths: list[int], at_once: int) -> list[list[int]]:
+    """The bounded load test's clients: every prompt greedy for its length, ``at_once`` at a time,
+    every other one streamed (its events checked to end with ``data: [DONE]``); each one's token ids."""
+    import asyncio
+    import json
+
+    import httpx
+
+    async def load() -> list[list[int]]:
+        gate = asyncio.Semaphore(at_once)
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            async def one(i: int) -> list[int]:
+                body = {"prompt": prompts[i], "max_tokens": lengths[i], "temperature": 0, "ignore_eos": True}
+                async with gate:
+                    if not i % 2:
+                        answer = await client.post("/v1/completions", json=body)
+                        assert answer.status_code == 200, answer.text
+                        return answer.json()["choices"][0]["token_ids"]
+                    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as answer:
+                        events = [line async for line in answer.aiter_lines() if line]
+                    assert events[-1] == "data: [DONE]", events[-1]
+                    return [t for event in events[:-1] for t in json.loads(event[6:])["choices"][0]["token_ids"]]
+            return await asyncio.gather(*(one(i) for i in range(len(prompts))))
+
+    return asyncio.run(load())
+
+
 def bench_quick(name: str, timeout_seconds: float = 900, args: tuple[str, ...] = ()) -> tuple[str, dict]:
     """``python -m bench.NAME --quick [ARGS]`` from the repository root, as CI runs it: its table (with
     the command line) and the JSON of its last line. A failed run fails with the end of its stderr."""

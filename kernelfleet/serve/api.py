@@ -4,9 +4,9 @@
 ``data: [DONE]``), ``GET /v1/models``, ``/healthz`` and ``/metrics`` (Prometheus). Every refusal
 is one line in OpenAI's error shape: a malformed or unknown field, a prompt that does not fit the
 context or ``max_tokens`` past the cache are 400, an unknown model 404, a full queue 429, a stopped
-loop 503. A client that goes away mid-stream cancels its request, and the engine frees its slot (a
-whole answer runs to its end: ``max_tokens`` bounds it). With
-a token, every route needs ``Authorization: Bearer <token>``, as the agent's API does.
+loop 503. A client that goes away, mid-stream or while it waits for a whole answer, cancels its
+request, and the engine frees its slot at its next step. With a token, every route needs
+``Authorization: Bearer <token>``, as the agent's API does.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI
+from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -93,7 +94,7 @@ def serve_app(engine: Engine, served: Served, token: str | None = None) -> FastA
         return Response(engine.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @api.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> Response:
+    async def completions(body: CompletionRequest, http: HttpRequest) -> Response:
         prompt = _prompt(body, served, engine.context_tokens)
         stop = frozenset(body.stop_token_ids) | (frozenset() if body.ignore_eos else served.eos_token_ids)
         seed = body.seed if body.seed is not None else secrets.randbits(63)
@@ -109,7 +110,7 @@ def serve_app(engine: Engine, served: Served, token: str | None = None) -> FastA
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": served.name}
         if body.stream:
             return StreamingResponse(sse_events(engine, request, stream, served, head), media_type="text/event-stream")
-        return await _whole(engine, request, stream, served, head)
+        return await _whole(engine, request, stream, served, head, http)
 
     app.include_router(api)
     return app
@@ -146,15 +147,28 @@ def _prompt(body: CompletionRequest, served: Served, context_tokens: int) -> lis
     return prompt
 
 
-async def _whole(engine: Engine, request: Request, stream: TokenStream, served: Served, head: dict) -> Response:
+async def _whole(engine: Engine, request: Request, stream: TokenStream, served: Served, head: dict,
+                 http: HttpRequest) -> Response:
     tokens: list[int] = []
-    try:
+
+    async def gathered() -> None:
         async for token, _ in stream:
             if token is not None:
                 tokens.append(token)
+
+    # the body has been read, so the next ASGI message is the client leaving: watch for it beside
+    # the tokens, so a client that gives up on a whole answer frees its slot as a streaming one does
+    gathering, leaving = asyncio.ensure_future(gathered()), asyncio.ensure_future(http.receive())
+    try:
+        await asyncio.wait({gathering, leaving}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        leaving.cancel()
+        if not gathering.done():
+            gathering.cancel()
         if stream.finish_reason is None:  # the client went away while it waited
             engine.cancel(request)
+    if stream.finish_reason is None:  # nobody is there to answer
+        return Response(status_code=499)
     if stream.finish_reason == ERROR:
         raise Refused(500, "the model failed on this request (the server's log says why)", "server_error")
     text = served.tokenizer.decode(tokens, skip_special_tokens=True) if served.tokenizer is not None else None

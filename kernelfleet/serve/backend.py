@@ -44,6 +44,14 @@ class Backend(Protocol):
     def adopt(self, slot: int, source: SlotCache, row: int, tokens: int) -> None: ...
 
 
+def call_arguments(model: torch.nn.Module) -> tuple[str, str]:
+    """The names ``model.forward`` gives its cache and its logits-to-keep arguments: transformers 5
+    calls the cache ``cache``, earlier releases ``past_key_values``."""
+    accepted = inspect.signature(model.forward).parameters
+    return ("cache" if "cache" in accepted else "past_key_values",
+            "logits_to_keep" if "logits_to_keep" in accepted else "num_logits_to_keep")
+
+
 class EagerBackend:
     """A transformers causal LM run eagerly, its KV cache a :class:`SlotCache` of ``slots`` slots;
     ``device_name`` names it in the metrics (default: torch's name of its device)."""
@@ -55,10 +63,7 @@ class EagerBackend:
         self.device = device_name or self.torch_device
         self.cache = SlotCache(slots, context_tokens, self.torch_device)
         self.eager = model.config._attn_implementation == "eager"
-        # transformers 5 calls the cache argument ``cache``; earlier releases ``past_key_values``
-        accepted = inspect.signature(model.forward).parameters
-        self.cache_argument = "cache" if "cache" in accepted else "past_key_values"
-        self.keep_argument = "logits_to_keep" if "logits_to_keep" in accepted else "num_logits_to_keep"
+        self.cache_argument, self.keep_argument = call_arguments(model)
 
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
         positions = torch.arange(len(token_ids), device=self.torch_device)[None, :]

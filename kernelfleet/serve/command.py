@@ -5,7 +5,8 @@ the benchmark start the same pair on a free port), :func:`serve` runs them on a 
 interrupted (the CLI binds before it loads the model, so a port clash is one line at once).
 On a GPU the backend is the graph backend (``graphs.py``); on the CPU the eager one, or, with
 ``graphs=True``, the graph backend's CPU twin (the same buckets and padding, nothing captured).
-``--strategy`` and its ``--device``s pick how the backends share the work (``strategies.py``).
+``--strategy`` and its ``--device``s pick how the backends share the work (``strategies.py``);
+under ``pipeline`` each device holds only its stage's part (:func:`staged` cuts, :func:`parts_of` builds).
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.fleet.listener import Listener
 from kernelfleet.serve.api import serve_app
 from kernelfleet.serve.backend import Backend, EagerBackend
-from kernelfleet.serve.device import Gpu, gpu_for
+from kernelfleet.serve.device import Gpu
 from kernelfleet.serve.engine import Engine
 from kernelfleet.serve.graphs import GraphBackend
-from kernelfleet.serve.memory import parse_device, planned_slots, proportional_slots
+from kernelfleet.serve.memory import GIB, DeviceCap, planned_slots, proportional_slots
 from kernelfleet.serve.model import DEFAULT_CONTEXT_TOKENS, Served, footprint
-from kernelfleet.serve.strategies import checked_strategy, replicas, single, split
+from kernelfleet.serve.strategies import checked_strategy, pipeline, replicas, single, split
 
 
 def checked_sizes(slots: int | None, max_queue: int, context_tokens: int | None, max_context_tokens: int) -> int:
@@ -43,13 +44,12 @@ def checked_sizes(slots: int | None, max_queue: int, context_tokens: int | None,
     return context
 
 
-def fitted(target: str, devices: list[str], strategy: str, slots: int | None, dtype: torch.dtype,
+def fitted(gpus: list[Gpu], target: str, strategy: str, slots: int | None, dtype: torch.dtype,
            context_tokens: int) -> list[tuple[int, Gpu]]:
-    """Each ``--device``'s GPU (GPU 0 without one) and its slots, once the model fits each cap: checked
+    """Each ``--device``'s GPU (``gpus``: device.gpu_for each) and its slots, once the model fits each cap: checked
     from the config, before any weight loads (memory.py). ``slots`` is the whole server's: under
     ``replicas`` split in proportion to the caps (None: each device as many as fit), under ``split``
     the decode device's (the prefill device holds one staging slot)."""
-    gpus = [gpu_for(parse_device(d)) for d in devices] or [gpu_for(None)]
     if strategy == "split":
         wanted = [1, slots]
     elif slots is not None and len(gpus) > 1:
@@ -60,9 +60,56 @@ def fitted(target: str, devices: list[str], strategy: str, slots: int | None, dt
     return [(planned_slots(need, gpu.cap_bytes, n, gpu.where), gpu) for gpu, n in zip(gpus, wanted)]
 
 
+def twin_where(cap: DeviceCap) -> str:
+    """A CPU twin's cap in words, for messages (device.Gpu.where's, for a twin)."""
+    return f"under the cap of {cap.name} (a CPU twin, {cap.memory_bytes / GIB:.2f} GiB)"
+
+
+def part_words(part: Any) -> str:
+    """What a stage's part holds, in words (cut.described)."""
+    from kernelfleet.serve.cut import described
+
+    return described(part.layers, part.first, part.last)
+
+
+def staged(target: str, caps: list[tuple[int, str]], slots: int | None, dtype: torch.dtype,
+           context_tokens: int) -> tuple[list[range], int]:
+    """``--strategy pipeline``'s cut over devices of ``caps`` (bytes, and "under the cap of ..." for
+    messages) and the slots every stage holds, checked from the config before any weight loads (cut.py)."""
+    from kernelfleet.serve.cut import cut
+    from kernelfleet.serve.parts import stage_sizes
+
+    return cut(stage_sizes(target, dtype, context_tokens), [b for b, _ in caps], slots, [w for _, w in caps])
+
+
+def parts_of(target: str, names: list[str], torch_devices: list[str], layers: list[range], slots: int, seed: int,
+             dtype: torch.dtype) -> list[Placed]:
+    """Each stage's part built on its own device (parts.py), as ``build``'s ``devices``."""
+    from kernelfleet.serve.parts import build_part
+
+    return [Placed(name, build_part(target, stage, device, seed, dtype), slots)
+            for name, device, stage in zip(names, torch_devices, layers)]
+
+
+def default_micro_batches(torch_devices: list[str]) -> int:
+    """``--micro-batches``' default: 2 where every stage has a GPU of its own (their stages run side
+    by side), else 1. Stages that share a device cannot overlap, and each more group only splits the
+    batch (each group reads all the weights again); on the CPU two groups cost up to 40 % of tokens/s
+    (docs/serve.md)."""
+    distinct = len(set(torch_devices)) == len(torch_devices)
+    return 2 if distinct and all(device.startswith("cuda") for device in torch_devices) else 1
+
+
+def micro_batch_slots(slots: int, micro_batches: int) -> list[int]:
+    """The slots of each micro-batch group of the pipeline: ``slots`` split evenly (fewer groups when
+    there are fewer slots)."""
+    return proportional_slots(slots, [1.0] * min(micro_batches, slots))
+
+
 @dataclass(frozen=True)
 class Placed:
-    """One device of a strategy: its name in the metrics (None: torch's), the model loaded there, its slots."""
+    """One device of a strategy: its name in the metrics (None: torch's), the model loaded there (under
+    ``pipeline`` its stage's ``parts.Part``), its slots."""
 
     name: str | None
     model: Any
@@ -71,12 +118,14 @@ class Placed:
 
 def build(served: Served, slots: int, max_queue: int, context_tokens: int | None = None,
           token: str | None = None, graphs: bool = False, progress: Callable[[int, int], None] | None = None,
-          device_name: str | None = None, strategy: str = "single", devices: Sequence[Placed] = ()
-          ) -> tuple[Engine, FastAPI]:
+          device_name: str | None = None, strategy: str = "single", devices: Sequence[Placed] = (),
+          micro_batches: int | None = None) -> tuple[Engine, FastAPI]:
     """A started engine over ``served`` and its app: eagerly, or with ``graphs`` through the graph
     backend (captured where the model is on a GPU; ``progress(done, bucket)`` after each bucket).
     ``devices`` (default: ``served``'s model with ``slots``, named ``device_name``) are the
-    strategy's, in ``--device`` order: under ``split`` the prefill device, then the decode one."""
+    strategy's, in ``--device`` order: under ``split`` the prefill device, then the decode one; under
+    ``pipeline`` the stages, whose ``slots`` are split into ``micro_batches`` groups (pipeline.py;
+    None: :func:`default_micro_batches`)."""
     context = checked_sizes(slots, max_queue, context_tokens, served.max_context_tokens)
     placed = list(devices) or [Placed(device_name, served.model, slots)]
     checked_strategy(strategy, [device.name for device in devices])
@@ -89,7 +138,16 @@ def build(served: Served, slots: int, max_queue: int, context_tokens: int | None
             return eager
         return GraphBackend(eager, told, graphs=eager.torch_device.startswith("cuda"), device_name=device.name)
 
-    if strategy == "split":  # the prefill device runs prompts only: eagerly, one staging slot
+    if strategy == "pipeline":
+        from kernelfleet.serve.pipeline import PipelineBackend, Stage
+
+        stages = [Stage(device.model, device.name) for device in placed]
+        micro_batches = micro_batches or default_micro_batches([stage.torch_device for stage in stages])
+        if micro_batches < 1:
+            raise UsageError(f"--micro-batches must be at least 1, got {micro_batches}")
+        groups = micro_batch_slots(slots, micro_batches)
+        plan = pipeline([PipelineBackend(stages, n, context, graphs, told) for n in groups])
+    elif strategy == "split":  # the prefill device runs prompts only: eagerly, one staging slot
         plan = split(EagerBackend(placed[0].model, 1, context, placed[0].name), decoding(placed[1]))
     elif strategy == "replicas":
         plan = replicas([decoding(device) for device in placed])

@@ -10,7 +10,10 @@ One thread owns the backend. Each step:
    ``max_tokens``, leaves its slot at once, so the next step's newcomer reuses it.
 
 Which backend prefills and which decodes a request is the :class:`~kernelfleet.serve.strategies.Strategy`'s
-(one device, request distribution, prefill/decode split); a plain backend is the ``single`` one.
+(one device, request distribution, prefill/decode split, layer pipeline); a plain backend is the
+``single`` one. Busy time is counted per device: a backend's forwards under its ``device``, or,
+for a backend with a ``busy`` attribute (the pipeline's, over several devices), by the backend
+itself through that callback.
 
 Tokens go to each request's ``sink`` (called on the engine's thread: the API hands them to its
 event loop) as ``sink(token_id, finish_reason)``, ``finish_reason`` None until the last token;
@@ -74,6 +77,9 @@ class Engine:
         self.clock = clock
         self.metrics = metrics or ServeMetrics(max_queue)
         self.scheduler: Scheduler[Request] = Scheduler(self.strategy.slots, max_queue, self.strategy.choose)
+        for each in self.strategy.backends:
+            if hasattr(each, "busy"):  # a backend over several devices (the pipeline) counts each one's time itself
+                each.busy = self._busy
         self._wake = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -173,7 +179,11 @@ class Engine:
             self._fail(slots)
             return None
         finally:
-            self.metrics.busy.labels(backend.device).inc(self.clock() - started)
+            if not hasattr(backend, "busy"):
+                self._busy(backend.device, self.clock() - started)
+
+    def _busy(self, device: str, seconds: float) -> None:
+        self.metrics.busy.labels(device).inc(seconds)
 
     def _next(self, slot: int, request: Request, logits: torch.Tensor, greedy: int | None = None) -> None:
         try:

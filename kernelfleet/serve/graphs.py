@@ -100,31 +100,11 @@ class GraphBackend:
     @torch.inference_mode()
     def _captured(self, size: int) -> Bucket:
         bucket = Bucket(size, torch.tensor(padded([], [], size), device=self.eager_backend.torch_device))
-        if not self.graphs:
-            return bucket
-        try:
-            # the capture's own stream is made on the current device: make it this one
-            with torch.cuda.device(self.eager_backend.torch_device):
-                self._capture(bucket)
-        except torch.OutOfMemoryError as exc:
-            raise CaptureFailed(f"capturing the decode graph of batch bucket {size} failed: out of memory "
-                                f"({first_line(exc)}); use fewer --slots or a shorter --context") from exc
-        except RuntimeError as exc:
-            raise CaptureFailed(f"capturing the decode graph of batch bucket {size} failed: {why(exc)}") from exc
+        if self.graphs:
+            bucket.graph, bucket.logits = captured(lambda: bucket.forward(self.eager_backend), self.pool,
+                                                   self.eager_backend.torch_device,
+                                                   f"the decode graph of batch bucket {size}")
         return bucket
-
-    def _capture(self, bucket: Bucket) -> None:
-        # warm-up on a side stream, as torch.cuda.graphs asks: lazy initialisation (cuBLAS
-        # handles, kernel choices) happens before the capture, not inside it
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                bucket.forward(self.eager_backend)
-        torch.cuda.current_stream().wait_stream(side)
-        bucket.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(bucket.graph, pool=self.pool):
-            bucket.logits = bucket.forward(self.eager_backend)
 
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
         return self.eager_backend.prefill(self.rows.take(slot), token_ids)
@@ -139,22 +119,62 @@ class GraphBackend:
 
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
-        at = dict(zip(slots, positions))
-        for slot, source, target in self.rows.compact(slots):
-            self.eager_backend.cache.move(source, target, at[slot])  # what it wrote so far: positions below its next
-        row = [self.rows.row_of[slot] for slot in slots]  # the cache row, so the batch row, of each engine row
-        order = sorted(range(len(slots)), key=row.__getitem__)
-        bucket = self.buckets[bucket_for(len(slots), self.sizes)]
-        # one small copy; the previous replay is done by now (the engine read its logits)
-        bucket.inputs.copy_(torch.tensor(padded([token_ids[i] for i in order], [positions[i] for i in order],
-                                                bucket.size)))
+        row, size, inputs = laid_out(self.rows, [self.eager_backend.cache], slots, token_ids, positions, self.sizes)
+        bucket = self.buckets[size]
+        bucket.inputs.copy_(inputs)  # one small copy; the previous replay is done by now (the engine read its logits)
         if bucket.graph is None:  # the CPU twin
             bucket.logits = bucket.forward(self.eager_backend)
         else:
             bucket.graph.replay()
-        if row == sorted(row):
-            return bucket.logits[:len(slots)]
-        return bucket.logits[torch.tensor(row, device=bucket.logits.device)]
+        return in_engine_order(bucket.logits, row)
+
+
+def laid_out(rows: Rows, caches: list[SlotCache], slots: list[int], token_ids: list[int], positions: list[int],
+             sizes: list[int]) -> tuple[list[int], int, torch.Tensor]:
+    """A decode's batch laid out for a bucket's graph: the running ``slots`` moved into the first
+    rows of every one of ``caches`` (rows.py), then the cache row of each engine row, the bucket
+    that holds them, and its two input rows (ids, positions) in row order, padded, on the host."""
+    at = dict(zip(slots, positions))
+    for slot, source, target in rows.compact(slots):
+        for cache in caches:
+            cache.move(source, target, at[slot])  # what it wrote so far: positions below its next
+    row = [rows.row_of[slot] for slot in slots]  # the cache row, so the batch row, of each engine row
+    order = sorted(range(len(slots)), key=row.__getitem__)
+    size = bucket_for(len(slots), sizes)
+    return row, size, torch.tensor(padded([token_ids[i] for i in order], [positions[i] for i in order], size))
+
+
+def in_engine_order(logits: torch.Tensor, row: list[int]) -> torch.Tensor:
+    """A bucket's logits (one per cache row) as the engine's rows, whose cache rows are ``row``."""
+    if row == sorted(row):
+        return logits[:len(row)]
+    return logits[torch.tensor(row, device=logits.device)]
+
+
+def captured(forward: Callable[[], torch.Tensor], pool: object, torch_device: str,
+             what: str) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``forward`` captured as a CUDA graph on ``torch_device`` in memory ``pool``, and its output;
+    CaptureFailed saying ``what`` failed and why."""
+    try:
+        # the capture's own stream is made on the current device: make it this one
+        with torch.cuda.device(torch_device):
+            # warm-up on a side stream, as torch.cuda.graphs asks: lazy initialisation (cuBLAS
+            # handles, kernel choices) happens before the capture, not inside it
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    forward()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                output = forward()
+    except torch.OutOfMemoryError as exc:
+        raise CaptureFailed(f"capturing {what} failed: out of memory ({first_line(exc)}); use fewer --slots or a "
+                            "shorter --context") from exc
+    except RuntimeError as exc:
+        raise CaptureFailed(f"capturing {what} failed: {why(exc)}") from exc
+    return graph, output
 
 
 def first_line(exc: BaseException) -> str:

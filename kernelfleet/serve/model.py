@@ -6,8 +6,8 @@ a directory with only ``config.json`` is built there directly, its architecture 
 the device (an 8B Llama's random bf16 weights are drawn on the GPU, never staged on the CPU);
 saved weights load with ``from_pretrained`` and move there. :func:`footprint` sizes
 it from the config alone, on torch's meta device, before anything is allocated. Loading each
-device's share of the weights only (the place half's plans) plugs in here: a loader per device,
-the backend built over what it loaded.
+device's share of the weights only is ``parts.py``'s (the layer pipeline); :func:`described` is the model
+as the API sees it, without loading it.
 """
 
 from __future__ import annotations
@@ -46,16 +46,38 @@ def load(target: str, device: str = "cpu", seed: int = 0, dtype: torch.dtype = t
     folder = model_folder(target)
     weights = any((folder / name).exists() for name in WEIGHT_FILES)
     model = causal_lm(folder, device, seed, dtype) if weights or device == "cpu" else _on_device(folder, device, seed, dtype)
+    capturable_experts(model, device, dtype)
+    return _served(folder, model, model.config, model.generation_config)
+
+
+def capturable_experts(model: Any, device: str, dtype: torch.dtype) -> None:
+    """An MoE's experts set to run in a form a CUDA graph captures on a GPU in ``dtype``."""
     if device != "cpu" and dtype != torch.bfloat16 and model._can_set_experts_implementation():
         # grouped_mm's fused kernel is bf16 only; in other dtypes torch loops over the groups with
         # their sizes read on the host, which no graph can capture. batched_mm gathers each token's
         # experts and multiplies them in one batched matmul: any dtype, no host read
         model.set_experts_implementation("batched_mm")
-    config = model.config
-    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+
+
+def described(target: str) -> Served:
+    """``hf:DIR``'s model as the API sees it (its id, tokenizer, end tokens and limits) without the
+    model itself: under ``--strategy pipeline`` each device builds its own part (parts.py)."""
+    from transformers import GenerationConfig
+
+    folder = model_folder(target)
+    config = model_config(folder)
+    try:
+        generation = GenerationConfig.from_pretrained(folder)
+    except OSError:  # no generation_config.json: what transformers derives from the model's config
+        generation = GenerationConfig.from_model_config(config)
+    return _served(folder, None, config, generation)
+
+
+def _served(folder: Path, model: Any, config: Any, generation: Any) -> Served:
+    eos = generation.eos_token_id if generation is not None else None
     eos = eos if eos is not None else config.eos_token_id
     eos_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
-    return Served(folder.resolve().name, model, _tokenizer(folder), eos_ids, config.vocab_size,
+    return Served(folder.resolve().name, model, _tokenizer(folder), eos_ids, config.get_text_config().vocab_size,
                   _context(config))
 
 
@@ -73,7 +95,7 @@ def _on_device(folder: Path, device: str, seed: int, dtype: torch.dtype) -> Any:
 
     torch.manual_seed(seed)  # seeds the device's generator too: the same weights every start
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(_config(folder), dtype=dtype)
+        model = AutoModelForCausalLM.from_config(model_config(folder), dtype=dtype)
     return model.eval().requires_grad_(False)
 
 
@@ -82,7 +104,7 @@ def footprint(target: str, dtype: torch.dtype, context_tokens: int) -> Footprint
     from its config: the model is built on the meta device, which allocates nothing."""
     from transformers import AutoModelForCausalLM
 
-    config = _config(model_folder(target))
+    config = model_config(model_folder(target))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
@@ -98,10 +120,11 @@ def footprint(target: str, dtype: torch.dtype, context_tokens: int) -> Footprint
 def max_context_tokens(target: str) -> int:
     """The longest sequence the positions of ``target``'s model allow, from its config alone (the
     default when the config does not say)."""
-    return _context(_config(model_folder(target)))
+    return _context(model_config(model_folder(target)))
 
 
-def _config(folder: Path) -> Any:
+def model_config(folder: Path) -> Any:
+    """The directory's transformers config (EnvironmentProblem without transformers)."""
     try:
         from transformers import AutoConfig
     except ImportError as exc:

@@ -1,4 +1,4 @@
-"""Where the engine's slots lie: one device, request distribution, or prefill on one device and decode on another.
+"""Where the engine's slots lie: one device, request distribution, prefill on one device and decode on another, or the layers cut over devices.
 
 A :class:`Strategy` is the engine's view of its devices. The engine's slots are the decode
 backends' slots laid end to end (backend 0's first, then backend 1's, ...); each step the engine
@@ -15,7 +15,12 @@ over the rows running there (all launched before any result is read, so GPUs run
   second (``Backend.adopt``; between GPUs a device-to-device copy of the row's positions so far),
   and it decodes there. The first backend never decodes, the second never prefills.
 
-The layer pipeline and the place half's plans are not strategies here yet.
+* ``pipeline`` (layer pipeline, ``pipeline.py``): the layers are cut into stages, one a device;
+  every backend is a micro-batch group of slots running through all the stages, so the engine's
+  launching every backend's decode before reading any keeps the stages busy side by side. A
+  newcomer goes to the least full group.
+
+The place half's plans are not strategies here yet.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 from kernelfleet.errors import UsageError
 from kernelfleet.serve.backend import Backend
 
-STRATEGIES = ("single", "replicas", "split")
+STRATEGIES = ("single", "replicas", "split", "pipeline")
 STAGE_SLOT = 0  # the prefill backend's one slot under ``split``
 
 
@@ -82,6 +87,8 @@ def checked_strategy(strategy: str, names: list[str | None]) -> None:
         raise UsageError(f"--strategy single serves on one --device, got {count}: pass --strategy replicas or split")
     if strategy == "replicas" and count < 2:
         raise UsageError(f"--strategy replicas distributes requests over two or more --device, got {count}")
+    if strategy == "pipeline" and count < 2:
+        raise UsageError(f"--strategy pipeline cuts the layers into one stage a --device: it takes two or more, got {count}")
     if strategy == "split" and count != 2:
         raise UsageError(f"--strategy split takes two --device, the prefill's then the decode's, got {count}")
     if len(set(names)) != count:
@@ -101,3 +108,8 @@ def replicas(backends: list[Backend]) -> Strategy:
 def split(prefill: Backend, decode: Backend) -> Strategy:
     checked_strategy("split", [prefill.device, decode.device])
     return Strategy("split", [decode], prefill_on=prefill)
+
+
+def pipeline(groups: list[Backend]) -> Strategy:
+    """The layer pipeline over its micro-batch groups (each a ``pipeline.PipelineBackend`` over the same stages)."""
+    return Strategy("pipeline", groups)

@@ -99,19 +99,24 @@ def test_the_gpu_server_over_http_gives_the_greedy_tokens_of_generate_streamed_o
     assert got[len(PROMPTS):] == want
 
 
-@pytest.mark.parametrize("strategy", ["replicas", "split"])
+@pytest.mark.parametrize("strategy", ["replicas", "split", "pipeline"])
 def test_two_gpus_under_each_strategy_give_the_greedy_tokens_of_generate(model_dir, strategy):
-    """Request distribution and the prefill/decode split over GPUs 0 and 1 (both on GPU 0 where
-    there is one: the same control flow, the hand-over a copy within the device)."""
+    """Request distribution, the prefill/decode split and the layer pipeline (each stage its own
+    part, a graph per stage and bucket) over GPUs 0 and 1 (both on GPU 0 where there is one: the
+    same control flow, the hand-over a copy within the device)."""
     from kernelfleet.serve.command import Placed
 
     second = "cuda:1" if torch.cuda.device_count() > 1 else DEVICE
     first, other = (load(f"hf:{model_dir}", device, dtype=torch.float32) for device in (DEVICE, second))
     want = [generated(first.model, prompt, 10) for prompt in PROMPTS]
     devices = [Placed("gpu0", first.model, 1 if strategy == "split" else 2), Placed("gpu1", other.model, 2)]
-    with serving(first, slots=4 if strategy == "replicas" else 2, context_tokens=64, graphs=True, strategy=strategy,
+    if strategy == "pipeline":
+        devices = [Placed(stage.name, stage.part, 4) for stage in pipeline_stages(model_dir, torch.float32)]
+    with serving(first, slots=2 if strategy == "split" else 4, context_tokens=64, graphs=True, strategy=strategy,
                  devices=devices) as (url, engine):
-        assert all(backend.buckets[2].graph is not None for backend in engine.strategy.backends)
+        for backend in engine.strategy.backends:  # a pipeline's bucket is one graph a stage
+            bucket = backend.buckets[2]
+            assert all(b.graph is not None for b in (bucket if strategy == "pipeline" else [bucket]))
         got = asyncio.run(whole_and_streamed(url, PROMPTS, 10))
         metrics = httpx.get(f"{url}/metrics").text
     assert got[:len(PROMPTS)] == want and got[len(PROMPTS):] == want
@@ -166,3 +171,47 @@ def test_a_capture_that_fails_names_its_bucket_and_why():
     print(done.stdout, done.stderr[-2000:])
     assert done.stdout.startswith("capturing the decode graph of batch bucket 4 failed: an op synchronises with "
                                   "the host inside the forward"), done.stderr[-2000:]
+
+
+def pipeline_stages(folder, dtype, seed=0):
+    """Two stages of a two-layer model: GPUs 0 and 1, or both on GPU 0 where there is one."""
+    from kernelfleet.serve.parts import build_part
+    from kernelfleet.serve.pipeline import Stage
+
+    second = "cuda:1" if torch.cuda.device_count() > 1 else DEVICE
+    return [Stage(build_part(f"hf:{folder}", layers, device, seed, dtype), name)
+            for layers, device, name in [(range(1), DEVICE, "gpu0"), (range(1, 2), second, "gpu1")]]
+
+
+def test_pipeline_graph_decode_gives_the_eager_pipelines_logits(model_dir):
+    """A decode graph per (stage, bucket) against the same stages run eagerly, float32: the same
+    logits to float32 rounding, and the same arg max."""
+    from kernelfleet.serve.pipeline import PipelineBackend
+
+    stages = pipeline_stages(model_dir, torch.float32)
+    graphs, eager = PipelineBackend(stages, 4, 96, graphs=True), PipelineBackend(stages, 4, 96)
+    assert all(bucket.graph is not None for size in (1, 2, 4) for bucket in graphs.buckets[size])
+    slots, tokens, positions = [0, 1, 2], [], []
+    for slot in slots:
+        graphs.prefill(slot, PROMPTS[slot])
+        tokens.append(int(eager.prefill(slot, PROMPTS[slot]).argmax()))
+        positions.append(len(PROMPTS[slot]))
+    for step in range(12):
+        if step == 6:  # slot 0 leaves: slot 2 moves into row 0 of both stages' caches
+            slots, tokens, positions = slots[1:], tokens[1:], positions[1:]
+        got = graphs.decode(slots, tokens, positions).clone()
+        want = eager.decode(slots, tokens, positions)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert got.argmax(-1).tolist() == want.argmax(-1).tolist(), step
+        tokens = want.argmax(-1).tolist()
+        positions = [p + 1 for p in positions]
+
+
+def test_a_stage_of_a_config_only_model_draws_the_whole_models_weights_on_the_gpu(tmp_path):
+    """The seeded weights a whole-model build draws on the GPU (model.load), stage by stage, in bf16."""
+    tiny_causal_lm("llama").config.save_pretrained(tmp_path)
+    whole = dict(load(f"hf:{tmp_path}", DEVICE, seed=7, dtype=torch.bfloat16).model.named_parameters())
+    for stage in pipeline_stages(tmp_path, torch.bfloat16, seed=7):
+        first = stage.part.layers.start
+        for name, tensor in stage.part.module.named_parameters():
+            assert torch.equal(tensor.cpu(), whole[name.replace("layers.0.", f"layers.{first}.")].cpu()), name

@@ -12,6 +12,10 @@ import torch
 from recorded import ServeCommand, free_port, reference, tiny_causal_lm, word_tokenizer
 
 from kernelfleet.cli import main
+from kernelfleet.errors import UsageError
+from kernelfleet.serve.command import fitted
+from kernelfleet.serve.device import Gpu
+from kernelfleet.serve.memory import FIXED_WORKSPACE_BYTES
 
 pytestmark = pytest.mark.unit
 
@@ -61,6 +65,35 @@ def test_the_command_serves_under_a_strategy_over_two_cpu_twins(model_dir, strat
     assert 'device_busy_seconds_total{device="small"}' in metrics  # the split's prefill, or the first replica's request
 
 
+def test_a_model_over_each_cap_serves_under_the_pipeline_and_is_refused_whole(model_dir):
+    """Caps under the whole model's weights but over each half's: the check single and replicas run
+    on GPUs (command.fitted, each device the whole model) refuses them in one line; the pipeline
+    serves ``generate``'s tokens over two CPU twins of those caps, each its own part."""
+    from transformers import AutoModelForCausalLM
+
+    weights = sum(p.numel() * p.element_size() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    cap_bytes = FIXED_WORKSPACE_BYTES + weights * 3 // 4
+    for strategy, gpus in [("single", [Gpu("cuda:0", "a", cap_bytes, 10**12, True)]),
+                           ("replicas", [Gpu("cuda:0", "a", cap_bytes, 10**12, True),
+                                         Gpu("cuda:1", "b", cap_bytes, 10**12, True)])]:
+        with pytest.raises(UsageError) as refused:
+            fitted(gpus, f"hf:{model_dir}", strategy, 2, torch.float32, 64)
+        assert str(refused.value).startswith("the model does not fit under the cap of a (cuda:0, "), strategy
+    cap_gb = f"{cap_bytes / 1e9:.9f}"
+    caps = ["--device", f"a:{cap_gb}", "--device", f"b:{cap_gb}", "--slots", "2", "--context", "64"]
+    with ServeCommand(f"hf:{model_dir}", "--cpu", "--strategy", "pipeline", *caps) as server:
+        body = {"prompt": [5, 9, 100, 3], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        whole = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+        metrics = httpx.get(f"{server.url}/metrics").text
+    assert server.returncode == 0, server.err
+    assert ("(2 slots of 64 tokens, pipeline: a: layers 0-0 and the embedding, b: layers 1-1 and the norm and head; "
+            "1 micro-batch)") in server.err  # two CPU stages cannot overlap: one group
+    assert whole["token_ids"] == reference(AutoModelForCausalLM.from_pretrained(model_dir), [5, 9, 100, 3], 6, eos=False)
+    assert whole["text"] == " ".join(f"w{t}" for t in whole["token_ids"])
+    for device in "ab":
+        assert f'kernelfleet_serve_device_busy_seconds_total{{device="{device}"}}' in metrics
+
+
 def run_main(monkeypatch, capsys, *args):
     monkeypatch.setattr(sys, "argv", ["kernelfleet", "serve", *map(str, args)])
     with pytest.raises(SystemExit) as stop:
@@ -84,7 +117,14 @@ def run_main(monkeypatch, capsys, *args):
     (["{dir}", "--device", "h200"], 2, "--device takes NAME:MEMORY_GB[@GPU]"),
     (["{dir}", "--cpu", "--device", "h200:40"], 2, "--device names a GPU; with --cpu"),
     (["{dir}", "--dtype", "int8"], 2, "--dtype takes bfloat16, float16, float32"),
-    (["{dir}", "--cpu", "--strategy", "ring"], 2, "--strategy takes single, replicas, split, got 'ring'"),
+    (["{dir}", "--cpu", "--strategy", "ring"], 2, "--strategy takes single, replicas, split, pipeline, got 'ring'"),
+    (["{dir}", "--cpu", "--strategy", "pipeline", "--device", "a:2"], 2, "it takes two or more, got 1"),
+    (["{dir}", "--cpu", "--strategy", "pipeline", "--device", "a:2", "--device", "b:2", "--device", "c:2"], 2,
+     "cuts the model's 2 layers into one stage a --device: it takes 2 to 2 --device, got 3"),
+    (["{dir}", "--cpu", "--strategy", "pipeline", "--device", "a:2", "--device", "b:2", "--micro-batches", "0"], 2,
+     "--micro-batches must be at least 1, got 0"),
+    (["{dir}", "--cpu", "--strategy", "pipeline", "--device", "a:2", "--device", "b:1.0737"], 2,
+     "the model does not fit as stage 2 of 2 (layers 1-1 and the norm and head) under the cap of b (a CPU twin"),
     (["{dir}", "--cpu", "--strategy", "split", "--device", "a:1"], 2, "--strategy split takes two --device"),
     (["{dir}", "--cpu", "--strategy", "replicas", "--device", "a:1", "--device", "a:2"], 2,
      "--device names must differ"),

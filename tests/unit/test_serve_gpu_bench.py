@@ -1,6 +1,7 @@
 """``bench.serve_gpu``'s control flow on the CPU (``--cpu --quick``, tiny models): every case's
-server starts, the batch-1 table and the loads run, every request gets its tokens, the cap case's
-slots are what it set, the trace it wrote replays; a bad trace file is one line."""
+server starts, the batch-1 table and the loads run, every request gets its tokens, the capped
+pair's two ways (replicas, pipeline) run with the slots they set and are compared, the trace it
+wrote replays; a bad trace file is one line."""
 
 import csv
 import os
@@ -19,16 +20,20 @@ def test_the_dry_run_serves_every_load_and_reports_it(tmp_path):
     table, report = bench_quick("serve_gpu", args=("--cpu", "--out", str(tmp_path), "--cases", "llama8b,capped",
                                                     "--requests", "3"))
     assert table.startswith("command: ") and "highest rate held at p99 TPOT <= 50 ms" in table
-    llama, capped = report["cases"]
-    assert (llama["name"], capped["name"], capped["slots"]) == ("llama8b", "capped", 2)
-    assert llama["overhead"]["bare_ms_per_token"] > 0 and capped["overhead"] is None
+    llama, _, pipeline = report["cases"]
+    assert [(case["name"], case["slots"]) for case in report["cases"]] == [
+        ("llama8b", 4), ("capped-replicas", 2), ("capped-pipeline", 4)]
+    assert llama["overhead"]["bare_ms_per_token"] > 0 and pipeline["overhead"] is None
+    pair = report["capped_pair"]
+    assert (pair["replicas_slots"], pair["pipeline_slots"]) == (2, 4)
+    assert "pipeline / replicas: " in table and "(target >= 2x)" in table
     for case in report["cases"]:
         assert [load["requests"] for load in case["poisson"]] == [3] * len(case["poisson"])
         assert all(load["output_tokens"] >= 3 and load["tokens_per_second"] > 0 for load in case["poisson"])
     with (tmp_path / "trace.csv").open() as file:
         written = list(csv.DictReader(file))
     assert report["cases"][0]["trace"]["requests"] == len(written) == 6
-    assert (tmp_path / "serve_gpu.json").is_file() and (tmp_path / "server-capped.log").is_file()
+    assert (tmp_path / "serve_gpu.json").is_file() and (tmp_path / "server-capped-pipeline.log").is_file()
 
 
 def test_a_bad_trace_file_is_one_line(tmp_path):

@@ -2,15 +2,23 @@
 
 Greedy completions of concurrent clients equal transformers' ``generate`` for a dense and an MoE
 model; streaming gives the tokens a whole answer gives; bad input is a 400 with one line; a full
-queue a 429; a client that goes away mid-stream frees its slot; many interleaved requests each get
-their own tokens, none lost."""
+queue a 429; a client that goes away mid-stream, or while it waits for a whole answer, frees its
+slot; many interleaved requests each get their own tokens, none lost."""
 
 import asyncio
+import contextlib
 import json
+import threading
+import time
 
 import httpx
 import pytest
-from recorded import PROMPTS, reference, served_model, serving, tiny_causal_lm
+from recorded import PROMPTS, interleaved, reference, served_model, serving, tiny_causal_lm
+
+from kernelfleet.fleet.listener import Listener, bind
+from kernelfleet.serve.api import serve_app
+from kernelfleet.serve.backend import EagerBackend
+from kernelfleet.serve.engine import Engine
 
 pytestmark = pytest.mark.unit
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -136,20 +144,8 @@ def test_many_interleaved_requests_each_get_their_own_tokens_none_lost(llama):
     prompts = [[(7 * i + j) % 256 for j in range(1 + i % 9)] for i in range(48)]
     lengths = [2 + (5 * i) % 11 for i in range(48)]
     expected = [reference(llama, p, n, eos=False) for p, n in zip(prompts, lengths)]
-
-    async def load(url):
-        gate = asyncio.Semaphore(16)
-        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-            async def one(i):
-                async with gate:
-                    body = {"prompt": prompts[i], "max_tokens": lengths[i], **GREEDY}
-                    if i % 2:
-                        return streamed_tokens(await stream(client, **body))
-                    return (await complete(client, **body))["choices"][0]["token_ids"]
-            return await asyncio.gather(*(one(i) for i in range(48)))
-
     with serving(served_model(llama), slots=4, max_queue=16) as (url, engine):
-        got = asyncio.run(load(url))
+        got = interleaved(url, prompts, lengths, 16)
         metrics = engine.metrics.exposition().decode()
     assert got == expected
     assert 'kernelfleet_serve_requests_total{finish_reason="length"} 48.0' in metrics
@@ -175,3 +171,55 @@ def test_models_healthz_metrics_and_the_token(llama):
     for name in ("time_to_first_token_seconds_bucket", "time_per_output_token_seconds_bucket",
                  "prompt_tokens_total 3.0", 'device_busy_seconds_total{device="cpu"}', "queue_limit_requests 64.0"):
         assert f"kernelfleet_serve_{name}" in metrics, name
+
+
+class GatedBackend(EagerBackend):
+    """The tiny model, each decode held until the test opens the gate: the request is certainly
+    still generating when its client leaves."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.gate, self.waiting = threading.Event(), threading.Event()
+
+    def decode(self, *args):
+        self.waiting.set()
+        self.gate.wait(60)
+        return super().decode(*args)
+
+
+def test_a_client_leaving_a_whole_answer_cancels_it_and_frees_its_slot(llama):
+    backend = GatedBackend(llama, 1, 64)
+    engine = Engine(backend, 4).start()
+    sock = bind("127.0.0.1", 0)
+    server = Listener(serve_app(engine, served_model(llama)), sock).start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            whole = asyncio.create_task(client.post("/v1/completions", json={"prompt": [3, 4], "max_tokens": 50,
+                                                                            **GREEDY}))
+            while not backend.waiting.is_set():  # prefilled, its first decode held
+                await asyncio.sleep(0.01)
+            whole.cancel()  # the client gives up: httpx closes its connection
+            with contextlib.suppress(asyncio.CancelledError):
+                await whole
+        deadline = time.monotonic() + 30  # a bound for a server that never notices, not a speed check
+        while not all(r.cancelled for r in engine.scheduler.running.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    try:
+        asyncio.run(scenario())
+        backend.gate.set()
+        while engine.scheduler.running:
+            time.sleep(0.01)
+        metrics = httpx.get(f"{url}/metrics").text
+        health = httpx.get(f"{url}/healthz").json()
+    finally:
+        backend.gate.set()
+        server.stop()
+        engine.close()
+    assert 'kernelfleet_serve_requests_total{finish_reason="cancelled"} 1.0' in metrics
+    assert health["running"] == 0
+    generated = next(float(line.split()[-1]) for line in metrics.splitlines()
+                     if line.startswith("kernelfleet_serve_generated_tokens_total"))
+    assert generated <= 2  # the prefill's token and the decode under way, not 50

@@ -4,21 +4,18 @@ prefill/decode split (prefill on one, the slot's keys and values handed over, de
 give transformers' ``generate`` tokens for a dense and an MoE model with requests sharing the slots;
 over HTTP, many interleaved requests each get their own; busy time is counted per device."""
 
-import asyncio
 import re
 
 import httpx
 import pytest
 import torch
-from recorded import PROMPTS, reference, served_model, serving, tiny_causal_lm
+from recorded import PROMPTS, interleaved, reference, served_model, serving, stepped, tiny_causal_lm
 
 from kernelfleet.errors import UsageError
 from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.serve.command import Placed
-from kernelfleet.serve.engine import Engine
 from kernelfleet.serve.graphs import GraphBackend
 from kernelfleet.serve.memory import proportional_slots
-from kernelfleet.serve.sampling import Sampling
 from kernelfleet.serve.strategies import checked_strategy, replicas, split
 
 pytestmark = pytest.mark.unit
@@ -34,29 +31,15 @@ def strategy_of(name, model):
                                                                   device_name="cpu1"))
 
 
-def busy_seconds(engine):
-    return {s.labels["device"]: s.value for metric in engine.metrics.registry.collect()
-            if metric.name == "kernelfleet_serve_device_busy_seconds" for s in metric.samples
-            if s.name.endswith("_total")}
-
-
 @pytest.mark.parametrize("strategy", ["replicas", "split"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_tokens_equal_generate_under_each_strategy(kind, strategy):
     model = tiny_causal_lm(kind)
     plan = strategy_of(strategy, model)
-    engine = Engine(plan, max_queue=16)
-    assert engine.slots == 3
-    got = [[] for _ in LENGTHS]
-    where = []
-    for prompt, n, tokens in zip(PROMPTS, LENGTHS, got):
-        engine.submit(prompt, n, frozenset(), Sampling(temperature=0.0),
-                      lambda token, finish, tokens=tokens: tokens.append(token))
-    while engine.step():
-        where.append(sorted(plan.locate(slot)[0] for slot in engine.scheduler.running))
+    assert plan.slots == 3
+    got, where, busy = stepped(plan, PROMPTS, LENGTHS)
     for prompt, n, tokens in zip(PROMPTS, LENGTHS, got):
         assert tokens == reference(model, prompt, n, eos=False), prompt
-    busy = busy_seconds(engine)
     assert set(busy) == {"cpu0", "cpu1"} and all(seconds > 0 for seconds in busy.values())
     if strategy == "replicas":
         assert where[0] == [0, 0, 1]  # three requests at once: two on the backend of two slots, one on the other
@@ -97,7 +80,8 @@ def test_slots_split_in_proportion_to_memory_and_bad_strategies_are_one_line():
     assert proportional_slots(5, [1.0, 1.0]) == [3, 2]
     with pytest.raises(UsageError, match="--slots 1 cannot give each of the 2 devices a slot"):
         proportional_slots(1, [1.0, 1.0])
-    for strategy, devices, says in [("pipeline", "ab", "--strategy takes single, replicas, split, got 'pipeline'"),
+    for strategy, devices, says in [("ring", "ab", "--strategy takes single, replicas, split, pipeline, got 'ring'"),
+                                    ("pipeline", "a", "it takes two or more, got 1"),
                                     ("replicas", "a", "over two or more --device, got 1"),
                                     ("split", "abc", "takes two --device, the prefill's then the decode's, got 3"),
                                     ("single", "ab", "serves on one --device, got 2")]:
@@ -117,24 +101,10 @@ def test_many_interleaved_requests_over_http_each_get_their_own_tokens(strategy)
     expected = [reference(llama, p, n, eos=False) for p, n in zip(prompts, lengths)]
     devices = [Placed("cpu0", llama, 1 if strategy == "split" else 2), Placed("cpu1", llama, 2)]
 
-    async def load(url):
-        gate = asyncio.Semaphore(8)
-        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-            async def one(i):
-                async with gate:
-                    body = {"prompt": prompts[i], "max_tokens": lengths[i], "temperature": 0, "ignore_eos": True}
-                    if i % 2:
-                        async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as answer:
-                            return [t for line in [x async for x in answer.aiter_lines()]
-                                    if line.startswith("data: {") for t in httpx.Response(200, content=line[6:])
-                                    .json()["choices"][0]["token_ids"]]
-                    answer = await client.post("/v1/completions", json=body)
-                    return answer.json()["choices"][0]["token_ids"]
-            return await asyncio.gather(*(one(i) for i in range(24)))
 
     with serving(served_model(llama), slots=4 if strategy == "replicas" else 2, max_queue=24, strategy=strategy,
                  devices=devices, graphs=strategy == "split") as (url, _engine):
-        got = asyncio.run(load(url))
+        got = interleaved(url, prompts, lengths, 8)
         health = httpx.get(f"{url}/healthz").json()
         metrics = httpx.get(f"{url}/metrics").text
     assert got == expected

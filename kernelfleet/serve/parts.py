@@ -1,0 +1,229 @@
+"""Each pipeline stage's part of a model, built on its own device: only the parameters it reads.
+
+A stage of layers ``[start, stop)`` is the model's own class, built on the meta device (nothing
+allocated) and cut down: its decoder ``layers`` keep the stage's (each keeps the whole model's
+``layer_idx``, so a stage's KV cache holds exactly its layers), the embedding stays on the first
+stage only, the final norm and the head on the last only (elsewhere the norm is an identity and
+the head is gone). Every stage builds its own rotary embedding (buffers computed from the config,
+no parameters). Only then is what is left allocated on the device, and filled:
+
+* from the directory's safetensors, one tensor at a time (``safe_open``; a sharded checkpoint's
+  index says which file holds which), so a device never holds another stage's weights. Checkpoint
+  names are the whole model's; an MoE's experts, saved one by one, are stacked into the fused
+  tensors transformers 5 builds (``gate_up_proj``: each expert's gate then up rows);
+* for a directory with only ``config.json``, with the seeded random weights a whole-model build
+  draws. Those depend on every draw before them, so the whole model's construction is recorded
+  once on the meta device (:class:`_Recording`: its tensors go to meta, but transformers is not
+  told, so it initialises as in a real build, in the same order), and each stage replays the
+  record from the seed: the initialisers of its own tensors run on them, and each random one of
+  another stage's runs on a scratch tensor of the same shape, which draws from the generator
+  exactly what the real tensor would have. Peak memory is the stage's weights and one tensor.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
+
+from kernelfleet.errors import UsageError
+from kernelfleet.serve.cut import StageSizes
+from kernelfleet.serve.memory import kv_bytes
+from kernelfleet.serve.model import capturable_experts, model_config, model_folder
+
+PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")  # what a base model must have to be cut into stages
+
+
+@dataclass(eq=False)
+class Part:
+    """One stage's module on its device: the model's class holding ``layers`` (the whole model's
+    numbering), with the embedding if ``first`` and the norm and head if ``last``."""
+
+    module: Any
+    layers: range
+    first: bool
+    last: bool
+
+    @property
+    def base(self) -> Any:
+        return getattr(self.module, self.module.base_model_prefix)
+
+
+def stage_sizes(target: str, dtype: torch.dtype, context_tokens: int) -> StageSizes:
+    """The sizes the cut weighs (cut.py), from ``target``'s config on the meta device."""
+    config = model_config(model_folder(target))
+    with torch.device("meta"):
+        model = _architecture(config, dtype)
+    base = _base(model, target)
+    size = torch.empty(0, dtype=dtype).element_size()
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    return StageSizes(_bytes(base.embed_tokens), [_bytes(layer) for layer in base.layers],
+                      _bytes(base.norm) + _bytes(model.lm_head),
+                      kv_bytes(1, kv_heads, head_dim, context_tokens, size),
+                      text.vocab_size * (size + 4) + context_tokens, text.hidden_size * size + context_tokens)
+
+
+def build_part(target: str, layers: range, device: str, seed: int, dtype: torch.dtype) -> Part:
+    """The part of ``target``'s model that holds ``layers`` (module docstring), on ``device``."""
+    folder = model_folder(target)
+    config = model_config(folder)
+    with torch.device("meta"):
+        module = _architecture(config, dtype)
+    count = len(_base(module, target).layers)
+    part = Part(module, layers, layers.start == 0, layers.stop == count)
+    names = _cut(part, config)
+    module.to_empty(device=device)
+    mine = dict(module.named_parameters())
+    tensors = {whole: mine[name] for name, whole in names.items()}
+    with torch.no_grad():
+        if (folder / "model.safetensors").exists() or (folder / "model.safetensors.index.json").exists():
+            _load(folder, tensors, device)
+        elif (folder / "pytorch_model.bin").exists():
+            raise UsageError(f"{target}: --strategy pipeline loads each stage's tensors from safetensors; this directory "
+                             "has pytorch_model.bin (save it again with save_pretrained, which writes safetensors)")
+        else:
+            _replayed(config, dtype, seed, tensors, device)
+        with torch.device(device):
+            part.base.rotary_emb = type(part.base.rotary_emb)(config=part.base.config)
+    capturable_experts(module, device, dtype)
+    return part
+
+
+def _architecture(config: Any, dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(config, dtype=dtype).eval().requires_grad_(False)
+
+
+def _base(model: Any, target: str) -> Any:
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    if base is None or not all(hasattr(base, name) for name in PARTS) or not hasattr(model, "lm_head"):
+        raise UsageError(f"{target}: --strategy pipeline cuts models whose base holds embed_tokens, layers, norm and "
+                         f"rotary_emb, and a lm_head (Llama, Qwen2, Qwen2-MoE, Mistral, ...); {type(model).__name__} "
+                         "does not")
+    return base
+
+
+def _bytes(module: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def _cut(part: Part, config: Any) -> dict[str, str]:
+    """Cut ``part.module`` down to its stage; each parameter left, by its name there, and its name
+    in the whole model (the checkpoint's)."""
+    model, base, layers = part.module, part.base, part.layers
+    prefix = f"{model.base_model_prefix}.layers."
+    base.layers = torch.nn.ModuleList(list(base.layers)[layers.start:layers.stop])
+    # the base model's forward runs its own layers, and reads each one's attention type by its place there
+    base.config = copy.copy(config.get_text_config())
+    base.config.num_hidden_layers = len(layers)
+    if getattr(base.config, "layer_types", None):
+        base.config.layer_types = base.config.layer_types[layers.start:layers.stop]
+    if not part.first:
+        base.embed_tokens = None
+    if not part.last:
+        base.norm, model.lm_head = torch.nn.Identity(), None
+    names = {}
+    for name, _ in model.named_parameters():
+        if name.startswith(prefix):
+            index, rest = name[len(prefix):].split(".", 1)
+            names[name] = f"{prefix}{layers.start + int(index)}.{rest}"
+        else:
+            names[name] = name
+    return names
+
+
+def _load(folder: Path, tensors: dict[str, torch.Tensor], device: str) -> None:
+    """Each of ``tensors`` (by its checkpoint name) from the directory's safetensors, one at a time."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    where = json.loads(index.read_text())["weight_map"] if index.exists() else {}
+    opened: dict[str, tuple[Any, set[str]]] = {}  # a file's handle and the names it holds
+
+    def read(name: str) -> torch.Tensor | None:
+        file = where.get(name, "model.safetensors")
+        if file not in opened:
+            handle = safe_open(str(folder / file), framework="pt", device=str(device))
+            opened[file] = handle, set(handle.keys())
+        handle, held = opened[file]
+        return handle.get_tensor(name) if name in held else None
+
+    for name, tensor in tensors.items():
+        tensor.copy_(_saved(name, tensor, read, folder))
+
+
+def _saved(name: str, tensor: torch.Tensor, read: Callable[[str], torch.Tensor | None], folder: Path) -> torch.Tensor:
+    """The checkpoint's value of ``name``: its own tensor, or an MoE's experts saved one by one (module docstring)."""
+    found = read(name)
+    if found is not None:
+        return found
+    experts = range(tensor.shape[0]) if tensor.dim() == 3 else range(0)
+    if name.endswith("experts.gate_up_proj"):
+        stem = name[:-len("gate_up_proj")]
+        found = [[read(f"{stem}{e}.gate_proj.weight"), read(f"{stem}{e}.up_proj.weight")] for e in experts]
+        if found and all(t is not None for pair in found for t in pair):
+            return torch.stack([torch.cat(pair) for pair in found])
+    if name.endswith("experts.down_proj"):
+        stem = name[:-len("down_proj")]
+        found = [read(f"{stem}{e}.down_proj.weight") for e in experts]
+        if found and all(t is not None for t in found):
+            return torch.stack(found)
+    raise UsageError(f"hf:{folder}: its safetensors hold no tensor {name} (nor the experts it is stacked from)")
+
+
+class _Recording(TorchFunctionMode):
+    """Builds on the meta device and records every initialiser called on a meta tensor, in order
+    (module docstring). ``torch.tensor`` stays on the CPU: transformers asks it which device a
+    model is built under, and initialises nothing under meta."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Callable, torch.Tensor, tuple, dict]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in _device_constructors() and func is not torch.tensor and kwargs.get("device") is None:
+            kwargs["device"] = "meta"
+        # torch.nn.init's functions come here with the tensor as a keyword, a tensor's methods as the first argument
+        target = args[0] if args else kwargs.get("tensor")
+        if getattr(func, "__name__", "").endswith("_") and isinstance(target, torch.Tensor) and target.is_meta:
+            self.calls.append((func, target, tuple(args[1:]), {k: v for k, v in kwargs.items() if k != "tensor"}))
+        return func(*args, **kwargs)
+
+
+def _random(func: Callable) -> bool:
+    name = func.__name__
+    return any(word in name for word in ("normal", "uniform", "orthogonal", "sparse", "bernoulli", "random",
+                                         "exponential", "geometric", "cauchy"))
+
+
+def _replayed(config: Any, dtype: torch.dtype, seed: int, tensors: dict[str, torch.Tensor], device: str) -> None:
+    """Fill ``tensors`` (by their names in the whole model) with what a whole-model build from ``seed`` draws."""
+    recording = _Recording()
+    with recording:
+        whole = _architecture(config, dtype)
+    names: dict[int, list[str]] = {}
+    for name, tensor in whole.named_parameters(remove_duplicate=False):  # a tied tensor has two names
+        names.setdefault(id(tensor), []).append(name)
+    torch.manual_seed(seed)  # every device's generator: a whole-model build on this device draws from it
+    for func, target, args, kwargs in recording.calls:
+        # an initialiser may write a view of a parameter (an embedding's padding row): the same view of ours
+        base = target if id(target) in names or target._base is None else target._base
+        mine = next((tensors[n] for n in names.get(id(base), []) if n in tensors), None)
+        if mine is not None and base is not target:
+            mine = mine.as_strided(target.size(), target.stride(), target.storage_offset())
+        if mine is None and not _random(func):
+            continue
+        into = mine if mine is not None else torch.empty(target.shape, dtype=target.dtype, device=device)
+        func(into, *args, **kwargs)
