@@ -64,6 +64,11 @@ def graph_seconds(found: dict) -> dict[str, float]:
             if found.get(name, {}).get("seconds")}
 
 
+def with_graph(costs: CostTable, graph: dict[str, float]) -> CostTable:
+    """``costs`` of the devices of ``graph`` only, their graph times ``graph`` (a run's own)."""
+    return replace(costs.restricted(list(graph)), graph_seconds=graph)
+
+
 def timed(found: dict) -> dict[str, float]:
     """Measured seconds per slot of every strategy that passed its gate, but for the paced links and
     the one-slot ablations (not strategies a server would run)."""
@@ -76,7 +81,7 @@ def corrected(costs: CostTable, graph: dict[str, float], how: str) -> CostTable:
     if how == "none":
         return costs
     if how in ("scale", "contention"):
-        return replace(costs, graph_seconds=graph).calibrated()
+        return with_graph(costs, graph).calibrated()
     less = {d: (sum(r.get(d) or 0.0 for r in costs.seconds) - g) / len(costs.seconds) for d, g in graph.items()}
     rows = [{d: (max(0.0, t - less[d]) if t is not None and d in less else t) for d, t in row.items()}
             for row in costs.seconds]
@@ -153,7 +158,7 @@ def evaluate(folder: Path) -> Evaluation:
     return Evaluation(target, pair, recorded,
                       {h: sum(abs(e) <= WITHIN for e in errors[h].values()) for h in CORRECTIONS},
                       {h: sum(abs(errors[h][n]) <= WITHIN for n in mixed) for h in CORRECTIONS},
-                      len(names), len(mixed), replace(costs, graph_seconds=graph).graph_factors(), errors,
+                      len(names), len(mixed), with_graph(costs, graph).graph_factors(), errors,
                       picks, {h: measured[p] / measured[best] for h, p in picks.items() if p}, best, free_errors)
 
 

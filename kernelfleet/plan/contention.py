@@ -19,7 +19,11 @@ speed each node was timed alone. Two measurements of ``kernelfleet profile`` (``
   the compute nodes in flight on a device share it, ``k`` of them doing ``g(k)`` times the work per
   second of one, where ``g(copies)`` is the measured free speedup (the graph's ``copies`` chains
   free over chained), ``g(1) = 1``, linear between and flat beyond (more than ``copies`` at once was
-  not measured, so no more gain is assumed). Copies run at their own speed, each on its own. Where
+  not measured, so no more gain is assumed). Copies run at their own speed, one at a time on their
+link stream as the executor queues them, whichever slot they belong to: on the H200 run of
+2026-12-01 (disjoint partitions) free slots with 16-47 copies each ran 1.7-1.9x slower than a
+model of copies in parallel predicted (dit-denoise's throughput plan: 135.9 µs a slot against
+72.9). Where
   the free speedup was not measured, free slots are predicted as before: each device takes its
   nodes in creation order (what two H200s measured, docs/place.md).
 
@@ -118,13 +122,16 @@ def _shared(combined: list[SlotNode], times: list[float], contention: Contention
     clock: dict[str, float] = {}  # device -> work received by each of its nodes in flight so far
     flight: dict[str, list[tuple[float, int]]] = {}  # device -> heap of (clock reading at its end, node)
     copies: list[tuple[float, int]] = []  # (end time, node)
+    link_free: dict[str, float] = {}  # copy stream -> when its last copy ends: a stream's copies queue
     now = 0.0
 
     def begin(k: int) -> None:
         starts[k] = now
         device = _device(combined[k])
         if device is None:
-            heapq.heappush(copies, (now + times[k], k))
+            stream = combined[k].node.stream
+            link_free[stream] = max(now, link_free.get(stream, 0.0)) + times[k]
+            heapq.heappush(copies, (link_free[stream], k))
         else:
             heapq.heappush(flight.setdefault(device, []), (clock.get(device, 0.0) + times[k], k))
 

@@ -5,8 +5,8 @@ measures with ``profile/steptime.py``), then ``kernelfleet plan`` plans from it,
 predicts each single device's graph as measured; per-device profiles merge their graph times."""
 
 import json
+import re
 import sys
-from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -30,7 +30,7 @@ def measured_table(folder, tmp_path):
     found = json.loads((folder / "disagg.json").read_text())["strategies"]
     costs = CostTable.from_json((folder / "costs.json").read_text())
     path = tmp_path / "costs.json"
-    path.write_text(replace(costs, graph_seconds=place_calibration.graph_seconds(found)).to_json())
+    path.write_text(place_calibration.with_graph(costs, place_calibration.graph_seconds(found)).to_json())
     return path, found
 
 
@@ -39,7 +39,7 @@ def test_the_planner_predicts_each_single_device_as_its_graph_measured(folder, t
     path, found = measured_table(folder, tmp_path)
     setup = command.setup(folder / "program.json.gz", path, ["a", "b"], [], links.LINK_GBPS, [], [],
                           None, links.COPY_US)
-    assert "scaled to the measured graph time (a x0." in setup.notes[0]
+    assert re.search(r"scaled to the measured graph time \(a x\d\.\d{3}, b x\d\.\d{3}\)", setup.notes[0])
     _, plans = command.make_plans(setup.problem, "single", 10.0)
     singles = [p for p in plans if p.policy.startswith("single:")]
     assert len(singles) == 2
@@ -53,9 +53,18 @@ def test_plan_prints_what_it_scaled_and_an_old_table_plans_as_before(tmp_path):
     path, _ = measured_table(folder, tmp_path)
     result = CliRunner().invoke(app, ["plan", str(folder / "program.json.gz"), str(path), "--policy", "single"])
     assert result.exit_code == 0, result.output
-    assert "scaled to the measured graph time (a x0.780, b x0.780)" in " ".join(result.output.split())
-    old = command.load_costs(folder / "costs.json")  # written before profile measured graphs
-    assert old.graph_seconds is None and old == CostTable.from_json((folder / "costs.json").read_text())
+    said = re.search(r"scaled to the measured graph time \(a x(\d\.\d{3}), b x(\d\.\d{3})\)",
+                     " ".join(result.output.split()))
+    costs = CostTable.from_json(path.read_text())
+    assert said and [float(x) for x in said.groups()] == [round(costs.graph_factors()[d], 3) for d in "ab"]
+    # a table written before profile measured graphs loads and plans as it did, unscaled
+    recorded = json.loads((folder / "costs.json").read_text())
+    old_path = tmp_path / "old-costs.json"
+    old_path.write_text(json.dumps({k: v for k, v in recorded.items() if not k.startswith("graph_seconds")}))
+    old = command.load_costs(old_path)
+    assert old.graph_seconds is None and old.graph_seconds_free is None
+    result = CliRunner().invoke(app, ["plan", str(folder / "program.json.gz"), str(old_path), "--policy", "single"])
+    assert result.exit_code == 0 and "scaled to" not in result.output, result.output
 
 
 @pytest.mark.parametrize("graph, said", [({"a": -1.0}, "graph_seconds.a"), ({"z": 1e-4}, "device 'z'"),

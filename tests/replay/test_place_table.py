@@ -21,12 +21,12 @@ def test_the_recorded_run_covers_the_reference_and_transformers_steps_on_both_pa
     names = {f.name for f in FOLDERS}
     assert {f"{t}.different" for t in ("llama-decode", "moe-decode", "mamba-decode", "vlm-prefill", "dit-denoise",
                                        "hf-llama-decode", "hf-qwen2moe-decode", "hf-qwen2moe-prefill")} <= names
-    assert {"llama-decode.same", "moe-decode.same"} <= names
+    assert len(names) == 22 and {n.replace(".different", ".same") for n in names} <= names  # both pairs, every target
     for folder in FOLDERS:  # the different-kernel pair places units; the same-kernel pair launches
         with gzip.open(folder / "program.json.gz", "rt") as f:
             units = json.load(f).get("units", False)
         kernels = json.loads((folder / "disagg.json").read_text())["devices"]["b"]["kernels"]
-        assert units == (kernels != "default") or folder.name.startswith("mamba"), folder.name
+        assert units == (kernels != "default") or "mamba" in folder.name, folder.name
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
@@ -63,6 +63,8 @@ def test_the_table_prints_every_row_and_its_verdicts(capsys):
     out = capsys.readouterr().out.strip().splitlines()
     figures = json.loads(out[-1])
     assert len(figures["rows"]) == len(FOLDERS) and len(figures["verdicts"]) == 4
+    # the latency policy (a placement must be predicted 5 % faster than one device) re-run on each table
+    assert figures["verdicts"]["today's latency plan at or below the fastest single device"] == "met on every row"
     assert sum(line.startswith("| ") for line in out) == len(FOLDERS) + 1  # the head and a line a row
 
 
@@ -71,29 +73,40 @@ def calibrations():
     return {f.name: place_calibration.evaluate(f) for f in FOLDERS}
 
 
-def test_recomputed_predictions_are_the_runs_own_but_for_mambas_unit_program(calibrations):
+# the run placed launches where both captures were identical, while the folder keeps the profile's
+# unit program, whose accesses differ slightly: recomputed, their pipelines differ by up to 6 %
+RECOMPUTED_APART = {("mamba-decode.different", "pipeline"), ("hf-mamba-decode.different", "pipeline"),
+                    ("hf-qwen2moe-prefill.same", "pipeline")}
+
+
+def test_recomputed_predictions_are_the_runs_own_but_for_three_pipelines(calibrations):
+    """The run predicted with ``contention.predict`` over its own measured graph times; recomputed
+    on the CPU the same way, every chained row's prediction is the run's to the last digit."""
     for folder in FOLDERS:
         found = json.loads((folder / "disagg.json").read_text())["strategies"]
-        for name, error in calibrations[folder.name].errors["none"].items():
+        for name, error in calibrations[folder.name].errors["contention"].items():
             recorded = found[name]["seconds"] / found[name]["predicted_seconds"] - 1
-            if (folder.name, name) == ("mamba-decode.different", "pipeline"):
-                # the run placed launches: recomputed on the folder's unit program, 283.9 µs against 279.9
-                assert (1 + recorded) / (1 + error) == pytest.approx(1.0143, abs=1e-4)
+            if (folder.name, name) in RECOMPUTED_APART:
+                assert abs(error - recorded) < 0.06, (folder.name, name)
             else:
                 assert error == pytest.approx(recorded, abs=1e-9), (folder.name, name)
 
 
-def test_scaling_each_column_to_its_graph_time_brings_most_placements_within_ten_percent(calibrations):
+def test_the_shared_and_free_graph_times_bring_most_predictions_within_ten_percent(calibrations):
     found = list(calibrations.values())
     totals = place_calibration.totals(found)
-    assert totals["recorded predictions"] == "49 of 92 chained rows"
-    assert totals["none"] == "49 of 92 chained rows, 38 of 64 mixed"
-    assert totals["scale"] == "72 of 92 chained rows, 44 of 64 mixed"  # the winner, built into CostTable.calibrated
-    assert totals["overhead"] == "69 of 92 chained rows, 41 of 64 mixed"
-    for e in found:  # fitted on the single devices: their graphs are predicted exactly
-        assert all(abs(e.errors["scale"][s]) < 1e-9 for s in place_calibration.SINGLES)
-        # two partitions of one H200 at once run slower than each alone: what no single-device fit sees
-        assert 0.10 < e.errors["scale"]["replicas"] < 0.18, e.target
+    assert totals["recorded predictions"] == "138 of 147 chained rows"
+    assert totals["none"] == "75 of 147 chained rows, 52 of 103 mixed"
+    assert totals["scale"] == "125 of 147 chained rows, 81 of 103 mixed"
+    assert totals["contention"] == "138 of 147 chained rows, 94 of 103 mixed"  # what bench disagg and plan predict
+    assert totals["free and scheduled rows within 10 %, contention"] == "139 of 152"
+    for e in found:
+        # profile's own graph times of each single device: bench disagg timed the same graphs within 5 %
+        assert all(abs(e.errors["scale"][s]) < 0.05 for s in place_calibration.SINGLES), e.target
+        # two disjoint partitions of one H200 busy at once still run slower than each alone (memory,
+        # L2): each graph alone predicts request distribution 5-15 % too fast, its shared factor within 12 %
+        assert 0.05 < e.errors["scale"]["replicas"] < 0.15, e.target
+        assert abs(e.errors["contention"]["replicas"]) < 0.12, e.target
 
 
 def test_the_calibrated_table_prints_a_row_per_folder_and_the_totals(capsys):
@@ -101,7 +114,7 @@ def test_the_calibrated_table_prints_a_row_per_folder_and_the_totals(capsys):
     out = capsys.readouterr().out.strip().splitlines()
     totals = json.loads(out[-1])["totals"]
     assert {"recorded predictions", *place_calibration.CORRECTIONS} <= set(totals)
-    # the model of today's product is the graph scaling on a recording without shared or free graph times
-    assert totals["contention"] == totals["scale"]
-    assert totals["chosen within 3 % of the best, contention"] == "13 of 14 rows"
+    # recomputed with today's model (free slots' copies queue on their link), the choice holds on every row
+    assert totals["chosen within 3 % of the best, recorded"] == "19 of 22 rows"
+    assert totals["chosen within 3 % of the best, contention"] == "22 of 22 rows"
     assert sum(line.startswith("| ") for line in out) == 2 * (len(FOLDERS) + 1)  # predictions, then choices
