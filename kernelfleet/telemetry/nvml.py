@@ -49,10 +49,12 @@ class NvmlSource:
     # still (idle, or boosting steadily below the power cap), read once a window. A change is seen
     # late by at most one window, whose mean then rests on the read at its end.
     adaptive_clock_poll: bool = True
-    # "auto": sleep on clock-change events where every GPU offers them (telemetry/clock_events.py),
-    # else poll as above (and poll when dense polling was asked for: adaptive_clock_poll False,
-    # --dense-clock); "events" or "poll" force one (the benchmark measures both).
-    clock_mode: str = "auto"
+    # "poll" (the default) as above. "auto": sleep on clock-change events where every GPU offers them
+    # (telemetry/clock_events.py), else poll (and poll when dense polling was asked for:
+    # adaptive_clock_poll False, --dense-clock); "events" forces them. Not the default: an H200
+    # (driver 580) sent 10 events a window with its clock still (6.3 ms of CPU a window against 0.61
+    # polling) and, under load, 222 in 5 s for 30 changes, 10 of them unannounced (docs/telemetry.md).
+    clock_mode: str = "poll"
     # The reads made every poll and every window call NVML's C functions directly
     # (telemetry/nvml_hot.py); False goes through pynvml's wrapper for each, as before.
     hot_reads: bool = True

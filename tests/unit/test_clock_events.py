@@ -181,7 +181,8 @@ def test_a_flood_of_events_falls_back_to_polling(fake_time):
 def test_a_lost_gpu_registers_its_events_again(fake_time):
     gpu = TwinGpu(clock_trace=trace(fake_time.now(), 6), clock_events=True)
     twin = Twin([gpu], fake_time.now, sleep=fake_time.sleep)
-    source = NvmlSource(nvml=Nvml(twin), clock=fake_time.now, wall=fake_time.wall, sleep=fake_time.sleep)
+    source = NvmlSource(nvml=Nvml(twin), clock=fake_time.now, wall=fake_time.wall, sleep=fake_time.sleep,
+                         clock_mode="auto")
     with source:
         stream = source.batches(count=5)
         next(stream)
