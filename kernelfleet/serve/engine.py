@@ -77,9 +77,12 @@ class Engine:
         self.clock = clock
         self.metrics = metrics or ServeMetrics(max_queue)
         self.scheduler: Scheduler[Request] = Scheduler(self.strategy.slots, max_queue, self.strategy.choose)
-        for each in self.strategy.backends:
+        for each in [*self.strategy.backends, *filter(None, [self.strategy.prefill_on])]:
             if hasattr(each, "busy"):  # a backend over several devices (the pipeline) counts each one's time itself
                 each.busy = self._busy
+            # every device's busy counter exported at 0 from the start, so a rate() sees its first forwards
+            for device in [stage.name for stage in getattr(each, "stages", [])] or [each.device]:
+                self.metrics.busy.labels(device)
         self._wake = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None

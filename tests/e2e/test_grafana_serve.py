@@ -73,14 +73,20 @@ def test_panels_have_unique_ids_and_do_not_overlap_on_the_grid():
 
 async def load(url: str) -> list[int]:
     """Requests as clients send them: a few one after another (one streamed), then a burst larger
-    than the server's slots and queue; the status of each request of the burst."""
+    than the server's slots and queue, twice, seconds apart (so scrapes fall between them: a rate
+    needs two samples that differ); the status of each request of the bursts."""
     body = {"prompt": [5, 9, 100, 3], "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    codes = []
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-        for stream in (False, True, False):
-            answer = await client.post("/v1/completions", json={**body, "stream": stream})
-            assert answer.status_code == 200, answer.text
-        burst = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(8)))
-    return [a.status_code for a in burst]
+        for wave in range(2):
+            for stream in (False, True, False):
+                answer = await client.post("/v1/completions", json={**body, "stream": stream})
+                assert answer.status_code == 200, answer.text
+            burst = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(8)))
+            codes += [a.status_code for a in burst]
+            if not wave:
+                await asyncio.sleep(3)  # three scrapes at 1 s
+    return codes
 
 
 def test_every_panel_has_data_from_a_real_server_and_obeys_the_server_filter(tmp_path):
