@@ -38,16 +38,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench import command_line, place_calibration
+from kernelfleet.bench.choice import PLANS as choice_plans
 from kernelfleet.bench.choice import chosen as choice
 from kernelfleet.plan import command, links
 from kernelfleet.plan.model import Plan
+from kernelfleet.plan.slots import SUFFIXES
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "tests" / "data" / "h200-place-pairs"
 # the plans `kernelfleet plan --policy all` writes, as bench disagg names their chained rows
-PLANS = ("single:a", "single:b", "replicas", "pipeline", "attention-ffn", "latency-greedy", "throughput-milp")
-PLACEMENTS = ("pipeline", "attention-ffn", "latency-greedy", "throughput-milp")
-MODES = ("", ", slots free", ", slots scheduled")
+PLANS = ("single:a", "single:b", *choice_plans)
+PLACEMENTS = tuple(p for p in choice_plans if p != "replicas")
+MODES = tuple(SUFFIXES.values())
 CHOSEN_WITHIN, PREDICTED_WITHIN = 0.03, 0.10
 
 

@@ -146,7 +146,7 @@ def profile_per_device(target: str, specs: list[Any], progress: Any, trials: int
         about, mine = captured.raw.about, graphs.of(spec.name)
         table = cost_table(captured.raw, assemble(captured.raw), {spec.name: seconds[spec.name]},
                            f"measured on {about.get('device')} GPU {spec.device}, profile {spec.name} "
-                           f"({spec.kernels} kernels)", mine.alone, shared=mine.shared, free=mine.free)
+                           f"({spec.kernels} kernels)", mine)
         captured.raw.save(out / f"capture.{spec.name}.json.gz")
         (out / f"launches.{spec.name}.json").write_text(table.to_json())
     return merge_profiles([out], out)
@@ -165,10 +165,10 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
     from kernelfleet.graph.units import differing_units, views
     from kernelfleet.kernels.assemble import assemble
     from kernelfleet.kernels.raw import RawCapture
-    from kernelfleet.profile.table import graph_note, unit_table
+    from kernelfleet.profile.table import StepTimes, graph_note, unit_table
 
     raws, programs, seconds, sources, where = {}, {}, {}, [], {}
-    graphs: dict[str, dict[str, float]] = {"graph_seconds": {}, "graph_seconds_shared": {}, "graph_seconds_free": {}}
+    graphs = StepTimes({}, {}, {})
     for folder in folders:
         found = sorted(folder.glob("capture.*.json.gz"))
         if not found:
@@ -187,7 +187,8 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
                                  f"{len(programs[device].launches)}")
             seconds[device] = column
             sources.append(table.source)
-            for kind, found in graphs.items():  # older profiles measured no graph, or only alone
+            for kind, found in (("graph_seconds", graphs.alone), ("graph_seconds_shared", graphs.shared),
+                                ("graph_seconds_free", graphs.free)):  # older profiles: no graph, or alone only
                 if device in (getattr(table, kind) or {}):
                     found[device] = getattr(table, kind)[device]
     home = next(iter(raws))
@@ -199,8 +200,7 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
                 shutil.copy(folder / name, out / name)
     program = lined[home].program
     (out / "program.json").write_text(program.to_json())
-    costs = unit_table(lined, seconds, "; ".join(sources), graphs["graph_seconds"],
-                       shared=graphs["graph_seconds_shared"], free=graphs["graph_seconds_free"])
+    costs = unit_table(lined, seconds, "; ".join(sources), graphs)
     (out / "costs.json").write_text(costs.to_json())
     totals = ", ".join(f"{d} {sum(t or 0 for t in seconds[d]) * 1e3:.2f} ms" for d in seconds)
     note = graph_note(costs)
@@ -212,14 +212,14 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
 def write_profile(captured: Any, program: Program, seconds: dict[str, list[float]], out: Path,
                   graphs: Any = None) -> str:
     """Write capture, program and cost table (with each profile's whole-step graph times,
-    ``profile.run.StepTimes``, where measured) under ``out``; say which device each kernel prefers."""
+    ``profile.table.StepTimes``, where measured) under ``out``; say which device each kernel prefers."""
     from kernelfleet.profile.table import cost_table, graph_note, preference
 
     write_analysis(captured.raw, program, out)
     about = captured.raw.about
     costs = cost_table(captured.raw, program, seconds, f"measured on {about.get('device')} profiles "
                                                          f"{', '.join(seconds)} ({about.get('what')})",
-                       graphs and graphs.alone, shared=graphs and graphs.shared, free=graphs and graphs.free)
+                       graphs)
     (out / "costs.json").write_text(costs.to_json())
     lines = [f"wrote {out}/costs.json: {len(program.launches)} launches x {', '.join(seconds)}"]
     lines += [note] if (note := graph_note(costs)) else []

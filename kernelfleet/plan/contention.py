@@ -74,12 +74,12 @@ def predict(combined: list[SlotNode], seconds: Callable[[SlotNode], float], cont
     ``seconds(node)`` alone, under ``contention`` (module docstring)."""
     alone = [seconds(x) for x in combined]
     sharing = mode == "free" and bool(contention.free)  # else each stream takes its nodes in list order
-    spans = _shared(combined, alone, contention) if sharing else _serial(combined, alone)
+    spans = _shared(combined, alone, contention) if sharing else serial(combined, alone)
     if not contention.shared:
         return max((end for _, end in spans), default=0.0)
     stretched = [t * (1 + share * (contention.shared.get(_device(x), 1.0) - 1)) if _device(x) else t
                  for x, t, share in zip(combined, alone, _overlaps(spans, combined))]
-    spans = _shared(combined, stretched, contention) if sharing else _serial(combined, stretched)
+    spans = _shared(combined, stretched, contention) if sharing else serial(combined, stretched)
     return max((end for _, end in spans), default=0.0)
 
 
@@ -88,8 +88,9 @@ def _device(x: SlotNode) -> str | None:
     return None if x.node.launch is None else x.node.devices[0]
 
 
-def _serial(combined: list[SlotNode], times: list[float]) -> list[tuple[float, float]]:
-    """(start, end) of each node as ``slots.makespan`` runs them: a stream takes its nodes in list order."""
+def serial(combined: list[SlotNode], times: list[float]) -> list[tuple[float, float]]:
+    """(start, end) of each node, each starting once its dependencies have ended and its stream has
+    finished the nodes before it in the list (``slots.makespan`` is the last end)."""
     spans: list[tuple[float, float]] = []
     free_at: dict[str, float] = {}
     for x, t in zip(combined, times):

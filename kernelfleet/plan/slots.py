@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
-from kernelfleet.plan.contention import Contention, predict
+from kernelfleet.plan.contention import Contention, predict, serial
 from kernelfleet.plan.model import Plan, Problem
 from kernelfleet.plan.schedule import Node, schedule
 
@@ -108,14 +108,8 @@ def _list_schedule(orders: list[list[Node]], seconds: Callable[[int, Node], floa
 
 def makespan(combined: list[SlotNode], seconds: Callable[[SlotNode], float]) -> float:
     """Seconds from start to the last node's end, each node starting once its dependencies have
-    ended and its stream has finished the nodes before it in the list."""
-    end: list[float] = []
-    free_at: dict[str, float] = {}
-    for x in combined:
-        start = max([free_at.get(x.node.stream, 0.0)] + [end[d] for d in x.deps])
-        end.append(start + seconds(x))
-        free_at[x.node.stream] = end[-1]
-    return max(end, default=0.0)
+    ended and its stream has finished the nodes before it in the list (``contention.serial``)."""
+    return max((end for _, end in serial(combined, [seconds(x) for x in combined])), default=0.0)
 
 
 def uniform_link(copy_us: float, gbps: float) -> Callable[[int, str, str], float]:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any
 
 from kernelfleet.errors import UsageError
 from kernelfleet.profile.calibration import CalibrationRow, PairChoice, pick_pair, targets
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
+from kernelfleet.profile.table import StepTimes
 
 # Candidate (work SMs, hog SMs) profiles; None: the whole GPU / no hog.
 SWEEP = ((None, None), (56, 64), (48, 72), (56, 48), (48, 64), (40, 80), (64, 56), (32, 88),
@@ -83,22 +83,6 @@ def time_on(captured: Any, specs: list[ProfileSpec], progress: Callable[[int], N
             out[spec.name] = time_launches(captured, stream, resets=resets, context=device.context, trials=trials,
                                            flush_l2_bytes=flush_l2_bytes, progress=progress)
     return out
-
-
-@dataclass(frozen=True)
-class StepTimes:
-    """Seconds per copy of the whole step as one graph on each profile (``profile/steptime.py``):
-    alone, its copies free, and while the other profiles of ``shared`` run theirs (empty: fewer
-    than two profiles were timed together). What ``CostTable`` keeps as ``graph_seconds``,
-    ``graph_seconds_free`` and ``graph_seconds_shared``."""
-
-    alone: dict[str, float]
-    free: dict[str, float]
-    shared: dict[str, float]
-
-    def of(self, name: str) -> StepTimes:
-        """The figures of one profile only (what its own launch table keeps)."""
-        return StepTimes(*({name: d[name]} if name in d else {} for d in (self.alone, self.free, self.shared)))
 
 
 def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, together: list[str] | None = None,

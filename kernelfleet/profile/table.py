@@ -54,31 +54,42 @@ def launch_bytes(program: Program) -> list[int | None]:
     return out
 
 
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds per copy of the whole step as one graph on each profile (``profile/steptime.py``):
+    alone, its copies free, and while the other profiles of ``shared`` run theirs (empty: fewer
+    than two profiles were timed together). What ``CostTable`` keeps as ``graph_seconds``,
+    ``graph_seconds_free`` and ``graph_seconds_shared``."""
+
+    alone: dict[str, float]
+    free: dict[str, float]
+    shared: dict[str, float]
+
+    def of(self, name: str) -> StepTimes:
+        """The figures of one profile only (what its own launch table keeps)."""
+        return StepTimes(*({name: d[name]} if name in d else {} for d in (self.alone, self.free, self.shared)))
+
+
 def cost_table(raw: RawCapture, program: Program, seconds: dict[str, list[float | None]], source: str,
-               graph_seconds: dict[str, float] | None = None, *, shared: dict[str, float] | None = None,
-               free: dict[str, float] | None = None) -> CostTable:
+               graphs: StepTimes | None = None) -> CostTable:
     """A cost table of ``program`` from per-profile seconds (``seconds[profile][launch]``) and, where
-    measured, each profile's whole-step graph seconds (``profile/steptime.py``): alone, while the
-    other profiles run theirs (``shared``) and with its copies free (``free``)."""
+    measured, each profile's whole-step graph times (``graphs``)."""
     for name, values in seconds.items():
         if len(values) != len(program.launches):
             raise UsageError(f"profile {name}: {len(values)} times for a program of {len(program.launches)} launches")
     flops, precision = launch_flops(raw, program)
     rows = [{name: values[i] for name, values in seconds.items()} for i in range(len(program.launches))]
-    return CostTable(rows, source, flops, launch_bytes(program), precision, graph_seconds or None, shared or None,
-                     free or None)
+    return CostTable(rows, source, flops, launch_bytes(program), precision, **_graph_fields(graphs))
 
 
 def unit_table(views: dict[str, UnitView], seconds: dict[str, list[float | None]], source: str,
-               graph_seconds: dict[str, float] | None = None, *, shared: dict[str, float] | None = None,
-               free: dict[str, float] | None = None) -> CostTable:
+               graphs: StepTimes | None = None) -> CostTable:
     """A cost table of the units of devices that captured different kernels (``graph/units.py``):
     on each device the sum of its own launches of each unit, timed on it (``seconds[device]``: every
     launch of that device's own capture), None where any of them cannot run there. FLOPs per unit
     are the home device's (the first view's): the same op calls, whichever kernels run them.
-    ``graph_seconds``: each device's whole step as one graph, where measured; every launch is in
-    one unit, so a unit column sums to its launches and scales by the same factor; ``shared`` and
-    ``free``: the same graph while the other devices run theirs, and with its copies free."""
+    ``graphs``: each device's whole step as one graph, where measured; every launch is in one unit,
+    so a unit column sums to its launches and scales by the same factor."""
     for name, view in views.items():
         if len(seconds[name]) != sum(map(len, view.launches)):
             raise UsageError(f"device {name}: {len(seconds[name])} times for {sum(map(len, view.launches))} launches")
@@ -91,8 +102,15 @@ def unit_table(views: dict[str, UnitView], seconds: dict[str, list[float | None]
         rows.append(row)
     home = next(iter(views.values()))
     flops: list[int | None] = [sum(op.flops for op in home.raw.ops[a:b]) or None for a, b in home.ops]
-    return CostTable(rows, source, flops, graph_seconds=graph_seconds or None, graph_seconds_shared=shared or None,
-                     graph_seconds_free=free or None)
+    return CostTable(rows, source, flops, **_graph_fields(graphs))
+
+
+def _graph_fields(graphs: StepTimes | None) -> dict[str, dict[str, float] | None]:
+    """The cost table's fields of ``graphs`` (None where a kind was not measured)."""
+    if graphs is None:
+        return {}
+    return {"graph_seconds": graphs.alone or None, "graph_seconds_shared": graphs.shared or None,
+            "graph_seconds_free": graphs.free or None}
 
 
 def graph_note(costs: CostTable) -> str | None:

@@ -42,7 +42,7 @@ def test_the_step_as_one_graph_is_timed_on_two_profiles_and_scales_the_cost_tabl
     seconds = time_on(captured, specs, trials=3)
     graphs = step_times({s.name: [captured, captured] for s in specs}, specs, together=[])
     assert graphs.shared == {}  # nothing was timed together
-    costs = cost_table(captured.raw, program, seconds, "gpu tier: llama-decode", graphs.alone, free=graphs.free)
+    costs = cost_table(captured.raw, program, seconds, "gpu tier: llama-decode", graphs)
     for name, graph in graphs.alone.items():
         ratio = graph / sum(seconds[name])
         print(f"{name}: graph {graph * 1e6:.1f} us, launches summed {sum(seconds[name]) * 1e6:.1f} us, "

@@ -83,15 +83,16 @@ def test_a_bad_graph_time_is_one_line(graph, said, tmp_path, monkeypatch, capsys
 
 def test_profiles_merged_into_units_keep_each_devices_graph_time(tmp_path):
     from kernelfleet.analyze import merge_profiles
-    from kernelfleet.profile.table import cost_table
+    from kernelfleet.profile.table import StepTimes, cost_table
 
     graphs = {"a": 200e-6, "b": 240e-6}  # what steptime measured on each device
     shared, free = {"a": 230e-6, "b": 250e-6}, {"a": 120e-6}  # b's free copies left unmeasured
     for device, graph in graphs.items():
         raw = RawCapture.load(PAIR / f"profile.capture.{device}.json.gz")
         program = assemble(raw)
-        table = cost_table(raw, program, {device: [1e-6] * len(program.launches)}, device, {device: graph},
-                           shared={device: shared[device]}, free={d: t for d, t in free.items() if d == device})
+        table = cost_table(raw, program, {device: [1e-6] * len(program.launches)}, device,
+                           StepTimes({device: graph}, {d: t for d, t in free.items() if d == device},
+                                     {device: shared[device]}))
         (tmp_path / f"launches.{device}.json").write_text(table.to_json())
         (tmp_path / f"capture.{device}.json.gz").write_bytes((PAIR / f"profile.capture.{device}.json.gz").read_bytes())
     said = merge_profiles([tmp_path], tmp_path / "merged")
