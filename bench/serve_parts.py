@@ -165,7 +165,7 @@ def on_loop(tokens: int, chunks: bool) -> float:
         try:
             if chunks:
                 head = {"id": "cmpl-bench", "created": 0, "model": "free"}
-                async for event in api.sse_events(engine, request, stream, served(tokens), head):
+                async for event in api.sse_events(engine, [api.Chosen(request, stream, None)], served(tokens), head):
                     if event.startswith("data: {"):
                         stamps.append(time.perf_counter())
             else:

@@ -1,7 +1,7 @@
 """The OpenAI-compatible API's documents (pydantic): what a client sends and what it gets back.
 
 A completion request is checked field by field; a field the API does not know is an error (a
-client that sends ``n`` or ``logprobs`` would otherwise get an answer that silently ignores it).
+client that sends ``logprobs`` or ``best_of`` would otherwise get an answer that silently ignores it).
 Beyond OpenAI's fields, as vLLM names them: ``stop_token_ids`` and ``ignore_eos``; every choice
 carries its ``token_ids``. A choice's ``text`` is None when the model directory has no tokenizer.
 """
@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 TokenId = Annotated[int, Field(ge=0)]
+StopString = Annotated[str, Field(min_length=1, max_length=256)]
+MAX_CHOICES = 128  # OpenAI's bound on n
 
 
 class CompletionRequest(BaseModel):
@@ -27,9 +29,16 @@ class CompletionRequest(BaseModel):
     temperature: float = Field(1.0, ge=0, le=2, description="0 is greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: the most likely tokens up to this mass.")
     seed: int | None = Field(None, ge=0, lt=2**63, description="The same seed gives the same tokens.")
+    stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = Field(
+        None, description="Stop where the text holds any of these (at most 4); the text ends before it.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices to generate for the prompt, each its own request.")
     stop_token_ids: list[TokenId] = Field([], max_length=256, description="Stop after any of these tokens.")
     ignore_eos: bool = Field(False, description="Do not stop at the model's end-of-sequence tokens.")
     stream: bool = Field(False, description="Server-sent events, one per token, then `data: [DONE]`.")
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
 class Choice(BaseModel):

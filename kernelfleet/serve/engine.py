@@ -41,6 +41,7 @@ from kernelfleet.serve.strategies import STAGE_SLOT, Strategy, single
 log = logging.getLogger(__name__)
 
 Sink = Callable[[int | None, str | None], None]
+Watch = Callable[[int, bool], bool]  # (token, last) -> the request is done: a stop the token ids cannot see
 STOP, LENGTH, CANCELLED, ERROR = FINISH_REASONS
 
 
@@ -61,6 +62,7 @@ class Request:
     generated: list[int] = field(default_factory=list)
     last_token_seconds: float | None = None
     cancelled: bool = False
+    watch: Watch | None = None  # called with each token before its sink (stops.py: OpenAI's stop strings)
 
     @property
     def position(self) -> int:
@@ -101,10 +103,10 @@ class Engine:
         return self.strategy.slots
 
     def submit(self, prompt: list[int], max_tokens: int, stop_token_ids: frozenset[int], sampling: Sampling,
-               sink: Sink) -> Request:
+               sink: Sink, watch: Watch | None = None) -> Request:
         """Queue a request (QueueFull when the queue holds ``max_queue``, Closed once the loop has
-        stopped); its tokens go to ``sink``."""
-        request = Request(prompt, max_tokens, stop_token_ids, Sampler(sampling), sink, self.clock())
+        stopped); its tokens go to ``sink``, each after ``watch`` (if any) said whether it ends the request."""
+        request = Request(prompt, max_tokens, stop_token_ids, Sampler(sampling), sink, self.clock(), watch=watch)
         with self._wake:
             if self._closing:
                 raise Closed("the generation loop has stopped (the server's log says why)")
@@ -205,6 +207,8 @@ class Engine:
         self.metrics.generated.inc()
         reason = STOP if token in request.stop_token_ids else LENGTH if len(request.generated) >= request.max_tokens \
             else None
+        if request.watch is not None and request.watch(token, reason is not None):
+            reason = STOP
         if not request.cancelled:
             request.sink(token, reason)
         if reason is not None:

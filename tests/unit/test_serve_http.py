@@ -93,7 +93,7 @@ def test_streaming_gives_the_tokens_of_the_whole_answer_greedy_and_seeded(llama)
     (b'{"prompt": [1, 2', 400, "not valid JSON"),
     ({"prompt": [1] * 130, "max_tokens": 1}, 400, "do not fit the context of 128 tokens"),
     ({"prompt": [1] * 100, "max_tokens": 29}, 400, "max_tokens 29 is past the cache"),
-    ({"prompt": [1, 2], "n": 2}, 400, "unknown field 'n'"),
+    ({"prompt": [1, 2], "logprobs": 2}, 400, "unknown field 'logprobs'"),
     ({"prompt": [1, 2], "temperature": -1}, 400, "temperature: Input should be greater than or equal to 0"),
     ({"prompt": [1, 256]}, 400, "token id 256 is outside the vocabulary (0 to 255)"),
     ({"prompt": []}, 400, "prompt"),
