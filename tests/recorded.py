@@ -300,3 +300,21 @@ class ServeCommand:
         self.process.send_signal(signal.SIGINT)
         _, self.err = self.process.communicate(timeout=60)
         self.returncode = self.process.returncode
+
+
+async def complete(client, **body):
+    """A whole completion from ``client`` (an httpx.AsyncClient on a serve server), checked to be a 200."""
+    answer = await client.post("/v1/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+async def streamed(client, **body):
+    """The chunks of a streamed completion, checked to be server-sent events ending with ``data: [DONE]``."""
+    import json
+
+    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as answer:
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        events = [line async for line in answer.aiter_lines() if line]
+    assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
+    return [json.loads(e[len("data: "):]) for e in events[:-1]]

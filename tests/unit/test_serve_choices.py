@@ -4,12 +4,11 @@ A stop string ends a choice where its text first holds it (the text cut before i
 whole, a held piece never sent); ``n`` choices each equal the single request of their seed."""
 
 import asyncio
-import json
 import random
 
 import httpx
 import pytest
-from recorded import reference, served_model, serving, tiny_causal_lm, word_tokenizer
+from recorded import complete, reference, served_model, serving, streamed, tiny_causal_lm, word_tokenizer
 
 from kernelfleet.serve.stops import StopText
 
@@ -53,20 +52,6 @@ def test_without_a_stop_the_last_token_sends_what_was_held(words):
     assert watch(4, True) is False and watch.whole() == "w1 w2 w4"
 
 
-async def complete(client, **body):
-    answer = await client.post("/v1/completions", json=body)
-    assert answer.status_code == 200, answer.text
-    return answer.json()
-
-
-async def chunks_of(client, **body):
-    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as answer:
-        assert answer.status_code == 200
-        events = [line async for line in answer.aiter_lines() if line]
-    assert events[-1] == "data: [DONE]"
-    return [json.loads(e[len("data: "):]) for e in events[:-1]]
-
-
 def test_a_stop_string_ends_the_choice_where_its_text_holds_it(llama, words):
     prompt, total = [5, 9, 100, 3], 12
     tokens = reference(llama, prompt, total, eos=False)
@@ -78,7 +63,7 @@ def test_a_stop_string_ends_the_choice_where_its_text_holds_it(llama, words):
     async def both(url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             body = {"prompt": prompt, "max_tokens": total, "stop": [stop, "w999"], **GREEDY}
-            return await complete(client, **body), await chunks_of(client, **body)
+            return await complete(client, **body), await streamed(client, **body)
 
     with serving(served_model(llama, tokenizer=words)) as (url, engine):
         whole, chunks = asyncio.run(both(url))
@@ -101,18 +86,18 @@ def test_n_choices_each_equal_the_request_of_their_seed(llama, words):
             three = await complete(client, prompt=prompt, max_tokens=6, n=3, **sampling)
             singles = [await complete(client, prompt=prompt, max_tokens=6, **{**sampling, "seed": 11 + i})
                        for i in range(3)]
-            streamed = await chunks_of(client, prompt=prompt, max_tokens=6, n=3, **sampling)
+            chunks = await streamed(client, prompt=prompt, max_tokens=6, n=3, **sampling)
             greedy = await complete(client, prompt=prompt, max_tokens=6, n=2, **GREEDY)
-            return three, singles, streamed, greedy
+            return three, singles, chunks, greedy
 
     with serving(served_model(llama, tokenizer=words), slots=2) as (url, _):
-        three, singles, streamed, greedy = asyncio.run(scenario(url))
+        three, singles, chunks, greedy = asyncio.run(scenario(url))
     assert [c["index"] for c in three["choices"]] == [0, 1, 2]
     assert [c["token_ids"] for c in three["choices"]] == [s["choices"][0]["token_ids"] for s in singles]
     assert [c["text"] for c in three["choices"]] == [s["choices"][0]["text"] for s in singles]
     assert len({tuple(c["token_ids"]) for c in three["choices"]}) > 1  # different seeds, different samples
     assert three["usage"] == {"prompt_tokens": 7, "completion_tokens": 18, "total_tokens": 25}
-    by_index = {i: [t for c in streamed for t in c["choices"][0]["token_ids"] if c["choices"][0]["index"] == i]
+    by_index = {i: [t for c in chunks for t in c["choices"][0]["token_ids"] if c["choices"][0]["index"] == i]
                 for i in range(3)}
     assert [by_index[i] for i in range(3)] == [c["token_ids"] for c in three["choices"]]
     assert [c["token_ids"] for c in greedy["choices"]] == [reference(llama, prompt, 6, eos=False)] * 2

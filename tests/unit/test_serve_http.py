@@ -7,13 +7,21 @@ slot; many interleaved requests each get their own tokens, none lost."""
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 
 import httpx
 import pytest
-from recorded import PROMPTS, interleaved, reference, served_model, serving, tiny_causal_lm
+from recorded import (
+    PROMPTS,
+    complete,
+    interleaved,
+    reference,
+    served_model,
+    serving,
+    streamed,
+    tiny_causal_lm,
+)
 
 from kernelfleet.fleet.listener import Listener, bind
 from kernelfleet.serve.api import serve_app
@@ -22,21 +30,6 @@ from kernelfleet.serve.engine import Engine
 
 pytestmark = pytest.mark.unit
 GREEDY = {"temperature": 0, "ignore_eos": True}
-
-
-async def complete(client, **body):
-    answer = await client.post("/v1/completions", json=body)
-    assert answer.status_code == 200, answer.text
-    return answer.json()
-
-
-async def stream(client, **body):
-    """The chunks of a streamed completion, checked to end with ``data: [DONE]``."""
-    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as answer:
-        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
-        events = [line async for line in answer.aiter_lines() if line]
-    assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
-    return [json.loads(e[len("data: "):]) for e in events[:-1]]
 
 
 def streamed_tokens(chunks):
@@ -76,7 +69,7 @@ def test_streaming_gives_the_tokens_of_the_whole_answer_greedy_and_seeded(llama)
             for sampling in (GREEDY, {"temperature": 0.8, "top_p": 0.95, "seed": 5, "ignore_eos": True}):
                 whole = await complete(client, prompt=PROMPTS[4], max_tokens=10, **sampling)
                 again = await complete(client, prompt=PROMPTS[4], max_tokens=10, **sampling)
-                chunks = await stream(client, prompt=PROMPTS[4], max_tokens=10, **sampling)
+                chunks = await streamed(client, prompt=PROMPTS[4], max_tokens=10, **sampling)
                 out.append((whole, again, chunks))
             return out
 
