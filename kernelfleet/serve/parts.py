@@ -8,7 +8,9 @@ the head is gone). Every stage builds its own rotary embedding (buffers computed
 no parameters). Only then is what is left allocated on the device, and filled:
 
 * from the directory's safetensors, one tensor at a time (``safe_open``; a sharded checkpoint's
-  index says which file holds which), so a device never holds another stage's weights. Checkpoint
+  index says which file holds which), so a device never holds another stage's weights; or from
+  an older ``pytorch_model.bin`` (sharded or not), memory-mapped (``torch.load(mmap=True)``), so
+  only the pages of the stage's own tensors are read. Checkpoint
   names are the whole model's; an MoE's experts, saved one by one, are stacked into the fused
   tensors transformers 5 builds (``gate_up_proj``: each expert's gate then up rows);
 * for a directory with only ``config.json``, with the seeded random weights a whole-model build
@@ -39,6 +41,7 @@ from kernelfleet.serve.memory import kv_bytes
 from kernelfleet.serve.model import capturable_experts, model_config, model_folder
 
 PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")  # what a base model must have to be cut into stages
+CHECKPOINTS = ("model.safetensors", "pytorch_model.bin")  # each alone, or sharded with its .index.json
 
 
 @dataclass(eq=False)
@@ -86,11 +89,10 @@ def build_part(target: str, layers: range, device: str, seed: int, dtype: torch.
     mine = dict(module.named_parameters())
     tensors = {whole: mine[name] for name, whole in names.items()}
     with torch.no_grad():
-        if (folder / "model.safetensors").exists() or (folder / "model.safetensors.index.json").exists():
-            _load(folder, tensors, device)
-        elif (folder / "pytorch_model.bin").exists():
-            raise UsageError(f"{target}: --strategy pipeline loads each stage's tensors from safetensors; this directory "
-                             "has pytorch_model.bin (save it again with save_pretrained, which writes safetensors)")
+        checkpoint = next((kind for kind in CHECKPOINTS if (folder / kind).exists()
+                           or (folder / f"{kind}.index.json").exists()), None)
+        if checkpoint is not None:
+            _load(folder, checkpoint, tensors, device)
         else:
             _replayed(config, dtype, seed, tensors, device)
         with torch.device(device):
@@ -143,24 +145,41 @@ def _cut(part: Part, config: Any) -> dict[str, str]:
     return names
 
 
-def _load(folder: Path, tensors: dict[str, torch.Tensor], device: str) -> None:
-    """Each of ``tensors`` (by its checkpoint name) from the directory's safetensors, one at a time."""
-    from safetensors import safe_open
-
-    index = folder / "model.safetensors.index.json"
-    where = json.loads(index.read_text())["weight_map"] if index.exists() else {}
-    opened: dict[str, tuple[Any, set[str]]] = {}  # a file's handle and the names it holds
+def _load(folder: Path, checkpoint: str, tensors: dict[str, torch.Tensor], device: str) -> None:
+    """Each of ``tensors`` (by its checkpoint name) from the directory's ``checkpoint`` files, one at a time."""
+    index = folder / f"{checkpoint}.index.json"
+    try:
+        where = json.loads(index.read_text())["weight_map"] if index.exists() else {}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"hf:{folder}: {index.name} is not a checkpoint index ({exc})") from exc
+    opened: dict[str, Callable[[str], torch.Tensor | None]] = {}  # a file's reader of a name
 
     def read(name: str) -> torch.Tensor | None:
-        file = where.get(name, "model.safetensors")
+        file = where.get(name, checkpoint)
         if file not in opened:
-            handle = safe_open(str(folder / file), framework="pt", device=str(device))
-            opened[file] = handle, set(handle.keys())
-        handle, held = opened[file]
-        return handle.get_tensor(name) if name in held else None
+            opened[file] = _reader(folder / file, device)
+        return opened[file](name)
 
     for name, tensor in tensors.items():
         tensor.copy_(_saved(name, tensor, read, folder))
+
+
+def _reader(path: Path, device: str) -> Callable[[str], torch.Tensor | None]:
+    """A file's tensor by name (None where it holds none): safetensors opened on ``device``, a
+    ``.bin`` memory-mapped on the CPU (its tensors copied to the device one by one)."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            handle = safe_open(str(path), framework="pt", device=str(device))
+            held = set(handle.keys())
+            return lambda name: handle.get_tensor(name) if name in held else None
+        saved = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as exc:  # a missing, truncated or foreign file: which one, and what its reader said
+        raise UsageError(f"hf:{path.parent}: {path.name} does not load ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(saved, dict):
+        raise UsageError(f"hf:{path.parent}: {path.name} holds no state dict of tensors")
+    return lambda name: saved.get(name)
 
 
 def _saved(name: str, tensor: torch.Tensor, read: Callable[[str], torch.Tensor | None], folder: Path) -> torch.Tensor:

@@ -37,7 +37,7 @@ from kernelfleet.errors import UsageError
 
 PHASES = ("prefill", "decode")  # of an hf:DIR target
 SIZES = ("batch", "tokens", "context")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def step_maker(target: str, *, phase: str = "prefill", batch: int = 2, tokens: int = 64,

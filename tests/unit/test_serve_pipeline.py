@@ -31,14 +31,17 @@ HALVES = [range(1), range(1, 2)]
 
 @pytest.fixture(scope="module", params=KINDS)
 def saved(request, tmp_path_factory):
-    """(kind, the model, a directory of its safetensors, a directory of its config alone, with a padding token)."""
+    """(kind, the model, a directory of its safetensors, a directory of its config alone, with a
+    padding token, and a directory of its pytorch_model.bin)."""
     model = tiny_causal_lm(request.param, seed=3)
-    weights, config = tmp_path_factory.mktemp("weights"), tmp_path_factory.mktemp("config")
+    weights, config, bins = (tmp_path_factory.mktemp(name) for name in ("weights", "config", "bins"))
     model.save_pretrained(weights)
     padded = copy.deepcopy(model.config)
     padded.pad_token_id = 3  # its initialiser zeroes that row of the embedding through a view
     padded.save_pretrained(config)
-    return request.param, model, weights, config
+    model.config.save_pretrained(bins)  # as transformers 4 saved weights before safetensors: one pickled state dict
+    torch.save(model.state_dict(), bins / "pytorch_model.bin")
+    return request.param, model, weights, config, bins
 
 
 def stages_of(folder, seed=0):
@@ -49,10 +52,10 @@ def stages_of(folder, seed=0):
 def test_each_stage_holds_only_its_parameters_and_they_are_the_whole_models(saved):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    _, model, weights, config = saved
+    _, model, weights, config, bins = saved
     torch.manual_seed(11)  # the whole-model build a config-only directory stands for, from the same seed
     seeded = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config), dtype=torch.float32)
-    for folder, whole in [(weights, model), (config, seeded)]:
+    for folder, whole in [(weights, model), (bins, model), (config, seeded)]:
         expected = dict(whole.named_parameters())
         first, last = (build_part(f"hf:{folder}", layers, "cpu", 11, torch.float32) for layers in HALVES)
         held = {}
@@ -71,7 +74,7 @@ def test_each_stage_holds_only_its_parameters_and_they_are_the_whole_models(save
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_greedy_tokens_through_the_stages_equal_generate(saved, graphs):
-    kind, model, weights, _ = saved
+    kind, model, weights, *_ = saved
     stages = stages_of(weights)
     plan = pipeline([PipelineBackend(stages, 2, 64, graphs=graphs), PipelineBackend(stages, 1, 64, graphs=graphs)])
     got, groups, busy = stepped(plan, PROMPTS, LENGTHS)
@@ -108,7 +111,7 @@ def test_many_interleaved_requests_over_http_each_get_their_own_tokens():
 
 
 def test_a_model_over_every_cap_fits_as_stages_and_not_whole(saved):
-    _, model, weights, _ = saved
+    _, model, weights, *_ = saved
     target = f"hf:{weights}"
     sizes = stage_sizes(target, torch.float32, 64)
     whole = footprint(target, torch.float32, 64)
@@ -150,6 +153,22 @@ def test_a_stage_that_cannot_fit_is_refused_in_one_line():
     assert "(weights 0.00 GiB" in line and "raise the cap, or lower --slots or --context" in line
     with pytest.raises(UsageError, match=re.escape("it takes 2 to 4 --device, got 5")):
         cut(sizes_of(4), [roomy] * 5, 2, ["x"] * 5)
+
+
+@pytest.mark.parametrize("broken", ["truncated", "index"])
+def test_a_broken_checkpoint_is_refused_in_one_line_naming_its_file(saved, tmp_path, broken):
+    _, model, _, _, bins = saved
+    model.config.save_pretrained(tmp_path)
+    whole = (bins / "pytorch_model.bin").read_bytes()
+    if broken == "truncated":
+        (tmp_path / "pytorch_model.bin").write_bytes(whole[:len(whole) // 2])
+        says = "pytorch_model.bin does not load"
+    else:
+        (tmp_path / "pytorch_model.bin.index.json").write_text('{"weight_map": [1, 2]')
+        says = "pytorch_model.bin.index.json is not a checkpoint index"
+    with pytest.raises(UsageError) as refused:
+        build_part(f"hf:{tmp_path}", HALVES[0], "cpu", 0, torch.float32)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_micro_batch_groups_split_the_slots_evenly_and_are_two_only_where_stages_overlap():
