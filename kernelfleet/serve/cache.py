@@ -67,10 +67,10 @@ class SlotCache(Cache):
         """Swap rows ``source`` and ``target``'s first ``tokens`` positions, every layer: a running
         request moving into a free row (what comes back is garbage, in a row no request holds), or
         into the row of a request still being prefilled, which takes the running one's row (rows.py)."""
-        pair, swapped = torch.tensor([source, target]), torch.tensor([target, source])
+        rows = torch.tensor([[source, target], [target, source]], device=self.device)
         for cache in (self.keys, self.values):
             for layer in cache.values():
-                layer[pair.to(layer.device), :, :tokens] = layer[swapped.to(layer.device), :, :tokens]  # a gathered copy
+                layer[rows[0], :, :tokens] = layer[rows[1], :, :tokens]  # the right side is a gathered copy
 
     def adopt(self, source: SlotCache, source_row: int, target_row: int, tokens: int) -> None:
         """Copy ``source``'s row ``source_row`` (its first ``tokens`` positions, every layer) into row

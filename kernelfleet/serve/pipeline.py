@@ -4,8 +4,8 @@ passed from each to the next.
 Each :class:`Stage` runs one device's part (``parts.py``: its layers, the embedding on the first,
 the norm and head on the last). A :class:`PipelineBackend` is one micro-batch group of slots: each
 stage holds the keys and values of its own layers for every slot of the group (one
-:class:`~kernelfleet.serve.cache.SlotCache` a stage), and a prefill or a decode runs through the
-stages in order, the hidden states copied device to device between them (between GPUs a copy
+:class:`~kernelfleet.serve.cache.SlotCache` a stage), and a prefill (a prompt or its chunk at an
+offset) or a decode runs through the stages in order, the hidden states copied device to device between them (between GPUs a copy
 queued without a host wait; torch orders it after the stage before and before the next).
 
 Micro-batches: the strategy splits the slots into groups (``--micro-batches``, default 2), each
