@@ -1,9 +1,9 @@
 """Chunked prefill (``--prefill-chunk``) on the CPU with real tiny transformers models: prompts
 cut into chunks smaller than themselves give transformers' ``generate`` tokens token for token, for
-a dense and an MoE model, under one device (eager and the graph backend's CPU twin), the layer
-pipeline and the prefill/decode split; a step prefills at most the budget, oldest first; many
-requests of mixed prompt lengths in flight each get their own tokens; a request cancelled
-mid-prefill frees its slot and its row, and the metrics count each prompt token once."""
+a dense and an MoE model, under one device (eager and the graph backend's CPU twin), request
+distribution, the layer pipeline and the prefill/decode split; a step prefills at most the budget,
+oldest first; many requests of mixed prompt lengths in flight each get their own tokens; a request
+cancelled mid-prefill frees its slot and its row, and the metrics count each prompt token once."""
 
 import tempfile
 
@@ -21,7 +21,7 @@ from kernelfleet.serve.parts import build_part
 from kernelfleet.serve.pipeline import PipelineBackend, Stage
 from kernelfleet.serve.rows import Rows
 from kernelfleet.serve.sampling import Sampling
-from kernelfleet.serve.strategies import pipeline, single, split
+from kernelfleet.serve.strategies import pipeline, replicas, single, split
 
 pytestmark = pytest.mark.unit
 KINDS = ["llama", "qwen2-moe"]
@@ -46,6 +46,9 @@ def strategy_of(name, model, folder):
         return single(EagerBackend(model, 3, 64))
     if name == "graphs":  # the graph backend's CPU twin: its row moves, padding and persistent inputs
         return single(GraphBackend(EagerBackend(model, 3, 64), graphs=False))
+    if name == "replicas":  # a part-prefilled request on one, the other decoding
+        return replicas([EagerBackend(model, 2, 64, "cpu0"),
+                         GraphBackend(EagerBackend(model, 1, 64), graphs=False, device_name="cpu1")])
     if name == "split":
         return split(EagerBackend(model, 1, 64, "cpu0"), GraphBackend(EagerBackend(model, 3, 64), graphs=False,
                                                                       device_name="cpu1"))
@@ -54,7 +57,7 @@ def strategy_of(name, model, folder):
     return pipeline([PipelineBackend(stages, 2, 64, graphs=True), PipelineBackend(stages, 1, 64, graphs=True)])
 
 
-@pytest.mark.parametrize("strategy", ["eager", "graphs", "pipeline", "split"])
+@pytest.mark.parametrize("strategy", ["eager", "graphs", "replicas", "pipeline", "split"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_tokens_with_prompts_in_chunks_equal_generate(kind, strategy):
     model = tiny_causal_lm(kind)
@@ -152,6 +155,7 @@ def test_a_request_cancelled_mid_prefill_frees_its_slot_and_its_tokens_count_onc
     assert "kernelfleet_serve_time_to_first_token_seconds_count 1.0" in text
     with pytest.raises(UsageError, match="--prefill-chunk takes a number of tokens, 0 for whole prompts, got -1"):
         Engine(EagerBackend(model, 1, 64), max_queue=1, prefill_chunk_tokens=-1)
+    assert Engine(EagerBackend(model, 1, 64), max_queue=1, prefill_chunk_tokens=0).prefill_chunk_tokens is None
 
 
 @pytest.mark.parametrize("strategy", ["single", "pipeline"])
