@@ -2,7 +2,7 @@
 graph loop, then Poisson arrivals and a trace of requests against the real HTTP server.
 
     python -m bench.serve_gpu --out DIR [--quick] [--cpu] [--trace FILE] \
-        [--cases llama8b,moe,capped,replicas,split,pipeline]
+        [--cases llama8b,moe,capped,replicas,split,pipeline] [--prefill-chunk N[,N...]]
 
 Cases (each a config-only model directory, so the server draws seeded random bf16 weights on the
 GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
@@ -15,7 +15,9 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
   pipeline, where each device holds half the weights, so its KV cache, and the slots, are several
   times larger. Their comparison, the tokens/s of each at its best load whose p99 time per output
   token is within 50 ms, and the ratio (the issue's target: >= 2x), closes the run. These two take
-  at least 48 requests a rate even with ``--quick``: fewer would not fill the replicas' slots;
+  at least 48 requests a rate even with ``--quick`` (fewer would not fill the replicas' slots), at
+  16 and 64 requests/s: the second H200 run's 4/s (12 s of arrivals each) never gave either its
+  best held tokens/s, and without it a sweep of three ``--prefill-chunk`` values fits 6 minutes;
 * ``replicas``, ``split`` and ``pipeline`` (not in the default ``--cases``): the 8B under
   ``--strategy replicas`` (two 60 GB devices), ``--strategy split`` (prefill in 30 GB, decode in
   100 GB) and ``--strategy pipeline`` (two 60 GB stages), both devices on GPU 0: the strategies'
@@ -38,6 +40,10 @@ Tables, for each case:
 3. The trace (``--trace FILE``, CSV ``arrival_seconds,prompt_tokens,output_tokens``; without one a
    seeded bursty trace is written to DIR/trace.csv and replayed), the same figures.
 
+``--prefill-chunk`` (the server's flag: prompt tokens prefilled a step at most, 0 whole prompts;
+default the server's) takes a comma list: every case runs once per value, each with its own server,
+and the capped pair is compared per value, then side by side (the value to pick: the best ratio).
+
 Every answer is checked to hold the tokens it asked for: a lost or short request fails the run.
 ``--cpu`` runs the same control flow on the CPU with tiny models (what CI runs, with ``--quick``).
 The JSON of the whole run goes to DIR/serve_gpu.json and is the last line printed.
@@ -57,7 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -66,6 +72,7 @@ from pydantic import BaseModel
 
 from bench import command_line
 from bench.serve_cpu import gaps, percentile
+from kernelfleet.serve.scheduler import DEFAULT_PREFILL_CHUNK_TOKENS
 
 TPOT_SLO_SECONDS = 0.050
 STARTUP_SECONDS = 900  # an 8B's random weights, the footprint and seven graph captures
@@ -100,9 +107,9 @@ CAPPED = ("capped-replicas", "capped-pipeline")  # --cases capped: the pair, bot
 GPU_CASES = [Case("llama8b", LLAMA8B, 2048, (), (4.0, 16.0, 64.0), overhead=True),
              Case("moe", MOE, 2048, (), (4.0, 16.0, 64.0)),
              Case("capped-replicas", LLAMA8B, 2048, ("--strategy", "replicas", "--device", "r0:20@0", "--device",
-                                                     "r1:20@0"), (4.0, 16.0, 64.0), least_requests=48),
+                                                     "r1:20@0"), (16.0, 64.0), least_requests=48),
              Case("capped-pipeline", LLAMA8B, 2048, ("--strategy", "pipeline", "--device", "p0:20@0", "--device",
-                                                     "p1:20@0"), (4.0, 16.0, 64.0), least_requests=48),
+                                                     "p1:20@0"), (16.0, 64.0), least_requests=48),
              # the strategies on one H200, both devices GPU 0 (use @1 for a second GPU): the mechanism, not a speed-up
              Case("replicas", LLAMA8B, 2048, ("--strategy", "replicas", "--device", "r0:60@0", "--device", "r1:60@0"),
                   (4.0, 16.0, 64.0)),
@@ -168,6 +175,7 @@ class Overhead(BaseModel):
 
 class CaseResult(BaseModel):
     name: str
+    prefill_chunk_tokens: int  # the server's --prefill-chunk (0: whole prompts)
     flags: list[str]
     slots: int
     context_tokens: int
@@ -179,8 +187,10 @@ class CaseResult(BaseModel):
 
 
 class CappedPair(BaseModel):
-    """The memory-capped pair both ways: each one's tokens/s at its best load held at p99 TPOT <= 50 ms."""
+    """The memory-capped pair both ways, at one --prefill-chunk: each one's tokens/s at its best load
+    held at p99 TPOT <= 50 ms."""
 
+    prefill_chunk_tokens: int
     replicas_slots: int
     pipeline_slots: int
     replicas_tokens_per_second: float | None
@@ -193,7 +203,7 @@ class Report(BaseModel):
     device: str
     torch: str
     cases: list[CaseResult]
-    capped_pair: CappedPair | None = None
+    capped_pairs: list[CappedPair]  # one a --prefill-chunk value, when the pair ran
 
 
 @dataclass(frozen=True)
@@ -382,10 +392,13 @@ def overhead(folder: Path, url: str, case: Case, tokens: int, repeats: int) -> O
                     server_vs_bare_percent=100 * (ms["server"] / ms["bare"] - 1))
 
 
-def run_case(case: Case, args: argparse.Namespace, trace: list[Arrival], shape: Shape, out: Path) -> CaseResult:
+def run_case(case: Case, args: argparse.Namespace, trace: list[Arrival], shape: Shape, out: Path,
+             chunk: int) -> CaseResult:
+    """``case``'s server with ``--prefill-chunk chunk``, its tables printed (module docstring)."""
+    case = replace(case, flags=(*case.flags, "--prefill-chunk", str(chunk)))
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "config.json").write_text(_config_json(case.config))
-        server, url, slots, startup = start_server(Path(folder), case, out / f"server-{case.name}.log")
+        server, url, slots, startup = start_server(Path(folder), case, out / f"server-{case.name}-chunk{chunk}.log")
         try:
             print(f"\n{case.name}: {slots} slots of {case.context_tokens} tokens, started in {startup:.1f} s "
                   f"({' '.join(case.flags) or 'no flags'})", flush=True)
@@ -419,7 +432,7 @@ def run_case(case: Case, args: argparse.Namespace, trace: list[Arrival], shape: 
     best = max(held) if held else None
     print(f"highest rate held at p99 TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms: "
           f"{'none of those measured' if best is None else f'{best:g} requests/s'}")
-    return CaseResult(name=case.name, flags=list(case.flags), slots=slots, context_tokens=case.context_tokens,
+    return CaseResult(name=case.name, prefill_chunk_tokens=chunk, flags=list(case.flags), slots=slots, context_tokens=case.context_tokens,
                       startup_seconds=startup, overhead=spent, poisson=loads, trace=replayed,
                       max_rate_at_p99_tpot_50ms=best)
 
@@ -430,22 +443,52 @@ def held_tokens_per_second(case: CaseResult) -> float | None:
     return max(held) if held else None
 
 
-def capped_pair(results: list[CaseResult]) -> CappedPair | None:
-    """The two ways of the capped pair side by side, printed, when both ran."""
+def capped_pairs(results: list[CaseResult], chunks: list[int]) -> list[CappedPair]:
+    """The capped pair's two ways side by side at each ``--prefill-chunk`` value, then every value's
+    ratio, printed, when both ran."""
+    pairs = [pair for chunk in chunks
+             if (pair := capped_pair([r for r in results if r.prefill_chunk_tokens == chunk], chunk)) is not None]
+    if len(pairs) > 1:
+        print(f"\nthe memory-capped pair by --prefill-chunk (0: whole prompts), best tokens/s held at p99 TPOT <= "
+              f"{TPOT_SLO_SECONDS * 1e3:.0f} ms")
+        print(f"{'chunk':>6} {'replicas':>9} {'pipeline':>9} {'ratio':>6}")
+        for pair in pairs:
+            cells = [f"{v:.1f}" if v is not None else "none" for v in (pair.replicas_tokens_per_second,
+                                                                         pair.pipeline_tokens_per_second)]
+            ratio = "n/a" if pair.pipeline_vs_replicas is None else f"{pair.pipeline_vs_replicas:.2f}x"
+            print(f"{pair.prefill_chunk_tokens:>6} {cells[0]:>9} {cells[1]:>9} {ratio:>6}")
+    return pairs
+
+
+def capped_pair(results: list[CaseResult], chunk: int) -> CappedPair | None:
+    """The two ways of the capped pair at one ``--prefill-chunk`` side by side, printed, when both ran."""
     by_name = {result.name: result for result in results}
     if not all(name in by_name for name in CAPPED):
         return None
     replicas, pipeline = (by_name[name] for name in CAPPED)
     ours, theirs = held_tokens_per_second(pipeline), held_tokens_per_second(replicas)
     ratio = ours / theirs if ours and theirs else None
-    print(f"\nthe memory-capped pair ({' '.join(pipeline.flags)} against {' '.join(replicas.flags)}), best tokens/s "
+    print(f"\nthe memory-capped pair at --prefill-chunk {chunk} ({' '.join(pipeline.flags)} against "
+          f"{' '.join(replicas.flags)}), best tokens/s "
           f"held at p99 TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms")
     print(f"{'strategy':<10} {'slots':>6} {'tokens/s':>9}")
     for name, result, rate in [("replicas", replicas, theirs), ("pipeline", pipeline, ours)]:
         print(f"{name:<10} {result.slots:>6} {'none held' if rate is None else f'{rate:.1f}':>9}")
     print(f"pipeline / replicas: {'n/a' if ratio is None else f'{ratio:.2f}x'} (target >= 2x)")
-    return CappedPair(replicas_slots=replicas.slots, pipeline_slots=pipeline.slots, replicas_tokens_per_second=theirs,
+    return CappedPair(prefill_chunk_tokens=chunk, replicas_slots=replicas.slots, pipeline_slots=pipeline.slots, replicas_tokens_per_second=theirs,
                       pipeline_tokens_per_second=ours, pipeline_vs_replicas=ratio)
+
+
+def chunk_values(given: str) -> list[int]:
+    """``--prefill-chunk``'s comma list of whole numbers, or SystemExit with one line."""
+    try:
+        values = [int(value) for value in given.split(",")]
+    except ValueError:
+        values = []
+    if not values or any(value < 0 for value in values) or len(set(values)) != len(values):
+        raise SystemExit(f"bench.serve_gpu: --prefill-chunk takes distinct whole numbers of tokens (0: whole "
+                         f"prompts), comma-separated, got {given!r}")
+    return values
 
 
 def _config_json(config: dict) -> str:
@@ -465,7 +508,11 @@ def main() -> None:
                         help="comma-separated, of llama8b, moe, capped (capped-replicas and capped-pipeline), "
                         "replicas, split, pipeline")
     parser.add_argument("--requests", type=int, help="requests per Poisson rate (default 32; --quick 6)")
+    parser.add_argument("--prefill-chunk", default=str(DEFAULT_PREFILL_CHUNK_TOKENS),
+                        help="the server's --prefill-chunk, or a comma list: every case once per value "
+                        f"(default {DEFAULT_PREFILL_CHUNK_TOKENS}; 0: whole prompts)")
     args = parser.parse_args()
+    chunks = chunk_values(args.prefill_chunk)
     args.requests = args.requests or (6 if args.quick else 32)
     args.tokens, args.repeats = (16, 1) if args.quick else (64, 3)
     cases = {case.name: case for case in (CPU_CASES if args.cpu else GPU_CASES)}
@@ -485,9 +532,9 @@ def main() -> None:
     print(f"command: {command_line()}")
     print(f"{device}, torch {torch.__version__}; {args.requests} requests per rate, trace of {len(trace)} "
           f"({args.trace or args.out / 'trace.csv'})")
-    results = [run_case(cases[name], args, trace, shape, args.out) for name in chosen]
+    results = [run_case(cases[name], args, trace, shape, args.out, chunk) for chunk in chunks for name in chosen]
     report = Report(command=command_line(), device=device, torch=torch.__version__, cases=results,
-                    capped_pair=capped_pair(results))
+                    capped_pairs=capped_pairs(results, chunks))
     (args.out / "serve_gpu.json").write_text(report.model_dump_json(indent=1))
     print(report.model_dump_json())
 

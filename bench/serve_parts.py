@@ -59,7 +59,7 @@ class FreeStep:
         self.logits = torch.zeros(1, VOCAB)
         self.logits[0, TOKEN] = 1.0
 
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+    def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
         return self.logits[0]
 
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
@@ -74,9 +74,9 @@ class WaitingStep(FreeStep):
         super().__init__(slots, context_tokens)
         self.seconds = seconds
 
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+    def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
         time.sleep(self.seconds)
-        return super().prefill(slot, token_ids)
+        return super().prefill(slot, token_ids, start)
 
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
         time.sleep(self.seconds)

@@ -190,13 +190,14 @@ def serving(served, slots: int = 4, max_queue: int = 64, context_tokens: int = 1
         engine.close()
 
 
-def stepped(plan, prompts: list[list[int]], lengths: list[int]) -> tuple[list[list[int]], list[list[int]], dict]:
+def stepped(plan, prompts: list[list[int]], lengths: list[int],
+            prefill_chunk_tokens: int | None = None) -> tuple[list[list[int]], list[list[int]], dict]:
     """Greedy requests through an engine over ``plan`` (a serve strategy), stepped here: each one's
     tokens, after each step the backend index of every running request, and the busy seconds per device."""
     from kernelfleet.serve.engine import Engine
     from kernelfleet.serve.sampling import Sampling
 
-    engine = Engine(plan, max_queue=len(prompts))
+    engine = Engine(plan, max_queue=len(prompts), prefill_chunk_tokens=prefill_chunk_tokens)
     got: list[list[int]] = [[] for _ in prompts]
     where = []
     for prompt, n, tokens in zip(prompts, lengths, got):

@@ -2,7 +2,10 @@
 
 The engine (``engine.py``) decides what runs; a backend runs it. Two calls:
 
-* ``prefill(slot, token_ids)``: a prompt into one slot's cache, the logits of its last position;
+* ``prefill(slot, token_ids, start)``: a prompt, or a chunk of one, into one slot's cache at
+  positions ``start .. start + len(token_ids) - 1``, attending to the slot's positions before
+  ``start`` (the chunks before it); the logits of its last position (the first token's, after a
+  prompt's last chunk). The engine's ``--prefill-chunk`` cuts prompts so (``engine.py``);
 * ``decode(slots, token_ids, positions)``: one token for each of several slots, at each slot's own
   position, their logits (one row per slot).
 
@@ -35,7 +38,7 @@ class Backend(Protocol):
     slots: int
     context_tokens: int
 
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor: ...
+    def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor: ...
 
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor: ...
 
@@ -65,10 +68,10 @@ class EagerBackend:
         self.eager = model.config._attn_implementation == "eager"
         self.cache_argument, self.keep_argument = call_arguments(model)
 
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
-        positions = torch.arange(len(token_ids), device=self.torch_device)[None, :]
+    def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
+        positions = torch.arange(start, start + len(token_ids), device=self.torch_device)[None, :]
         return self.forward(torch.tensor([token_ids], device=self.torch_device), torch.tensor([slot], device=self.torch_device),
-                            positions, len(token_ids))[0]
+                            positions, start + len(token_ids))[0]
 
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
         return self.forward(torch.tensor(token_ids, device=self.torch_device)[:, None], torch.tensor(slots, device=self.torch_device),

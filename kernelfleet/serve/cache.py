@@ -63,11 +63,14 @@ class SlotCache(Cache):
         batch = slice(0, key_states.shape[0]) if self.rows is None else self.rows
         return keys[batch, :, :self.length], values[batch, :, :self.length]
 
-    def move(self, source: int, target: int, tokens: int) -> None:
-        """Copy row ``source``'s first ``tokens`` positions of every layer into row ``target``."""
+    def exchange(self, source: int, target: int, tokens: int) -> None:
+        """Swap rows ``source`` and ``target``'s first ``tokens`` positions, every layer: a running
+        request moving into a free row (what comes back is garbage, in a row no request holds), or
+        into the row of a request still being prefilled, which takes the running one's row (rows.py)."""
+        rows = torch.tensor([[source, target], [target, source]], device=self.device)
         for cache in (self.keys, self.values):
             for layer in cache.values():
-                layer[target, :, :tokens] = layer[source, :, :tokens]
+                layer[rows[0], :, :tokens] = layer[rows[1], :, :tokens]  # the right side is a gathered copy
 
     def adopt(self, source: SlotCache, source_row: int, target_row: int, tokens: int) -> None:
         """Copy ``source``'s row ``source_row`` (its first ``tokens`` positions, every layer) into row

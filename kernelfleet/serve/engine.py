@@ -2,12 +2,23 @@
 
 One thread owns the backend. Each step:
 
-1. requests whose client went away leave their slots;
-2. waiting requests move into free slots (``scheduler.py``) and are prefilled one by one, which
-   gives each its first token;
-3. one decode forward per backend runs every request in a slot there, each at its own position,
-   and gives each its next token. A request whose token is a stop token, or that reached
-   ``max_tokens``, leaves its slot at once, so the next step's newcomer reuses it.
+1. requests whose client went away leave their slots (one being prefilled too);
+2. prompts are prefilled, oldest first: with ``prefill_chunk_tokens`` (``--prefill-chunk``) at most
+   that many prompt tokens a step, in chunks (the prompt being prefilled goes on where it stopped,
+   then waiting requests move into free slots, ``scheduler.py``, one at a time while the budget
+   lasts; a long prompt takes several steps); with None (or 0) every newcomer's whole prompt. A
+   request holds its slot from its first chunk but decodes only after its last, which gives its
+   first token (and its time to first token);
+3. one decode forward per backend runs every request in a slot there whose prompt is whole, each
+   at its own position, and gives each its next token. A request whose token is a stop token, or
+   that reached ``max_tokens``, leaves its slot at once, so the next step's newcomer reuses it.
+
+Why chunks: a step's prefill delays every running request's next token. Whole prompts of up to
+512 tokens between two decode steps put the memory-capped pair's p99 time per output token over
+50 ms on an H200 (docs/validation/serve-gpu.md); a chunk bounds what a step adds, at the cost of a
+long prompt's time to first token. Since the budget goes oldest first, at most one prompt is part
+prefilled between steps, which is what lets the split's one staging slot, and a graph backend's
+row moves, keep it (``rows.py``).
 
 Which backend prefills and which decodes a request is the :class:`~kernelfleet.serve.strategies.Strategy`'s
 (one device, request distribution, prefill/decode split, layer pipeline); a plain backend is the
@@ -31,7 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernelfleet.errors import KernelfleetError
+from kernelfleet.errors import KernelfleetError, UsageError
 from kernelfleet.serve.backend import Backend
 from kernelfleet.serve.metrics import FINISH_REASONS, ServeMetrics
 from kernelfleet.serve.sampling import Sampler, Sampling
@@ -60,6 +71,7 @@ class Request:
     sink: Sink
     arrival_seconds: float
     generated: list[int] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens in the cache so far
     last_token_seconds: float | None = None
     cancelled: bool = False
     watch: Watch | None = None  # called with each token before its sink (stops.py: OpenAI's stop strings)
@@ -71,10 +83,15 @@ class Request:
 
 
 class Engine:
-    """The loop over ``backend`` with a queue of ``max_queue`` (module docstring)."""
+    """The loop over ``backend`` with a queue of ``max_queue``, prefilling at most
+    ``prefill_chunk_tokens`` prompt tokens a step (None or 0: whole prompts; module docstring)."""
 
     def __init__(self, backend: Backend | Strategy, max_queue: int, metrics: ServeMetrics | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, prefill_chunk_tokens: int | None = None) -> None:
+        if prefill_chunk_tokens is not None and prefill_chunk_tokens < 0:
+            raise UsageError(f"--prefill-chunk takes a number of tokens, 0 for whole prompts, got {prefill_chunk_tokens}")
+        self.prefill_chunk_tokens = prefill_chunk_tokens or None
+        self.partial: tuple[int, Request] | None = None  # the request part prefilled, in its slot
         self.strategy = backend if isinstance(backend, Strategy) else single(backend)
         self.clock = clock
         self.metrics = metrics or ServeMetrics(max_queue)
@@ -129,16 +146,11 @@ class Engine:
             for slot, request in list(self.scheduler.running.items()):
                 if request.cancelled:
                     self._leave(slot, CANCELLED)
-            admitted = self.scheduler.admit()
-            self._gauges()
-        for slot, request in admitted:
-            self.metrics.prompt.inc(len(request.prompt))
-            logits = self._prefill(slot, request.prompt)
-            if logits is not None:
-                self._next(slot, request, logits)
-        running = sorted(self.scheduler.running.items())
+        prefilled = self._prefills()
+        partial = None if self.partial is None else self.partial[0]
+        running = sorted((slot, r) for slot, r in self.scheduler.running.items() if slot != partial)
         if not running:
-            return bool(admitted)
+            return prefilled
         groups: list[list[tuple[int, Request]]] = [[] for _ in self.strategy.backends]
         for slot, request in running:
             groups[self.strategy.locate(slot)[0]].append((slot, request))
@@ -159,18 +171,51 @@ class Engine:
                 self._next(slot, request, logits[row], greedy[row])
         return True
 
-    def _prefill(self, slot: int, prompt: list[int]) -> torch.Tensor | None:
-        """The logits of ``prompt``'s last position, its keys and values in ``slot``: prefilled on the
-        slot's own backend, or (``split``) on the prefill backend and handed over."""
+    def _prefills(self) -> bool:
+        """This step's prefill (module docstring, 2.): the part-prefilled request's next chunk, then
+        newcomers while the budget lasts; each whole prompt's first token. False when none ran."""
+        budget = self.prefill_chunk_tokens
+        ran = False
+        while budget is None or budget > 0:
+            if self.partial is None:
+                with self._wake:
+                    admitted = self.scheduler.admit(most=1)
+                    self._gauges()
+                if not admitted:
+                    return ran
+                self.partial = admitted[0]
+            slot, request = self.partial
+            count = len(request.prompt) - request.prefilled
+            count = count if budget is None else min(count, budget)
+            budget = None if budget is None else budget - count
+            ran = True
+            logits = self._chunk(slot, request, count)
+            if logits is None:  # failed: the request has left its slot
+                self.partial = None
+            elif request.prefilled == len(request.prompt):
+                self.partial = None
+                self._next(slot, request, logits)
+        return ran
+
+    def _chunk(self, slot: int, request: Request, count: int) -> torch.Tensor | None:
+        """The next ``count`` prompt tokens of ``request`` into ``slot``'s cache, and the logits of
+        the last: prefilled on the slot's own backend, or (``split``) on the prefill backend, handed
+        over after the prompt's last chunk. None when a forward failed (the request ended)."""
         index, local = self.strategy.locate(slot)
         decoder, prefiller = self.strategy.backends[index], self.strategy.prefill_on
-        if prefiller is None:
-            return self._run([slot], decoder, decoder.prefill, local, prompt)
-        logits = self._run([slot], prefiller, prefiller.prefill, STAGE_SLOT, prompt)
+        start = request.prefilled
+        chunk = request.prompt[start:start + count]
+        on, into = (decoder, local) if prefiller is None else (prefiller, STAGE_SLOT)
+        logits = self._run([slot], on, on.prefill, into, chunk, start)
         if logits is None:
             return None
-        handed = self._run([slot], decoder, decoder.adopt, local, *prefiller.kv(STAGE_SLOT), len(prompt))
-        return None if handed is None else logits
+        request.prefilled += count
+        self.metrics.prompt.inc(count)
+        if prefiller is not None and request.prefilled == len(request.prompt):
+            handed = self._run([slot], decoder, decoder.adopt, local, *prefiller.kv(STAGE_SLOT), len(request.prompt))
+            if handed is None:
+                return None
+        return logits
 
     def _run(self, slots: list[int], backend: Backend, forward: Callable[..., object], *args: object) -> object:
         """``forward(*args)`` on ``backend``, its time counted as the device's busy time; None
@@ -225,6 +270,8 @@ class Engine:
             self._gauges()
 
     def _leave(self, slot: int, reason: str) -> None:
+        if self.partial is not None and self.partial[0] == slot:
+            self.partial = None  # cancelled or failed mid-prefill: its slot and row go to the next request
         self.scheduler.release(slot)
         self.metrics.finished.labels(reason).inc()
 

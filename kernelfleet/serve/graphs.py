@@ -9,11 +9,16 @@ the bucket's persistent inputs, one ``(2, bucket)`` tensor holding the token ids
 left frees its row, and one past the running count moves into it), lays the batch out in row
 order, pads it to the smallest bucket that holds it, copies the two rows of inputs in with one
 host-to-device copy, replays that graph, and returns the logits in the engine's order. Pad rows
-write token 0 at position 0 of rows past the running ones, rows no running request holds (a
-request that gets one later is prefilled over it), so they never touch a request's keys and values.
+write token 0 at the context's last position of rows past the running ones: no running request
+holds those rows, and no request ever writes that position (the API keeps a prompt and its
+``max_tokens`` within the context, and a request's last token is never fed back, so the last
+position fed is the context's last but one). So a pad row never touches a request's keys and
+values, not even those of a request being prefilled in chunks that holds a row past the running
+ones (``rows.py``).
 
-Prefill stays eager: prompts have any length, and a graph per length would not pay for itself. It
-writes the same :class:`~kernelfleet.serve.cache.SlotCache` tensors the graphs read.
+Prefill stays eager: prompts and their chunks have any length. It writes the same
+:class:`~kernelfleet.serve.cache.SlotCache` tensors the graphs read; the slot a chunk went into is
+``holding`` until it decodes, so the row moves keep its keys and values.
 
 The graphs share one memory pool and are captured largest first, so the smaller ones reuse the
 largest one's activations. The logits a replay returns live in that pool: they are valid until
@@ -53,10 +58,11 @@ def bucket_for(batch: int, sizes: list[int]) -> int:
     raise ValueError(f"a batch of {batch} rows is more than the largest bucket, {sizes[-1]}")
 
 
-def padded(token_ids: list[int], positions: list[int], size: int) -> list[list[int]]:
-    """The two input rows of a ``size`` bucket, ids and positions; pad rows feed token 0 at position 0."""
+def padded(token_ids: list[int], positions: list[int], size: int, pad_position: int) -> list[list[int]]:
+    """The two input rows of a ``size`` bucket, ids and positions; pad rows feed token 0 at
+    ``pad_position`` (the context's last: module docstring)."""
     pad = size - len(token_ids)
-    return [token_ids + [0] * pad, positions + [0] * pad]
+    return [token_ids + [0] * pad, positions + [pad_position] * pad]
 
 
 class CaptureFailed(EnvironmentProblem):
@@ -88,6 +94,7 @@ class GraphBackend:
         self.slots, self.context_tokens = eager.slots, eager.context_tokens
         self.device = device_name or eager.device  # its name in the metrics; torch's is eager.torch_device
         self.rows = Rows(eager.slots)
+        self.holding: tuple[int, int] | None = None  # the slot last prefilled, and its tokens, until it decodes
         self.sizes = buckets(eager.slots)
         self.buckets: dict[int, Bucket] = {}
         self.pool = torch.cuda.graph_pool_handle() if graphs else None
@@ -99,15 +106,17 @@ class GraphBackend:
 
     @torch.inference_mode()
     def _captured(self, size: int) -> Bucket:
-        bucket = Bucket(size, torch.tensor(padded([], [], size), device=self.eager_backend.torch_device))
+        bucket = Bucket(size, torch.tensor(padded([], [], size, self.context_tokens - 1),
+                                           device=self.eager_backend.torch_device))
         if self.graphs:
             bucket.graph, bucket.logits = captured(lambda: bucket.forward(self.eager_backend), self.pool,
                                                    self.eager_backend.torch_device,
                                                    f"the decode graph of batch bucket {size}")
         return bucket
 
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
-        return self.eager_backend.prefill(self.rows.take(slot), token_ids)
+    def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
+        self.holding = slot, start + len(token_ids)
+        return self.eager_backend.prefill(self.rows.take(slot), token_ids, start)
 
     def kv(self, slot: int) -> tuple[SlotCache, int]:
         return self.eager_backend.cache, self.rows.row_of[slot]
@@ -119,7 +128,9 @@ class GraphBackend:
 
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
-        row, size, inputs = laid_out(self.rows, [self.eager_backend.cache], slots, token_ids, positions, self.sizes)
+        self.holding = held(self.holding, slots)
+        row, size, inputs = laid_out(self.rows, [self.eager_backend.cache], slots, token_ids, positions, self.sizes,
+                                     self.holding)
         bucket = self.buckets[size]
         bucket.inputs.copy_(inputs)  # one small copy; the previous replay is done by now (the engine read its logits)
         if bucket.graph is None:  # the CPU twin
@@ -129,19 +140,29 @@ class GraphBackend:
         return in_engine_order(bucket.logits, row)
 
 
+def held(holding: tuple[int, int] | None, slots: list[int]) -> tuple[int, int] | None:
+    """What a backend holds for a decode over ``slots``: the slot it last prefilled and its tokens,
+    unless that request decodes now (its prompt is whole)."""
+    return None if holding is None or holding[0] in slots else holding
+
+
 def laid_out(rows: Rows, caches: list[SlotCache], slots: list[int], token_ids: list[int], positions: list[int],
-             sizes: list[int]) -> tuple[list[int], int, torch.Tensor]:
+             sizes: list[int], holding: tuple[int, int] | None) -> tuple[list[int], int, torch.Tensor]:
     """A decode's batch laid out for a bucket's graph: the running ``slots`` moved into the first
-    rows of every one of ``caches`` (rows.py), then the cache row of each engine row, the bucket
-    that holds them, and its two input rows (ids, positions) in row order, padded, on the host."""
-    at = dict(zip(slots, positions))
-    for slot, source, target in rows.compact(slots):
+    rows of every one of ``caches`` (rows.py; ``holding``, a slot being prefilled and its tokens so
+    far, keeps its own), then the cache row of each engine row, the bucket that holds them, and its
+    two input rows (ids, positions) in row order, padded, on the host."""
+    at = dict(zip(slots, positions))  # what each wrote so far: the positions below its next
+    keep, kept = holding or (None, 0)
+    for slot, source, target in rows.compact(slots, keep):
+        tokens = max(at[slot], kept if rows.row_of.get(keep) == source else 0)
         for cache in caches:
-            cache.move(source, target, at[slot])  # what it wrote so far: positions below its next
+            cache.exchange(source, target, tokens)
     row = [rows.row_of[slot] for slot in slots]  # the cache row, so the batch row, of each engine row
     order = sorted(range(len(slots)), key=row.__getitem__)
     size = bucket_for(len(slots), sizes)
-    return row, size, torch.tensor(padded([token_ids[i] for i in order], [positions[i] for i in order], size))
+    pad = caches[0].context_tokens - 1
+    return row, size, torch.tensor(padded([token_ids[i] for i in order], [positions[i] for i in order], size, pad))
 
 
 def in_engine_order(logits: torch.Tensor, row: list[int]) -> torch.Tensor:

@@ -4,8 +4,8 @@ passed from each to the next.
 Each :class:`Stage` runs one device's part (``parts.py``: its layers, the embedding on the first,
 the norm and head on the last). A :class:`PipelineBackend` is one micro-batch group of slots: each
 stage holds the keys and values of its own layers for every slot of the group (one
-:class:`~kernelfleet.serve.cache.SlotCache` a stage), and a prefill or a decode runs through the
-stages in order, the hidden states copied device to device between them (between GPUs a copy
+:class:`~kernelfleet.serve.cache.SlotCache` a stage), and a prefill (a prompt or its chunk at an
+offset) or a decode runs through the stages in order, the hidden states copied device to device between them (between GPUs a copy
 queued without a host wait; torch orders it after the stage before and before the next).
 
 Micro-batches: the strategy splits the slots into groups (``--micro-batches``, default 2), each
@@ -36,7 +36,7 @@ import torch
 
 from kernelfleet.serve.backend import call_arguments
 from kernelfleet.serve.cache import SlotCache, attention_mask
-from kernelfleet.serve.graphs import buckets, captured, in_engine_order, laid_out, padded
+from kernelfleet.serve.graphs import buckets, captured, held, in_engine_order, laid_out, padded
 from kernelfleet.serve.parts import Part
 from kernelfleet.serve.rows import Rows
 
@@ -98,6 +98,7 @@ class PipelineBackend:
         self.busy: Callable[[str, float], None] | None = None  # the engine's per-device busy counter
         self.clock = clock
         self.rows = Rows(slots)
+        self.holding: tuple[int, int] | None = None  # the slot last prefilled and its tokens, until it decodes (graphs.py)
         self.sizes = buckets(slots)
         self.buckets: dict[int, list[StageBucket]] = {}
         if not graphs:
@@ -114,8 +115,8 @@ class PipelineBackend:
         stage = self.stages[index]
         hidden = None if index == 0 else torch.zeros(size, 1, stage.hidden_size, dtype=stage.dtype,
                                                      device=stage.torch_device)
-        bucket = StageBucket(stage, self.caches[index], torch.tensor(padded([], [], size), device=stage.torch_device),
-                             hidden)
+        inputs = torch.tensor(padded([], [], size, self.context_tokens - 1), device=stage.torch_device)
+        bucket = StageBucket(stage, self.caches[index], inputs, hidden)
         if pool is not None:
             bucket.graph, bucket.output = captured(bucket.forward, pool, stage.torch_device,
                                                    f"stage {index + 1}'s decode graph of batch bucket {size}")
@@ -138,17 +139,20 @@ class PipelineBackend:
             self._timed(stage, started)
         return out
 
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
-        positions = torch.arange(len(token_ids))[None, :]
+    def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
+        """A prompt or its chunk at ``start`` through the stages (backend.py's ``prefill``)."""
+        positions = torch.arange(start, start + len(token_ids))[None, :]
+        self.holding = slot, start + len(token_ids)
         row = self.rows.take(slot) if self.graphs else slot  # eagerly a slot is its row
-        return self._through(torch.tensor([token_ids]), row, positions, len(token_ids))[0]
+        return self._through(torch.tensor([token_ids]), row, positions, start + len(token_ids))[0]
 
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
         if not self.graphs:
             return self._through(torch.tensor(token_ids)[:, None], torch.tensor(slots),
                                  torch.tensor(positions)[:, None], max(positions) + 1)
-        row, size, inputs = laid_out(self.rows, self.caches, slots, token_ids, positions, self.sizes)
+        self.holding = held(self.holding, slots)
+        row, size, inputs = laid_out(self.rows, self.caches, slots, token_ids, positions, self.sizes, self.holding)
         before: StageBucket | None = None
         for bucket in self.buckets[size]:
             started = self.clock()

@@ -1,6 +1,6 @@
 """Which request runs in which KV-cache slot: a bounded FIFO queue and a pool of free slots.
 
-Plain data, no torch and no clock: the engine asks it, once per step, which waiting requests move
+Plain data, no torch and no clock: the engine asks it, each step, which waiting requests move
 into the slots that are free (:meth:`Scheduler.admit`), and tells it when a request leaves its
 slot (:meth:`Scheduler.release`), so a slot is reused by the next request at the next step.
 A request that finds no free slot and ``max_queue`` requests already waiting for one is refused
@@ -16,6 +16,11 @@ from typing import Generic, TypeVar
 from kernelfleet.errors import KernelfleetError
 
 Item = TypeVar("Item")
+# ``--prefill-chunk``'s default, the prompt tokens the engine prefills a step at most (engine.py):
+# half the longest prompts (512 tokens) whose whole prefill between two decode steps put the
+# memory-capped pair's p99 time per output token over 50 ms on an H200 (docs/validation/serve-gpu.md),
+# so a step adds at most about half of that. `bench.serve_gpu --prefill-chunk 0,128,256` measures it.
+DEFAULT_PREFILL_CHUNK_TOKENS = 256
 
 
 class QueueFull(KernelfleetError):
@@ -49,10 +54,11 @@ class Scheduler(Generic[Item]):
             return False
         return True
 
-    def admit(self) -> list[tuple[int, Item]]:
-        """Waiting requests moved into free slots, oldest first: ``(slot, request)`` pairs."""
+    def admit(self, most: int | None = None) -> list[tuple[int, Item]]:
+        """Waiting requests moved into free slots, oldest first, at most ``most`` of them (None: as
+        many as there are free slots): ``(slot, request)`` pairs."""
         admitted = []
-        while self.waiting and self.free:
+        while self.waiting and self.free and (most is None or len(admitted) < most):
             slot = self.free.pop(self.choose(self.free, self.running))
             self.running[slot] = item = self.waiting.popleft()
             admitted.append((slot, item))

@@ -11,7 +11,8 @@ over the rows running there (all launched before any result is read, so GPUs run
   are least full (running ÷ slots), so the load follows each device's share of the slots, which
   ``memory.proportional_slots`` makes proportional to its memory.
 * ``split`` (prefill/decode split): prompts run on the first backend (one staging slot: prefills
-  run one at a time), then the request's keys and values are handed over to its slot on the
+  run one at a time, a prompt's chunks too, ``engine.py``), then, after its last chunk, the
+  request's keys and values are handed over to its slot on the
   second (``Backend.adopt``; between GPUs a device-to-device copy of the row's positions so far),
   and it decodes there. The first backend never decodes, the second never prefills.
 

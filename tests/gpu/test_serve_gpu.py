@@ -89,21 +89,25 @@ async def whole_and_streamed(url: str, prompts: list[list[int]], max_tokens: int
         return await asyncio.gather(*(whole(client, p) for p in prompts), *(streamed(client, p) for p in prompts))
 
 
-def test_the_gpu_server_over_http_gives_the_greedy_tokens_of_generate_streamed_or_not(model_dir):
+@pytest.mark.parametrize("chunk", [None, 3], ids=["whole", "chunk3"])
+def test_the_gpu_server_over_http_gives_the_greedy_tokens_of_generate_streamed_or_not(model_dir, chunk):
+    """Prompts whole, or prefilled 3 tokens a step (a part-prefilled request's row kept while the
+    graphs' running rows move, pad rows past it)."""
     served = load(f"hf:{model_dir}", DEVICE, dtype=torch.float32)
     want = [generated(served.model, prompt, 10) for prompt in PROMPTS]
-    with serving(served, slots=4, context_tokens=64, graphs=True) as (url, engine):
+    with serving(served, slots=4, context_tokens=64, graphs=True, prefill_chunk_tokens=chunk) as (url, engine):
         assert engine.backend.buckets[4].graph is not None  # the graph backend, captured
         got = asyncio.run(whole_and_streamed(url, PROMPTS, 10))  # 12 requests on 4 slots: every bucket
     assert got[:len(PROMPTS)] == want
     assert got[len(PROMPTS):] == want
 
 
+@pytest.mark.parametrize("chunk", [None, 3], ids=["whole", "chunk3"])
 @pytest.mark.parametrize("strategy", ["replicas", "split", "pipeline"])
-def test_two_gpus_under_each_strategy_give_the_greedy_tokens_of_generate(model_dir, strategy):
+def test_two_gpus_under_each_strategy_give_the_greedy_tokens_of_generate(model_dir, strategy, chunk):
     """Request distribution, the prefill/decode split and the layer pipeline (each stage its own
     part, a graph per stage and bucket) over GPUs 0 and 1 (both on GPU 0 where there is one: the
-    same control flow, the hand-over a copy within the device)."""
+    same control flow, the hand-over a copy within the device); prompts whole or in chunks of 3."""
     from kernelfleet.serve.command import Placed
 
     second = "cuda:1" if torch.cuda.device_count() > 1 else DEVICE
@@ -113,7 +117,7 @@ def test_two_gpus_under_each_strategy_give_the_greedy_tokens_of_generate(model_d
     if strategy == "pipeline":
         devices = [Placed(stage.name, stage.part, 4) for stage in pipeline_stages(model_dir, torch.float32)]
     with serving(first, slots=2 if strategy == "split" else 4, context_tokens=64, graphs=True, strategy=strategy,
-                 devices=devices) as (url, engine):
+                 devices=devices, prefill_chunk_tokens=chunk) as (url, engine):
         for backend in engine.strategy.backends:  # a pipeline's bucket is one graph a stage
             bucket = backend.buckets[2]
             assert all(b.graph is not None for b in (bucket if strategy == "pipeline" else [bucket]))

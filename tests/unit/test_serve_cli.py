@@ -56,7 +56,7 @@ def test_the_command_serves_under_a_strategy_over_two_cpu_twins(model_dir, strat
     from transformers import AutoModelForCausalLM
 
     with ServeCommand(f"hf:{model_dir}", "--cpu", "--strategy", strategy, "--device", "small:1", "--device", "big:3",
-                      "--slots", "4", "--context", "64") as server:
+                      "--slots", "4", "--context", "64", "--prefill-chunk", "3") as server:  # the prompt in 2 chunks
         body = {"prompt": [5, 9, 100, 3], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
         whole = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
         metrics = httpx.get(f"{server.url}/metrics").text
@@ -117,6 +117,7 @@ def run_main(monkeypatch, capsys, *args):
     (["{dir}", "--device", "h200"], 2, "--device takes NAME:MEMORY_GB[@GPU]"),
     (["{dir}", "--cpu", "--device", "h200:40"], 2, "--device names a GPU; with --cpu"),
     (["{dir}", "--dtype", "int8"], 2, "--dtype takes bfloat16, float16, float32"),
+    (["{dir}", "--cpu", "--prefill-chunk", "-1"], 2, "--prefill-chunk takes a number of tokens, 0 for whole prompts"),
     (["{dir}", "--cpu", "--strategy", "ring"], 2, "--strategy takes single, replicas, split, pipeline, got 'ring'"),
     (["{dir}", "--cpu", "--strategy", "pipeline", "--device", "a:2"], 2, "it takes two or more, got 1"),
     (["{dir}", "--cpu", "--strategy", "pipeline", "--device", "a:2", "--device", "b:2", "--device", "c:2"], 2,

@@ -1,7 +1,8 @@
 """The graph backend's control flow on the CPU: the graph-safe forward (the first rows, whole
 context, masked, persistent inputs: the call a GPU captures) gives the eager forward's logits and
 cache contents, for a dense and an MoE model, across mixed positions and reused slots; running
-requests are kept in the first rows; pad rows write only rows no running request holds; buckets;
+requests are kept in the first rows; pad rows write only rows no running request holds, at the
+context's last position; buckets;
 and the engine over the backend's CPU twin gives ``generate``'s tokens."""
 
 import pytest
@@ -78,10 +79,11 @@ def test_running_requests_move_into_the_first_rows_and_pad_rows_write_only_rows_
     assert graphs.rows.row_of[0] == 2
     before = {layer: keys.clone() for layer, keys in cache.keys.items()}
     graphs.decode([0, 1, 3], [1, 1, 1], [3, 8, 8])  # 3 rows: bucket 4, one pad row, into row 3
-    assert graphs.buckets[4].inputs.tolist() == [[1, 1, 1, 0], [8, 8, 3, 0]]
+    assert graphs.buckets[4].inputs.tolist() == [[1, 1, 1, 0], [8, 8, 3, 31]]
     for layer, keys in cache.keys.items():
         changed = (keys != before[layer]).any(dim=(1, 3))  # (rows, positions) written
-        assert changed[3].nonzero().flatten().tolist() == [0]  # the pad row: row 3, which no request holds
+        # the pad row: row 3, which no running request holds, at the context's last position, which no request writes
+        assert changed[3].nonzero().flatten().tolist() == [31]
         assert [changed[r].nonzero().flatten().tolist() for r in range(3)] == [[8], [8], [3]]
 
 
@@ -104,7 +106,7 @@ def test_buckets_are_powers_of_two_and_the_slots_and_a_batch_takes_the_smallest_
     assert [bucket_for(n, buckets(6)) for n in range(1, 7)] == [1, 2, 4, 4, 6, 6]
     with pytest.raises(ValueError, match="more than the largest bucket, 6"):
         bucket_for(7, buckets(6))
-    assert padded([5], [9], 2) == [[5, 0], [9, 0]]
+    assert padded([5], [9], 2, 31) == [[5, 0], [9, 31]]
 
 
 @pytest.mark.parametrize("kind", KINDS)
