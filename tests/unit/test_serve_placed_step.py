@@ -5,11 +5,11 @@ writes only the rows of its bucket."""
 
 import pytest
 import torch
+from recorded import tiny_causal_lm
 
 from kernelfleet.errors import UsageError
 from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.workloads.targets import step_maker
-from recorded import tiny_causal_lm
 
 pytestmark = pytest.mark.unit
 
