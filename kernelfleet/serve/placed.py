@@ -14,7 +14,7 @@ graph backend's single-device decode graph:
   waits for it and returns the logits its home output holds. A switch therefore falls between two
   steps, never inside one, and every request of a step runs under one plan.
 * ``prefill`` runs eagerly on the home device into its cache, then copies each layer whose cache the
-  plans keep on another device (``Placement.layers_away``) there: the request's rows, per layer,
+  plans keep on another device (``Placement.away``) there: the request's rows, per layer,
   so each layer's decode finds them where its launches read them. (Prefilling through the plans'
   layer placement would need a prefill graph per prompt length; copying a prompt's rows is one copy
   per layer and device.)
@@ -60,12 +60,13 @@ class PlanGraph:
     twin: bool = False
 
 
-def copy_layers(source: SlotCache, target: SlotCache, layers: list[int], row: int, tokens: int) -> None:
-    """Row ``row``'s first ``tokens`` positions of ``layers`` from ``source`` into ``target`` (between
-    GPUs one device-to-device copy a tensor, queued without a host wait, as ``SlotCache.adopt``)."""
-    for layer in layers:
-        for mine, theirs in ((target.keys, source.keys), (target.values, source.values)):
-            mine[layer][row, :, :tokens].copy_(theirs[layer][row, :, :tokens], non_blocking=True)
+def copy_rows(source: SlotCache, target: SlotCache, caches: list[tuple[int, str]], row: int, tokens: int) -> None:
+    """Row ``row``'s first ``tokens`` positions of ``caches`` ((layer, ``keys`` or ``values``)) from
+    ``source`` into ``target`` (between GPUs one device-to-device copy a tensor, queued without a
+    host wait, as ``SlotCache.adopt``)."""
+    for layer, kind in caches:
+        mine, theirs = getattr(target, kind)[layer], getattr(source, kind)[layer]
+        mine[row, :, :tokens].copy_(theirs[row, :, :tokens], non_blocking=True)
 
 
 class PlacedBackend:
@@ -83,10 +84,7 @@ class PlacedBackend:
         self.device = f"placed:{'+'.join(devices)}"  # its name in the busy metric
         self.rows = Rows(self.slots)
         self.sizes = sorted(graphs)
-        away: dict[str, list[int]] = {}
-        for layer, device in sorted(placement.layers_away().items()):
-            away.setdefault(device, []).append(layer)
-        self.away = away  # device -> the layers whose cache lives there
+        self.away = placement.away()  # device -> the caches it keeps
         self._last_token_seconds: dict[int, float] = {}
         self.switches, self.steps = plan_metrics(registry)
         self._switches_seen = monitor.switches
@@ -109,8 +107,8 @@ class PlacedBackend:
 
     def _spread(self, row: int, tokens: int) -> None:
         """The row's layers whose cache the plans keep away from home, copied there."""
-        for device, layers in self.away.items():
-            copy_layers(self.home.cache, self.devices[device].cache, layers, row, tokens)
+        for device, caches in self.away.items():
+            copy_rows(self.home.cache, self.devices[device].cache, caches, row, tokens)
 
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:

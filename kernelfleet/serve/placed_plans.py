@@ -74,9 +74,15 @@ class Placement:
     home: str
     kv: dict[str, str]  # cache buffer name -> device
 
-    def layers_away(self) -> dict[int, str]:
-        """Layers whose cache lives on another device than home: prefill copies their rows there."""
-        return {int(KV_NAME.match(name).group(1)): device for name, device in self.kv.items() if device != self.home}
+    def away(self) -> dict[str, list[tuple[int, str]]]:
+        """Per device other than home, the (layer, ``keys`` or ``values``) caches kept there: prefill
+        copies a request's rows of those there."""
+        found: dict[str, list[tuple[int, str]]] = {}
+        for name, device in sorted(self.kv.items()):
+            if device != self.home:
+                layer, kind = KV_NAME.match(name).groups()
+                found.setdefault(device, []).append((int(layer), kind))
+        return found
 
 
 def kv_devices(program: Program, assignment: list[str], where: str) -> dict[str, str]:
