@@ -105,6 +105,7 @@ class PlacedBackend:
         self._spread(mine, tokens)
         self._last_token_seconds[slot] = self.clock()
 
+    @torch.inference_mode()
     def _spread(self, row: int, tokens: int) -> None:
         """The row's layers whose cache the plans keep away from home, copied there."""
         for device, caches in self.away.items():
