@@ -300,3 +300,46 @@ class ServeCommand:
         self.process.send_signal(signal.SIGINT)
         _, self.err = self.process.communicate(timeout=60)
         self.returncode = self.process.returncode
+
+
+async def whole_and_streamed(url: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Every prompt greedy for ``max_tokens`` (end token ignored) from the server at ``url`` at once,
+    whole and then streamed: the token ids of each answer, the whole ones first."""
+    import asyncio
+    import json
+
+    import httpx
+
+    async def whole(client, prompt):
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        return (await client.post("/v1/completions", json=body)).json()["choices"][0]["token_ids"]
+
+    async def streamed(client, prompt):
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+        tokens = []
+        async with client.stream("POST", "/v1/completions", json=body) as answer:
+            async for line in answer.aiter_lines():
+                if line.startswith("data: {"):
+                    tokens.extend(json.loads(line[6:])["choices"][0]["token_ids"])
+        return tokens
+
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        return await asyncio.gather(*(whole(client, p) for p in prompts), *(streamed(client, p) for p in prompts))
+
+
+def run_main(monkeypatch, capsys, *args) -> tuple[int, str]:
+    """``kernelfleet serve ARGS`` in this process, which must exit with one line, ``kernelfleet:
+    error: ...`` and no traceback: its exit code and that line."""
+    import sys
+
+    import pytest
+
+    from kernelfleet.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["kernelfleet", "serve", *map(str, args)])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kernelfleet: error: ") and "Traceback" not in err, err
+    return stop.value.code, lines[0]

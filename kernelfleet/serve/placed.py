@@ -29,7 +29,7 @@ grown past its bucket), Tessera's sign of load. ``/metrics`` gets the monitor's 
 ``launch(graph)`` runs a graph and returns when its outputs are ready (``placed_build.py`` gives the
 executor's run on the home stream and a wait); the CPU twin (``graph.twin``) then computes the
 logits with the home device's eager bucket forward, so CI runs this control flow over graphs the
-null driver built (tests/unit/test_serve_placed.py).
+null driver built (tests/replay/test_serve_placed_twin.py).
 """
 
 from __future__ import annotations
