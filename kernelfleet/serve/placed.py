@@ -70,8 +70,9 @@ def copy_rows(source: SlotCache, target: SlotCache, caches: list[tuple[int, str]
 
 
 class PlacedBackend:
-    """The backend of the module docstring. ``devices``: each device's eager backend by its name in
-    the plans; ``placement``: the plans' home and KV placement; ``graphs[bucket][policy]``; ``launch``
+    """The backend of the module docstring; it prefills and decodes itself (like the pipeline's, no
+    prefill/decode split runs over it). ``devices``: each device's eager backend by its name in the
+    plans; ``placement``: the plans' home and KV placement; ``graphs[bucket][policy]``; ``launch``
     runs a graph to completion; ``registry``: where the plan metrics go (the server's own)."""
 
     def __init__(self, devices: dict[str, EagerBackend], placement: Placement, graphs: dict[int, dict[str, PlanGraph]],
@@ -96,15 +97,6 @@ class PlacedBackend:
         self._last_token_seconds[slot] = self.clock()
         return logits
 
-    def kv(self, slot: int) -> tuple[SlotCache, int]:
-        return self.home.cache, self.rows.row_of[slot]
-
-    def adopt(self, slot: int, source: SlotCache, row: int, tokens: int) -> None:
-        mine = self.rows.take(slot)
-        self.home.adopt(mine, source, row, tokens)
-        self._spread(mine, tokens)
-        self._last_token_seconds[slot] = self.clock()
-
     @torch.inference_mode()
     def _spread(self, row: int, tokens: int) -> None:
         """The row's layers whose cache the plans keep away from home, copied there."""
@@ -124,8 +116,8 @@ class PlacedBackend:
             graph.logits = Bucket(size, graph.inputs).forward(self.home)
         done = self.clock()
         for slot in slots:
-            last = self._last_token_seconds.get(slot, started)
-            self.monitor.finished(Finished(done, done - min(last, started), done - started))
+            last = self._last_token_seconds.get(slot, started)  # its prefill's end, or its previous token's
+            self.monitor.finished(Finished(done, done - last, done - started))
             self._last_token_seconds[slot] = done
         self.steps.labels(policy).inc()
         self.switches.inc(self.monitor.switches - self._switches_seen)
