@@ -13,6 +13,7 @@ pipeline, whose devices each build only their stage's part of the model (docs/se
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import typer
 
@@ -25,6 +26,11 @@ CPU_SLOTS = 4  # the CPU's default: tiny models, a few requests at once
 DeviceOption = typer.Option(None, "--device", show_default=False, help="NAME:MEMORY_GB[@GPU]: a GPU (default 0), its "
                             "name in the metrics, and the memory the weights and the KV cache must fit; twice or more "
                             "for --strategy replicas, split or pipeline (with --cpu: NAME:MEMORY_GB, CPU twins).")
+
+PlansOption = typer.Option(None, "--plans", help="Decode through kernelfleet's plans: DIR/batch-B/ per batch bucket, "
+                           "each with latency-greedy.json and throughput-milp.json (docs/serve.md; not yet shown on a GPU).")
+ProfileOption = typer.Option(None, "--profile", help="With --plans: NAME:SMS[+HOG]@GPU, each device the plans name "
+                             "(twice or more).")
 
 
 def serve(
@@ -52,6 +58,8 @@ def serve(
     prefill_chunk: int = typer.Option(DEFAULT_PREFILL_CHUNK_TOKENS, "--prefill-chunk", help="Prompt tokens prefilled a step "
                                       "at most, a long prompt in chunks over several steps: a bounded time per output "
                                       "token for a longer time to first token; 0 prefills whole prompts."),
+    plans: Path | None = PlansOption,
+    profile: list[str] | None = ProfileOption,
 ) -> None:
     """Serve a model: POST /v1/completions (OpenAI's API, streaming too), /v1/models, /healthz, /metrics."""
     from kernelfleet.fleet.listener import bind, given_token, listen_address
@@ -63,6 +71,9 @@ def serve(
     from kernelfleet.serve.strategies import checked_strategy
 
     checked_strategy(strategy, [parse_device(spec).name for spec in devices])
+    if plans is not None or profile:
+        return _placed(target, plans, profile or [], cpu or bool(devices) or strategy != "single", listen,
+                       allow_remote, token, slots, max_queue, context, dtype, seed)
     if cpu and devices and strategy == "single":
         raise UsageError("--device names a GPU; with --cpu the model runs on the CPU: pass one or the other")
     token = given_token(token)
@@ -143,6 +154,42 @@ def serve(
     err.print(f"kernelfleet serve: {served.name} on http://{host}:{port}/v1 ({slots} slots of "
               f"{engine.context_tokens} tokens, {how}{where})", markup=False, highlight=False)
     run(engine, app, sock)
+
+
+def _placed(target: str, plans: Path | None, profiles: list[str], other: bool, listen: str, allow_remote: bool,
+            token: str | None, slots: int | None, max_queue: int, context: int | None, dtype: str | None,
+            seed: int) -> None:
+    """``--plans DIR --profile ...``: the placed backend (serve/placed_build.py) behind the same API."""
+    from kernelfleet.fleet.listener import bind, given_token, listen_address
+
+    if plans is None or other:
+        raise UsageError("--plans DIR and --profile go together, on GPUs, without --cpu, --device or --strategy")
+    import torch
+
+    from kernelfleet.serve.command import checked_sizes
+    from kernelfleet.serve.command import serve as run
+    from kernelfleet.serve.model import max_context_tokens
+    from kernelfleet.serve.placed_build import placed_server
+
+    tokens_per_slot = checked_sizes(slots, max_queue, context, max_context_tokens(target))
+    token = given_token(token)
+    sock = bind(*listen_address(listen, allow_remote, token))
+    started = time.perf_counter()
+    try:
+        engine, app, entered = placed_server(target, plans, profiles, slots or CPU_SLOTS, max_queue, tokens_per_slot,
+                                             token, seed, getattr(torch, dtype or "bfloat16"))
+    except BaseException:
+        sock.close()
+        raise
+    host, port = sock.getsockname()[:2]
+    err.print(f"kernelfleet serve: {target} through the plans of {plans} on {', '.join(profiles)} "
+              f"(buckets {', '.join(map(str, engine.backend.sizes))}, captured and gated in "
+              f"{time.perf_counter() - started:.1f} s) on http://{host}:{port}/v1", markup=False, highlight=False)
+    try:
+        run(engine, app, sock)
+    finally:
+        for profile in entered:
+            profile.__exit__(None, None, None)
 
 
 def _cpu_caps(devices: list[str]) -> list:

@@ -319,3 +319,40 @@ async def streamed(client, **body):
         events = [line async for line in answer.aiter_lines() if line]
     assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
     return [json.loads(e[len("data: "):]) for e in events[:-1]]
+
+
+async def whole_and_streamed(url: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Every prompt greedy for ``max_tokens`` (end token ignored) from the server at ``url`` at once,
+    whole and then streamed: the token ids of each answer, the whole ones first."""
+    import asyncio
+
+    import httpx
+
+    body = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+
+    async def whole(client, prompt):
+        return (await complete(client, prompt=prompt, **body))["choices"][0]["token_ids"]
+
+    async def stream(client, prompt):
+        return [t for chunk in await streamed(client, prompt=prompt, **body) for t in chunk["choices"][0]["token_ids"]]
+
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        return await asyncio.gather(*(whole(client, p) for p in prompts), *(stream(client, p) for p in prompts))
+
+
+def run_main(monkeypatch, capsys, *args) -> tuple[int, str]:
+    """``kernelfleet serve ARGS`` in this process, which must exit with one line, ``kernelfleet:
+    error: ...`` and no traceback: its exit code and that line."""
+    import sys
+
+    import pytest
+
+    from kernelfleet.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["kernelfleet", "serve", *map(str, args)])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kernelfleet: error: ") and "Traceback" not in err, err
+    return stop.value.code, lines[0]

@@ -21,7 +21,8 @@ over the rows running there (all launched before any result is read, so GPUs run
   launching every backend's decode before reading any keeps the stages busy side by side. A
   newcomer goes to the least full group.
 
-The place half's plans are not strategies here yet.
+kernelfleet's plans are a backend rather than a strategy over several (``placed.py``: one
+backend whose every decode step runs one plan graph across the devices; not yet shown on a GPU).
 """
 
 from __future__ import annotations

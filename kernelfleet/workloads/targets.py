@@ -10,7 +10,10 @@
   weights from the seed. ``prefill`` (the default): a fixed prompt of ``batch`` × ``tokens`` token
   ids, logits out. ``decode``: one token per sequence into a static KV cache of ``context``
   positions, ``context - 1`` of them filled by a prefill of a fixed prompt when the step is made;
-  logits of the new token out.
+  logits of the new token out. ``serve-decode``: the step ``kernelfleet serve`` replays for batch
+  bucket ``batch`` over a cache of ``slots`` rows (default ``batch``) of ``context`` tokens
+  (``serve/placed_step.py``; named as a factory, :data:`SERVE_DECODE`: the serve application imports
+  this module, so this one cannot import it back).
 
 The decode step keeps its own position (an input tensor) and writes it into the cache's counters
 first: transformers' static cache advances a device counter on every call, so a captured graph
@@ -35,8 +38,9 @@ from typing import Any
 
 from kernelfleet.errors import UsageError
 
-PHASES = ("prefill", "decode")  # of an hf:DIR target
-SIZES = ("batch", "tokens", "context")
+PHASES = ("prefill", "decode", "serve-decode")  # of an hf:DIR target
+SIZES = ("batch", "tokens", "context", "slots")
+SERVE_DECODE = "kernelfleet.serve.placed_step:serve_decode"  # the server's own decode step (module docstring)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -51,7 +55,7 @@ def step_maker(target: str, *, phase: str = "prefill", batch: int = 2, tokens: i
         return lambda device, seed: _reference(target, device, seed)
     if target.startswith("hf:"):
         folder, *options = target[3:].split(",")
-        sizes = {"batch": batch, "tokens": tokens, "context": context}
+        sizes = {"batch": batch, "tokens": tokens, "context": context, "slots": None}
         for option in options:
             key, equals, value = option.partition("=")
             if not equals and key in PHASES:
@@ -61,6 +65,12 @@ def step_maker(target: str, *, phase: str = "prefill", batch: int = 2, tokens: i
             else:
                 raise UsageError(f"{target}: option {option!r}: expected a phase ({', '.join(PHASES)}) or "
                                  f"{'|'.join(SIZES)}=N")
+        if phase == "serve-decode":
+            checked_folder(Path(folder))
+            return _factory(SERVE_DECODE, {"model": folder, "batch": sizes["batch"], "context": sizes["context"],
+                                           "slots": sizes["slots"]})
+        if sizes.pop("slots") is not None:
+            raise UsageError(f"{target}: slots=N is an option of the serve-decode phase only")
         return _transformers(Path(folder), phase, **sizes)
     if ":" in target:
         return _factory(target)
@@ -91,7 +101,8 @@ def _reference(name: str, device: str, seed: int) -> Any:
     return reference(name, device=device, seed=seed)
 
 
-def _factory(target: str) -> Callable[[str, int], Any]:
+def _factory(target: str, options: dict[str, Any] | None = None) -> Callable[[str, int], Any]:
+    """``make(device, seed)`` calling the factory ``target`` names (with ``options`` as keywords)."""
     module_name, _, factory_name = target.partition(":")
     if not module_name or not factory_name:
         raise UsageError(f"expected MODULE:FACTORY (e.g. kernelfleet.workloads.steps:llama_decode), got {target!r}")
@@ -107,7 +118,7 @@ def _factory(target: str) -> Callable[[str, int], Any]:
     def make(device: str, seed: int) -> Any:
         import torch
 
-        given = {k: v for k, v in (("device", device), ("seed", seed)) if k in takes}
+        given = {**(options or {}), **{k: v for k, v in (("device", device), ("seed", seed)) if k in takes}}
         if device.startswith("cuda"):
             with torch.cuda.device(device):  # a factory builds on the current device
                 made = factory(**given)

@@ -12,14 +12,13 @@ differ, a near-tie of eager's logits: within 0.02 of its maximum).
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 
 import httpx
 import pytest
 import torch
-from recorded import PROMPTS, ServeCommand, free_port, serving, tiny_causal_lm
+from recorded import PROMPTS, ServeCommand, free_port, serving, tiny_causal_lm, whole_and_streamed
 
 from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.serve.graphs import GraphBackend
@@ -69,24 +68,6 @@ def test_graph_decode_gives_the_eager_decode_logits_in_bf16(model_dir):
         tokens = want.argmax(-1).tolist()  # both follow eager's tokens: the same cache contents
         positions = [p + 1 for p in positions]
     assert graphs.rows.row_of == {1: 1, 2: 0}
-
-
-async def whole_and_streamed(url: str, prompts: list[list[int]], max_tokens: int):
-    async def whole(client, prompt):
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-        return (await client.post("/v1/completions", json=body)).json()["choices"][0]["token_ids"]
-
-    async def streamed(client, prompt):
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
-        tokens = []
-        async with client.stream("POST", "/v1/completions", json=body) as answer:
-            async for line in answer.aiter_lines():
-                if line.startswith("data: {"):
-                    tokens.extend(json.loads(line[6:])["choices"][0]["token_ids"])
-        return tokens
-
-    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-        return await asyncio.gather(*(whole(client, p) for p in prompts), *(streamed(client, p) for p in prompts))
 
 
 @pytest.mark.parametrize("chunk", [None, 3], ids=["whole", "chunk3"])

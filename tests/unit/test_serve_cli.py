@@ -4,14 +4,12 @@ served by the real command in its own process, answering text prompts with the t
 
 import json
 import socket
-import sys
 
 import httpx
 import pytest
 import torch
-from recorded import ServeCommand, free_port, reference, tiny_causal_lm, word_tokenizer
+from recorded import ServeCommand, free_port, reference, run_main, tiny_causal_lm, word_tokenizer
 
-from kernelfleet.cli import main
 from kernelfleet.errors import UsageError
 from kernelfleet.serve.command import fitted
 from kernelfleet.serve.device import Gpu
@@ -92,16 +90,6 @@ def test_a_model_over_each_cap_serves_under_the_pipeline_and_is_refused_whole(mo
     assert whole["text"] == " ".join(f"w{t}" for t in whole["token_ids"])
     for device in "ab":
         assert f'kernelfleet_serve_device_busy_seconds_total{{device="{device}"}}' in metrics
-
-
-def run_main(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["kernelfleet", "serve", *map(str, args)])
-    with pytest.raises(SystemExit) as stop:
-        main()
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kernelfleet: error: ") and "Traceback" not in err, err
-    return stop.value.code, lines[0]
 
 
 @pytest.mark.parametrize(("args", "code", "says"), [

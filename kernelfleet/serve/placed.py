@@ -1,0 +1,138 @@
+"""The placed backend: decode through kernelfleet's plans, one graph per batch bucket and policy.
+
+Every device holds the whole model and a :class:`~kernelfleet.serve.cache.SlotCache` of the
+server's slots (its own :class:`~kernelfleet.serve.backend.EagerBackend`); per batch bucket each
+device captured the server's decode step (``placed_step.py``) and the executor built, from those
+captures, one graph per policy: the bucket's latency plan and its throughput plan
+(``placed_plans.py``, ``runtime/executor.build`` with ``resident_state``). That graph replaces the
+graph backend's single-device decode graph:
+
+* ``decode`` asks the online monitor (``runtime/monitor.Monitor``) once, before anything runs, which
+  policy this step runs under, lays the batch out as the graph backend does (``graphs.laid_out``:
+  running requests in the first cache rows of every device's cache, padded to the bucket), writes
+  the two input rows into the home device's capture's input tensor in place, launches that graph,
+  waits for it and returns the logits its home output holds. A switch therefore falls between two
+  steps, never inside one, and every request of a step runs under one plan.
+* ``prefill`` runs eagerly on the home device into its cache, then copies each layer whose cache the
+  plans keep on another device (``Placement.away``) there: the request's rows, per layer,
+  so each layer's decode finds them where its launches read them. (Prefilling through the plans'
+  layer placement would need a prefill graph per prompt length; copying a prompt's rows is one copy
+  per layer and device.)
+
+The monitor gets one record per running request per step: latency = the time since that request's
+previous token (its prefill or last decode), execution = the step's own time; so the ratio rises
+when the loop spends its time elsewhere than the request's step (other requests' prefills, a batch
+grown past its bucket), Tessera's sign of load. ``/metrics`` gets the monitor's switches
+(``kernelfleet_serve_plan_switches_total``) and the steps run under each policy
+(``kernelfleet_serve_plan_steps_total{policy}``).
+
+``launch(graph)`` runs a graph and returns when its outputs are ready (``placed_build.py`` gives the
+executor's run on the home stream and a wait); the CPU twin (``graph.twin``) then computes the
+logits with the home device's eager bucket forward, so CI runs this control flow over graphs the
+null driver built (tests/replay/test_serve_placed_twin.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT, Finished, Monitor
+from kernelfleet.serve.backend import EagerBackend
+from kernelfleet.serve.cache import SlotCache
+from kernelfleet.serve.graphs import Bucket, in_engine_order, laid_out
+from kernelfleet.serve.placed_plans import Placement
+from kernelfleet.serve.rows import Rows
+
+
+@dataclass(eq=False)
+class PlanGraph:
+    """One (bucket, policy) plan's built graph (``executor.Built``), the home capture's input tensor
+    it reads and the logits it writes; ``twin``: compute the logits eagerly (the CPU twin)."""
+
+    built: Any
+    inputs: torch.Tensor
+    logits: torch.Tensor | None
+    twin: bool = False
+
+
+def copy_rows(source: SlotCache, target: SlotCache, caches: list[tuple[int, str]], row: int, tokens: int) -> None:
+    """Row ``row``'s first ``tokens`` positions of ``caches`` ((layer, ``keys`` or ``values``)) from
+    ``source`` into ``target`` (between GPUs one device-to-device copy a tensor, queued without a
+    host wait, as ``SlotCache.adopt``)."""
+    for layer, kind in caches:
+        mine, theirs = getattr(target, kind)[layer], getattr(source, kind)[layer]
+        mine[row, :, :tokens].copy_(theirs[row, :, :tokens], non_blocking=True)
+
+
+class PlacedBackend:
+    """The backend of the module docstring; it prefills and decodes itself (like the pipeline's, no
+    prefill/decode split runs over it). ``devices``: each device's eager backend by its name in the
+    plans; ``placement``: the plans' home and KV placement; ``graphs[bucket][policy]``; ``launch``
+    runs a graph to completion; ``registry``: where the plan metrics go (the server's own)."""
+
+    def __init__(self, devices: dict[str, EagerBackend], placement: Placement, graphs: dict[int, dict[str, PlanGraph]],
+                 monitor: Monitor, launch: Callable[[Any], None], registry: Any = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.devices, self.placement, self.graphs, self.monitor = devices, placement, graphs, monitor
+        self.launch, self.clock = launch, clock
+        self.home = devices[placement.home]
+        self.slots, self.context_tokens = self.home.slots, self.home.context_tokens
+        self.device = f"placed:{'+'.join(devices)}"  # its name in the busy metric
+        self.rows = Rows(self.slots)
+        self.sizes = sorted(graphs)
+        self.away = placement.away()  # device -> the caches it keeps
+        self._last_token_seconds: dict[int, float] = {}
+        self.switches, self.steps = plan_metrics(registry)
+        self._switches_seen = monitor.switches
+
+    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+        row = self.rows.take(slot)
+        logits = self.home.prefill(row, token_ids)
+        self._spread(row, len(token_ids))
+        self._last_token_seconds[slot] = self.clock()
+        return logits
+
+    @torch.inference_mode()
+    def _spread(self, row: int, tokens: int) -> None:
+        """The row's layers whose cache the plans keep away from home, copied there."""
+        for device, caches in self.away.items():
+            copy_rows(self.home.cache, self.devices[device].cache, caches, row, tokens)
+
+    @torch.inference_mode()
+    def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
+        started = self.clock()
+        policy = self.monitor.plan_for_next_step(started)  # once, before the step: a switch never splits it
+        caches = [backend.cache for backend in self.devices.values()]
+        row, size, inputs = laid_out(self.rows, caches, slots, token_ids, positions, self.sizes)
+        graph = self.graphs[size][policy]
+        graph.inputs.copy_(inputs)
+        self.launch(graph.built)
+        if graph.twin:
+            graph.logits = Bucket(size, graph.inputs).forward(self.home)
+        done = self.clock()
+        for slot in slots:
+            last = self._last_token_seconds.get(slot, started)  # its prefill's end, or its previous token's
+            self.monitor.finished(Finished(done, done - last, done - started))
+            self._last_token_seconds[slot] = done
+        self.steps.labels(policy).inc()
+        self.switches.inc(self.monitor.switches - self._switches_seen)
+        self._switches_seen = self.monitor.switches
+        return in_engine_order(graph.logits, row)
+
+
+def plan_metrics(registry: Any) -> tuple[Any, Any]:
+    """The switches counter and the steps-by-policy counter, in ``registry`` (None: one of their own)."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
+    switches = Counter("kernelfleet_serve_plan_switches", "Switches between the latency and the throughput plan.",
+                       registry=registry)
+    steps = Counter("kernelfleet_serve_plan_steps", "Decode steps run under each plan.", ["policy"], registry=registry)
+    for policy in (LATENCY, THROUGHPUT):  # exported at 0 from the start
+        steps.labels(policy)
+    return switches, steps

@@ -1,0 +1,139 @@
+"""What ``kernelfleet serve hf:DIR --plans DIR --profile A --profile B`` builds on the GPU: the placed
+backend's devices, captures, plan graphs and gate (``placed.py`` runs them).
+
+In order, each failure one line: the plan folder is read (``placed_plans.read``) before any weight
+loads; each device (``--profile NAME:SMS[+HOG]@GPU``, a green-context partition as the place
+commands take it) loads the whole model on its GPU with a cache of the server's slots; for each
+batch bucket every device captures the server's decode step (``placed_step.decode_step``,
+``runtime/replicas.capture_replicas``) on the whole GPU, then the partitions are carved; every plan is checked against its bucket's capture and for
+one KV placement (``placed_plans.kv_placement``) before any graph is built; then each (bucket,
+policy) graph is built with ``resident_state`` and gated: run from the captured state, its logits
+must equal the home device's own replay of that capture bit for bit, or the server does not start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernelfleet.errors import EnvironmentProblem
+from kernelfleet.plan.model import Device
+from kernelfleet.runtime import plans as runtime_plans
+from kernelfleet.runtime.executor import Slot, build, run
+from kernelfleet.runtime.monitor import Monitor
+from kernelfleet.runtime.replicas import capture_replicas, differing_elements, restore_all
+from kernelfleet.serve.backend import EagerBackend
+from kernelfleet.serve.graphs import buckets
+from kernelfleet.serve.placed import PlacedBackend, PlanGraph
+from kernelfleet.serve.placed_plans import kv_placement, read
+from kernelfleet.serve.placed_step import decode_step
+
+
+def placed_backend(load_model: Callable[[str], Any], plans_root: Path, profiles: dict[str, Any], slots: int,
+                   context_tokens: int, registry: Any = None, progress: Callable[[int, int], None] | None = None,
+                   monitor: Monitor | None = None) -> tuple[PlacedBackend, list[Any]]:
+    """The placed backend (module docstring) and the entered ``profile.devices.DeviceProfile`` of each
+    device (keep them entered while it serves). ``load_model(torch device)`` loads the model there;
+    ``profiles``: ``profile.devices.ProfileSpec`` by the names the plans use."""
+    sizes = buckets(slots)
+    found = read(plans_root, sizes)  # before any weight loads
+    from kernelfleet.profile.devices import DeviceProfile
+
+    backends = {name: EagerBackend(load_model(f"cuda:{spec.device}"), slots, context_tokens, name)
+                for name, spec in profiles.items()}
+    memory = {name: torch.cuda.get_device_properties(spec.device).total_memory for name, spec in profiles.items()}
+    captures, restores, problems = {}, [], {}
+    for done, size in enumerate(sizes, 1):
+        replicas, restored = capture_replicas(stepper(list(backends.values()), size),
+                                              {name: spec.device for name, spec in profiles.items()}, 0,
+                                              {name: spec.kernels for name, spec in profiles.items()})
+        captures[size], restores = replicas, restores + restored
+        home = next(iter(replicas))
+        problems[size] = runtime_plans.problem(replicas[home].program, [Device(d, memory[d]) for d in profiles])
+        (progress or (lambda done, size: None))(done, size)
+    placement = kv_placement(found, problems)  # every plan checked before any graph is built
+    # the partitions are carved once every capture is made, on the whole GPU, as runtime/gate.py does
+    entered = [DeviceProfile(spec).__enter__() for spec in profiles.values()]
+    for replicas in captures.values():
+        for replica, profile in zip(replicas.values(), entered):
+            replica.context = profile.context
+    try:
+        graphs, launch = gated_graphs(captures, found, placement.home, profiles[placement.home].device, restores)
+    except BaseException:
+        for profile in entered:
+            profile.__exit__(None, None, None)
+        raise
+    return PlacedBackend(backends, placement, graphs, monitor or Monitor(), launch, registry), entered
+
+
+def gated_graphs(captures: dict[int, dict[str, Any]], found: dict, home_name: str, gpu: int,
+                 restores: list[Callable[[], None]]) -> tuple[dict[int, dict[str, PlanGraph]], Callable[[Any], None]]:
+    """Each (bucket, policy) plan's graph, built with resident state and gated (from the captured
+    state, with the logits zeroed, it must give the home capture's own replay bit for bit), and the
+    backend's ``launch``: a graph run on a stream of the home GPU, waited for."""
+    stream = torch.cuda.Stream(device=gpu)
+
+    def launch(built: Any) -> None:
+        # after what the engine queued on the home device's stream: the inputs, prefills' row copies, row moves
+        stream.wait_stream(torch.cuda.current_stream(gpu))
+        run(built, stream.cuda_stream)
+        stream.synchronize()
+
+    graphs: dict[int, dict[str, PlanGraph]] = {}
+    for size, replicas in captures.items():
+        home = replicas[home_name]
+        graphs[size] = {}
+        for policy, (path, plan) in found[size].items():
+            units = home.units is not None
+            built = build([Slot(replicas, plan.assignment, home_name)], resident_state=True, overlap=not units)
+            restore_all(restores)
+            with torch.cuda.device(gpu):
+                home.captured.replay()
+            torch.cuda.synchronize()
+            reference = [t.clone() for t in home.captured.output_tensors()]
+            restore_all(restores)
+            with torch.inference_mode():  # the logits are an inference tensor; zeroed, only a run that writes them matches
+                for tensor in home.captured.output_tensors():
+                    tensor.zero_()
+            launch(built)
+            wrong = differing_elements(reference, home.captured.output_tensors())
+            restore_all(restores)
+            if wrong:
+                raise EnvironmentProblem(f"{path}: the plan's graph for batch bucket {size} gives {wrong} logits that "
+                                         "differ from the home device's own replay: the server does not serve it")
+            graphs[size][policy] = PlanGraph(built, home.captured.args[0], home.captured.output_tensors()[0])
+    return graphs, launch
+
+
+def stepper(backends: list[EagerBackend], size: int) -> Callable[[str, int], Any]:
+    """``make_step`` for ``capture_replicas``, which makes one step per device in the order of its
+    devices: each call the next device's bucket-``size`` step (partitions of one GPU share a torch
+    device, so the device argument cannot tell them apart)."""
+    order = iter(backends)
+    return lambda device, seed: decode_step(next(order), size)
+
+
+def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int, max_queue: int,
+                  context_tokens: int, token: str | None, seed: int, dtype: torch.dtype,
+                  progress: Callable[[int, int], None] | None = None) -> tuple[Any, Any, list[Any]]:
+    """``kernelfleet serve TARGET --plans DIR --profile ... --profile ...``: the started engine, its
+    app and the entered device profiles (module docstring)."""
+    from kernelfleet.errors import UsageError
+    from kernelfleet.profile.run import parse_profile
+    from kernelfleet.serve.api import serve_app
+    from kernelfleet.serve.engine import Engine
+    from kernelfleet.serve.metrics import ServeMetrics
+    from kernelfleet.serve.model import described, load
+
+    specs = [parse_profile(text) for text in profiles]
+    if len(specs) < 2 or len({s.name for s in specs}) != len(specs):
+        raise UsageError(f"--plans runs on two or more --profile NAME:SMS[+HOG]@GPU with the plans' device names, "
+                         f"got {', '.join(profiles) or 'none'}")
+    metrics = ServeMetrics(max_queue)
+    backend, entered = placed_backend(lambda device: load(target, device, seed, dtype).model, plans_root,
+                                      {s.name: s for s in specs}, slots, context_tokens, metrics.registry, progress)
+    engine = Engine(backend, max_queue, metrics).start()
+    return engine, serve_app(engine, described(target), token), entered

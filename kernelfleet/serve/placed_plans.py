@@ -1,0 +1,142 @@
+"""The plans ``kernelfleet serve hf:DIR --plans DIR`` serves: one folder per batch bucket, checked
+before anything is built.
+
+Layout: ``DIR/batch-B/`` for every bucket ``B`` the server captures (``graphs.buckets``), each what
+``kernelfleet plan PROGRAM COSTS --policy all --out DIR/batch-B`` writes for the bucket's step
+(``hf:MODEL,serve-decode,batch=B,slots=S,context=C``); the server takes its
+``latency-greedy.json`` and ``throughput-milp.json`` (the two plans the online monitor switches
+between, as ``kernelfleet bench serve`` does).
+
+Checked in two stages, each failure one line naming the file: :func:`read` before the model loads
+(every bucket's folder and both plans there, each a plan document); :func:`kv_placement` once the
+server has captured each bucket's step on its devices, before any plan graph is built: each plan
+passes the validator against its bucket's capture (launch count, devices, pins, memory: a plan made
+for another model or bucket fails here) and keeps the KV cache where the server can switch plans.
+
+The KV cache is state the server cannot move between steps: a request's keys and values are written
+by one step and read by every later one, whichever plan runs it. So every launch that touches a
+layer's cache (``cache_L_keys``, ``cache_L_values``) must run on one device, and on the same device
+in every bucket's and both policies' plans; every plan must also have the same home (where prefill
+runs and the logits come back). Under ``resident_state`` (what the server builds with) a cache that
+stays on one device is never copied. Plans made from a program whose cache launches are pinned
+(:func:`pinned_kv`) keep the whole cache on the home device by construction: the planners and the
+validator keep pinned launches home.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from kernelfleet.errors import UsageError
+from kernelfleet.kernels.ir import Launch, Program
+from kernelfleet.plan.model import Plan, Problem
+from kernelfleet.runtime import plans as runtime_plans
+from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT
+
+# the monitor's two policies and the files `kernelfleet plan --policy all` writes for them
+POLICIES = {LATENCY: "latency-greedy", THROUGHPUT: "throughput-milp"}
+KV_NAME = re.compile(r"cache_(\d+)_(keys|values)$")  # serve/placed_step.py's names of each layer's cache
+KV_PIN = "KV cache: the server switches plans between steps, so each layer's cache stays on one device"
+
+
+def bucket_folder(root: Path, bucket: int) -> Path:
+    return root / f"batch-{bucket}"
+
+
+def read(root: Path, buckets: list[int]) -> dict[int, dict[str, tuple[Path, Plan]]]:
+    """Both plans of every bucket (module docstring), parsed; UsageError naming what is missing."""
+    if not root.is_dir():
+        raise UsageError(f"--plans {root}: no such folder (one batch-B folder a bucket, as `kernelfleet plan --out` "
+                         "writes it)")
+    found: dict[int, dict[str, tuple[Path, Plan]]] = {}
+    for bucket in buckets:
+        folder = bucket_folder(root, bucket)
+        if not folder.is_dir():
+            raise UsageError(f"--plans {root}: no plans for batch bucket {bucket} ({folder}/; the server captures "
+                             f"buckets {', '.join(map(str, buckets))}): plan hf:MODEL,serve-decode,batch={bucket} "
+                             f"with `kernelfleet plan ... --out {folder}`")
+        found[bucket] = {}
+        for policy, file in POLICIES.items():
+            path = folder / f"{file}.json"
+            if not path.is_file():
+                raise UsageError(f"{folder}: no {file}.json (write both plans with `kernelfleet plan PROGRAM COSTS "
+                                 f"--policy all --out {folder}`)")
+            found[bucket][policy] = path, runtime_plans.read(path)
+    return found
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the checked plans keep things: their one home, and the device of each layer's cache."""
+
+    home: str
+    kv: dict[str, str]  # cache buffer name -> device
+
+    def away(self) -> dict[str, list[tuple[int, str]]]:
+        """Per device other than home, the (layer, ``keys`` or ``values``) caches kept there: prefill
+        copies a request's rows of those there."""
+        found: dict[str, list[tuple[int, str]]] = {}
+        for name, device in sorted(self.kv.items()):
+            if device != self.home:
+                layer, kind = KV_NAME.match(name).groups()
+                found.setdefault(device, []).append((int(layer), kind))
+        return found
+
+
+def kv_devices(program: Program, assignment: list[str], where: str) -> dict[str, str]:
+    """The device of each layer's cache under ``assignment``; UsageError where launches on two
+    devices touch one cache."""
+    names = {b.id: b.name for b in program.buffers if b.name and KV_NAME.match(b.name)}
+    if not names:
+        raise UsageError(f"{where}: the step has no KV cache named cache_L_keys/values: it is not the server's "
+                         "decode step (profile hf:MODEL,serve-decode)")
+    seen: dict[str, tuple[str, int]] = {}
+    for launch in program.launches:
+        for buffer in {a.buffer for a in launch.accesses if a.buffer in names}:
+            device = assignment[launch.index]
+            first = seen.setdefault(names[buffer], (device, launch.index))
+            if first[0] != device:
+                raise UsageError(f"{where}: {names[buffer]} is touched on {first[0]} (launch {first[1]}) and on "
+                                 f"{device} (launch {launch.index}): a plan must keep each layer's KV cache on one "
+                                 "device (plan from a program with its cache pinned: placed_plans.pinned_kv)")
+    return {name: device for name, (device, _) in sorted(seen.items())}
+
+
+def kv_placement(found: dict[int, dict[str, tuple[Path, Plan]]], problems: dict[int, Problem]) -> Placement:
+    """The one placement of home and KV cache every plan of ``found`` keeps, once each passed the
+    validator against its bucket's Problem (the server's capture); UsageError otherwise."""
+    first: tuple[str, Placement] | None = None
+    for bucket, policies in sorted(found.items()):
+        for path, plan in policies.values():
+            runtime_plans.checked(problems[bucket], plan, str(path))
+            home = plan.details.home or problems[bucket].home
+            mine = Placement(home, kv_devices(problems[bucket].program, plan.assignment, str(path)))
+            if first is None:
+                first = str(path), mine
+            elif mine.home != first[1].home:
+                raise UsageError(f"{path}: home {mine.home}, {first[0]}: home {first[1].home}: every plan needs the "
+                                 "same home (prefill runs there and the logits come back there)")
+            elif mine.kv != first[1].kv:
+                name = next(n for n in mine.kv if mine.kv[n] != first[1].kv.get(n))
+                raise UsageError(f"{path} keeps {name} on {mine.kv[name]}, {first[0]} on {first[1].kv.get(name)}: "
+                                 "every bucket's and policy's plan must keep each layer's KV cache on the same "
+                                 "device (the server switches plans between steps)")
+    if first is None:
+        raise UsageError("no plans to serve")
+    return first[1]
+
+
+def pinned_kv(program: Program) -> Program:
+    """``program`` with every launch that touches a layer's cache pinned (:data:`KV_PIN`): plans
+    made from it keep the cache on their home device (module docstring)."""
+    kv = {b.id for b in program.buffers if b.name and KV_NAME.match(b.name)}
+
+    def pinned(launch: Launch) -> Launch:
+        if launch.pinned or not any(a.buffer in kv for a in launch.accesses):
+            return launch
+        return replace(launch, pinned=KV_PIN)
+
+    return Program(buffers=list(program.buffers), launches=[pinned(launch) for launch in program.launches],
+                   units=program.units)

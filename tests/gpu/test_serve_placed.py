@@ -1,0 +1,68 @@
+"""``kernelfleet serve --plans`` on one H200's two green-context partitions: the server's own decode
+step profiled and planned per batch bucket through the commands a user runs, then served over HTTP
+through the plans; its greedy tokens must equal the single-device server's, streamed or whole.
+
+The flow, for a tiny random-weight Llama (bf16, what the server serves), 2 slots (buckets 1 and 2):
+
+    kernelfleet profile hf:DIR,serve-decode,batch=B,slots=2,context=64 --profile a:64 --profile b:32 --out prof-B
+    (the program with its KV cache pinned: serve/placed_plans.pinned_kv)
+    kernelfleet plan pinned-B.json prof-B/costs.json --device a --device b --policy all --out plans/batch-B
+    kernelfleet serve hf:DIR --plans plans --profile a:64@0 --profile b:32@0 --slots 2 --context 64
+
+Run alone: ``pytest -m gpu tests/gpu/test_serve_placed.py -s`` (about 3 minutes on an H200).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from recorded import PROMPTS, ServeCommand, tiny_causal_lm, whole_and_streamed
+
+from kernelfleet.kernels.ir import Program
+from kernelfleet.serve.placed_plans import KV_PIN, pinned_kv
+
+pytestmark = pytest.mark.gpu
+SLOTS, CONTEXT = 2, 64
+
+
+def kernelfleet(*args: str) -> str:
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", *args], capture_output=True, text=True, timeout=400,
+                          check=False)
+    print(f"$ kernelfleet {' '.join(args)}  ({time.monotonic() - began:.1f} s)\n{done.stdout[-1500:]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_placed_server_gives_the_single_device_servers_greedy_tokens(tmp_path):
+    folder = tmp_path / "llama"
+    tiny_causal_lm("llama").config.save_pretrained(folder)  # config only: seeded weights, alike on every device
+    for bucket in (1, 2):
+        profile = tmp_path / f"prof-{bucket}"
+        kernelfleet("profile", f"hf:{folder},serve-decode,batch={bucket},slots={SLOTS},context={CONTEXT}",
+                    "--profile", "a:64", "--profile", "b:32", "--trials", "3", "--out", str(profile))
+        pinned = pinned_kv(Program.load(profile / "program.json"))
+        assert any(launch.pinned == KV_PIN for launch in pinned.launches)
+        pinned.save(tmp_path / f"pinned-{bucket}.json")
+        kernelfleet("plan", str(tmp_path / f"pinned-{bucket}.json"), str(profile / "costs.json"), "--device", "a",
+                    "--device", "b", "--policy", "all", "--out", str(tmp_path / "plans" / f"batch-{bucket}"))
+    prompts = PROMPTS[:4]  # four requests on two slots: both buckets, slots reused
+    with ServeCommand(f"hf:{folder}", "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as single:
+        want = asyncio.run(whole_and_streamed(single.url, prompts, 12))
+    with ServeCommand(f"hf:{folder}", "--plans", str(tmp_path / "plans"), "--profile", "a:64@0", "--profile", "b:32@0",
+                      "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as placed:
+        got = asyncio.run(whole_and_streamed(placed.url, prompts, 12))
+        metrics = httpx.get(f"{placed.url}/metrics").text
+    print(placed.err)
+    assert placed.returncode == 0, placed.err
+    assert "through the plans of" in placed.err and "buckets 1, 2" in placed.err
+    assert got == want
+    assert "kernelfleet_serve_plan_switches_total" in metrics
+    steps = [line for line in metrics.splitlines() if line.startswith("kernelfleet_serve_plan_steps_total")]
+    print("\n".join(steps))
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in steps) > 0

@@ -1,0 +1,119 @@
+"""The plan folders ``kernelfleet serve --plans`` takes (serve/placed_plans.py), on the program and
+plans an H200 recorded for a transformers Llama decode step (tests/data/h200-kernel-pair/hf-llama-decode:
+device b with math attention, so a program of units). Checked: every missing piece is one line; the
+recorded planners' plans do not keep the KV cache in one place (the latency plan splits each layer's
+keys from its values, and on other devices than the throughput plan), which the server refuses; the
+same planner run through ``kernelfleet plan`` on the program with its cache pinned writes plans the
+server accepts, the cache at home."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelfleet.errors import UsageError
+from kernelfleet.kernels.ir import Program
+from kernelfleet.plan.model import Device
+from kernelfleet.runtime import plans as runtime_plans
+from kernelfleet.serve.placed_plans import KV_PIN, Placement, kv_devices, kv_placement, pinned_kv, read
+
+pytestmark = pytest.mark.replay
+
+RECORDED = Path(__file__).parents[1] / "data" / "h200-kernel-pair" / "hf-llama-decode"
+PAIRS = Path(__file__).parents[1] / "data" / "h200-place-pairs"
+DEVICES = [Device("a", 80 << 30), Device("b", 80 << 30)]
+
+
+@pytest.fixture(scope="module")
+def program() -> Program:
+    return Program.load(RECORDED / "profile.program.json")
+
+
+def folder_of(root: Path, bucket: int, plans: dict[str, Path]) -> None:
+    (root / f"batch-{bucket}").mkdir(parents=True)
+    for file, source in plans.items():
+        shutil.copy(source, root / f"batch-{bucket}" / f"{file}.json")
+
+
+def recorded(root: Path, buckets=(1, 2), latency: str = "latency-greedy", throughput: str = "throughput-milp") -> Path:
+    for bucket in buckets:
+        folder_of(root, bucket, {"latency-greedy": RECORDED / f"plans.{latency}.json",
+                                 "throughput-milp": RECORDED / f"plans.{throughput}.json"})
+    return root
+
+
+def test_a_missing_folder_bucket_or_plan_is_one_line(tmp_path):
+    with pytest.raises(UsageError, match="no such folder"):
+        read(tmp_path / "nowhere", [1, 2])
+    recorded(tmp_path, buckets=(1,))
+    with pytest.raises(UsageError, match=r"no plans for batch bucket 2 .*the server captures buckets 1, 2"):
+        read(tmp_path, [1, 2])
+    (tmp_path / "batch-1" / "throughput-milp.json").unlink()
+    with pytest.raises(UsageError, match="batch-1: no throughput-milp.json"):
+        read(tmp_path, [1])
+    (tmp_path / "batch-1" / "throughput-milp.json").write_text("{not json")
+    with pytest.raises(UsageError, match="throughput-milp.json") as found:
+        read(tmp_path, [1])
+    assert "\n" not in str(found.value)
+
+
+def test_each_caches_device_under_a_plan_and_a_split_cache_refused(program):
+    single_b = runtime_plans.read(RECORDED / "plans.single-b.json")
+    assert set(kv_devices(program, single_b.assignment, "b").values()) == {"b"}
+    assert len(kv_devices(program, single_b.assignment, "b")) == 4  # keys and values of both layers
+    split = ["a"] * len(program.launches)
+    split[45] = "b"  # layer 0's keys read by its clone there, written by index_copy_ (launch 43) on a
+    with pytest.raises(UsageError, match=r"cache_0_keys is touched on a \(launch 43\) and on b \(launch 45\): a plan must keep"):
+        kv_devices(program, split, "alternate")
+
+
+def test_the_recorded_planners_plans_keep_the_cache_in_two_places_and_are_refused(program, tmp_path):
+    found = read(recorded(tmp_path), [1, 2])
+    problems = {b: runtime_plans.problem(program, DEVICES) for b in (1, 2)}
+    with pytest.raises(UsageError, match="throughput-milp.json keeps cache_0_keys on a, .*latency-greedy.json on b: every bucket's and policy's plan must keep"):
+        kv_placement(found, problems)
+
+
+def test_plans_agreeing_on_the_cache_give_its_placement_and_what_prefill_copies_away(program, tmp_path):
+    found = read(recorded(tmp_path, latency="pipeline", throughput="pipeline"), [1, 2])
+    placement = kv_placement(found, {b: runtime_plans.problem(program, DEVICES) for b in (1, 2)})
+    assert placement.home == "a"
+    assert placement.away() == {"b": [(1, "keys"), (1, "values")]}  # the pipeline's second stage holds layer 1
+
+
+def test_a_plan_made_for_another_model_is_refused_naming_its_file(program, tmp_path):
+    for bucket in (1, 2):
+        folder_of(tmp_path, bucket, {"latency-greedy": PAIRS / "hf-llama-decode.same" / "plan.latency-greedy.json",
+                                     "throughput-milp": RECORDED / "plans.throughput-milp.json"})
+    with pytest.raises(UsageError, match=r"batch-1/latency-greedy.json: invalid latency-greedy plan: plan assigns 122 "
+                                         r"launches, program has 124"):
+        kv_placement(read(tmp_path, [1, 2]), {b: runtime_plans.problem(program, DEVICES) for b in (1, 2)})
+
+
+def test_plans_of_two_homes_are_refused(program, tmp_path):
+    for bucket in (1, 2):
+        folder_of(tmp_path, bucket, {"latency-greedy": RECORDED / "plans.single-b.json",
+                                     "throughput-milp": RECORDED / "plans.single-a.json"})
+    with pytest.raises(UsageError, match="home a, .*home b: every plan needs the same home"):
+        kv_placement(read(tmp_path, [1, 2]), {b: runtime_plans.problem(program, DEVICES) for b in (1, 2)})
+
+
+def test_the_planner_on_the_program_with_its_cache_pinned_writes_plans_the_server_accepts(program, tmp_path):
+    pinned = pinned_kv(program)
+    moved = [k for k, (x, y) in enumerate(zip(program.launches, pinned.launches)) if x.pinned != y.pinned]
+    assert moved and all(pinned.launches[k].pinned == KV_PIN for k in moved)
+    pinned.save(tmp_path / "program.json")
+    for bucket in (1, 2):  # one recorded program stands for both buckets' (the same step at two batch sizes)
+        done = subprocess.run([sys.executable, "-m", "kernelfleet", "plan", str(tmp_path / "program.json"),
+                               str(RECORDED / "profile.costs.json"), "--device", "a", "--device", "b", "--policy",
+                               "all", "--time-limit", "20", "--out", str(tmp_path / "plans" / f"batch-{bucket}")],
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr
+    found = read(tmp_path / "plans", [1, 2])
+    placement = kv_placement(found, {b: runtime_plans.problem(program, DEVICES) for b in (1, 2)})
+    assert placement == Placement("a", {f"cache_{layer}_{kind}": "a" for layer in (0, 1) for kind in ("keys", "values")})
+    assert placement.away() == {}
+    plans = [plan for policies in found.values() for _, plan in policies.values()]
+    assert any(set(plan.assignment) == {"a", "b"} for plan in plans)  # the rest still moves: a placement, not one device

@@ -1,0 +1,151 @@
+"""The placed backend's control flow on the CPU (serve/placed.py): the generation loop decoding
+through one plan graph per batch bucket and policy, built by the executor through the null driver
+(kernels/cuda/null.py) from the captures an H200 made of a transformers Llama decode step
+(tests/data/h200-kernel-pair/hf-llama-decode, both devices' replicas the same capture); the logits
+come from the CPU twin (the home device's eager bucket forward of a real tiny Llama), so greedy
+tokens must equal transformers' own ``generate``. Checked: a graph per (bucket, policy); one launch
+per decode step, of the graph of the policy the monitor chose before it; the monitor's switch
+between steps, counted in /metrics; prefill copying the rows of each cache the plans keep away
+from home, and only those."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from recorded import PROMPTS, reference, tiny_causal_lm
+
+from kernelfleet.kernels.assemble import assemble
+from kernelfleet.kernels.cuda.capture import Captured
+from kernelfleet.kernels.cuda.null import NullDriver
+from kernelfleet.kernels.raw import RawCapture
+from kernelfleet.plan.model import Device, Plan
+from kernelfleet.runtime import plans as runtime_plans
+from kernelfleet.runtime.executor import Replica, Slot, build, run
+from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT, Monitor
+from kernelfleet.serve.backend import EagerBackend
+from kernelfleet.serve.engine import Engine
+from kernelfleet.serve.graphs import bucket_for, buckets
+from kernelfleet.serve.metrics import ServeMetrics
+from kernelfleet.serve.placed import PlacedBackend, PlanGraph
+from kernelfleet.serve.placed_plans import POLICIES, kv_placement, read
+from kernelfleet.serve.placed_step import decode_step
+from kernelfleet.serve.sampling import Sampling
+
+pytestmark = pytest.mark.replay
+
+CAPTURE = Path(__file__).parents[1] / "data" / "h200-kernel-pair" / "hf-llama-decode" / "disagg.a.capture.json.gz"
+SLOTS, CONTEXT = 4, 64
+
+
+class Clock:
+    """The backend's clock: a millisecond a read, plus what a test adds between steps."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self) -> float:
+        self.seconds += 0.001
+        return self.seconds
+
+
+def replicas(bucket: int) -> dict[str, Replica]:
+    raw = RawCapture.load(CAPTURE)
+    program = assemble(raw)
+    return {d: Replica(Captured(raw, None, None, [(d, bucket, i) for i in range(len(raw.nodes))], (), None,
+                                context=f"{d}-{bucket}"), program) for d in ("a", "b")}
+
+
+def plans(tmp_path: Path, program) -> Path:
+    """Both policies' plans of every bucket: layer 1's cache and attention on b (its rows must be
+    copied there after prefill), layer 0's on home a; the throughput plan moves some of layer 0's MLP too."""
+    touching = {b.id: b.name for b in program.buffers if b.name and b.name.startswith("cache_1")}
+    layer1 = [launch.index for launch in program.launches if any(a.buffer in touching for a in launch.accesses)]
+    latency = ["b" if layer1[0] <= k <= layer1[-1] else "a" for k in range(len(program.launches))]
+    throughput = ["b" if 60 <= k < 80 else d for k, d in enumerate(latency)]
+    for bucket in buckets(SLOTS):
+        folder = tmp_path / f"batch-{bucket}"
+        folder.mkdir(parents=True)
+        for policy, assignment in ((LATENCY, latency), (THROUGHPUT, throughput)):
+            (folder / f"{POLICIES[policy]}.json").write_text(
+                Plan(POLICIES[policy], assignment, 0.0, details={"home": "a"}).to_json())
+    return tmp_path
+
+
+@pytest.fixture
+def placed(tmp_path):
+    """The backend as placed_build.placed_backend assembles it, the null driver building the graphs."""
+    model = tiny_causal_lm()
+    devices = {d: EagerBackend(model, SLOTS, CONTEXT, d) for d in ("a", "b")}
+    captured = {size: replicas(size) for size in buckets(SLOTS)}
+    problems = {size: runtime_plans.problem(r["a"].program, [Device("a"), Device("b")]) for size, r in captured.items()}
+    found = read(plans(tmp_path, problems[1].program), buckets(SLOTS))
+    placement = kv_placement(found, problems)
+    null = NullDriver()
+    # every device makes each bucket's step, as each captures it on a GPU (which allocates its cache)
+    steps = {size: {d: decode_step(backend, size) for d, backend in devices.items()} for size in captured}
+    inputs = {size: steps[size]["a"].args[0] for size in captured}  # the home capture's input tensor
+    graphs = {size: {policy: PlanGraph(build([Slot(captured[size], plan.assignment, "a")], resident_state=True,
+                                             driver=null), inputs[size], None, twin=True)
+                     for policy, (_, plan) in found[size].items()}
+              for size in captured}
+    metrics = ServeMetrics(len(PROMPTS))
+    clock = Clock()
+    monitor = Monitor(window_seconds=5.0, beta=3.0, patience=1)
+    backend = PlacedBackend(devices, placement, graphs, monitor, lambda built: run(built, 1), metrics.registry, clock)
+    return backend, null, metrics, clock, model
+
+
+def test_a_graph_per_bucket_and_policy_each_placing_every_launch(placed):
+    backend, null, *_ = placed
+    assert backend.sizes == [1, 2, 4] and backend.placement.home == "a"
+    assert backend.away == {"b": [(1, "keys"), (1, "values")]}
+    executables = {graph.built.executable for policies in backend.graphs.values() for graph in policies.values()}
+    assert len(executables) == 6 and executables <= null.live
+    launches = [x for x in null.added if x.kind == "launch"]
+    n = 124  # the recorded step's launches
+    assert len(launches) == 6 * n
+    assert {x.ctx for x in launches} == {f"{d}-{size}" for d in ("a", "b") for size in (1, 2, 4)}
+
+
+def test_prefill_copies_only_the_caches_kept_away_from_home(placed):
+    backend, *_ = placed
+    backend.prefill(2, [5, 9, 100, 3, 8])
+    row = backend.rows.row_of[2]
+    home, away = backend.devices["a"].cache, backend.devices["b"].cache
+    assert torch.equal(away.keys[1][row, :, :5], home.keys[1][row, :, :5])
+    assert torch.equal(away.values[1][row, :, :5], home.values[1][row, :, :5])
+    assert home.keys[1][row, :, :5].abs().sum() > 0
+    # layer 0's cache stays at home: nothing copied (position 0 holds what allocating the cache wrote)
+    assert away.keys[0][row, :, 1:5].abs().sum() == 0 < home.keys[0][row, :, 1:5].abs().sum()
+
+
+def test_greedy_tokens_equal_generate_and_the_monitor_switches_only_between_steps(placed):
+    backend, null, metrics, clock, model = placed
+    engine = Engine(backend, len(PROMPTS), metrics)
+    lengths = [6, 9, 4, 7, 5, 8]
+    got: list[list[int]] = [[] for _ in PROMPTS]
+    for prompt, n, tokens in zip(PROMPTS, lengths, got):
+        engine.submit(prompt, n, frozenset(), Sampling(temperature=0.0), lambda t, f, tokens=tokens: tokens.append(t))
+    used, steps = [], 0
+    while True:
+        running = len(engine.scheduler.running) + min(len(engine.scheduler.waiting),
+                                                      SLOTS - len(engine.scheduler.running))
+        launched = len(null.launched)
+        if not engine.step():
+            break
+        steps += 1
+        if len(null.launched) > launched:  # a decode ran: one launch, of the policy chosen before it
+            assert len(null.launched) == launched + 1
+            executable = null.launched[-1][0]
+            policy = backend.monitor.policy
+            assert executable == backend.graphs[bucket_for(running, backend.sizes)][policy].built.executable
+            used.append(policy)
+        if steps >= 3:
+            clock.seconds += 3.0  # the loop away from the running requests' steps: load, by Tessera's ratio
+    assert got == [reference(model, p, n, eos=False) for p, n in zip(PROMPTS, lengths)]
+    assert used[0] == LATENCY and THROUGHPUT in used
+    assert used == sorted(used, key=[LATENCY, THROUGHPUT].index)  # one switch, between two steps
+    exposition = metrics.exposition().decode()
+    assert "kernelfleet_serve_plan_switches_total 1.0" in exposition
+    assert f'kernelfleet_serve_plan_steps_total{{policy="latency"}} {float(used.count(LATENCY))}' in exposition
+    assert f'kernelfleet_serve_plan_steps_total{{policy="throughput"}} {float(used.count(THROUGHPUT))}' in exposition
