@@ -19,14 +19,15 @@ Nothing is lost on a crash: the sums are only ever a shortcut to what the raw ro
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from itertools import chain, cycle
-from operator import mul
+from collections.abc import Iterable, Sequence
+from itertools import chain, compress, cycle, repeat
+from operator import mul, sub
 
 from kernelfleet.fleet.store_schema import BOTTLENECKS, METRICS
 
 Holds = dict[int, dict[int, tuple[float, bool]]]  # gpu_id -> job_id -> (share, approximate)
 _OFU = METRICS.index("ofu")
+_NO_JOBS: dict[int, tuple[float, bool]] = {}
 
 
 class OpenMinute:
@@ -91,40 +92,42 @@ class OpenMinute:
             classes[code][k] += w
         self._run_codes, self._run_seconds = (), []
 
-    def clean(self) -> Iterator[tuple[int, int]]:
-        """(place, gpu_id) of every GPU whose rollups come from the sums."""
+    def _clean(self) -> list[bool] | None:
+        """Which places' rollups come from the sums (None: every place's), or [] for none."""
         if self.whole_dirty:
-            return
+            return []
         dirty = self.dirty
-        for k, gpu in enumerate(self.ids):
-            if gpu not in dirty:
-                yield k, gpu
+        return [gpu not in dirty for gpu in self.ids] if dirty else None
 
     def gpu_rows(self) -> list[tuple[float, ...]]:
-        """rollup_1m rows of the clean GPUs."""
-        rows = []
+        """rollup_1m rows of the clean GPUs, in its columns: gpu_id, bucket, seconds, stale seconds,
+        then each metric's sum and seconds with a value. Made column by column (slices of the sums
+        zipped in C): a row-by-row loop took 28 ms of the 44-ms minute close at 1,000 GPUs."""
+        clean = self._clean()
+        if clean == []:
+            return []
         n, sums, missing = self.n, self._fold(), self.missing
-        for k, gpu in self.clean():
-            seconds = sums[k]
-            values: list[float] = [gpu, self.bucket, seconds, sums[n + k]]
-            for m in range(len(METRICS)):
-                values += (sums[(2 + m) * n + k], seconds - missing[m * n + k])
-            rows.append(tuple(values))
-        return rows
+        seconds = sums[:n]
+        columns: list[Iterable[float]] = [self.ids, repeat(self.bucket, n), seconds, sums[n:2 * n]]
+        for m in range(len(METRICS)):
+            columns += (sums[(2 + m) * n:(3 + m) * n], list(map(sub, seconds, missing[m * n:(m + 1) * n])))
+        rows = zip(*columns)
+        return list(rows if clean is None else compress(rows, clean))
 
     def job_rows(self) -> list[tuple[float, ...]]:
         """job_1m rows of the clean GPUs: one per job that held the GPU all minute."""
-        rows = []
-        windows, sums = self.windows, self._fold()
+        clean = self._clean()
+        if clean == []:
+            return []
+        n, sums, windows, bucket, holds = self.n, self._fold(), self.windows, self.bucket, self.holds
         self._spread_run()
-        for k, gpu in self.clean():
-            jobs = self.holds.get(gpu)
-            if not jobs:
-                continue
-            seconds, ofu_sum = sums[k], sums[(2 + _OFU) * self.n + k]
-            ofu_seconds = seconds - self.missing[_OFU * self.n + k]
-            classes = tuple(c[k] for c in self.class_seconds)
-            for job_id, (share, approximate) in jobs.items():
-                rows.append((job_id, self.bucket, gpu, windows, seconds, share * windows, ofu_sum, ofu_seconds,
-                             share * ofu_sum, share * ofu_seconds, int(approximate), *classes))
+        seconds = sums[:n]
+        ofu_sums = sums[(2 + _OFU) * n:(3 + _OFU) * n]
+        ofu_seconds = list(map(sub, seconds, self.missing[_OFU * n:(_OFU + 1) * n]))
+        places = zip(self.ids, seconds, ofu_sums, ofu_seconds, zip(*self.class_seconds))
+        rows = []
+        for gpu, s, o, os_, classes in (places if clean is None else compress(places, clean)):
+            for job_id, (share, approximate) in holds.get(gpu, _NO_JOBS).items():
+                rows.append((job_id, bucket, gpu, windows, s, share * windows, o, os_, share * o, share * os_,
+                             int(approximate), *classes))
         return rows
