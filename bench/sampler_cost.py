@@ -3,12 +3,12 @@ default against the old one (and the event-driven clock path) in the same run, i
 with the clock accuracy each keeps against a dense reference.
 
     python -m bench.sampler_cost [--windows 6] [--interval 1.0] [--load-seconds 60] [--out DIR]
-                                 [--modes poll-100ms,poll,poll-250ms,floor] [--repeat 2] [--twin]
+                                 [--modes poll-100ms,poll-200ms,poll,floor] [--repeat 2] [--twin]
 
 Runs NvmlSource for a few windows in each mode (``MODES``): ``poll`` today's defaults (reads bound
-to NVML's C functions; the clock every ``CLOCK_POLL_SECONDS``, 200 ms, while it moved in the last
+to NVML's C functions; the clock every ``CLOCK_POLL_SECONDS``, 250 ms, while it moved in the last
 window, else once a window), ``poll-100ms`` the same at the old default of 100 ms (the baseline
-every ratio is to), ``poll-250ms`` at 250 ms, ``floor`` one clock read a window; not by default,
+every ratio is to), ``poll-200ms`` at 200 ms, ``floor`` one clock read a window; not by default,
 ``before`` the read path of issue 21 (every read through pynvml's wrapper, every health field every
 window, 100 ms), ``events`` the event-driven clock (telemetry/clock_events.py: the loop sleeps until
 a clock-change event or the window's end) and ``dense`` a read every 100 ms. With
@@ -70,17 +70,17 @@ PROBE_SECONDS = 5.0  # each phase of the clock-event probe
 PART_WAKES = 8  # wake-ups each part is timed over, cold
 # The source's options per mode; clock_poll_seconds None is "one read a window" (the interval).
 # "poll" is the source's defaults as they are now (a read every CLOCK_POLL_SECONDS while a clock
-# moves); "poll-100ms" the default until 2026-12-01 (every 100 ms), "poll-250ms" one step sparser.
+# moves, 250 ms); "poll-100ms" the default until 2026-12-01, "poll-200ms" between the two.
 MODES: dict[str, dict[str, Any]] = {
     "before": {"hot_reads": False, "slow_health_seconds": 0.0, "clock_mode": "poll", "clock_poll_seconds": 0.1},
     "poll-100ms": {"clock_mode": "poll", "clock_poll_seconds": 0.1},
     "poll": {"clock_mode": "poll"},
-    "poll-250ms": {"clock_mode": "poll", "clock_poll_seconds": 0.25},
+    "poll-200ms": {"clock_mode": "poll", "clock_poll_seconds": 0.2},
     "events": {"clock_mode": "events"},
     "floor": {"clock_poll_seconds": None, "adaptive_clock_poll": False, "clock_mode": "poll"},
     "dense": {"adaptive_clock_poll": False, "clock_mode": "poll", "clock_poll_seconds": 0.1},
 }
-DEFAULT_MODES = "poll-100ms,poll,poll-250ms,floor"
+DEFAULT_MODES = "poll-100ms,poll-200ms,poll,floor"
 BASELINE = "poll-100ms"  # the old default: every ratio is to it (to "poll" where it did not run)
 
 
