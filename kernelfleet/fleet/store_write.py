@@ -101,6 +101,7 @@ class Writer:
     def _codes(self, names: Sequence[str]) -> list[int]:
         """Each row's class as its code; a GPU's class seldom changes, so the last batch's mostly serve."""
         if names != self._last_names:
+            names = names if type(names) is tuple else tuple(names)  # kept: a list changed later must not match
             self._last_names, self._last_codes = names, list(map(_CODES.get, names, repeat(_UNKNOWN)))
         return self._last_codes
 
