@@ -222,7 +222,8 @@ def create_app(backend: Backend, token: str | None = None, metrics: Callable[[],
         except UsageError as exc:  # a bad parameter of a paged export: a 400 that says which
             raise HTTPException(status_code=400, detail=str(exc)) from None
         # The page was validated when it was made; FastAPI would dump it, validate it again and
-        # encode it (~50 ms of CPU for 1,000 rows, more than the backend's own rows took)
+        # encode it (~50 ms of CPU for 1,000 rows, more than the backend's own rows took). Pydantic
+        # writes a NaN or an infinity as null, as FiniteJSONResponse does.
         return Response(backend.gpu_page(size, start).model_dump_json(), media_type="application/json")
 
     @api.get("/api/overview")

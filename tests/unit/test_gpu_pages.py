@@ -99,3 +99,6 @@ def test_the_page_is_sent_as_json_and_named_in_the_api_schema(fleet):
     docs = TestClient(agent_app(agent, None, api_docs=True)).get("/openapi.json").json()
     schema = docs["paths"]["/api/gpus"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
     assert schema == {"$ref": "#/components/schemas/GpuPage"}
+    # a value that is not JSON is null, as in every other answer (FiniteJSONResponse)
+    odd = GpuPage(gpus=[{"ofu_ratio": float("nan"), "power_watts": float("inf")}], total=1, limit=1, next_after=None)
+    assert odd.model_dump_json() == '{"gpus":[{"ofu_ratio":null,"power_watts":null}],"total":1,"limit":1,"next_after":null}'
