@@ -16,6 +16,7 @@ from rich.console import Console
 from kernelfleet import cli_place, cli_serve
 from kernelfleet.cli_common import CatalogOption, err, out_console
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
+from kernelfleet.telemetry.clock import CLOCK_POLL_SECONDS
 
 if TYPE_CHECKING:
     from kernelfleet.telemetry.sample import Sample
@@ -31,7 +32,7 @@ app = typer.Typer(
 ReplayOption = typer.Option(None, "--replay", help="Read a recorded trace instead of the GPUs.")
 IntervalOption = typer.Option(1.0, "--interval", help="Window length in seconds (>= 0.1).")
 ClockPollOption = typer.Option(
-    0.1, "--clock-poll", help="Seconds between SM clock reads inside a window (docs/telemetry.md: accuracy vs CPU)."
+    CLOCK_POLL_SECONDS, "--clock-poll", help="Seconds between SM clock reads inside a window (docs/telemetry.md: accuracy vs CPU)."
 )
 DenseClockOption = typer.Option(
     False, "--dense-clock", help="Read the SM clock every --clock-poll seconds even while every GPU's clock holds still "

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from kernelfleet.catalog import Catalog, Sku
 from kernelfleet.errors import UsageError
+from kernelfleet.fleet import store_retention
 from kernelfleet.fleet.attribution import JobIdentity, attribute, clean, split_shared
 from kernelfleet.fleet.detect import Event, RegressionDetector
 from kernelfleet.fleet.pods import pod_jobs
@@ -57,7 +58,7 @@ class Agent:
         store: Store | None,
         catalog: Catalog,
         host: str | None = None,
-        retention_every_seconds: float = 60.0,
+        retention_every_seconds: float = store_retention.EVERY_SECONDS,
         clock: Callable[[], float] = time.time,
         identify: Callable[[ProcessSample], JobIdentity] = attribute_live,
         detector: RegressionDetector | None = None,

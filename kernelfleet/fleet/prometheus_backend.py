@@ -22,6 +22,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +47,7 @@ MAX_POINTS = 1440  # a range query's points at most: a day at one a minute, what
 SHARE = "kernelfleet_job_gpu_share_ratio"
 WHOLE_OFU = 'kernelfleet_ofu_ratio{mig=""}'  # whole GPUs: a MIG slice is a row of its GPU, not a GPU
 WORST_RECORDED = 50
+PARALLEL_QUERIES = 4  # a page's instant vectors in flight at once (Prometheus's own limit is 20)
 ROWS_BY_HOST = "count by (hostname) (kernelfleet_sample_stale)"  # GPU rows (MIG instances too) per host  # rules.yml's kernelfleet:fleet_worst_gpu_ofu:bottom50
 
 
@@ -173,12 +175,20 @@ class PrometheusBackend:
             return []
         on = "" if hosts is None else f'{{hostname=~"{_quote("|".join(_regex(h) for h in hosts))}"}}'
         rows: dict[tuple[str, str], dict[str, Any]] = {}
+        fields = {"ofu_ratio": "ofu", "tensor_active_ratio": "tensor_active", "sm_clock_hertz": "sm_clock_hertz",
+                  "dram_bandwidth_ratio": "dram_bandwidth", "power_watts": "power_watts",
+                  "sm_active_ratio": "sm_active", "sm_occupancy_ratio": "sm_occupancy"}
+        # The vectors of a page's rows do not depend on one another: asked at once, Prometheus
+        # evaluates them side by side (what a page waits for is its slowest, not their sum)
+        queries = [f"timestamp(kernelfleet_sample_stale{on})", f"kernelfleet_gpu_info{on}",
+                   f"kernelfleet_sample_stale{on}", *(SERIES[metric] + on for metric in fields.values())]
+        with ThreadPoolExecutor(PARALLEL_QUERIES) as pool:
+            stamps, infos, stales, *values = pool.map(self._vector, queries)
         # when each GPU's last sample was scraped: the value's own time is the query's, not the sample's
-        sampled = {(s["metric"]["uuid"], s["metric"].get("mig", "")): float(s["value"][1])
-                   for s in self._vector(f"timestamp(kernelfleet_sample_stale{on})")}
+        sampled = {(s["metric"]["uuid"], s["metric"].get("mig", "")): float(s["value"][1]) for s in stamps}
         # the NVML name and the catalog SKU, where the agent exported its kernelfleet_gpu_info
-        info = {s["metric"]["uuid"]: s["metric"] for s in self._vector(f"kernelfleet_gpu_info{on}")}
-        for s in self._vector(f"kernelfleet_sample_stale{on}"):
+        info = {s["metric"]["uuid"]: s["metric"] for s in infos}
+        for s in stales:
             m = s["metric"]
             key = m["uuid"], m.get("mig", "")
             named = info.get(m["uuid"], {})
@@ -186,14 +196,10 @@ class PrometheusBackend:
                 "host": m["hostname"], "gpu": int(m["gpu"]), "mig_instance": int(m["mig"]) if m.get("mig") else None,
                 "uuid": m["uuid"], "name": named.get("name") or m["model"], "sku": named.get("sku") or m["model"],
                 "stale": s["value"][1] == "1", "timestamp_seconds": sampled.get(key, float(s["value"][0])), "jobs": [],
-                **{f: None for f in ("ofu_ratio", "tensor_active_ratio", "sm_clock_hertz", "dram_bandwidth_ratio",
-                                     "power_watts", "sm_active_ratio", "sm_occupancy_ratio")},
+                **{f: None for f in fields},
             }
-        fields = {"ofu_ratio": "ofu", "tensor_active_ratio": "tensor_active", "sm_clock_hertz": "sm_clock_hertz",
-                  "dram_bandwidth_ratio": "dram_bandwidth", "power_watts": "power_watts",
-                  "sm_active_ratio": "sm_active", "sm_occupancy_ratio": "sm_occupancy"}
-        for field, metric in fields.items():
-            for s in self._vector(SERIES[metric] + on):
+        for field, answer in zip(fields, values):
+            for s in answer:
                 row = rows.get((s["metric"]["uuid"], s["metric"].get("mig", "")))
                 if row is not None:
                     row[field] = float(s["value"][1])

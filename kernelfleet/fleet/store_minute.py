@@ -19,14 +19,15 @@ Nothing is lost on a crash: the sums are only ever a shortcut to what the raw ro
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from itertools import chain, cycle
-from operator import mul
+from collections.abc import Iterable, Sequence
+from itertools import chain, compress, cycle, repeat
+from operator import mul, sub
 
 from kernelfleet.fleet.store_schema import BOTTLENECKS, METRICS
 
 Holds = dict[int, dict[int, tuple[float, bool]]]  # gpu_id -> job_id -> (share, approximate)
 _OFU = METRICS.index("ofu")
+_NO_JOBS: dict[int, tuple[float, bool]] = {}
 
 
 class OpenMinute:
@@ -41,9 +42,11 @@ class OpenMinute:
         self.windows = 0
         self.n = n = len(ids)
         # one flat list, a run of n places per quantity: seconds, stale seconds, then each metric's
-        # value x seconds; each batch's list of the same layout waits in _values until _fold()
+        # value x seconds; each batch's list of the same layout waits in _values until _fold(), but
+        # for a batch of 1-s windows none stale, whose list holds the metrics only and is counted
         self.sums = [0.0] * (n * (2 + len(METRICS)))
         self._values: list[list[float]] = []
+        self._unit_windows = 0
         self.missing = [0.0] * (n * len(METRICS))  # each metric's seconds without a value
         self.class_seconds = [[0.0] * n for _ in BOTTLENECKS]
         # A GPU's class seldom changes from one window to the next: while the batch's classes are
@@ -61,16 +64,21 @@ class OpenMinute:
             return
         self.windows += 1
         ws = window_seconds
-        n, values = self.n, list(chain(ws, stale, *metrics))
+        n, values = self.n, list(chain(*metrics))
         try:
             sum(values)  # a float sum in C: 4x faster than `None in values`, which compares each float to None
         except TypeError:  # a metric without a value: its seconds are missing ones
-            for k in range(2 * n, len(values)):
-                if values[k] is None:
+            for k, value in enumerate(values):
+                if value is None:
                     values[k] = 0.0
-                    self.missing[k - 2 * n] += ws[k % n]
-        if ws.count(1.0) != n:  # value x seconds (the agent's 1-s windows: the value itself)
-            values[n:] = map(mul, values[n:], cycle(ws))
+                    self.missing[k] += ws[k % n]
+        if ws.count(1.0) == n and True not in stale:
+            # the agent's usual batch: 1-s windows, none stale; its seconds are counted, not summed
+            # (two of the nine quantities a place, kept and folded for nothing)
+            self._unit_windows += 1
+        else:
+            values[:0] = (*ws, *map(mul, stale, ws))
+            values[2 * n:] = map(mul, values[2 * n:], cycle(ws))  # value x seconds
         self._values.append(values)
         if codes == self._run_codes:
             self._run_seconds.append(ws)
@@ -81,8 +89,14 @@ class OpenMinute:
     def _fold(self) -> list[float]:
         """The sums, with every batch added so far (in the order they came)."""
         if self._values:
-            self.sums = list(map(sum, zip(self.sums, *self._values)))
-            self._values = []
+            n, sums = self.n, self.sums
+            timed = [v for v in self._values if len(v) == len(sums)]  # batches that carry seconds
+            head = list(map(sum, zip(sums[:2 * n], *(v[:2 * n] for v in timed)))) if timed else sums[:2 * n]
+            if self._unit_windows:
+                head[:n] = (s + self._unit_windows for s in head[:n])
+            tails = (v[2 * n:] if len(v) == len(sums) else v for v in self._values)
+            self.sums = head + list(map(sum, zip(sums[2 * n:], *tails)))
+            self._values, self._unit_windows = [], 0
         return self.sums
 
     def _spread_run(self) -> None:
@@ -91,40 +105,42 @@ class OpenMinute:
             classes[code][k] += w
         self._run_codes, self._run_seconds = (), []
 
-    def clean(self) -> Iterator[tuple[int, int]]:
-        """(place, gpu_id) of every GPU whose rollups come from the sums."""
+    def _clean(self) -> list[bool] | None:
+        """Which places' rollups come from the sums (None: every place's), or [] for none."""
         if self.whole_dirty:
-            return
+            return []
         dirty = self.dirty
-        for k, gpu in enumerate(self.ids):
-            if gpu not in dirty:
-                yield k, gpu
+        return [gpu not in dirty for gpu in self.ids] if dirty else None
 
     def gpu_rows(self) -> list[tuple[float, ...]]:
-        """rollup_1m rows of the clean GPUs."""
-        rows = []
+        """rollup_1m rows of the clean GPUs, in its columns: gpu_id, bucket, seconds, stale seconds,
+        then each metric's sum and seconds with a value. Made column by column (slices of the sums
+        zipped in C): a row-by-row loop took 28 ms of the 44-ms minute close at 1,000 GPUs."""
+        clean = self._clean()
+        if clean == []:
+            return []
         n, sums, missing = self.n, self._fold(), self.missing
-        for k, gpu in self.clean():
-            seconds = sums[k]
-            values: list[float] = [gpu, self.bucket, seconds, sums[n + k]]
-            for m in range(len(METRICS)):
-                values += (sums[(2 + m) * n + k], seconds - missing[m * n + k])
-            rows.append(tuple(values))
-        return rows
+        seconds = sums[:n]
+        columns: list[Iterable[float]] = [self.ids, repeat(self.bucket, n), seconds, sums[n:2 * n]]
+        for m in range(len(METRICS)):
+            columns += (sums[(2 + m) * n:(3 + m) * n], list(map(sub, seconds, missing[m * n:(m + 1) * n])))
+        rows = zip(*columns)
+        return list(rows if clean is None else compress(rows, clean))
 
     def job_rows(self) -> list[tuple[float, ...]]:
         """job_1m rows of the clean GPUs: one per job that held the GPU all minute."""
-        rows = []
-        windows, sums = self.windows, self._fold()
+        clean = self._clean()
+        if clean == []:
+            return []
+        n, sums, windows, bucket, holds = self.n, self._fold(), self.windows, self.bucket, self.holds
         self._spread_run()
-        for k, gpu in self.clean():
-            jobs = self.holds.get(gpu)
-            if not jobs:
-                continue
-            seconds, ofu_sum = sums[k], sums[(2 + _OFU) * self.n + k]
-            ofu_seconds = seconds - self.missing[_OFU * self.n + k]
-            classes = tuple(c[k] for c in self.class_seconds)
-            for job_id, (share, approximate) in jobs.items():
-                rows.append((job_id, self.bucket, gpu, windows, seconds, share * windows, ofu_sum, ofu_seconds,
-                             share * ofu_sum, share * ofu_seconds, int(approximate), *classes))
+        seconds = sums[:n]
+        ofu_sums = sums[(2 + _OFU) * n:(3 + _OFU) * n]
+        ofu_seconds = list(map(sub, seconds, self.missing[_OFU * n:(_OFU + 1) * n]))
+        places = zip(self.ids, seconds, ofu_sums, ofu_seconds, zip(*self.class_seconds))
+        rows = []
+        for gpu, s, o, os_, classes in (places if clean is None else compress(places, clean)):
+            for job_id, (share, approximate) in holds.get(gpu, _NO_JOBS).items():
+                rows.append((job_id, bucket, gpu, windows, s, share * windows, o, os_, share * o, share * os_,
+                             int(approximate), *classes))
         return rows

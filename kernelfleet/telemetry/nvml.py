@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from kernelfleet.errors import EnvironmentProblem, KernelfleetError, UsageError
-from kernelfleet.telemetry.clock import ClockPoller, ClockWindow
+from kernelfleet.telemetry.clock import CLOCK_POLL_SECONDS, ClockPoller, ClockWindow
 from kernelfleet.telemetry.clock_events import FLOOD_RATIO, ClockEvents
 from kernelfleet.telemetry.gpm import GpmMetrics
 from kernelfleet.telemetry.health import SLOW_HEALTH_SECONDS, HealthReader
@@ -42,9 +42,7 @@ class NvmlSource:
     """
 
     interval_seconds: float = 1.0
-    # SM clock reads: every 100 ms keeps a 1-s window's mean clock within 0.4 % (p95)
-    # under a swinging clock, at ~160 µs of CPU a read on an H200 VM (docs/telemetry.md).
-    clock_poll_seconds: float = 0.1
+    clock_poll_seconds: float = CLOCK_POLL_SECONDS  # while a clock moves (telemetry/clock.py says why)
     # Poll densely only while some GPU's clock moved in the last window; while every clock holds
     # still (idle, or boosting steadily below the power cap), read once a window. A change is seen
     # late by at most one window, whose mean then rests on the read at its end.

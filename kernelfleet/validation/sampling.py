@@ -10,7 +10,7 @@ clock). ``n = 1`` is the once-per-window read of DCGM-style exporters.
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
+from collections.abc import Sequence
 
 from kernelfleet.catalog import Sku
 from kernelfleet.errors import UsageError
@@ -55,6 +55,36 @@ def clock_sampling_errors(
             ) / reads_per_window
             errors.append(abs(estimate - truth) / truth)  # type: ignore[operator]
         start = end
+    return errors
+
+
+def polled_clock_errors(
+    reads: Sequence[tuple[float, float]], window_seconds: float, poll_seconds: float, phases: int = 20
+) -> list[float]:
+    """Signed relative errors ((estimate - truth) / truth) of each full window's mean clock as the
+    sampler makes it: a read every ``poll_seconds`` on a schedule that runs on across windows, each
+    window's mean the step function of its reads with the last read before it carrying in
+    (``step_mean``, as ``ClockPoller.take``). ``phases`` offsets of the schedule within one poll period."""
+    if poll_seconds <= 0 or window_seconds <= 0 or len(reads) < 2:
+        raise UsageError("need >= 2 reads, a positive window and a positive poll period")
+    times = [t for t, _ in reads]
+    values = [v for _, v in reads]
+    errors = []
+    for phase in range(phases):
+        first = times[0] + window_seconds / 2 + poll_seconds * phase / phases
+        polls = [(first + k * poll_seconds, value_at(times, values, first + k * poll_seconds))
+                 for k in range(int((times[-1] - first) / poll_seconds) + 1)]
+        poll_times = [t for t, _ in polls]
+        start = first
+        while start + window_seconds <= times[-1]:
+            end = start + window_seconds
+            lo, hi = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
+            truth = step_mean(reads[lo:hi], start, end, value_at(times, values, start)).mean
+            # reads at (start, end]: the one at ``start`` closed the window before and carries in
+            p_lo, p_hi = bisect.bisect_right(poll_times, start + 1e-9), bisect.bisect_right(poll_times, end + 1e-9)
+            estimate = step_mean(polls[p_lo:p_hi], start, end, polls[p_lo - 1][1]).mean
+            errors.append((estimate - truth) / truth)  # type: ignore[operator]
+            start = end
     return errors
 
 

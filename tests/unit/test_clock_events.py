@@ -37,8 +37,9 @@ def exact_mean(steps, start, end):
 
 def run(fake_time, gpus, mode, windows=5, **kw):
     twin = Twin(gpus, fake_time.now, sleep=fake_time.sleep)
+    # 100-ms polls: the grid the twin's trace changes on, and what the event mean is checked against
     source = NvmlSource(interval_seconds=1.0, nvml=Nvml(twin), clock=fake_time.now, wall=fake_time.wall,
-                        sleep=fake_time.sleep, clock_mode=mode, **kw)
+                        sleep=fake_time.sleep, clock_mode=mode, **{"clock_poll_seconds": 0.1, **kw})
     with source:
         batches = list(source.batches(count=windows))
         path, events = source.clock_path, source.clock_events

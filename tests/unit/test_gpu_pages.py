@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from kernelfleet.catalog import Catalog
 from kernelfleet.fleet.agent import Agent
-from kernelfleet.fleet.gpu_pages import DEFAULT_LIMIT, MAX_LIMIT, cursor, key
+from kernelfleet.fleet.gpu_pages import DEFAULT_LIMIT, MAX_LIMIT, GpuPage, cursor, key
 from kernelfleet.fleet.server import agent_app
 from kernelfleet.telemetry.sample import Sample
 
@@ -87,3 +87,18 @@ def test_a_cursor_is_the_key_of_the_last_row_of_its_page(fleet):
     _, client = fleet
     body = client.get("/api/gpus", params={"limit": 5}).json()
     assert body["next_after"] == cursor(key(body["gpus"][-1]))
+
+
+def test_the_page_is_sent_as_json_and_named_in_the_api_schema(fleet):
+    """The route sends the page's own JSON (not FastAPI's second pass over it): the same document,
+    its content type, and the GpuPage schema still in the OpenAPI description."""
+    agent, client = fleet
+    answer = client.get("/api/gpus?limit=3")
+    assert answer.headers["content-type"] == "application/json"
+    assert GpuPage.model_validate_json(answer.content).limit == 3
+    docs = TestClient(agent_app(agent, None, api_docs=True)).get("/openapi.json").json()
+    schema = docs["paths"]["/api/gpus"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert schema == {"$ref": "#/components/schemas/GpuPage"}
+    # a value that is not JSON is null, as in every other answer (FiniteJSONResponse)
+    odd = GpuPage(gpus=[{"ofu_ratio": float("nan"), "power_watts": float("inf")}], total=1, limit=1, next_after=None)
+    assert odd.model_dump_json() == '{"gpus":[{"ofu_ratio":null,"power_watts":null}],"total":1,"limit":1,"next_after":null}'

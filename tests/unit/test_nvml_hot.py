@@ -21,10 +21,10 @@ def gpus():
 
 
 def on_twin(twin_gpus, fake_time, c_side=True, sleep=None, **kw):
-    """A source on a twin of ``twin_gpus`` with 1-s windows on fake time."""
+    """A source on a twin of ``twin_gpus`` with 1-s windows and 100-ms clock polls on fake time."""
     twin = Twin(twin_gpus, fake_time.now, c_side=c_side)
     return twin, NvmlSource(interval_seconds=1.0, nvml=Nvml(twin), clock=fake_time.now, wall=fake_time.wall,
-                            sleep=sleep or fake_time.sleep, **kw)
+                            sleep=sleep or fake_time.sleep, **{"clock_poll_seconds": 0.1, **kw})
 
 
 def run(fake_time, windows=4, c_side=True, **kw):

@@ -18,6 +18,7 @@ def open_source(gpus, fake_time, **kw):
         clock=fake_time.now,
         wall=fake_time.wall,
         sleep=fake_time.sleep,
+        clock_poll_seconds=0.1,  # the read counts below are on a 100-ms grid (the default is 0.25)
     )
     return twin, source
 

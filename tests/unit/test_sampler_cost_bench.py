@@ -19,12 +19,14 @@ pytestmark = pytest.mark.unit
 
 def test_twin_run_writes_every_mode_and_the_json(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["sampler_cost", "--twin", "--windows", "2", "--repeat", "1", "--reps", "50",
-                                      "--interval", "0.3", "--out", str(tmp_path)])
+                                      "--interval", "0.3", "--out", str(tmp_path),
+                                      "--modes", "before,poll-100ms,poll-200ms,poll,events,floor"])
     sampler_cost.main()
     out = capsys.readouterr().out.splitlines()
     written = json.loads((tmp_path / "sampler_cost.json").read_text())
     assert json.loads(out[-1]) == written and out[0].startswith("command: ")
-    assert [r["mode"] for r in written["rows"]] == ["before", "poll", "events", "floor"]
+    modes = ["before", "poll-100ms", "poll-200ms", "poll", "events", "floor"]
+    assert [r["mode"] for r in written["rows"]] == modes
     by_mode = {r["mode"]: r for r in written["rows"]}
     assert by_mode["floor"]["clock_reads_per_window"] == 1
     assert by_mode["floor"]["clock_p95_error_ratio"] > 0.05  # the recorded swing at one read a window
@@ -35,7 +37,9 @@ def test_twin_run_writes_every_mode_and_the_json(tmp_path, monkeypatch, capsys):
     # (the twin sends each change as it happens; the read after the wake-up is late by the wake's latency)
     assert events["clock_error_max_ratio"] < 0.01
     assert events["clock_reads_per_window"] == pytest.approx(events["clock_events_per_window"] + 1)
-    assert set(written["over_poll"]["twin, H200 trace"]) == {"before", "poll", "events", "floor"}
+    ratios = written["over_baseline"]["twin, H200 trace"]
+    assert next(iter(ratios)) == "poll-100ms" and ratios["poll-100ms"] == 1.0 and set(ratios) == set(modes)
+    assert written["target_verdict"].startswith("default (250-ms polls), twin, H200 trace: ")
     assert written["event_path"].startswith("event path: twin, H200 trace: ")
     assert [p["part"] for p in written["parts_us"]][1] == "SM clock read"
     assert "samples" not in written["runs"][0]
@@ -44,6 +48,10 @@ def test_twin_run_writes_every_mode_and_the_json(tmp_path, monkeypatch, capsys):
 def test_modes_are_the_old_path_today_s_polling_and_the_events():
     source, _ = sampler_cost.make_source("before", 1.0, None)
     assert (source.hot_reads, source.slow_health_seconds, source.clock_mode) == (False, 0.0, "poll")
+    assert source.clock_poll_seconds == 0.1
+    old, mid, new = (sampler_cost.make_source(m, 1.0, None)[0] for m in ("poll-100ms", "poll-200ms", "poll"))
+    assert (old.clock_poll_seconds, mid.clock_poll_seconds, new.clock_poll_seconds) == (0.1, 0.2, 0.25)
+    assert old.adaptive_clock_poll and new.adaptive_clock_poll
     poll, _ = sampler_cost.make_source("poll", 1.0, None)
     assert poll.hot_reads and poll.slow_health_seconds > 0 and poll.clock_mode == "poll"
     assert sampler_cost.make_source("events", 1.0, None)[0].clock_mode == "events"
@@ -103,7 +111,7 @@ def test_the_gpu_run_end_to_end_on_the_twin_as_pynvml(tmp_path, monkeypatch, cap
     monkeypatch.setattr(sampler_cost, "PROBE_SECONDS", 1.5)
     monkeypatch.setattr(sampler_cost, "PART_WAKES", 1)
     monkeypatch.setattr(sys, "argv", ["sampler_cost", "--windows", "1", "--repeat", "1", "--interval", "0.2",
-                                      "--out", str(tmp_path)])
+                                      "--out", str(tmp_path), "--modes", "before,poll,events,floor"])
     sampler_cost.main()
     out = capsys.readouterr().out.splitlines()
     written = json.loads((tmp_path / "sampler_cost.json").read_text())
