@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernelfleet.costs.links import find
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
 from kernelfleet.plan.contention import Contention, predict, serial
@@ -123,9 +124,13 @@ def uniform_link(copy_us: float, gbps: float) -> Callable[[int, str, str], float
 
 def estimate(costs: CostTable, transfer_seconds: Callable[[int, str, str], float]) -> Callable[[int, Node], float]:
     """``seconds(slot, node)`` from a cost table (a launch's seconds on its device) and a link
-    model ``transfer_seconds(bytes, src, dst)``."""
+    model ``transfer_seconds(bytes, src, dst)``, which the table's measured link of a pair
+    (``CostTable.links``: a copy between kernels) replaces."""
     def seconds(slot: int, n: Node) -> float:
         if n.launch is None:
+            link = find(costs.links, n.copy.src, n.copy.dst)
+            if link is not None:
+                return link.between.copy_seconds(n.copy.length_bytes)
             return transfer_seconds(n.copy.length_bytes, n.copy.src, n.copy.dst)
         value = costs.seconds[n.launch].get(n.devices[0])
         if value is None:
