@@ -23,6 +23,7 @@ from kernelfleet.plan.baselines import baselines
 from kernelfleet.plan.links import check_link
 from kernelfleet.plan.model import Device, Link, Plan, Problem
 from kernelfleet.plan.policy import throughput
+from kernelfleet.plan.slots import fastest_mode
 from kernelfleet.plan.validate import evaluate
 
 # Requests in flight a plan is made for: slots of one graph, each with replicas of its own, so memory
@@ -230,6 +231,8 @@ def make_plans(problem: Problem, policy: str, time_limit_seconds: float,
         plans, skipped = baselines(problem)
     for plan in plans:
         plan.details.costs_source = problem.costs.source
+        if in_flight is not None:  # the mode kernelfleet run takes, as the plan's prediction at K assumed
+            plan.slot_mode = fastest_mode(problem, plan, in_flight) or plan.slot_mode
     if policy == "all":
         return None, plans
     wanted = {"throughput": "throughput-milp", "latency": "latency-greedy"}.get(policy, policy)

@@ -34,10 +34,10 @@ from kernelfleet.costs.links import find
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
 from kernelfleet.plan.contention import Contention, predict, serial
-from kernelfleet.plan.model import Plan, Problem
+from kernelfleet.plan.model import SLOT_MODES, Plan, Problem
 from kernelfleet.plan.schedule import Node, schedule
 
-MODES = ("sequential", "free", "scheduled")
+MODES = SLOT_MODES
 # how bench disagg and kernelfleet plan name a plan run in each mode ("pipeline, slots free")
 SUFFIXES = {"sequential": "", "free": ", slots free", "scheduled": ", slots scheduled"}
 
@@ -145,6 +145,13 @@ def per_request(problem: Problem, plan: Plan, slots: int) -> float | None:
     the plan in its fastest slot mode (:func:`per_request_modes`); None for a plan of another shape."""
     modes = per_request_modes(problem, plan, slots)
     return min(modes.values()) if modes else None
+
+
+def fastest_mode(problem: Problem, plan: Plan, slots: int) -> str | None:
+    """The slot mode :func:`per_request_modes` predicts fastest (the first of a tie); None for a plan
+    of another shape."""
+    modes = per_request_modes(problem, plan, slots)
+    return min(modes, key=modes.get) if modes else None
 
 
 def per_request_modes(problem: Problem, plan: Plan, slots: int) -> dict[str, float]:
