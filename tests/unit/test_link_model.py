@@ -8,6 +8,7 @@ import pytest
 
 from kernelfleet.costs.links import LinkFit, MeasuredLink
 from kernelfleet.costs.table import CostTable
+from kernelfleet.errors import UsageError
 from kernelfleet.plan import command
 from kernelfleet.plan.contention import Contention, predict
 from kernelfleet.plan.schedule import Node
@@ -76,3 +77,17 @@ def test_plan_uses_the_measured_link_and_says_so(tmp_path: Path):
     plain = command.setup(tmp_path / "program.json", tmp_path / "plain.json", [], [], 25.0, [], [], None, 4.0)
     assert plain.problem.copy_seconds[a, b] == pytest.approx(4e-6)
     assert "links: not measured in the cost table; every copy costs --copy-us 4 µs" in " ".join(plain.notes)
+
+
+def test_a_devices_launch_table_keeps_its_links_and_a_merge_keeps_each_once():
+    from kernelfleet.profile.table import StepTimes
+
+    own = link()
+    tables = {d: CostTable([{d: 1e-6}], d, graph_seconds={d: t}, links=[own]) for d, t in (("a", 1e-6), ("b", 2e-6))}
+    merged = StepTimes({}, {}, {})
+    for d, table in tables.items():  # as profile-merge reads each device's launches.DEVICE.json
+        merged = merged.joined(StepTimes.of_table(table, d))
+    assert merged.alone == {"a": 1e-6, "b": 2e-6} and merged.links == [own]
+    assert StepTimes({"a": 1e-6}, {}, {}, [own]).of("c").links == []  # a device keeps only its own links
+    with pytest.raises(UsageError, match="joins no device the table has a column for"):
+        CostTable([{"c": 1e-6}], "c", links=[own])
