@@ -11,11 +11,14 @@ in the destination's context; kernels copied into each partition's context):
   queue (free slots' copies do), as a fixed cost and a bandwidth fitted over the sizes;
 * ``wait_seconds``: what a dependency between nodes of two devices adds to the later one's start
   (kernels alternating between the devices, against the same kernels with one switch);
+* ``fork_seconds``: what a copy branching off a chain of kernels (a kernel whose bytes a copy
+  takes, nobody on the chain waiting for it) adds to that chain, per copy: copies *beside* kernels;
 * ``between``: a copy between a kernel on one device and its reader on the other, less the two
   waits around it: the copy as a plan's critical path meets it, fitted the same way.
 
 The predictions (``plan/slots.estimate``, ``plan/contention.py``) then take a copy as
-``between`` says and add ``wait_seconds`` wherever a node waits for one on another stream.
+``between`` says, add ``wait_seconds`` wherever a node waits for one on another stream and hold a
+stream ``fork_seconds`` longer after a node another stream waits for.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class MeasuredLink:
     between: LinkFit
     queued: LinkFit
     wait_seconds: SmallSeconds
+    fork_seconds: SmallSeconds
 
     @model_validator(mode="after")
     def _two(self) -> MeasuredLink:
@@ -92,4 +96,5 @@ def describe(link: MeasuredLink) -> str:
     between, queued = link.between, link.queued
     return (f"link {link.a}-{link.b} measured: a copy between kernels {between.seconds_per_copy * 1e6:.2f} µs + bytes "
             f"at {between.bytes_per_second / 1e9:.0f} GB/s, queued {queued.seconds_per_copy * 1e6:.2f} µs + bytes at "
-            f"{queued.bytes_per_second / 1e9:.0f} GB/s, a wait across devices {link.wait_seconds * 1e6:.2f} µs")
+            f"{queued.bytes_per_second / 1e9:.0f} GB/s, a wait across devices {link.wait_seconds * 1e6:.2f} µs, a fork "
+            f"{link.fork_seconds * 1e6:.2f} µs")

@@ -30,11 +30,13 @@ model of copies in parallel predicted (dit-denoise's throughput plan: 135.9 µs 
 Chained and scheduled slots run one node at a time per device: their prediction is the makespan,
 with the contention pass where the shared factor was measured.
 
-**Waits across devices.** Where the cost table holds a measured link (``CostTable.links``,
-``costs/links.py``), a node that waits for a node of another stream (a copy for the kernel that
-wrote its bytes, a kernel for the copy that brought them) starts that link's ``wait_seconds`` after
-it ended, in every slot mode: in a graph a dependency between two devices' nodes is not free, and
-a plan of many copies pays it twice per copy. Without a measured link waits cost nothing, as before.
+**Waits and forks across devices.** Where the cost table holds a measured link
+(``CostTable.links``, ``costs/links.py``), in every slot mode: a node that waits for a node of
+another stream (a copy for the kernel that wrote its bytes, a kernel for the copy that brought
+them) starts that link's ``wait_seconds`` after it ended; and a node that another stream waits for
+(a kernel whose bytes a copy takes) holds its own stream's next node ``fork_seconds`` longer. In a
+graph a dependency between two devices' nodes is not free, and a plan of many copies pays both
+per copy. Without a measured link both cost nothing, as before.
 """
 
 from __future__ import annotations
@@ -61,14 +63,17 @@ class Contention:
     shared: dict[str, float] = field(default_factory=dict)
     free: dict[str, float] = field(default_factory=dict)
     copies: int = COPIES
-    waits: dict[frozenset[str], float] = field(default_factory=dict)  # pair of devices -> seconds (module docstring)
+    # pair of devices -> seconds (module docstring): a wait across streams, a fork to another stream
+    waits: dict[frozenset[str], float] = field(default_factory=dict)
+    forks: dict[frozenset[str], float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, costs: CostTable | None) -> Contention:
         if costs is None:
             return cls()
-        waits = {frozenset((link.a, link.b)): link.wait_seconds for link in costs.links or ()}
-        return cls(costs.shared_factors(), costs.free_speedups(), waits=waits)
+        links = {frozenset((link.a, link.b)): link for link in costs.links or ()}
+        return cls(costs.shared_factors(), costs.free_speedups(), waits={k: x.wait_seconds for k, x in links.items()},
+                   forks={k: x.fork_seconds for k, x in links.items()})
 
     def wait(self, x: SlotNode, dep: SlotNode) -> float:
         """What ``x`` waits after its dependency ``dep`` ended: the measured wait of the devices'
@@ -76,6 +81,18 @@ class Contention:
         if not self.waits or x.node.stream == dep.node.stream:
             return 0.0
         return self.waits.get(frozenset(x.node.devices + dep.node.devices), 0.0)
+
+    def held(self, combined: list[SlotNode]) -> list[float]:
+        """Per node, how much longer it holds its stream because another stream waits for it: the
+        largest measured fork of the links to its dependents on other streams (0: none)."""
+        out = [0.0] * len(combined)
+        if self.forks:
+            for x in combined:
+                for d in x.deps:
+                    dep = combined[d]
+                    if dep.node.stream != x.node.stream:
+                        out[d] = max(out[d], self.forks.get(frozenset(x.node.devices + dep.node.devices), 0.0))
+        return out
 
     def gain(self, device: str, k: int) -> float:
         """Work per second of ``k`` compute nodes in flight on ``device``, over one's (module docstring)."""
@@ -91,13 +108,12 @@ def predict(combined: list[SlotNode], seconds: Callable[[SlotNode], float], cont
     ``seconds(node)`` alone, under ``contention`` (module docstring)."""
     alone = [seconds(x) for x in combined]
     sharing = mode == "free" and bool(contention.free)  # else each stream takes its nodes in list order
-    wait = contention.wait if contention.waits else None
-    spans = _shared(combined, alone, contention) if sharing else serial(combined, alone, wait)
+    spans = _shared(combined, alone, contention) if sharing else serial(combined, alone, contention)
     if not contention.shared:
         return max((end for _, end in spans), default=0.0)
     stretched = [t * (1 + share * (contention.shared.get(_device(x), 1.0) - 1)) if _device(x) else t
                  for x, t, share in zip(combined, alone, _overlaps(spans, combined))]
-    spans = _shared(combined, stretched, contention) if sharing else serial(combined, stretched, wait)
+    spans = _shared(combined, stretched, contention) if sharing else serial(combined, stretched, contention)
     return max((end for _, end in spans), default=0.0)
 
 
@@ -107,17 +123,18 @@ def _device(x: SlotNode) -> str | None:
 
 
 def serial(combined: list[SlotNode], times: list[float],
-           wait: Callable[[SlotNode, SlotNode], float] | None = None) -> list[tuple[float, float]]:
-    """(start, end) of each node, each starting once its dependencies have ended (and ``wait(node,
-    dependency)`` after, where given) and its stream has finished the nodes before it in the list
-    (``slots.makespan`` is the last end)."""
+           contention: Contention | None = None) -> list[tuple[float, float]]:
+    """(start, end) of each node, each starting once its dependencies have ended and its stream has
+    finished the nodes before it in the list (``slots.makespan`` is the last end); with
+    ``contention``'s waits and forks across streams where it has them (module docstring)."""
     spans: list[tuple[float, float]] = []
     free_at: dict[str, float] = {}
-    for x, t in zip(combined, times):
+    held = contention.held(combined) if contention else [0.0] * len(combined)
+    for k, (x, t) in enumerate(zip(combined, times)):
         start = max([free_at.get(x.node.stream, 0.0)]
-                    + [spans[d][1] + (wait(x, combined[d]) if wait else 0.0) for d in x.deps])
+                    + [spans[d][1] + (contention.wait(x, combined[d]) if contention else 0.0) for d in x.deps])
         spans.append((start, start + t))
-        free_at[x.node.stream] = start + t
+        free_at[x.node.stream] = start + t + held[k]
     return spans
 
 
@@ -149,6 +166,7 @@ def _shared(combined: list[SlotNode], times: list[float], contention: Contention
     copies: list[tuple[float, int]] = []  # (end time, node)
     link_free: dict[str, float] = {}  # copy stream -> when its last copy ends: a stream's copies queue
     pending: list[tuple[float, int]] = []  # (start, node): dependencies ended, waiting across devices
+    held = contention.held(combined)
     now = 0.0
 
     def begin(k: int) -> None:
@@ -186,7 +204,8 @@ def _shared(combined: list[SlotNode], times: list[float], contention: Contention
         for m in after[k]:
             waiting[m] -= 1
             if not waiting[m]:
-                ready = max(ends[d] + contention.wait(combined[m], combined[d]) for d in needs[m])
+                ready = max(ends[d] + (held[d] if combined[d].node.stream == combined[m].node.stream
+                                       else contention.wait(combined[m], combined[d])) for d in needs[m])
                 if ready > now:
                     heapq.heappush(pending, (ready, m))
                 else:

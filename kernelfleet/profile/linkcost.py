@@ -13,7 +13,11 @@ this builds graphs of exactly those nodes between two devices ``a`` and ``b`` an
   across devices adds;
 * **between** (per size): the alternating kernels with a copy before each switch (a -> b, then
   b -> a): each copy's own time is what the graph took beyond *kernels*, per copy, less the two
-  waits around it.
+  waits around it;
+* **beside**: ``copies`` kernels on a, the first half of them each with a copy a -> b of the
+  smallest size branching off (nothing waits for it), against the same kernels alone: what a copy
+  taking a kernel's bytes costs the chain that goes on (the fork), per copy. The second half of the
+  chain outlasts the last copy, so the graph ends with a kernel.
 
 The kernel is one small captured kernel per GPU (an elementwise add: a few µs), the same on both
 devices, so its own time cancels out of every difference. Fixed costs and waits that noise makes
@@ -100,6 +104,18 @@ class LinkGraphs:
 
         return self._timed(build)
 
+    def beside(self, forks: int, length: int) -> float:
+        """Seconds of ``copies`` kernels on a, each of the first ``forks`` with a copy a -> b of
+        ``length`` bytes branching off."""
+        def build(graph: Any) -> None:
+            after: list[Any] = []
+            for k in range(self.copies):
+                after = self._kernel(graph, self.a, after)
+                if k < forks:
+                    self._copy(graph, self.a, self.b, length, after)
+
+        return self._timed(build)
+
     def measure(self, sizes: tuple[int, ...] = SIZES_BYTES) -> MeasuredLink:
         """The link between the two ends (module docstring)."""
         if len(set(sizes)) < 2:
@@ -109,7 +125,9 @@ class LinkGraphs:
         wait = max(0.0, (alternating - one_switch) / (switches - 1))
         between = [max(0.0, (self.kernels(True, n) - one_switch + wait) / switches - 2 * wait) for n in sizes]
         queued = [self.queued(n) for n in sizes]
-        return MeasuredLink(self.a.name, self.b.name, fit(sizes, between), fit(sizes, queued), wait)
+        forks = self.copies // 2
+        fork = max(0.0, (self.beside(forks, min(sizes)) - self.beside(0, min(sizes))) / forks)
+        return MeasuredLink(self.a.name, self.b.name, fit(sizes, between), fit(sizes, queued), wait, fork)
 
 
 def fit(sizes: tuple[int, ...], seconds: list[float]) -> LinkFit:

@@ -186,7 +186,7 @@ def test_a_ranks_graph_is_predicted_as_the_one_process_executors_is():
     costs = CostTable([{d: 1e-5 for d in DEVICES}] * n, "twin", graph_seconds={d: 1e-5 * n for d in DEVICES},
                       graph_seconds_shared={d: 1.2e-5 * n for d in DEVICES},
                       graph_seconds_free={d: 0.6e-5 * n for d in DEVICES},
-                      links=[MeasuredLink("compute", "bandwidth", fit, fit, 1e-6)])
+                      links=[MeasuredLink("compute", "bandwidth", fit, fit, 1e-6, 0.5e-6)])
     seconds, contention = estimate(costs, uniform_link(4.0, 25.0)), Contention.of(costs)
     for mode in ("sequential", "free"):
         strategy = Strategy("half", [assignment] * 2, ["bandwidth"] * 2, {"slot_mode": mode})

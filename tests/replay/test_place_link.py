@@ -20,7 +20,7 @@ MISSED = [f for f in FOLDERS if f.name in ("dit-denoise.same", "vlm-prefill.same
 
 def synthetic(fixed_seconds: float, wait_seconds: float) -> LinkTable:
     f = LinkFit(fixed_seconds, 25e9, [256, 1 << 20], [fixed_seconds + 256 / 25e9, fixed_seconds + (1 << 20) / 25e9])
-    return LinkTable([MeasuredLink("a", "b", f, f, wait_seconds)], "synthetic, not measured")
+    return LinkTable([MeasuredLink("a", "b", f, f, wait_seconds, 0.0)], "synthetic, not measured")
 
 
 def predictions(found: dict) -> dict[str, float]:

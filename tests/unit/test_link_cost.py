@@ -14,17 +14,23 @@ from kernelfleet.profile.linkcost import SIZES_BYTES, End, LinkGraphs, fit
 
 pytestmark = pytest.mark.unit
 
-KERNEL, FIXED, BANDWIDTH, WAIT = 3e-6, 1.5e-6, 200e9, 0.7e-6  # what the twin's GPU charges
+KERNEL, FIXED, BANDWIDTH, WAIT, FORK = 3e-6, 1.5e-6, 200e9, 0.7e-6, 0.4e-6  # what the twin's GPU charges
 
 
 def longest_path(driver: NullDriver, executable: str) -> float:
     """Seconds of the last graph the driver instantiated (``executable``'s): each node ends its own
-    time after the latest of its dependencies, plus WAIT where that one ran in another context."""
+    time after the latest of its dependencies, plus WAIT where that one ran in another context, or
+    FORK where it ran in this one but another context waits for it too."""
     graph = f"graph{int(executable.removeprefix('exec')) - 1}"
+    forked = {d for i in driver.nodes(graph) for d in driver.added[i].after if driver.added[d].ctx != driver.added[i].ctx}
     ends: dict[int, float] = {}
+
+    def lag(d: int, ctx: str) -> float:
+        return WAIT if driver.added[d].ctx != ctx else FORK if d in forked else 0.0
+
     for i in driver.nodes(graph):
         node = driver.added[i]
-        start = max((ends[d] + (WAIT if driver.added[d].ctx != node.ctx else 0.0) for d in node.after), default=0.0)
+        start = max((ends[d] + lag(d, node.ctx) for d in node.after), default=0.0)
         own = KERNEL if node.kind == "launch" else FIXED + node.what[2] / BANDWIDTH
         ends[i] = start + own
     return max(ends.values())
@@ -35,12 +41,13 @@ def ends(driver: NullDriver) -> tuple[End, End]:
     return (End("a", "green0.0", "context0", "kernel-a", 0x1000), End("b", "green0.8", "context0", "kernel-b", 0x9000))
 
 
-def test_the_fit_recovers_the_twins_copy_cost_bandwidth_and_wait():
+def test_the_fit_recovers_the_twins_copy_cost_bandwidth_wait_and_fork():
     driver = NullDriver()
     a, b = ends(driver)
     link = LinkGraphs(a, b, lambda exe: longest_path(driver, exe), driver).measure()
     assert (link.a, link.b) == ("a", "b")
     assert link.wait_seconds == pytest.approx(WAIT, rel=1e-9)
+    assert link.fork_seconds == pytest.approx(FORK, rel=1e-9)
     # between kernels: the copy alone, its two waits taken off; queued: a copy in the copy context
     # after another in the same context, so no wait
     for measured in (link.between, link.queued):
@@ -73,7 +80,7 @@ def test_times_that_do_not_grow_with_the_bytes_give_no_bandwidth():
 
 def test_a_link_document_round_trips_and_a_bad_one_is_one_line():
     f = LinkFit(2e-6, 1e11, [256, 4096], [2e-6, 2.1e-6])
-    table = LinkTable([MeasuredLink("a", "b", f, f, 1e-6)], "twin")
+    table = LinkTable([MeasuredLink("a", "b", f, f, 1e-6, 0.5e-6)], "twin")
     again = LinkTable.from_json(table.to_json(), "links.json")
     assert again == table and find(again.links, "b", "a") is again.links[0] and find(again.links, "a", "c") is None
     doc = json.loads(table.to_json())
@@ -81,4 +88,4 @@ def test_a_link_document_round_trips_and_a_bad_one_is_one_line():
     with pytest.raises(UsageError, match=r"^links.json: .*links\.0\.wait_seconds"):
         LinkTable.from_json(json.dumps(doc), "links.json")
     with pytest.raises(UsageError, match="two different devices"):
-        MeasuredLink("a", "a", f, f, 0.0)
+        MeasuredLink("a", "a", f, f, 0.0, 0.0)

@@ -23,7 +23,7 @@ KERNEL, COPY, WAIT = 10e-6, 3e-6, 1e-6
 
 def link(wait: float = WAIT, fixed: float = 2e-6, rate: float = 1e9) -> MeasuredLink:
     f = LinkFit(fixed, rate, [0, 1000], [fixed, fixed + 1000 / rate])
-    return MeasuredLink("a", "b", f, f, wait)
+    return MeasuredLink("a", "b", f, f, wait, 0.0)
 
 
 def chain(slots: int = 1) -> list[SlotNode]:
@@ -51,7 +51,7 @@ def test_each_wait_across_streams_is_added_to_the_chain_in_every_slot_mode():
 def test_the_cost_tables_link_prices_the_copies_and_sets_the_waits():
     problem = layered(1, 2)
     a, b = problem.names
-    measured = MeasuredLink(a, b, *([LinkFit(2e-6, 1e9, [0, 1000], [2e-6, 3e-6])] * 2), WAIT)
+    measured = MeasuredLink(a, b, *([LinkFit(2e-6, 1e9, [0, 1000], [2e-6, 3e-6])] * 2), WAIT, 0.0)
     costs = CostTable(problem.costs.seconds, "t", links=[measured])
     copy = Node(0, None, Transfer(0, None, 0, 0, 0, 1000, a, b), (a, b), f"link:{a}->{b}", ())
     today = uniform_link(4.0, 25.0)
@@ -67,7 +67,7 @@ def test_plan_uses_the_measured_link_and_says_so(tmp_path: Path):
     a, b = problem.names
     problem.program.save(tmp_path / "program.json")
     fits = [LinkFit(2e-6, 50e9, [0, 1000], [2e-6, 2.02e-6])] * 2
-    measured = CostTable(problem.costs.seconds, "t", links=[MeasuredLink(a, b, *fits, WAIT)])
+    measured = CostTable(problem.costs.seconds, "t", links=[MeasuredLink(a, b, *fits, WAIT, 0.0)])
     measured.save(tmp_path / "measured.json")
     problem.costs.save(tmp_path / "plain.json")
     done = command.setup(tmp_path / "program.json", tmp_path / "measured.json", [], [], 25.0, [], [], None, 4.0)
@@ -91,3 +91,16 @@ def test_a_devices_launch_table_keeps_its_links_and_a_merge_keeps_each_once():
     assert StepTimes({"a": 1e-6}, {}, {}, [own]).of("c").links == []  # a device keeps only its own links
     with pytest.raises(UsageError, match="joins no device the table has a column for"):
         CostTable([{"c": 1e-6}], "c", links=[own])
+
+
+def test_a_kernel_whose_bytes_a_copy_takes_holds_its_stream_by_the_fork():
+    copy = Transfer(2, 0, None, 0, 0, 1000, "a", "b")
+    nodes = [Node(0, 0, None, ("a",), "compute:a", ()), Node(1, None, copy, ("a", "b"), "link:a->b", (0,)),
+             Node(2, 1, None, ("a",), "compute:a", (0,))]
+    combined = [SlotNode(0, n, n.deps) for n in nodes]
+    forked = Contention(waits={frozenset("ab"): WAIT}, forks={frozenset("ab"): 0.5e-6})
+    assert forked.held(combined) == [0.5e-6, 0.0, 0.0]  # only the kernel another stream waits for
+    # the second kernel on a starts the fork after the first; the copy its wait after it, and ends last
+    assert predict(combined, seconds, forked, "sequential") == pytest.approx(max(2 * KERNEL + 0.5e-6, KERNEL + WAIT + COPY))
+    free = Contention(free={"a": 1.0}, waits=forked.waits, forks=forked.forks)
+    assert predict(combined, seconds, free, "free") == pytest.approx(2 * KERNEL + 0.5e-6)
