@@ -4,23 +4,26 @@
 other; and the link the lead measures on the H200 (``python -m bench.link_cost``, committed under
 tests/data/h200-link/) re-predicts all 22 rows."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bench import place_table
-from kernelfleet.costs.links import LinkFit, LinkTable, MeasuredLink
+from kernelfleet.costs.links import LinkTable
 
 pytestmark = pytest.mark.replay
 
-MEASURED = place_table.ROOT / "tests" / "data" / "h200-link" / "links.json"
+DATA = place_table.ROOT / "tests" / "data"
+MEASURED = DATA / "h200-link" / "links.json"
+FLAGS = DATA / "links-synthetic" / "flags.links.json"  # what the flags say, as a link document (not measured)
 FOLDERS = sorted(p.parent for p in place_table.RECORDED.glob("*/disagg.json"))
 MISSED = [f for f in FOLDERS if f.name in ("dit-denoise.same", "vlm-prefill.same")]  # rows of many-copy misses
 
 
-def synthetic(fixed_seconds: float, wait_seconds: float) -> LinkTable:
-    f = LinkFit(fixed_seconds, 25e9, [256, 1 << 20], [fixed_seconds + 256 / 25e9, fixed_seconds + (1 << 20) / 25e9])
-    return LinkTable([MeasuredLink("a", "b", f, f, wait_seconds, 0.0)], "synthetic, not measured")
+def with_wait(wait_seconds: float) -> LinkTable:
+    flags = LinkTable.load(FLAGS).links[0]
+    return LinkTable([replace(flags, wait_seconds=wait_seconds)], "synthetic, not measured")
 
 
 def predictions(found: dict) -> dict[str, float]:
@@ -32,8 +35,8 @@ def predictions(found: dict) -> dict[str, float]:
 @pytest.mark.parametrize("folder", MISSED, ids=[f.name for f in MISSED])
 def test_a_link_as_the_flags_say_changes_nothing_and_a_wait_raises_only_the_rows_that_copy(folder: Path):
     today = predictions(place_table.repredicted(folder))
-    assert predictions(place_table.repredicted(folder, synthetic(4e-6, 0.0))) == pytest.approx(today, rel=1e-12)
-    waited = place_table.repredicted(folder, synthetic(4e-6, 1e-6))
+    assert predictions(place_table.repredicted(folder, LinkTable.load(FLAGS))) == pytest.approx(today, rel=1e-12)
+    waited = place_table.repredicted(folder, with_wait(1e-6))
     for name, seconds in predictions(waited).items():
         if waited[name].get("copies"):
             assert seconds > today[name], name
