@@ -144,7 +144,8 @@ def _shared(combined: list[SlotNode], times: list[float], contention: Contention
     node before it on its slot's stream have ended. Each device keeps a virtual clock of the work
     one of its nodes has received, so a node ends when its device's clock reaches its start reading
     plus its time: events cost a heap operation, not a pass over every node in flight. A node whose
-    dependencies ended starts ``contention.wait`` after the latest of them (a pending start)."""
+    dependencies ended starts once the latest of them ended plus ``contention.wait`` (another
+    stream's) or the fork it ``held`` (its own stream's): a pending start."""
     n = len(combined)
     waiting = [0] * n
     needs: list[set[int]] = [set() for _ in range(n)]
@@ -185,7 +186,7 @@ def _shared(combined: list[SlotNode], times: list[float], contention: Contention
     done = 0
     while done < n:
         rate = {d: contention.gain(d, len(h)) / len(h) for d, h in flight.items() if h}
-        # (when, what): a pending start, a copy's end, or a compute node's end on a device
+        # the next end, of a copy (None) or of a compute node on a device; a pending start before it goes first
         candidates: list[tuple[float, str | None]] = [(end, None) for end, _ in copies[:1]]
         candidates += [(now + (h[0][0] - clock.get(d, 0.0)) / rate[d], d) for d, h in flight.items() if h]
         when, device = min(candidates, key=lambda c: c[0], default=(float("inf"), None))
