@@ -40,7 +40,11 @@ from pathlib import Path
 from bench import command_line, place_calibration
 from kernelfleet.bench.choice import PLANS as choice_plans
 from kernelfleet.bench.choice import chosen as choice
+from kernelfleet.costs.links import LinkTable, describe
+from kernelfleet.costs.table import CostTable
+from kernelfleet.errors import UsageError
 from kernelfleet.plan import command, links
+from kernelfleet.plan.contention import Contention
 from kernelfleet.plan.model import Plan
 from kernelfleet.plan.slots import SUFFIXES
 
@@ -73,9 +77,10 @@ class Row:
     gates: str  # which gates the timed strategies passed
 
 
-def row_of(folder: Path) -> Row:
-    """The figures of one (target, pair) folder (module docstring)."""
-    found = json.loads((folder / "disagg.json").read_text())["strategies"]
+def row_of(folder: Path, found: dict | None = None) -> Row:
+    """The figures of one (target, pair) folder (module docstring); ``found``: its strategies with
+    predictions of another model (:func:`repredicted`), else the run's own."""
+    found = json.loads((folder / "disagg.json").read_text())["strategies"] if found is None else found
     target, _, pair = folder.name.rpartition(".")
     timed = place_calibration.timed(found)
     if not timed:
@@ -100,6 +105,21 @@ def row_of(folder: Path) -> Row:
                (timed.get("latency-greedy") or float("nan")) / single, replanned,
                (timed.get(replanned) or float("nan")) / single,
                (replicas / min(placements)) if placements and replicas else float("nan"), ", ".join(gates))
+
+
+def repredicted(folder: Path, links: LinkTable | None = None) -> dict:
+    """The folder's strategies with every slot-mode row's prediction recomputed by today's model
+    (``place_calibration``'s ``contention``: the table scaled to its graphs, its shared and free
+    factors), copies and waits taken from ``links`` where given (``CostTable.with_links``)."""
+    found = json.loads((folder / "disagg.json").read_text())["strategies"]
+    costs = CostTable.from_json((folder / "costs.json").read_text(), str(folder / "costs.json"))
+    table = place_calibration.corrected(costs, costs.graph_seconds or place_calibration.graph_seconds(found),
+                                        "contention")
+    if links is not None:
+        table = table.with_links(links.links)
+    predicted = place_calibration.predictions(folder, table, Contention.of(table))
+    return {name: {**r, "predicted_seconds": predicted.get(name, r.get("predicted_seconds"))}
+            for name, r in found.items()}
 
 
 def replanned_latency(folder: Path) -> str:
@@ -151,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="What bench.place_pairs wrote (default: the committed H200 run).")
     parser.add_argument("--calibrated", action="store_true",
                         help="Predictions recomputed under each correction fitted on the single-device graphs.")
+    parser.add_argument("--link", type=Path, help="A measured link (python -m bench.link_cost's links.json): every "
+                        "prediction recomputed with it, beside today's model recomputed without it.")
     args = parser.parse_args(argv)
     folders = sorted(p.parent for p in args.folder.glob("*/disagg.json"))
     if not folders:
@@ -163,9 +185,31 @@ def main(argv: list[str] | None = None) -> int:
               sep="\n")
         print(json.dumps({"rows": [asdict(e) for e in found], "totals": totals}))
         return 0
+    if args.link is not None:
+        return _with_link(folders, args.link)
     rows = [row_of(folder) for folder in folders]
     print(markdown(rows), "", *(f"- {k}: {v}" for k, v in verdicts(rows).items()), "", command_line(), sep="\n")
     print(json.dumps({"rows": [asdict(r) for r in rows], "verdicts": verdicts(rows)}))
+    return 0
+
+
+def _with_link(folders: list[Path], path: Path) -> int:
+    """The table re-predicted with the measured link of ``path``, beside today's model recomputed on
+    the same folders without it (the baseline of the same run)."""
+    try:
+        measured = LinkTable.load(path)
+    except UsageError as exc:
+        print(f"bench.place_table: error: {exc}", file=sys.stderr)
+        return 2
+    today = [row_of(folder, repredicted(folder)) for folder in folders]
+    rows = [row_of(folder, repredicted(folder, measured)) for folder in folders]
+    print(f"predictions recomputed with the link of {path} ({measured.source}):",
+          *(f"- {describe(link)}" for link in measured.links), "", markdown(rows), "",
+          *(f"- {k}: {v}" for k, v in verdicts(rows).items()),
+          "", "today's model recomputed on the same folders, without the measured link:",
+          *(f"- {k}: {v}" for k, v in verdicts(today).items()), "", command_line(), sep="\n")
+    print(json.dumps({"rows": [asdict(r) for r in rows], "verdicts": verdicts(rows),
+                      "without_link": verdicts(today)}))
     return 0
 
 

@@ -187,10 +187,7 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
                                  f"{len(programs[device].launches)}")
             seconds[device] = column
             sources.append(table.source)
-            for kind, found in (("graph_seconds", graphs.alone), ("graph_seconds_shared", graphs.shared),
-                                ("graph_seconds_free", graphs.free)):  # older profiles: no graph, or alone only
-                if device in (getattr(table, kind) or {}):
-                    found[device] = getattr(table, kind)[device]
+            graphs = graphs.joined(StepTimes.of_table(table, device))
     home = next(iter(raws))
     lined = views(raws, programs, home)
     out.mkdir(parents=True, exist_ok=True)

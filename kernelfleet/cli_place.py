@@ -431,10 +431,15 @@ def run_command(
     repeats: int = typer.Option(10, "--repeats", help="Launches of the plan's graph timed (median)."),
     costs: Path | None = typer.Option(None, "--costs", help="The cost table the plan was made from: the plan is "
                                       "checked against what it says each device can run."),
+    slots: int | None = typer.Option(None, "--slots", help="Requests in flight, each a slot with replicas of its "
+                                     "own, in one graph (default: the requests the plan was made for, else 1)."),
+    slot_mode: str | None = typer.Option(None, "--slot-mode", help="sequential|free|scheduled: how the slots share "
+                                         "the devices (default: the plan's slot_mode, the one its policy chose)."),
 ) -> None:
     """Run one plan of a step: capture it on every device, validate the plan, gate it on bit-identical
     outputs, and time it."""
     from kernelfleet.runtime import plans
+    from kernelfleet.runtime.command import run_shape
 
     make = _maker(step)
     placed = plans.read(plan)
@@ -444,18 +449,22 @@ def run_command(
     if repeats < 1:
         raise UsageError(f"--repeats must be at least 1, got {repeats}")
     table = _cost_table(costs)
+    run_shape(placed, slots, slot_mode, table)  # a bad count or mode fails before any GPU work
     profiles = _profiles(device)
     _need_gpu("running a plan", "run it on a GPU machine (`kernelfleet plan` makes and validates plans on the CPU)")
     from kernelfleet.errors import KernelfleetError
     from kernelfleet.runtime.command import run_plan
 
     _gpus_present(profiles)
-    ran = run_plan(make, profiles, placed, str(plan), repeats, table)
+    ran = run_plan(make, profiles, placed, str(plan), repeats, table, slots, slot_mode)
     console = out_console()
-    console.print(f"{ran.policy} plan of {step}, home {ran.home}: gate {ran.gate}", markup=False, highlight=False)
+    console.print(f"{ran.policy} plan of {step}, home {ran.home}"
+                  + (f", {ran.slots} slots {ran.slot_mode}" if ran.slots > 1 else "") + f": gate {ran.gate}",
+                  markup=False, highlight=False)
     if ran.seconds is None:
         raise KernelfleetError(f"{plan}: the plan failed the gate and was not timed")
-    console.print(f"{ran.seconds * 1e3:.3f} ms per step (median of {repeats}), {ran.copies} copies "
+    each = (f" of {ran.slots} requests, {ran.seconds / ran.slots * 1e3:.3f} ms per request" if ran.slots > 1 else "")
+    console.print(f"{ran.seconds * 1e3:.3f} ms per step{each} (median of {repeats}), {ran.copies} copies "
                   f"({ran.copy_bytes / 1e6:.1f} MB)", markup=False, highlight=False)
 
 

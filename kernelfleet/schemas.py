@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import kernelfleet.costs.links
 import kernelfleet.costs.table  # noqa: F401  (each module registers its documents)
 import kernelfleet.kernels.ir  # noqa: F401
 import kernelfleet.kernels.raw  # noqa: F401

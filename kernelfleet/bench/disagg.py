@@ -49,7 +49,7 @@ from kernelfleet.plan.contention import Contention, predict
 from kernelfleet.plan.links import COPY_US, LINK_GBPS
 from kernelfleet.plan.model import Plan
 from kernelfleet.plan.schedule import Node
-from kernelfleet.plan.slots import estimate, uniform_link
+from kernelfleet.plan.slots import SlotNode, estimate, uniform_link
 from kernelfleet.profile.devices import ProfileSpec
 from kernelfleet.profile.timing import median_seconds
 from kernelfleet.runtime import plans as runtime_plans
@@ -111,6 +111,16 @@ def strategies(plans: dict[str, Plan], devices: list[str], slots: int, single_ra
     return out
 
 
+def prediction(combined: list[SlotNode], strategy: Strategy, seconds: Callable[[int, Node], float] | None,
+               contention: Contention | None) -> float | None:
+    """The graph's seconds as ``contention.predict`` predicts them in the strategy's slot mode, from
+    ``seconds`` (an estimate of each node; None: no prediction) and ``contention`` (None: none)."""
+    if seconds is None:
+        return None
+    return predict(combined, lambda x: seconds(x.slot, x.node), contention or Contention(),
+                   strategy.options.get("slot_mode", "sequential"))
+
+
 def measure(gate: Gate, strategy: Strategy, repeats: int, stream: torch.cuda.Stream,
             seconds: Callable[[int, Node], float] | None = None, contention: Contention | None = None) -> dict:
     """Gate the strategy's graph, then time it: the median of ``repeats`` launches on ``stream``;
@@ -118,9 +128,7 @@ def measure(gate: Gate, strategy: Strategy, repeats: int, stream: torch.cuda.Str
     ``seconds`` (an estimate of each node) and ``contention``, where given. A strategy failing the
     gate is reported, never timed."""
     built = gate.graph(strategy.name, strategy.assignments, strategy.homes, **strategy.options)
-    mode = strategy.options.get("slot_mode", "sequential")
-    predicted = None if seconds is None else predict(built.combined, lambda x: seconds(x.slot, x.node),
-                                                     contention or Contention(), mode)
+    predicted = prediction(built.combined, strategy, seconds, contention)
     try:
         verdict = gate.gate(built, strategy.homes, stream)
         if not passed(verdict):

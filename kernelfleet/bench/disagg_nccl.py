@@ -16,6 +16,12 @@ With ``place_weights`` (a plan's policy), only that plan runs, twice: with every
 GPU, then after each rank freed the weights its own launches never read (``runtime/distributed.py:
 weights_read``); beside each its memory per rank, so the second row shows a plan's weights held
 where it places them, behind the same gate (``Rank.place_weights``).
+
+Given the cost table (``--costs``), each row carries the graph time the one-process path predicts
+for it (``bench.disagg.prediction``: ``contention.predict`` in its slot mode, with the table's
+shared and free factors and measured link), as ``bench disagg`` does. It prices a copy as a graph
+memcpy node (the table's link, else 4 µs + bytes at 25 GB/s): the ranks' copies are NCCL sends
+instead, which that model has not measured, so the difference is the processes' own cost.
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from kernelfleet.bench.disagg import Strategy, show, strategies
+from kernelfleet.bench.disagg import Strategy, prediction, show, strategies
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
+from kernelfleet.plan.contention import Contention
 from kernelfleet.plan.links import COPY_US, LINK_GBPS
 from kernelfleet.plan.model import Plan
+from kernelfleet.plan.schedule import Node
 from kernelfleet.plan.slots import estimate, uniform_link
 from kernelfleet.profile.devices import ProfileSpec
 from kernelfleet.runtime import plans as runtime_plans
@@ -59,9 +67,11 @@ def round_seconds(rank: Rank, built: RankBuilt | None = None, priorities: bool =
     return time.perf_counter() - start, issued
 
 
-def measure(rank: Rank, strategy: Strategy, repeats: int) -> dict:
+def measure(rank: Rank, strategy: Strategy, repeats: int, seconds: Callable[[int, Node], float] | None = None,
+            contention: Contention | None = None) -> dict:
     """Gate the strategy on every rank, then time it (module docstring); a refused or failing one
-    is reported, never timed."""
+    is reported, never timed. Beside its time, the one-process path's prediction of its graph
+    (``bench.disagg.prediction``) where ``seconds`` estimates each node."""
     used = len(strategy.assignments)
     options = {"overlap": strategy.options.get("overlap", True),
                "slot_mode": strategy.options.get("slot_mode", "sequential"), "seconds": strategy.options.get("seconds")}
@@ -79,6 +89,7 @@ def measure(rank: Rank, strategy: Strategy, repeats: int) -> dict:
         idle = statistics.median(round_seconds(rank)[0] for _ in range(repeats))
         median = statistics.median(r[0] for r in rounds)
         return {"gate": IDENTICAL, "seconds": median, "slots": used, "slots_per_second": used / median,
+                "predicted_seconds": prediction(built.combined, strategy, seconds, contention),
                 "barrier_seconds": idle, "issue_seconds": statistics.median(r[1] for r in rounds),
                 "segments": sum(op.kind == "segment" for op in built.ops),
                 "copies": sum(op.kind != "segment" for op in built.ops), "copy_bytes": built.copy_bytes,
@@ -102,6 +113,7 @@ def disagg_nccl(make_step: Callable[[str, int], Step], profiles: dict[str, Profi
     rank = Rank(make_step, profiles, slots, costs)
     loaded = runtime_plans.load(plans, rank.problem)
     seconds = estimate(costs, uniform_link(COPY_US, LINK_GBPS)) if costs is not None else None
+    contention = Contention.of(costs)
     results: dict = {"command": " ".join(["torchrun ... kernelfleet"] + sys.argv[1:]), "processes": len(rank.devices),
                      "devices": {n: asdict(s) for n, s in profiles.items()}, "slots": slots, "strategies": {}}
     if place_weights is not None and place_weights not in loaded:
@@ -113,7 +125,7 @@ def disagg_nccl(make_step: Callable[[str, int], Step], profiles: dict[str, Profi
         if place_weights is not None:
             _placed(rank, loaded[place_weights], slots, repeats, results, console)
         else:
-            _every_strategy(rank, loaded, slots, repeats, seconds, results, out, console)
+            _every_strategy(rank, loaded, slots, repeats, seconds, contention, results, out, console)
     if rank.rank == 0:
         (out / "disagg-nccl.json").write_text(json.dumps(results, indent=1, default=str))
     rank.barrier()
@@ -139,13 +151,13 @@ def _placed(rank: Rank, plan: Plan, slots: int, repeats: int, results: dict, con
             console.print(f"{label}: {found['gate'][:80]}; GPU memory in use: {used}")
 
 
-def _every_strategy(rank: Rank, loaded: dict, slots: int, repeats: int, seconds, results: dict, out: Path,
-                    console: Console) -> None:
+def _every_strategy(rank: Rank, loaded: dict, slots: int, repeats: int, seconds, contention: Contention,
+                    results: dict, out: Path, console: Console) -> None:
     n = len(rank.replicas[0].program.launches)
     todo = strategies(loaded, rank.devices, slots, None, n)
     for pass_ in range(2):  # the singles first: request distribution splits slots by their rates
         for s in todo:
-            found = measure(rank, s, repeats)
+            found = measure(rank, s, repeats, seconds, contention)
             found["model_seconds"] = s.model_seconds
             results["strategies"][s.name] = found
             if rank.rank == 0:

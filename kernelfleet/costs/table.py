@@ -8,6 +8,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from kernelfleet.catalog.model import PRECISIONS
+from kernelfleet.costs.links import MeasuredLink
 from kernelfleet.documents import Document, document, one_of
 
 COSTS_FORMAT = 1
@@ -49,6 +50,10 @@ class CostTable(Document):
       of both at once on the one device, which helps steps of kernels too small to fill it).
       :meth:`free_speedups` is ``graph_seconds`` over it: how much more work per second the device
       does with ``copies`` chains in flight than with one.
+
+    ``links`` (optional): each pair of devices' link as measured on them (``costs/links.py``); the
+    predictions take copies between a pair from it where it is there, else from the plan's
+    ``--copy-us`` and ``--link-gbps``.
     """
 
     seconds: list[dict[str, LaunchSeconds | None]]
@@ -59,6 +64,7 @@ class CostTable(Document):
     graph_seconds: dict[str, GraphSeconds] | None = None
     graph_seconds_shared: dict[str, GraphSeconds] | None = None
     graph_seconds_free: dict[str, GraphSeconds] | None = None
+    links: list[MeasuredLink] | None = None
     DUMP: ClassVar[dict[str, Any]] = {"exclude_none": True}
 
     @field_validator("flops", "bytes")
@@ -82,7 +88,19 @@ class CostTable(Document):
                     raise ValueError(f"{name}: device {device!r} has no launch time in seconds")
                 if name != "graph_seconds" and device not in (self.graph_seconds or {}):
                     raise ValueError(f"{name}: device {device!r} has no graph_seconds to compare it with")
+        devices = {d for row in self.seconds for d in row}
+        for k, link in enumerate(self.links or ()):
+            if not {link.a, link.b} & devices:  # a device's own launch table keeps its links to the others
+                raise ValueError(f"links.{k}: {link.a}-{link.b} joins no device the table has a column for")
         return self
+
+    def with_links(self, links: list[MeasuredLink]) -> CostTable:
+        """The table with ``links`` (those joining two of its devices) in place of its own for the
+        same pairs."""
+        devices = {d for row in self.seconds for d in row}
+        new = [link for link in links if {link.a, link.b} <= devices]
+        kept = [old for old in self.links or () if not any(old.joins(x.a, x.b) for x in new)]
+        return replace(self, links=kept + new or None)
 
     def calibrated(self) -> CostTable:
         """The table with each device's column scaled so that it sums to the device's measured
@@ -117,8 +135,9 @@ class CostTable(Document):
         def kept(values: dict[str, float] | None) -> dict[str, float] | None:
             return None if values is None else {d: values[d] for d in devices if d in values} or None
 
+        links = [link for link in self.links or () if {link.a, link.b} <= set(devices)] or None
         return replace(self, seconds=[{d: row.get(d) for d in devices if d in row} for row in self.seconds],
-                       **{name: kept(getattr(self, name)) for name in GRAPHS})
+                       links=links, **{name: kept(getattr(self, name)) for name in GRAPHS})
 
     def faster_than(self, ceiling: dict[str, float]) -> list[tuple[int, str, float]]:
         """(launch, device, FLOP/s) wherever a time implies more FLOP/s than ``ceiling[precision]``

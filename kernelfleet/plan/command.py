@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kernelfleet.catalog.model import PRECISIONS
+from kernelfleet.costs.links import describe, find
 from kernelfleet.costs.table import CostTable
 from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
@@ -22,6 +23,7 @@ from kernelfleet.plan.baselines import baselines
 from kernelfleet.plan.links import check_link
 from kernelfleet.plan.model import Device, Link, Plan, Problem
 from kernelfleet.plan.policy import throughput
+from kernelfleet.plan.slots import fastest_mode
 from kernelfleet.plan.validate import evaluate
 
 # Requests in flight a plan is made for: slots of one graph, each with replicas of its own, so memory
@@ -110,12 +112,36 @@ def setup(
     check_link(link_gbps, copy_us)
     given = {frozenset((lk.a, lk.b)): lk for lk in (parse_link(spec, names) for spec in links)}
     all_links = [
-        replace(given.get(frozenset((a, b)), Link(a, b, link_gbps * GB)), seconds_per_copy=copy_us * 1e-6)
+        measured_link(costs, a, b)
+        or replace(given.get(frozenset((a, b)), Link(a, b, link_gbps * GB)), seconds_per_copy=copy_us * 1e-6)
         for i, a in enumerate(names)
         for b in names[i + 1 :]
     ]
+    notes.append(link_note(costs, names, copy_us, link_gbps))
     # the devices' measured graphs stay: the slot-mode model (plan/contention.py) reads them
     return Setup(Problem(program, chosen, all_links, costs.restricted(names)), notes)
+
+
+def measured_link(costs: CostTable, a: str, b: str) -> Link | None:
+    """The planners' link between ``a`` and ``b`` from the table's measurement (``CostTable.links``),
+    or None: a copy between kernels and the two waits across devices around it, at its bandwidth."""
+    link = find(costs.links, a, b)
+    if link is None:
+        return None
+    return Link(a, b, link.between.bytes_per_second, link.between.seconds_per_copy + 2 * link.wait_seconds)
+
+
+def link_note(costs: CostTable, names: list[str], copy_us: float, link_gbps: float) -> str:
+    """Which link model the plans use: the table's measured links, or the flags' where it has none."""
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    found = [link for a, b in pairs if (link := find(costs.links, a, b)) is not None]
+    flags = f"--copy-us {copy_us:g} µs + bytes at --link-gbps {link_gbps:g} GB/s (or --link)"
+    if not found:
+        return f"links: not measured in the cost table; every copy costs {flags}"
+    lines = [describe(link) for link in found]
+    if len(found) < len(pairs):
+        lines.append(f"the other pairs: {flags}")
+    return "links: " + "; ".join(lines)
 
 
 def implausible_note(costs: CostTable, catalog_path: Path | None) -> list[str]:
@@ -205,6 +231,8 @@ def make_plans(problem: Problem, policy: str, time_limit_seconds: float,
         plans, skipped = baselines(problem)
     for plan in plans:
         plan.details.costs_source = problem.costs.source
+        if in_flight is not None:  # the mode kernelfleet run takes, as the plan's prediction at K assumed
+            plan.slot_mode = fastest_mode(problem, plan, in_flight) or plan.slot_mode
     if policy == "all":
         return None, plans
     wanted = {"throughput": "throughput-milp", "latency": "latency-greedy"}.get(policy, policy)

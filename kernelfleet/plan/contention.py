@@ -29,6 +29,14 @@ model of copies in parallel predicted (dit-denoise's throughput plan: 135.9 µs 
 
 Chained and scheduled slots run one node at a time per device: their prediction is the makespan,
 with the contention pass where the shared factor was measured.
+
+**Waits and forks across devices.** Where the cost table holds a measured link
+(``CostTable.links``, ``costs/links.py``), in every slot mode: a node that waits for a node of
+another stream (a copy for the kernel that wrote its bytes, a kernel for the copy that brought
+them) starts that link's ``wait_seconds`` after it ended; and a node that another stream waits for
+(a kernel whose bytes a copy takes) holds its own stream's next node ``fork_seconds`` longer. In a
+graph a dependency between two devices' nodes is not free, and a plan of many copies pays both
+per copy. Without a measured link both cost nothing, as before.
 """
 
 from __future__ import annotations
@@ -55,10 +63,36 @@ class Contention:
     shared: dict[str, float] = field(default_factory=dict)
     free: dict[str, float] = field(default_factory=dict)
     copies: int = COPIES
+    # pair of devices -> seconds (module docstring): a wait across streams, a fork to another stream
+    waits: dict[frozenset[str], float] = field(default_factory=dict)
+    forks: dict[frozenset[str], float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, costs: CostTable | None) -> Contention:
-        return cls() if costs is None else cls(costs.shared_factors(), costs.free_speedups())
+        if costs is None:
+            return cls()
+        links = {frozenset((link.a, link.b)): link for link in costs.links or ()}
+        return cls(costs.shared_factors(), costs.free_speedups(), waits={k: x.wait_seconds for k, x in links.items()},
+                   forks={k: x.fork_seconds for k, x in links.items()})
+
+    def wait(self, x: SlotNode, dep: SlotNode) -> float:
+        """What ``x`` waits after its dependency ``dep`` ended: the measured wait of the devices'
+        link when they run on two streams, else nothing."""
+        if not self.waits or x.node.stream == dep.node.stream:
+            return 0.0
+        return self.waits.get(frozenset(x.node.devices + dep.node.devices), 0.0)
+
+    def held(self, combined: list[SlotNode]) -> list[float]:
+        """Per node, how much longer it holds its stream because another stream waits for it: the
+        largest measured fork of the links to its dependents on other streams (0: none)."""
+        out = [0.0] * len(combined)
+        if self.forks:
+            for x in combined:
+                for d in x.deps:
+                    dep = combined[d]
+                    if dep.node.stream != x.node.stream:
+                        out[d] = max(out[d], self.forks.get(frozenset(x.node.devices + dep.node.devices), 0.0))
+        return out
 
     def gain(self, device: str, k: int) -> float:
         """Work per second of ``k`` compute nodes in flight on ``device``, over one's (module docstring)."""
@@ -74,12 +108,12 @@ def predict(combined: list[SlotNode], seconds: Callable[[SlotNode], float], cont
     ``seconds(node)`` alone, under ``contention`` (module docstring)."""
     alone = [seconds(x) for x in combined]
     sharing = mode == "free" and bool(contention.free)  # else each stream takes its nodes in list order
-    spans = _shared(combined, alone, contention) if sharing else serial(combined, alone)
+    spans = _shared(combined, alone, contention) if sharing else serial(combined, alone, contention)
     if not contention.shared:
         return max((end for _, end in spans), default=0.0)
     stretched = [t * (1 + share * (contention.shared.get(_device(x), 1.0) - 1)) if _device(x) else t
                  for x, t, share in zip(combined, alone, _overlaps(spans, combined))]
-    spans = _shared(combined, stretched, contention) if sharing else serial(combined, stretched)
+    spans = _shared(combined, stretched, contention) if sharing else serial(combined, stretched, contention)
     return max((end for _, end in spans), default=0.0)
 
 
@@ -88,15 +122,19 @@ def _device(x: SlotNode) -> str | None:
     return None if x.node.launch is None else x.node.devices[0]
 
 
-def serial(combined: list[SlotNode], times: list[float]) -> list[tuple[float, float]]:
+def serial(combined: list[SlotNode], times: list[float],
+           contention: Contention | None = None) -> list[tuple[float, float]]:
     """(start, end) of each node, each starting once its dependencies have ended and its stream has
-    finished the nodes before it in the list (``slots.makespan`` is the last end)."""
+    finished the nodes before it in the list (``slots.makespan`` is the last end); with
+    ``contention``'s waits and forks across streams where it has them (module docstring)."""
     spans: list[tuple[float, float]] = []
     free_at: dict[str, float] = {}
-    for x, t in zip(combined, times):
-        start = max([free_at.get(x.node.stream, 0.0)] + [spans[d][1] for d in x.deps])
+    held = contention.held(combined) if contention else [0.0] * len(combined)
+    for k, (x, t) in enumerate(zip(combined, times)):
+        start = max([free_at.get(x.node.stream, 0.0)]
+                    + [spans[d][1] + (contention.wait(x, combined[d]) if contention else 0.0) for d in x.deps])
         spans.append((start, start + t))
-        free_at[x.node.stream] = start + t
+        free_at[x.node.stream] = start + t + held[k]
     return spans
 
 
@@ -105,9 +143,12 @@ def _shared(combined: list[SlotNode], times: list[float], contention: Contention
     (processor sharing with the device's ``gain``); a node starts once its dependencies and the
     node before it on its slot's stream have ended. Each device keeps a virtual clock of the work
     one of its nodes has received, so a node ends when its device's clock reaches its start reading
-    plus its time: events cost a heap operation, not a pass over every node in flight."""
+    plus its time: events cost a heap operation, not a pass over every node in flight. A node whose
+    dependencies ended starts once the latest of them ended plus ``contention.wait`` (another
+    stream's) or the fork it ``held`` (its own stream's): a pending start."""
     n = len(combined)
     waiting = [0] * n
+    needs: list[set[int]] = [set() for _ in range(n)]
     after: list[list[int]] = [[] for _ in range(n)]
     last: dict[tuple[int, str], int] = {}
     for k, x in enumerate(combined):
@@ -116,6 +157,7 @@ def _shared(combined: list[SlotNode], times: list[float], contention: Contention
         if previous is not None:
             deps.add(previous)
         last[x.slot, x.node.stream] = k
+        needs[k] = deps
         waiting[k] = len(deps)
         for d in deps:
             after[d].append(k)
@@ -124,6 +166,8 @@ def _shared(combined: list[SlotNode], times: list[float], contention: Contention
     flight: dict[str, list[tuple[float, int]]] = {}  # device -> heap of (clock reading at its end, node)
     copies: list[tuple[float, int]] = []  # (end time, node)
     link_free: dict[str, float] = {}  # copy stream -> when its last copy ends: a stream's copies queue
+    pending: list[tuple[float, int]] = []  # (start, node): dependencies ended, waiting across devices
+    held = contention.held(combined)
     now = 0.0
 
     def begin(k: int) -> None:
@@ -142,19 +186,31 @@ def _shared(combined: list[SlotNode], times: list[float], contention: Contention
     done = 0
     while done < n:
         rate = {d: contention.gain(d, len(h)) / len(h) for d, h in flight.items() if h}
-        candidates = [(end, None) for end, _ in copies[:1]]
+        # the next end, of a copy (None) or of a compute node on a device; a pending start before it goes first
+        candidates: list[tuple[float, str | None]] = [(end, None) for end, _ in copies[:1]]
         candidates += [(now + (h[0][0] - clock.get(d, 0.0)) / rate[d], d) for d, h in flight.items() if h]
-        when, device = min(candidates, key=lambda c: c[0])
+        when, device = min(candidates, key=lambda c: c[0], default=(float("inf"), None))
+        starting = bool(pending) and pending[0][0] <= when
+        if starting:
+            when = pending[0][0]
         for d, r in rate.items():  # every device's nodes in flight received work until ``when``
             clock[d] = clock.get(d, 0.0) + (when - now) * r
         now = when
+        if starting:
+            begin(heapq.heappop(pending)[1])
+            continue
         k = heapq.heappop(copies)[1] if device is None else heapq.heappop(flight[device])[1]
         ends[k] = now
         done += 1
         for m in after[k]:
             waiting[m] -= 1
             if not waiting[m]:
-                begin(m)
+                ready = max(ends[d] + (held[d] if combined[d].node.stream == combined[m].node.stream
+                                       else contention.wait(combined[m], combined[d])) for d in needs[m])
+                if ready > now:
+                    heapq.heappush(pending, (ready, m))
+                else:
+                    begin(m)
     return list(zip(starts, ends))
 
 

@@ -32,12 +32,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from kernelfleet.costs.table import CostTable
-from kernelfleet.documents import Document, document, model
+from kernelfleet.documents import Document, document, model, one_of
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import Edge, dependencies
 from kernelfleet.kernels.ir import Program
 
 PLAN_FORMAT = 1
+# How the executor lays several slots (requests in flight) of a plan over the devices' streams
+# (``plan/slots.py``); a plan says which its policy predicted fastest. Plans written before the
+# field run as they did: sequential.
+SLOT_MODES = ("sequential", "free", "scheduled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +152,9 @@ class Plan(Document):
     for K (``details.in_flight``); one request's latency for the latency policy);
     ``lower_bound_seconds`` bounds the best throughput time any plan could reach.
     Request distribution ("replicas") has an empty assignment and lists its devices in
-    ``details.replicas``.
+    ``details.replicas``. ``slot_mode``: how ``kernelfleet run`` lays several requests in flight
+    over the devices (:data:`SLOT_MODES`): the mode the policy predicted fastest where it was made
+    for requests in flight (``plan --in-flight``), else sequential.
     """
 
     policy: str
@@ -156,6 +162,7 @@ class Plan(Document):
     objective_seconds: float
     lower_bound_seconds: float | None = None
     details: PlanDetails = field(default_factory=PlanDetails)
+    slot_mode: one_of("slot_mode", SLOT_MODES) = "sequential"  # type: ignore[valid-type]
     DUMP = {"indent": 1, "exclude_none": True}  # fields that are None are left out
 
 

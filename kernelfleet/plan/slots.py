@@ -30,13 +30,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernelfleet.costs.links import find
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
 from kernelfleet.plan.contention import Contention, predict, serial
-from kernelfleet.plan.model import Plan, Problem
+from kernelfleet.plan.model import SLOT_MODES, Plan, Problem
 from kernelfleet.plan.schedule import Node, schedule
 
-MODES = ("sequential", "free", "scheduled")
+MODES = SLOT_MODES
 # how bench disagg and kernelfleet plan name a plan run in each mode ("pipeline, slots free")
 SUFFIXES = {"sequential": "", "free": ", slots free", "scheduled": ", slots scheduled"}
 
@@ -123,9 +124,13 @@ def uniform_link(copy_us: float, gbps: float) -> Callable[[int, str, str], float
 
 def estimate(costs: CostTable, transfer_seconds: Callable[[int, str, str], float]) -> Callable[[int, Node], float]:
     """``seconds(slot, node)`` from a cost table (a launch's seconds on its device) and a link
-    model ``transfer_seconds(bytes, src, dst)``."""
+    model ``transfer_seconds(bytes, src, dst)``, which the table's measured link of a pair
+    (``CostTable.links``: a copy between kernels) replaces."""
     def seconds(slot: int, n: Node) -> float:
         if n.launch is None:
+            link = find(costs.links, n.copy.src, n.copy.dst)
+            if link is not None:
+                return link.between.copy_seconds(n.copy.length_bytes)
             return transfer_seconds(n.copy.length_bytes, n.copy.src, n.copy.dst)
         value = costs.seconds[n.launch].get(n.devices[0])
         if value is None:
@@ -140,6 +145,13 @@ def per_request(problem: Problem, plan: Plan, slots: int) -> float | None:
     the plan in its fastest slot mode (:func:`per_request_modes`); None for a plan of another shape."""
     modes = per_request_modes(problem, plan, slots)
     return min(modes.values()) if modes else None
+
+
+def fastest_mode(problem: Problem, plan: Plan, slots: int) -> str | None:
+    """The slot mode :func:`per_request_modes` predicts fastest (the first of a tie); None for a plan
+    of another shape."""
+    modes = per_request_modes(problem, plan, slots)
+    return min(modes, key=modes.get) if modes else None
 
 
 def per_request_modes(problem: Problem, plan: Plan, slots: int) -> dict[str, float]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
+from kernelfleet.costs.links import MeasuredLink
 from kernelfleet.errors import UsageError
 from kernelfleet.profile.calibration import CalibrationRow, PairChoice, pick_pair, targets
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
@@ -90,7 +91,7 @@ def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, togeth
     """The step as one graph on each profile of ``specs``, ``chains[name]`` its chains (captures of
     the step, replicas of their own where there is more than one): alone and free on each, and
     shared among the profiles named in ``together`` (default: all of them) when they are two or
-    more. Partitions of one GPU that overlap (the whole GPU and a part of it) cannot run at once:
+    more, and then the link between every two of them (:func:`link_times`). Partitions of one GPU that overlap (the whole GPU and a part of it) cannot run at once:
     leave the whole GPU out of ``together``."""
     from kernelfleet.profile.steptime import graph_seconds, shared_seconds
 
@@ -101,6 +102,7 @@ def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, togeth
             free[spec.name] = graph_seconds(chains[spec.name], stream, device.context, trials=trials, free=True)
     names = [spec.name for spec in specs] if together is None else together
     shared: dict[str, float] = {}
+    links: list[MeasuredLink] = []
     if len(names) > 1:
         with ExitStack() as stack:
             running = {}
@@ -108,4 +110,44 @@ def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, togeth
                 device = stack.enter_context(DeviceProfile(spec))
                 running[spec.name] = (chains[spec.name], stack.enter_context(device.active()), device.context)
             shared = shared_seconds(running, alone, trials=trials)
-    return StepTimes(alone, free, shared)
+        links = link_times([s for s in specs if s.name in names])
+    return StepTimes(alone, free, shared, links)
+
+
+def link_times(specs: list[ProfileSpec], *, trials: int = 20) -> list[MeasuredLink]:
+    """The link between every two profiles of ``specs`` (``profile/linkcost.py``), measured with all
+    of them open, so their partitions are the disjoint ones they run on together."""
+    import torch
+
+    from kernelfleet.profile.linkcost import SIZES_BYTES, End, LinkGraphs, graph_timer
+
+    if len(specs) < 2:
+        return []
+    with ExitStack() as stack:
+        kernels: dict[int, tuple[Any, Any]] = {}  # GPU -> (its small kernel's capture, the kernel node)
+        ends, buffers = {}, []
+        for spec in specs:
+            device = stack.enter_context(DeviceProfile(spec))
+            if spec.device not in kernels:
+                kernels[spec.device] = _small_kernel(spec.device)
+            captured, node = kernels[spec.device]
+            buffers.append(torch.empty(max(SIZES_BYTES), dtype=torch.uint8, device=f"cuda:{spec.device}"))
+            ends[spec.name] = End(spec.name, device.context or captured.context, captured.context, node,
+                                  buffers[-1].data_ptr())
+        timer = graph_timer(torch.cuda.Stream(device=specs[0].device), trials)
+        return [LinkGraphs(ends[a.name], ends[b.name], timer).measure() for i, a in enumerate(specs)
+                for b in specs[i + 1:]]
+
+
+def _small_kernel(gpu: int) -> tuple[Any, Any]:
+    """A captured elementwise add of 64 K floats on ``gpu`` (a few µs) and its kernel node: what the
+    link measurement puts between its copies (the capture keeps the tensors it reads alive)."""
+    import torch
+
+    from kernelfleet.kernels.cuda.capture import capture
+
+    torch.cuda.set_device(gpu)
+    x = torch.zeros(1 << 16, device=f"cuda:{gpu}")
+    captured = capture(lambda x, y: torch.add(x, 1, out=y), (x, torch.empty_like(x)), what="link measurement kernel",
+                       record_ops=False)
+    return captured, next(captured.nodes[i] for i, n in enumerate(captured.raw.nodes) if n.kind == "kernel")

@@ -14,10 +14,11 @@ splits it by a class per launch (from hardware counters: ``profile/counters.py``
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelfleet.catalog.model import PRECISIONS
+from kernelfleet.costs.links import MeasuredLink, describe
 from kernelfleet.costs.table import CostTable
 from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
@@ -58,16 +59,34 @@ def launch_bytes(program: Program) -> list[int | None]:
 class StepTimes:
     """Seconds per copy of the whole step as one graph on each profile (``profile/steptime.py``):
     alone, its copies free, and while the other profiles of ``shared`` run theirs (empty: fewer
-    than two profiles were timed together). What ``CostTable`` keeps as ``graph_seconds``,
-    ``graph_seconds_free`` and ``graph_seconds_shared``."""
+    than two profiles were timed together); and the links measured between those
+    (``profile/linkcost.py``). What ``CostTable`` keeps as ``graph_seconds``,
+    ``graph_seconds_free``, ``graph_seconds_shared`` and ``links``."""
 
     alone: dict[str, float]
     free: dict[str, float]
     shared: dict[str, float]
+    links: list[MeasuredLink] = field(default_factory=list)
 
     def of(self, name: str) -> StepTimes:
-        """The figures of one profile only (what its own launch table keeps)."""
-        return StepTimes(*({name: d[name]} if name in d else {} for d in (self.alone, self.free, self.shared)))
+        """The figures of one profile only (what its own launch table keeps), its links with them."""
+        return StepTimes(*({name: d[name]} if name in d else {} for d in (self.alone, self.free, self.shared)),
+                         [link for link in self.links if name in (link.a, link.b)])
+
+    @classmethod
+    def of_table(cls, table: CostTable, device: str) -> StepTimes:
+        """What a launch table (``kernelfleet profile``'s per-device ``launches.DEVICE.json``) measured
+        of ``device``: older tables hold no graph, or the graph alone only, and no link."""
+        kinds = [{device: v[device]} if device in (v := getattr(table, kind) or {}) else {}
+                 for kind in ("graph_seconds", "graph_seconds_free", "graph_seconds_shared")]
+        return cls(*kinds, list(table.links or ()))
+
+    def joined(self, other: StepTimes) -> StepTimes:
+        """Both runs' figures (a merge of profiles from separate runs): ``other``'s where both
+        measured a device; a link measured twice (once in each end's table) is kept once."""
+        links = list(self.links) + [x for x in other.links if not any(x.joins(y.a, y.b) for y in self.links)]
+        return StepTimes({**self.alone, **other.alone}, {**self.free, **other.free}, {**self.shared, **other.shared},
+                         links)
 
 
 def cost_table(raw: RawCapture, program: Program, seconds: dict[str, list[float | None]], source: str,
@@ -110,7 +129,7 @@ def _graph_fields(graphs: StepTimes | None) -> dict[str, dict[str, float] | None
     if graphs is None:
         return {}
     return {"graph_seconds": graphs.alone or None, "graph_seconds_shared": graphs.shared or None,
-            "graph_seconds_free": graphs.free or None}
+            "graph_seconds_free": graphs.free or None, "links": graphs.links or None}
 
 
 def graph_note(costs: CostTable) -> str | None:
@@ -123,7 +142,7 @@ def graph_note(costs: CostTable) -> str | None:
         f"{d} {costs.graph_seconds[d] * 1e3:.3f} ms (x{f:.2f} its launches' sum"
         + (f"; x{shared[d]:.2f} with the others running" if d in shared else "")
         + (f"; free copies x{free[d]:.2f} the work per second" if d in free else "") + ")"
-        for d, f in factors.items())
+        for d, f in factors.items()) + "".join(f"; {describe(link)}" for link in costs.links or ())
 
 
 @dataclass(frozen=True, slots=True)

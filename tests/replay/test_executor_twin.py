@@ -166,3 +166,34 @@ def test_the_executor_refuses_the_legacy_default_stream():
     # by events on another device (bench disagg read 0.02 ms for an 8B decode step)
     with pytest.raises(UsageError, match="stream of its own"):
         run(None, 0)
+
+
+def test_a_ranks_graph_is_predicted_as_the_one_process_executors_is():
+    """bench disagg-nccl predicts each row from the rank's plan graph with bench disagg's model
+    (``bench.disagg.prediction``): the same figure the one-process executor's graph gets, for every
+    slot mode, contention and measured link included."""
+    from kernelfleet.bench.disagg import Strategy, prediction
+    from kernelfleet.costs.links import LinkFit, MeasuredLink
+    from kernelfleet.costs.table import CostTable
+    from kernelfleet.plan.contention import Contention
+    from kernelfleet.plan.slots import estimate, uniform_link
+
+    mine = replicas()
+    programs = {d: r.program for d, r in mine.items()}
+    n = len(programs["bandwidth"].launches)
+    assignment = ["bandwidth"] * (n // 2) + ["compute"] * (n - n // 2)
+    fit = LinkFit(3e-6, 50e9, [0, 1], [3e-6, 3e-6])
+    costs = CostTable([{d: 1e-5 for d in DEVICES}] * n, "twin", graph_seconds={d: 1e-5 * n for d in DEVICES},
+                      graph_seconds_shared={d: 1.2e-5 * n for d in DEVICES},
+                      graph_seconds_free={d: 0.6e-5 * n for d in DEVICES},
+                      links=[MeasuredLink("compute", "bandwidth", fit, fit, 1e-6, 0.5e-6)])
+    seconds, contention = estimate(costs, uniform_link(4.0, 25.0)), Contention.of(costs)
+    for mode in ("sequential", "free"):
+        strategy = Strategy("half", [assignment] * 2, ["bandwidth"] * 2, {"slot_mode": mode})
+        rank = build_rank([RankSlot(programs, mine["compute"], assignment, "bandwidth")] * 2, "compute",
+                          lambda address, length: (address, length), slot_mode=mode, driver=NullDriver())
+        one = build([Slot(replicas(k), assignment, "bandwidth") for k in range(2)], resident_state=True,
+                    slot_mode=mode, driver=NullDriver())
+        ranked = prediction(rank.combined, strategy, seconds, contention)
+        assert ranked == prediction(one.combined, strategy, seconds, contention) and ranked > 0
+        assert prediction(rank.combined, strategy, None, contention) is None  # no cost table: no prediction

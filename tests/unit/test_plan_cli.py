@@ -16,6 +16,7 @@ from kernelfleet.kernels.ir import Program
 from kernelfleet.plan import command
 from kernelfleet.plan.gantt import COLOURS
 from kernelfleet.plan.model import Device, Link, Plan, Problem
+from kernelfleet.plan.slots import per_request_modes
 from kernelfleet.plan.synthetic import layered
 from kernelfleet.plan.validate import check, evaluate
 
@@ -262,3 +263,15 @@ def test_in_flight_predicts_each_plan_as_the_executor_runs_it(files):
                     "--in-flight", 3)
     assert "time/request, 3 in flight" in done.output
     assert "with 3 requests in flight the fastest is" in done.output
+
+
+def test_plans_made_for_requests_in_flight_carry_the_slot_mode_predicted_fastest(files):
+    plan_cli(files / "program.json", files / "costs.json", "--policy", "all", "--time-limit", 2, "--in-flight", 3,
+             "--out", files / "plans")
+    problem = problem_from(files)
+    for path in sorted((files / "plans").glob("*.json")):
+        plan = Plan.load(path)
+        modes = per_request_modes(problem, plan, 3)
+        assert plan.slot_mode == min(modes, key=modes.get), path.name
+    plan_cli(files / "program.json", files / "costs.json", "--policy", "pipeline", "--out", files / "one.json")
+    assert Plan.load(files / "one.json").slot_mode == "sequential"  # made for no requests in flight

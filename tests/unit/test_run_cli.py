@@ -2,6 +2,7 @@
 On a machine without a GPU it stops with the one-line environment error; a bad plan file, or any
 other bad input, is one line naming it, found before any GPU is looked for."""
 
+import json
 import sys
 from types import SimpleNamespace
 
@@ -94,7 +95,8 @@ class TwinGate:
         launches = [Launch(0, "kernel", "k0", (Access(0, 0, 1, "write", "schema"),), pinned="global variable"),
                     Launch(1, "kernel", "k1", (Access(0, 0, 1, "read", "schema"), Access(1, 0, 1, "write", "schema")))]
         self.problem = problem(Program(buffers, launches), [Device(d) for d in profiles], costs)
-        self.built = []
+        self.built, self.options, self.slots = [], [], slots
+        TwinGate.last = self
 
     def __enter__(self):
         return self
@@ -107,6 +109,7 @@ class TwinGate:
 
         check_slots(self.problem, name, assignments, homes)
         self.built.append((assignments, homes))
+        self.options.append(options)
         return SimpleNamespace(copies=[object()] * assignments[0].count("bandwidth"), copy_bytes=2_000_000)
 
     def gate(self, built, homes, stream):
@@ -163,3 +166,50 @@ def test_on_a_twin_gate_a_plan_failing_the_gate_is_reported_not_timed(monkeypatc
     assert stop.value.code == 1 and f"{plan}: the plan failed the gate and was not timed" in one_line(found.err)
     assert "gate outputs differ from the single-device run (slot: elements) {0: 3}" in found.out
     assert "ms per step" not in found.out and len(twin) == 1
+
+
+def test_a_plan_made_for_requests_in_flight_runs_them_in_its_slot_mode(monkeypatch, capsys, twin, tmp_path):
+    from kernelfleet.plan.model import InFlight
+
+    path = tmp_path / "free.json"
+    flight = InFlight(requests=2, chosen="no switch budget", per_request_seconds=0.05, candidates=[])
+    path.write_text(Plan("pipeline", ["compute", "bandwidth"], 0.05, details={"home": "compute", "in_flight": flight},
+                         slot_mode="free").to_json())
+    monkeypatch.setattr(sys, "argv", ["kernelfleet", "run", "llama8b-decode", "--plan", str(path)])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    out = capsys.readouterr().out
+    gate = TwinGate.last
+    assert stop.value.code == 0 and gate.slots == 2 and gate.options[0]["slot_mode"] == "free"
+    assert len(gate.built[0][0]) == 2  # two slots, each the plan's assignment
+    assert "pipeline plan of llama8b-decode, home compute, 2 slots free: gate identical" in out
+    assert "12.500 ms per step of 2 requests, 6.250 ms per request (median of 10)" in out
+    # --slots and --slot-mode override what the plan says
+    monkeypatch.setattr(sys, "argv", ["kernelfleet", "run", "llama8b-decode", "--plan", str(path), "--slots", "3",
+                                      "--slot-mode", "sequential"])
+    with pytest.raises(SystemExit):
+        main()
+    assert TwinGate.last.slots == 3 and TwinGate.last.options[0]["slot_mode"] == "sequential"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--slot-mode", "parallel"], "--slot-mode 'parallel': expected one of sequential, free, scheduled"),
+    (["--slots", "0"], "--slots must be at least 1, got 0"),
+    (["--slots", "2", "--slot-mode", "scheduled"], ("scheduled slots order each device's nodes by their estimated "
+                                                    "seconds: give --costs")),
+])
+def test_a_bad_slot_count_or_mode_is_one_line_before_any_gpu(monkeypatch, capsys, plan, args, needle):
+    code, err = run_main(monkeypatch, capsys, "llama8b-decode", "--plan", plan, *args)
+    assert code == 2 and needle in one_line(err)
+
+
+def test_a_plans_slot_mode_is_validated_and_old_plans_run_sequential():
+    from kernelfleet.errors import UsageError
+
+    doc = json.loads(Plan("pipeline", ["compute", "bandwidth"], 0.1, slot_mode="scheduled").to_json())
+    assert doc["slot_mode"] == "scheduled"
+    del doc["slot_mode"]  # a plan written before the field
+    assert Plan.from_json(json.dumps(doc)).slot_mode == "sequential"
+    doc["slot_mode"] = "parallel"
+    with pytest.raises(UsageError, match=r"plan.json: plan: slot_mode: slot_mode must be one of"):
+        Plan.from_json(json.dumps(doc), "plan.json")
