@@ -44,7 +44,7 @@ import torch
 from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT, Finished, Monitor
 from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.serve.cache import SlotCache
-from kernelfleet.serve.graphs import Bucket, in_engine_order, laid_out
+from kernelfleet.serve.graphs import Bucket, held, in_engine_order, laid_out
 from kernelfleet.serve.placed_plans import Placement
 from kernelfleet.serve.rows import Rows
 
@@ -60,13 +60,13 @@ class PlanGraph:
     twin: bool = False
 
 
-def copy_rows(source: SlotCache, target: SlotCache, caches: list[tuple[int, str]], row: int, tokens: int) -> None:
-    """Row ``row``'s first ``tokens`` positions of ``caches`` ((layer, ``keys`` or ``values``)) from
-    ``source`` into ``target`` (between GPUs one device-to-device copy a tensor, queued without a
-    host wait, as ``SlotCache.adopt``)."""
+def copy_rows(source: SlotCache, target: SlotCache, caches: list[tuple[int, str]], row: int, positions: range) -> None:
+    """Row ``row``'s ``positions`` of ``caches`` ((layer, ``keys`` or ``values``)) from ``source``
+    into ``target`` (between GPUs one device-to-device copy a tensor, queued without a host wait,
+    as ``SlotCache.adopt``)."""
+    where = (row, slice(None), slice(positions.start, positions.stop))
     for layer, kind in caches:
-        mine, theirs = getattr(target, kind)[layer], getattr(source, kind)[layer]
-        mine[row, :, :tokens].copy_(theirs[row, :, :tokens], non_blocking=True)
+        getattr(target, kind)[layer][where].copy_(getattr(source, kind)[layer][where], non_blocking=True)
 
 
 class PlacedBackend:
@@ -84,31 +84,35 @@ class PlacedBackend:
         self.slots, self.context_tokens = self.home.slots, self.home.context_tokens
         self.device = f"placed:{'+'.join(devices)}"  # its name in the busy metric
         self.rows = Rows(self.slots)
+        self.holding: tuple[int, int] | None = None  # the slot last prefilled and its tokens, until it decodes (graphs.py)
         self.sizes = sorted(graphs)
         self.away = placement.away()  # device -> the caches it keeps
         self._last_token_seconds: dict[int, float] = {}
         self.switches, self.steps = plan_metrics(registry)
         self._switches_seen = monitor.switches
 
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+    def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
+        """A prompt, or its chunk at ``start``, on the home device (backend.py's ``prefill``)."""
         row = self.rows.take(slot)
-        logits = self.home.prefill(row, token_ids)
-        self._spread(row, len(token_ids))
+        self.holding = slot, start + len(token_ids)
+        logits = self.home.prefill(row, token_ids, start)
+        self._spread(row, range(start, start + len(token_ids)))
         self._last_token_seconds[slot] = self.clock()
         return logits
 
     @torch.inference_mode()
-    def _spread(self, row: int, tokens: int) -> None:
-        """The row's layers whose cache the plans keep away from home, copied there."""
+    def _spread(self, row: int, positions: range) -> None:
+        """The row's ``positions`` of the layers whose cache the plans keep away from home, copied there."""
         for device, caches in self.away.items():
-            copy_rows(self.home.cache, self.devices[device].cache, caches, row, tokens)
+            copy_rows(self.home.cache, self.devices[device].cache, caches, row, positions)
 
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
         started = self.clock()
         policy = self.monitor.plan_for_next_step(started)  # once, before the step: a switch never splits it
         caches = [backend.cache for backend in self.devices.values()]
-        row, size, inputs = laid_out(self.rows, caches, slots, token_ids, positions, self.sizes)
+        self.holding = held(self.holding, slots)
+        row, size, inputs = laid_out(self.rows, caches, slots, token_ids, positions, self.sizes, self.holding)
         graph = self.graphs[size][policy]
         graph.inputs.copy_(inputs)
         self.launch(graph.built)

@@ -42,7 +42,7 @@ def decode_step(backend: EagerBackend, bucket: int, name: str = "serve-decode") 
 
     if not backend.cache.keys:
         backend.prefill(0, [0])  # the cache is allocated outside any capture, as GraphBackend does
-    inputs = torch.tensor(padded([], [], bucket), device=backend.torch_device)
+    inputs = torch.tensor(padded([], [], bucket, backend.context_tokens - 1), device=backend.torch_device)
     step = Bucket(bucket, inputs)
     holder = torch.nn.Module()  # names the weights and the cache: placement sees the cache as state
     holder.model = backend.model
