@@ -14,8 +14,8 @@ For each (target, pair) it runs
 
 (``profile`` times the whole GPU too, and each device's whole step as one graph alone, with its
 copies free and with the other device busy: ``graph_seconds``, ``graph_seconds_free``,
-``graph_seconds_shared`` in the cost table, and the link between the two devices as graph memcpy
-nodes (``links``: ``profile/linkcost.py``), which ``plan`` and ``bench disagg`` predict with;
+``graph_seconds_shared`` in the cost table (the link between the devices only with
+``profile --measure-link``, which this does not pass: docs/place.md), which ``plan`` and ``bench disagg`` predict with;
 ``runs.json`` lists which of them each row's table holds; the plans are for the pair) and keeps, under ``DIR/TARGET.PAIR/``, the cost table, the program (gzipped), the plans, bench
 disagg's ``disagg.json`` and the commands with their output (``log.txt``). Rows run in the order
 given until ``--budget-s`` is spent; the rest are listed as not run. ``python -m bench.place_table

@@ -147,6 +147,10 @@ def profile_command(
     flush_l2_mb: int = typer.Option(0, "--flush-l2-mb", help="Write this many MB before each trial (cold L2; "
                                     "256 clears an H200's). 0: back-to-back copies, warm L2."),
     ops: bool = typer.Option(True, "--ops/--no-ops", help="Record ATen ops (off for torch.compile'd steps)."),
+    measure_link: bool = typer.Option(False, "--measure-link", help="Also time a copy between every two profiles as "
+                                      "the executor's graph makes it, into the cost table: plan then prices copies "
+                                      "with it instead of --copy-us/--link-gbps (on an H200's partitions it predicted "
+                                      "copies cheaper and chose worse: docs/place.md)."),
 ) -> None:
     """Time every kernel of a captured step on each device profile: a cost table for `kernelfleet plan`."""
     from rich.progress import Progress
@@ -167,7 +171,7 @@ def profile_command(
         with Progress(transient=True) as bar:
             task = bar.add_task("capturing and timing on each device", total=None)
             done = analysis.profile_per_device(target, specs, lambda n: bar.advance(task, n), trials,
-                                               flush_l2_mb << 20, out)
+                                               flush_l2_mb << 20, out, measure_link)
         Console().print(done)
         return
     captured, program = analysis.capture_step(target, record_ops=ops)
@@ -179,7 +183,7 @@ def profile_command(
     # overlaps the partitions, so it runs on the first device's captures and is never timed together)
     chains = analysis.step_chains(target, specs, {(specs[0].device, specs[0].kernels): captured})
     graphs = run.step_times({**chains, whole.name: chains[specs[0].name]}, specs + [whole],
-                            together=[spec.name for spec in specs])
+                            together=[spec.name for spec in specs], measure_link=measure_link)
     done = analysis.write_profile(captured, program, seconds, out, graphs)
     Console().print(done)
 
@@ -228,6 +232,9 @@ def plan_command(
         None, "--in-flight", help="Plan for this many requests in flight: the throughput policy picks the plan "
         "(switch budgets, the best single cut, every baseline) fastest per request as the executor runs it "
         "(plan/slots.py, each slot mode), and every plan's time at K is printed."),
+    keep_home: bool = typer.Option(False, "--keep-home", help="Every plan keeps the first --device as its home (no "
+                                   "single-device plan elsewhere, no replicas): for a step whose state lives there, "
+                                   "as kernelfleet serve --plans needs."),
     catalog: Path | None = CatalogOption,
 ) -> None:
     """Place a kernel program on devices: the chosen policy's plan beside every baseline."""
@@ -236,7 +243,7 @@ def plan_command(
     from kernelfleet.plan import command
 
     done = command.setup(program, costs, device or [], link or [], link_gbps, predict or [], profile or [],
-                         catalog, copy_us)
+                         catalog, copy_us, keep_home)
     chosen, plans = command.make_plans(done.problem, policy, time_limit, in_flight=in_flight)
     console = out_console()
     for note in done.notes:

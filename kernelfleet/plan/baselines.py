@@ -44,9 +44,15 @@ def baselines(problem: Problem) -> tuple[list[Plan], dict[str, str]]:
     bound_any = zero_comm_bound(problem, home=None)["lp"]
     candidates: list[Plan] = [single(problem, d) for d in problem.names]
     candidates += [replicas(problem), pipeline(problem), latency_greedy(problem)]
+    skipped: dict[str, str] = {}
+    if problem.keep_home:  # plans that re-home the step (module docstring of plan/model.py's Problem)
+        moved = [p for p in candidates if p.policy == "replicas" or p.policy.startswith("single:")
+                 and p.policy != f"single:{problem.home}"]
+        skipped |= {p.policy: f"--keep-home: it moves the step off the home device {problem.home}" for p in moved}
+        candidates = [p for p in candidates if p not in moved]
     if len(problem.names) > 1 and any(is_attention(launch) for launch in problem.program.launches):
         candidates.append(attention_ffn(problem))
-    plans, skipped = [], {}
+    plans = []
     for plan in candidates:
         found = violations(problem, plan)
         if found:

@@ -88,10 +88,11 @@ def setup(
     profiles: list[str],
     catalog_path: Path | None = None,
     copy_us: float = 0.0,
+    keep_home: bool = False,
 ) -> Setup:
     """The problem the CLI plans: devices from ``--device`` (default: every measured device) plus
     ``--predict`` SKUs, links from ``--link`` with ``link_gbps`` for every pair left out, each copy
-    over any of them ``copy_us`` microseconds beyond its bytes."""
+    over any of them ``copy_us`` microseconds beyond its bytes; ``keep_home``: as Problem's."""
     program = Program.load(program_path)
     costs = load_costs(costs_path)
     measured = sorted({d for row in costs.seconds for d, v in row.items() if v is not None})
@@ -119,7 +120,7 @@ def setup(
     ]
     notes.append(link_note(costs, names, copy_us, link_gbps))
     # the devices' measured graphs stay: the slot-mode model (plan/contention.py) reads them
-    return Setup(Problem(program, chosen, all_links, costs.restricted(names)), notes)
+    return Setup(Problem(program, chosen, all_links, costs.restricted(names), keep_home=keep_home), notes)
 
 
 def measured_link(costs: CostTable, a: str, b: str) -> Link | None:

@@ -176,8 +176,11 @@ class Problem:
     """
 
     def __init__(self, program: Program, devices: list[Device], links: list[Link], costs: CostTable | None,
-                 edges: list[Edge] | None = None, home: str | None = None) -> None:
+                 edges: list[Edge] | None = None, home: str | None = None, keep_home: bool = False) -> None:
         self.program = program
+        # every plan keeps the home device (no single-device plan elsewhere, no replicas): for a
+        # step whose state lives at home whatever the plan, as the server's KV cache does
+        self.keep_home = keep_home
         self.devices = list(devices)
         self.names = [d.name for d in self.devices]
         self.costs = costs

@@ -87,11 +87,12 @@ def time_on(captured: Any, specs: list[ProfileSpec], progress: Callable[[int], N
 
 
 def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, together: list[str] | None = None,
-               trials: int = 10) -> StepTimes:
+               trials: int = 10, measure_link: bool = False) -> StepTimes:
     """The step as one graph on each profile of ``specs``, ``chains[name]`` its chains (captures of
     the step, replicas of their own where there is more than one): alone and free on each, and
     shared among the profiles named in ``together`` (default: all of them) when they are two or
-    more, and then the link between every two of them (:func:`link_times`). Partitions of one GPU that overlap (the whole GPU and a part of it) cannot run at once:
+    more, and with ``measure_link`` the link between every two of them (:func:`link_times`; off by
+    default: the planners then price copies with it, and on the H200 pair that chose worse, docs/place.md). Partitions of one GPU that overlap (the whole GPU and a part of it) cannot run at once:
     leave the whole GPU out of ``together``."""
     from kernelfleet.profile.steptime import graph_seconds, shared_seconds
 
@@ -110,7 +111,8 @@ def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, togeth
                 device = stack.enter_context(DeviceProfile(spec))
                 running[spec.name] = (chains[spec.name], stack.enter_context(device.active()), device.context)
             shared = shared_seconds(running, alone, trials=trials)
-        links = link_times([s for s in specs if s.name in names])
+        if measure_link:
+            links = link_times([s for s in specs if s.name in names])
     return StepTimes(alone, free, shared, links)
 
 

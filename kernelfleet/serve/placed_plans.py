@@ -2,7 +2,7 @@
 before anything is built.
 
 Layout: ``DIR/batch-B/`` for every bucket ``B`` the server captures (``graphs.buckets``), each what
-``kernelfleet plan PROGRAM COSTS --policy all --out DIR/batch-B`` writes for the bucket's step
+``kernelfleet plan PROGRAM COSTS --policy all --keep-home --out DIR/batch-B`` writes for the bucket's step
 (``hf:MODEL,serve-decode,batch=B,slots=S,context=C``); the server takes its
 ``latency-greedy.json`` and ``throughput-milp.json`` (the two plans the online monitor switches
 between, as ``kernelfleet bench serve`` does).
@@ -117,7 +117,7 @@ def kv_placement(found: dict[int, dict[str, tuple[Path, Plan]]], problems: dict[
                 first = str(path), mine
             elif mine.home != first[1].home:
                 raise UsageError(f"{path}: home {mine.home}, {first[0]}: home {first[1].home}: every plan needs the "
-                                 "same home (prefill runs there and the logits come back there)")
+                                 "same home (prefill runs there and the logits come back there): plan them with --keep-home")
             elif mine.kv != first[1].kv:
                 name = next(n for n in mine.kv if mine.kv[n] != first[1].kv.get(n))
                 raise UsageError(f"{path} keeps {name} on {mine.kv[name]}, {first[0]} on {first[1].kv.get(name)}: "

@@ -16,11 +16,13 @@ from typing import Generic, TypeVar
 from kernelfleet.errors import KernelfleetError
 
 Item = TypeVar("Item")
-# ``--prefill-chunk``'s default, the prompt tokens the engine prefills a step at most (engine.py):
-# half the longest prompts (512 tokens) whose whole prefill between two decode steps put the
-# memory-capped pair's p99 time per output token over 50 ms on an H200 (docs/validation/serve-gpu.md),
-# so a step adds at most about half of that. `bench.serve_gpu --prefill-chunk 0,128,256` measures it.
-DEFAULT_PREFILL_CHUNK_TOKENS = 256
+# ``--prefill-chunk``'s default, the prompt tokens the engine prefills a step at most (engine.py): 0,
+# whole prompts. Measured on an H200 (docs/validation/serve-gpu.md, `bench.serve_gpu --cases capped
+# --prefill-chunk 0,128,256`), chunks of 128 or 256 made both strategies of the memory-capped pair
+# slower at every load (p99 time per output token 67-171 ms against 47-77 ms whole): a chunk runs
+# eagerly, launch-bound, as long as a whole short prompt, and one part-prefilled prompt at a time
+# admits newcomers slower than they arrive. Chunks pay once they run as graphs, beside the decode.
+DEFAULT_PREFILL_CHUNK_TOKENS = 0
 
 
 class QueueFull(KernelfleetError):

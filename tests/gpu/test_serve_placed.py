@@ -6,7 +6,7 @@ The flow, for a tiny random-weight Llama (bf16, what the server serves), 2 slots
 
     kernelfleet profile hf:DIR,serve-decode,batch=B,slots=2,context=64 --profile a:64 --profile b:32 --out prof-B
     (the program with its KV cache pinned: serve/placed_plans.pinned_kv)
-    kernelfleet plan pinned-B.json prof-B/costs.json --device a --device b --policy all --out plans/batch-B
+    kernelfleet plan pinned-B.json prof-B/costs.json --device a --device b --policy all --keep-home --out plans/batch-B
     kernelfleet serve hf:DIR --plans plans --profile a:64@0 --profile b:32@0 --slots 2 --context 64
 
 Run alone: ``pytest -m gpu tests/gpu/test_serve_placed.py -s`` (about 3 minutes on an H200).
@@ -50,7 +50,7 @@ def test_the_placed_server_gives_the_single_device_servers_greedy_tokens(tmp_pat
         assert any(launch.pinned == KV_PIN for launch in pinned.launches)
         pinned.save(tmp_path / f"pinned-{bucket}.json")
         kernelfleet("plan", str(tmp_path / f"pinned-{bucket}.json"), str(profile / "costs.json"), "--device", "a",
-                    "--device", "b", "--policy", "all", "--out", str(tmp_path / "plans" / f"batch-{bucket}"))
+                    "--device", "b", "--policy", "all", "--keep-home", "--out", str(tmp_path / "plans" / f"batch-{bucket}"))
     prompts = PROMPTS[:4]  # four requests on two slots: both buckets, slots reused
     with ServeCommand(f"hf:{folder}", "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as single:
         want = asyncio.run(whole_and_streamed(single.url, prompts, 12))

@@ -108,7 +108,7 @@ def test_the_planner_on_the_program_with_its_cache_pinned_writes_plans_the_serve
     for bucket in (1, 2):  # one recorded program stands for both buckets' (the same step at two batch sizes)
         done = subprocess.run([sys.executable, "-m", "kernelfleet", "plan", str(tmp_path / "program.json"),
                                str(RECORDED / "profile.costs.json"), "--device", "a", "--device", "b", "--policy",
-                               "all", "--time-limit", "20", "--out", str(tmp_path / "plans" / f"batch-{bucket}")],
+                               "all", "--keep-home", "--time-limit", "20", "--out", str(tmp_path / "plans" / f"batch-{bucket}")],
                               capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr
     found = read(tmp_path / "plans", [1, 2])
@@ -117,3 +117,17 @@ def test_the_planner_on_the_program_with_its_cache_pinned_writes_plans_the_serve
     assert placement.away() == {}
     plans = [plan for policies in found.values() for _, plan in policies.values()]
     assert any(set(plan.assignment) == {"a", "b"} for plan in plans)  # the rest still moves: a placement, not one device
+    assert all((plan.details.home or "a") == "a" for plan in plans)  # --keep-home: no plan re-homed on b
+
+
+def test_keep_home_leaves_out_the_plans_that_move_the_step_off_home(program, tmp_path):
+    from kernelfleet.plan import command
+    from kernelfleet.plan.baselines import baselines
+
+    pinned_kv(program).save(tmp_path / "program.json")
+    made = [command.setup(tmp_path / "program.json", RECORDED / "profile.costs.json", ["a", "b"], [], 25.0, [], [],
+                          keep_home=keep).problem for keep in (True, False)]
+    plans, skipped = baselines(made[0])
+    assert {"single:b", "replicas"} <= set(skipped) and "--keep-home" in skipped["single:b"]
+    assert "single:a" in {p.policy for p in plans} and all((p.details.home or "a") == "a" for p in plans)
+    assert {p.policy for p in baselines(made[1])[0]} >= {"single:b", "replicas"}  # without it, both are candidates
