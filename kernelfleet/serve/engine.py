@@ -13,10 +13,10 @@ One thread owns the backend. Each step:
    at its own position, and gives each its next token. A request whose token is a stop token, or
    that reached ``max_tokens``, leaves its slot at once, so the next step's newcomer reuses it.
 
-Why chunks: a step's prefill delays every running request's next token. Whole prompts of up to
-512 tokens between two decode steps put the memory-capped pair's p99 time per output token over
-50 ms on an H200 (docs/validation/serve-gpu.md); a chunk bounds what a step adds, at the cost of a
-long prompt's time to first token. Since the budget goes oldest first, at most one prompt is part
+Why chunks: a step's prefill delays every running request's next token, and a chunk bounds what a
+step adds, at the cost of a long prompt's time to first token. Measured on an H200 they did not
+pay while chunks run eagerly, so the server's default is whole prompts (``scheduler.py``,
+docs/validation/serve-gpu.md). Since the budget goes oldest first, at most one prompt is part
 prefilled between steps, which is what lets the split's one staging slot, and a graph backend's
 row moves, keep it (``rows.py``).
 

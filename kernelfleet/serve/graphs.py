@@ -18,7 +18,7 @@ ones (``rows.py``).
 
 Prefill stays eager: prompts and their chunks have any length. It writes the same
 :class:`~kernelfleet.serve.cache.SlotCache` tensors the graphs read; the slot a chunk went into is
-``holding`` until it decodes, so the row moves keep its keys and values.
+held (``Rows.prefilled``) until it decodes, so the row moves keep its keys and values.
 
 The graphs share one memory pool and are captured largest first, so the smaller ones reuse the
 largest one's activations. The logits a replay returns live in that pool: they are valid until
@@ -94,7 +94,6 @@ class GraphBackend:
         self.slots, self.context_tokens = eager.slots, eager.context_tokens
         self.device = device_name or eager.device  # its name in the metrics; torch's is eager.torch_device
         self.rows = Rows(eager.slots)
-        self.holding: tuple[int, int] | None = None  # the slot last prefilled, and its tokens, until it decodes
         self.sizes = buckets(eager.slots)
         self.buckets: dict[int, Bucket] = {}
         self.pool = torch.cuda.graph_pool_handle() if graphs else None
@@ -115,8 +114,7 @@ class GraphBackend:
         return bucket
 
     def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
-        self.holding = slot, start + len(token_ids)
-        return self.eager_backend.prefill(self.rows.take(slot), token_ids, start)
+        return self.eager_backend.prefill(self.rows.prefilled(slot, start + len(token_ids)), token_ids, start)
 
     def kv(self, slot: int) -> tuple[SlotCache, int]:
         return self.eager_backend.cache, self.rows.row_of[slot]
@@ -128,9 +126,7 @@ class GraphBackend:
 
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
-        self.holding = held(self.holding, slots)
-        row, size, inputs = laid_out(self.rows, [self.eager_backend.cache], slots, token_ids, positions, self.sizes,
-                                     self.holding)
+        row, size, inputs = laid_out(self.rows, [self.eager_backend.cache], slots, token_ids, positions, self.sizes)
         bucket = self.buckets[size]
         bucket.inputs.copy_(inputs)  # one small copy; the previous replay is done by now (the engine read its logits)
         if bucket.graph is None:  # the CPU twin
@@ -140,20 +136,14 @@ class GraphBackend:
         return in_engine_order(bucket.logits, row)
 
 
-def held(holding: tuple[int, int] | None, slots: list[int]) -> tuple[int, int] | None:
-    """What a backend holds for a decode over ``slots``: the slot it last prefilled and its tokens,
-    unless that request decodes now (its prompt is whole)."""
-    return None if holding is None or holding[0] in slots else holding
-
-
 def laid_out(rows: Rows, caches: list[SlotCache], slots: list[int], token_ids: list[int], positions: list[int],
-             sizes: list[int], holding: tuple[int, int] | None) -> tuple[list[int], int, torch.Tensor]:
+             sizes: list[int]) -> tuple[list[int], int, torch.Tensor]:
     """A decode's batch laid out for a bucket's graph: the running ``slots`` moved into the first
-    rows of every one of ``caches`` (rows.py; ``holding``, a slot being prefilled and its tokens so
-    far, keeps its own), then the cache row of each engine row, the bucket that holds them, and its
-    two input rows (ids, positions) in row order, padded, on the host."""
+    rows of every one of ``caches`` (rows.py; a slot being prefilled, ``Rows.held``, keeps its own),
+    then the cache row of each engine row, the bucket that holds them, and its two input rows (ids,
+    positions) in row order, padded, on the host."""
     at = dict(zip(slots, positions))  # what each wrote so far: the positions below its next
-    keep, kept = holding or (None, 0)
+    keep, kept = rows.held(slots) or (None, 0)
     for slot, source, target in rows.compact(slots, keep):
         tokens = max(at[slot], kept if rows.row_of.get(keep) == source else 0)
         for cache in caches:

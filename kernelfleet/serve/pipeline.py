@@ -36,7 +36,7 @@ import torch
 
 from kernelfleet.serve.backend import call_arguments
 from kernelfleet.serve.cache import SlotCache, attention_mask
-from kernelfleet.serve.graphs import buckets, captured, held, in_engine_order, laid_out, padded
+from kernelfleet.serve.graphs import buckets, captured, in_engine_order, laid_out, padded
 from kernelfleet.serve.parts import Part
 from kernelfleet.serve.rows import Rows
 
@@ -98,7 +98,6 @@ class PipelineBackend:
         self.busy: Callable[[str, float], None] | None = None  # the engine's per-device busy counter
         self.clock = clock
         self.rows = Rows(slots)
-        self.holding: tuple[int, int] | None = None  # the slot last prefilled and its tokens, until it decodes (graphs.py)
         self.sizes = buckets(slots)
         self.buckets: dict[int, list[StageBucket]] = {}
         if not graphs:
@@ -142,8 +141,7 @@ class PipelineBackend:
     def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
         """A prompt or its chunk at ``start`` through the stages (backend.py's ``prefill``)."""
         positions = torch.arange(start, start + len(token_ids))[None, :]
-        self.holding = slot, start + len(token_ids)
-        row = self.rows.take(slot) if self.graphs else slot  # eagerly a slot is its row
+        row = self.rows.prefilled(slot, start + len(token_ids)) if self.graphs else slot  # eagerly a slot is its row
         return self._through(torch.tensor([token_ids]), row, positions, start + len(token_ids))[0]
 
     @torch.inference_mode()
@@ -151,8 +149,7 @@ class PipelineBackend:
         if not self.graphs:
             return self._through(torch.tensor(token_ids)[:, None], torch.tensor(slots),
                                  torch.tensor(positions)[:, None], max(positions) + 1)
-        self.holding = held(self.holding, slots)
-        row, size, inputs = laid_out(self.rows, self.caches, slots, token_ids, positions, self.sizes, self.holding)
+        row, size, inputs = laid_out(self.rows, self.caches, slots, token_ids, positions, self.sizes)
         before: StageBucket | None = None
         for bucket in self.buckets[size]:
             started = self.clock()

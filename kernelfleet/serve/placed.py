@@ -44,7 +44,7 @@ import torch
 from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT, Finished, Monitor
 from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.serve.cache import SlotCache
-from kernelfleet.serve.graphs import Bucket, held, in_engine_order, laid_out
+from kernelfleet.serve.graphs import Bucket, in_engine_order, laid_out
 from kernelfleet.serve.placed_plans import Placement
 from kernelfleet.serve.rows import Rows
 
@@ -84,7 +84,6 @@ class PlacedBackend:
         self.slots, self.context_tokens = self.home.slots, self.home.context_tokens
         self.device = f"placed:{'+'.join(devices)}"  # its name in the busy metric
         self.rows = Rows(self.slots)
-        self.holding: tuple[int, int] | None = None  # the slot last prefilled and its tokens, until it decodes (graphs.py)
         self.sizes = sorted(graphs)
         self.away = placement.away()  # device -> the caches it keeps
         self._last_token_seconds: dict[int, float] = {}
@@ -93,8 +92,7 @@ class PlacedBackend:
 
     def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
         """A prompt, or its chunk at ``start``, on the home device (backend.py's ``prefill``)."""
-        row = self.rows.take(slot)
-        self.holding = slot, start + len(token_ids)
+        row = self.rows.prefilled(slot, start + len(token_ids))
         logits = self.home.prefill(row, token_ids, start)
         self._spread(row, range(start, start + len(token_ids)))
         self._last_token_seconds[slot] = self.clock()
@@ -111,8 +109,7 @@ class PlacedBackend:
         started = self.clock()
         policy = self.monitor.plan_for_next_step(started)  # once, before the step: a switch never splits it
         caches = [backend.cache for backend in self.devices.values()]
-        self.holding = held(self.holding, slots)
-        row, size, inputs = laid_out(self.rows, caches, slots, token_ids, positions, self.sizes, self.holding)
+        row, size, inputs = laid_out(self.rows, caches, slots, token_ids, positions, self.sizes)
         graph = self.graphs[size][policy]
         graph.inputs.copy_(inputs)
         self.launch(graph.built)

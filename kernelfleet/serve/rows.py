@@ -27,6 +27,20 @@ class Rows:
     def __init__(self, count: int) -> None:
         self.count = count
         self.row_of: dict[int, int] = {}
+        self.holding: tuple[int, int] | None = None  # the slot last prefilled and its tokens, until it decodes
+
+    def prefilled(self, slot: int, tokens: int) -> int:
+        """:meth:`take` for a prompt, or its chunk, that leaves ``slot`` with ``tokens`` in its
+        cache: the slot holds its row until it decodes (module docstring)."""
+        self.holding = slot, tokens
+        return self.take(slot)
+
+    def held(self, running: list[int]) -> tuple[int, int] | None:
+        """The slot being prefilled and its tokens, for a decode over ``running`` (None once it decodes:
+        its prompt is whole)."""
+        if self.holding is not None and self.holding[0] in running:
+            self.holding = None
+        return self.holding
 
     def take(self, slot: int) -> int:
         """The row a request prefilled into ``slot`` gets: the slot's own if it has one, else the lowest free."""

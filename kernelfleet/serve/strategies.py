@@ -22,7 +22,7 @@ over the rows running there (all launched before any result is read, so GPUs run
   newcomer goes to the least full group.
 
 kernelfleet's plans are a backend rather than a strategy over several (``placed.py``: one
-backend whose every decode step runs one plan graph across the devices; not yet shown on a GPU).
+backend whose every decode step runs one plan graph across the devices).
 """
 
 from __future__ import annotations
