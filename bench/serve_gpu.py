@@ -2,7 +2,8 @@
 graph loop, then Poisson arrivals and a trace of requests against the real HTTP server.
 
     python -m bench.serve_gpu --out DIR [--quick] [--cpu] [--trace FILE] \
-        [--cases llama8b,moe,capped,replicas,split,pipeline] [--prefill-chunk N[,N...]]
+        [--cases llama8b,moe,capped,replicas,split,pipeline] [--prefill-chunk N[,N...]] \
+        [--prefill-batch N[,N...]]
 
 Cases (each a config-only model directory, so the server draws seeded random bf16 weights on the
 GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
@@ -40,9 +41,11 @@ Tables, for each case:
 3. The trace (``--trace FILE``, CSV ``arrival_seconds,prompt_tokens,output_tokens``; without one a
    seeded bursty trace is written to DIR/trace.csv and replayed), the same figures.
 
-``--prefill-chunk`` (the server's flag: prompt tokens prefilled a step at most, 0 whole prompts;
-default the server's) takes a comma list: every case runs once per value, each with its own server,
-and the capped pair is compared per value, then side by side (the value to pick: the best ratio).
+``--prefill-chunk`` (the server's flag: prompt tokens prefilled a step at most, 0 whole prompts)
+and ``--prefill-batch`` (whole prompts prefilled together in one forward at most) take comma
+lists, default the server's (whole prompts, 8 a forward): every case runs once per pair of values
+that combine (a chunk and a batch above 1 do not), each with its own server, and the capped pair
+is compared per pair, then side by side (the setting to pick: the best ratio).
 
 Every answer is checked to hold the tokens it asked for: a lost or short request fails the run.
 ``--cpu`` runs the same control flow on the CPU with tiny models (what CI runs, with ``--quick``).
@@ -72,7 +75,7 @@ from pydantic import BaseModel
 
 from bench import command_line
 from bench.serve_cpu import gaps, percentile
-from kernelfleet.serve.scheduler import DEFAULT_PREFILL_CHUNK_TOKENS
+from kernelfleet.serve.scheduler import DEFAULT_PREFILL_BATCH, DEFAULT_PREFILL_CHUNK_TOKENS, checked_prefill
 
 TPOT_SLO_SECONDS = 0.050
 STARTUP_SECONDS = 900  # an 8B's random weights, the footprint and seven graph captures
@@ -176,6 +179,7 @@ class Overhead(BaseModel):
 class CaseResult(BaseModel):
     name: str
     prefill_chunk_tokens: int  # the server's --prefill-chunk (0: whole prompts)
+    prefill_batch: int = 1  # the server's --prefill-batch
     flags: list[str]
     slots: int
     context_tokens: int
@@ -187,10 +191,11 @@ class CaseResult(BaseModel):
 
 
 class CappedPair(BaseModel):
-    """The memory-capped pair both ways, at one --prefill-chunk: each one's tokens/s at its best load
-    held at p99 TPOT <= 50 ms."""
+    """The memory-capped pair both ways, at one --prefill-chunk and --prefill-batch: each one's
+    tokens/s at its best load held at p99 TPOT <= 50 ms."""
 
     prefill_chunk_tokens: int
+    prefill_batch: int = 1
     replicas_slots: int
     pipeline_slots: int
     replicas_tokens_per_second: float | None
@@ -203,7 +208,7 @@ class Report(BaseModel):
     device: str
     torch: str
     cases: list[CaseResult]
-    capped_pairs: list[CappedPair]  # one a --prefill-chunk value, when the pair ran
+    capped_pairs: list[CappedPair]  # one a prefill setting, when the pair ran
 
 
 @dataclass(frozen=True)
@@ -393,12 +398,15 @@ def overhead(folder: Path, url: str, case: Case, tokens: int, repeats: int) -> O
 
 
 def run_case(case: Case, args: argparse.Namespace, trace: list[Arrival], shape: Shape, out: Path,
-             chunk: int) -> CaseResult:
-    """``case``'s server with ``--prefill-chunk chunk``, its tables printed (module docstring)."""
-    case = replace(case, flags=(*case.flags, "--prefill-chunk", str(chunk)))
+             setting: tuple[int, int]) -> CaseResult:
+    """``case``'s server with ``--prefill-chunk`` and ``--prefill-batch`` of ``setting``, its tables
+    printed (module docstring)."""
+    chunk, batch = setting
+    case = replace(case, flags=(*case.flags, "--prefill-chunk", str(chunk), "--prefill-batch", str(batch)))
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "config.json").write_text(_config_json(case.config))
-        server, url, slots, startup = start_server(Path(folder), case, out / f"server-{case.name}-chunk{chunk}.log")
+        server, url, slots, startup = start_server(Path(folder), case,
+                                                   out / f"server-{case.name}-chunk{chunk}-batch{batch}.log")
         try:
             print(f"\n{case.name}: {slots} slots of {case.context_tokens} tokens, started in {startup:.1f} s "
                   f"({' '.join(case.flags) or 'no flags'})", flush=True)
@@ -432,7 +440,8 @@ def run_case(case: Case, args: argparse.Namespace, trace: list[Arrival], shape: 
     best = max(held) if held else None
     print(f"highest rate held at p99 TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms: "
           f"{'none of those measured' if best is None else f'{best:g} requests/s'}")
-    return CaseResult(name=case.name, prefill_chunk_tokens=chunk, flags=list(case.flags), slots=slots, context_tokens=case.context_tokens,
+    return CaseResult(name=case.name, prefill_chunk_tokens=chunk, prefill_batch=batch, flags=list(case.flags),
+                      slots=slots, context_tokens=case.context_tokens,
                       startup_seconds=startup, overhead=spent, poisson=loads, trace=replayed,
                       max_rate_at_p99_tpot_50ms=best)
 
@@ -443,52 +452,70 @@ def held_tokens_per_second(case: CaseResult) -> float | None:
     return max(held) if held else None
 
 
-def capped_pairs(results: list[CaseResult], chunks: list[int]) -> list[CappedPair]:
-    """The capped pair's two ways side by side at each ``--prefill-chunk`` value, then every value's
-    ratio, printed, when both ran."""
-    pairs = [pair for chunk in chunks
-             if (pair := capped_pair([r for r in results if r.prefill_chunk_tokens == chunk], chunk)) is not None]
+def capped_pairs(results: list[CaseResult], settings: list[tuple[int, int]]) -> list[CappedPair]:
+    """The capped pair's two ways side by side at each prefill setting (chunk, batch), then every
+    setting's ratio, printed, when both ran."""
+    pairs = [pair for setting in settings
+             if (pair := capped_pair([r for r in results if (r.prefill_chunk_tokens, r.prefill_batch) == setting],
+                                     setting)) is not None]
     if len(pairs) > 1:
-        print(f"\nthe memory-capped pair by --prefill-chunk (0: whole prompts), best tokens/s held at p99 TPOT <= "
-              f"{TPOT_SLO_SECONDS * 1e3:.0f} ms")
-        print(f"{'chunk':>6} {'replicas':>9} {'pipeline':>9} {'ratio':>6}")
+        print(f"\nthe memory-capped pair by --prefill-chunk (0: whole prompts) and --prefill-batch, best tokens/s "
+              f"held at p99 TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms")
+        print(f"{'chunk':>6} {'batch':>6} {'replicas':>9} {'pipeline':>9} {'ratio':>6}")
         for pair in pairs:
             cells = [f"{v:.1f}" if v is not None else "none" for v in (pair.replicas_tokens_per_second,
                                                                          pair.pipeline_tokens_per_second)]
             ratio = "n/a" if pair.pipeline_vs_replicas is None else f"{pair.pipeline_vs_replicas:.2f}x"
-            print(f"{pair.prefill_chunk_tokens:>6} {cells[0]:>9} {cells[1]:>9} {ratio:>6}")
+            print(f"{pair.prefill_chunk_tokens:>6} {pair.prefill_batch:>6} {cells[0]:>9} {cells[1]:>9} {ratio:>6}")
     return pairs
 
 
-def capped_pair(results: list[CaseResult], chunk: int) -> CappedPair | None:
-    """The two ways of the capped pair at one ``--prefill-chunk`` side by side, printed, when both ran."""
+def capped_pair(results: list[CaseResult], setting: tuple[int, int]) -> CappedPair | None:
+    """The two ways of the capped pair at one prefill setting side by side, printed, when both ran."""
     by_name = {result.name: result for result in results}
     if not all(name in by_name for name in CAPPED):
         return None
     replicas, pipeline = (by_name[name] for name in CAPPED)
     ours, theirs = held_tokens_per_second(pipeline), held_tokens_per_second(replicas)
     ratio = ours / theirs if ours and theirs else None
-    print(f"\nthe memory-capped pair at --prefill-chunk {chunk} ({' '.join(pipeline.flags)} against "
+    print(f"\nthe memory-capped pair at --prefill-chunk {setting[0]} --prefill-batch {setting[1]} "
+          f"({' '.join(pipeline.flags)} against "
           f"{' '.join(replicas.flags)}), best tokens/s "
           f"held at p99 TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms")
     print(f"{'strategy':<10} {'slots':>6} {'tokens/s':>9}")
     for name, result, rate in [("replicas", replicas, theirs), ("pipeline", pipeline, ours)]:
         print(f"{name:<10} {result.slots:>6} {'none held' if rate is None else f'{rate:.1f}':>9}")
     print(f"pipeline / replicas: {'n/a' if ratio is None else f'{ratio:.2f}x'} (target >= 2x)")
-    return CappedPair(prefill_chunk_tokens=chunk, replicas_slots=replicas.slots, pipeline_slots=pipeline.slots, replicas_tokens_per_second=theirs,
+    return CappedPair(prefill_chunk_tokens=setting[0], prefill_batch=setting[1], replicas_slots=replicas.slots, pipeline_slots=pipeline.slots, replicas_tokens_per_second=theirs,
                       pipeline_tokens_per_second=ours, pipeline_vs_replicas=ratio)
 
 
-def chunk_values(given: str) -> list[int]:
-    """``--prefill-chunk``'s comma list of whole numbers, or SystemExit with one line."""
+def comma_values(given: str, flag: str, least: int, what: str, program: str = "bench.serve_gpu") -> list[int]:
+    """``flag``'s comma list of distinct whole numbers of at least ``least``, or SystemExit with one
+    line that ``program`` begins."""
     try:
         values = [int(value) for value in given.split(",")]
     except ValueError:
         values = []
-    if not values or any(value < 0 for value in values) or len(set(values)) != len(values):
-        raise SystemExit(f"bench.serve_gpu: --prefill-chunk takes distinct whole numbers of tokens (0: whole "
-                         f"prompts), comma-separated, got {given!r}")
+    if not values or any(value < least for value in values) or len(set(values)) != len(values):
+        raise SystemExit(f"{program}: {flag} takes distinct whole numbers {what}, comma-separated, got {given!r}")
     return values
+
+
+def prefill_settings(chunks: str, batches: str | None) -> list[tuple[int, int]]:
+    """Every (--prefill-chunk, --prefill-batch) pair of the two lists that the server takes (a chunk
+    and a batch above 1 do not combine; without a batch list, the server's default for each chunk),
+    or SystemExit with one line."""
+    chunk_values = comma_values(chunks, "--prefill-chunk", 0, "of tokens (0: whole prompts)")
+    if batches is None:
+        return [(chunk, checked_prefill(chunk, None)) for chunk in chunk_values]
+    settings = [(chunk, batch) for chunk in chunk_values
+                for batch in comma_values(batches, "--prefill-batch", 1, "of prompts (1 or more)")
+                if not (chunk and batch > 1)]
+    if not settings:
+        raise SystemExit(f"bench.serve_gpu: --prefill-chunk {chunks} and --prefill-batch {batches} leave no setting "
+                         "the server takes (a chunk goes with a batch of 1)")
+    return settings
 
 
 def _config_json(config: dict) -> str:
@@ -511,8 +538,11 @@ def main() -> None:
     parser.add_argument("--prefill-chunk", default=str(DEFAULT_PREFILL_CHUNK_TOKENS),
                         help="the server's --prefill-chunk, or a comma list: every case once per value "
                         f"(default {DEFAULT_PREFILL_CHUNK_TOKENS}; 0: whole prompts)")
+    parser.add_argument("--prefill-batch",
+                        help="the server's --prefill-batch, or a comma list, swept with --prefill-chunk's "
+                        f"(default the server's: {DEFAULT_PREFILL_BATCH} for whole prompts, 1 with chunks)")
     args = parser.parse_args()
-    chunks = chunk_values(args.prefill_chunk)
+    settings = prefill_settings(args.prefill_chunk, args.prefill_batch)
     args.requests = args.requests or (6 if args.quick else 32)
     args.tokens, args.repeats = (16, 1) if args.quick else (64, 3)
     cases = {case.name: case for case in (CPU_CASES if args.cpu else GPU_CASES)}
@@ -532,9 +562,9 @@ def main() -> None:
     print(f"command: {command_line()}")
     print(f"{device}, torch {torch.__version__}; {args.requests} requests per rate, trace of {len(trace)} "
           f"({args.trace or args.out / 'trace.csv'})")
-    results = [run_case(cases[name], args, trace, shape, args.out, chunk) for chunk in chunks for name in chosen]
+    results = [run_case(cases[name], args, trace, shape, args.out, setting) for setting in settings for name in chosen]
     report = Report(command=command_line(), device=device, torch=torch.__version__, cases=results,
-                    capped_pairs=capped_pairs(results, chunks))
+                    capped_pairs=capped_pairs(results, settings))
     (args.out / "serve_gpu.json").write_text(report.model_dump_json(indent=1))
     print(report.model_dump_json())
 

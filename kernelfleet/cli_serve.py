@@ -19,7 +19,7 @@ import typer
 
 from kernelfleet.cli_common import err
 from kernelfleet.errors import UsageError
-from kernelfleet.serve.scheduler import DEFAULT_PREFILL_CHUNK_TOKENS
+from kernelfleet.serve.scheduler import DEFAULT_PREFILL_BATCH, DEFAULT_PREFILL_CHUNK_TOKENS, checked_prefill
 
 DTYPES = ("bfloat16", "float16", "float32")
 CPU_SLOTS = 4  # the CPU's default: tiny models, a few requests at once
@@ -58,6 +58,11 @@ def serve(
     prefill_chunk: int = typer.Option(DEFAULT_PREFILL_CHUNK_TOKENS, "--prefill-chunk", help="Prompt tokens prefilled a step "
                                       "at most, a long prompt in chunks over several steps: a bounded time per output "
                                       "token for a longer time to first token; 0 prefills whole prompts."),
+    prefill_batch: int | None = typer.Option(None, "--prefill-batch", help="Whole prompts prefilled together in one "
+                                             "forward at most (up to 4096 padded tokens): one forward's launches for "
+                                             f"several newcomers (default {DEFAULT_PREFILL_BATCH}; 1 with "
+                                             "--prefill-chunk, which it does not combine with; the split prefills one "
+                                             "at a time)."),
     plans: Path | None = PlansOption,
     profile: list[str] | None = ProfileOption,
 ) -> None:
@@ -100,8 +105,7 @@ def serve(
     tokens_per_slot = checked_sizes(slots, max_queue, context, max_context_tokens(target))
     if micro_batches is not None and micro_batches < 1:
         raise UsageError(f"--micro-batches must be at least 1, got {micro_batches}")
-    if prefill_chunk < 0:
-        raise UsageError(f"--prefill-chunk takes a number of tokens, 0 for whole prompts, got {prefill_chunk}")
+    checked_prefill(prefill_chunk, prefill_batch)
     gpus = [] if cpu else [gpu_for(parse_device(spec)) for spec in devices] or [gpu_for(None)]
     if strategy == "pipeline":
         caps = [(cap.memory_bytes, twin_where(cap)) for cap in _cpu_caps(devices)] if cpu else \
@@ -138,7 +142,8 @@ def serve(
             where = ", ".join(f"{gpu.described}: {n} slots" for n, gpu in sized) if devices[1:] else sized[0][1].described
         started = time.perf_counter()
         engine, app = _built(served, slots, max_queue, tokens_per_slot, token, not cpu, strategy,
-                             placed if devices else [], gpus[0].name if gpus else None, micro_batches, prefill_chunk)
+                             placed if devices else [], gpus[0].name if gpus else None, micro_batches, prefill_chunk,
+                             prefill_batch)
     except BaseException:
         sock.close()
         raise
@@ -215,13 +220,14 @@ def _twins(devices: list[str], strategy: str, slots: int) -> list[tuple[str | No
 
 
 def _built(served, slots: int, max_queue: int, context: int, token: str | None, graphs: bool, strategy: str,
-           devices: list, name: str | None, micro_batches: int | None, prefill_chunk_tokens: int):
+           devices: list, name: str | None, micro_batches: int | None, prefill_chunk_tokens: int,
+           prefill_batch: int | None):
     """The engine and app (``serve.command.build``) over ``devices`` (``serve.command.Placed``), with
     a progress bar over the buckets while a GPU's graphs are captured."""
     from kernelfleet.serve.command import build, micro_batch_slots
 
     options = {"strategy": strategy, "devices": devices, "device_name": name, "micro_batches": micro_batches,
-               "prefill_chunk_tokens": prefill_chunk_tokens}
+               "prefill_chunk_tokens": prefill_chunk_tokens, "prefill_batch": prefill_batch}
     if not graphs:
         return build(served, slots, max_queue, context, token, **options)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -191,13 +191,14 @@ def serving(served, slots: int = 4, max_queue: int = 64, context_tokens: int = 1
 
 
 def stepped(plan, prompts: list[list[int]], lengths: list[int],
-            prefill_chunk_tokens: int | None = None) -> tuple[list[list[int]], list[list[int]], dict]:
-    """Greedy requests through an engine over ``plan`` (a serve strategy), stepped here: each one's
-    tokens, after each step the backend index of every running request, and the busy seconds per device."""
+            **options) -> tuple[list[list[int]], list[list[int]], dict]:
+    """Greedy requests through an engine over ``plan`` (a serve strategy; ``options`` go to the
+    engine: ``prefill_chunk_tokens``, ``prefill_batch``), stepped here: each one's tokens, after each
+    step the backend index of every running request, and the busy seconds per device."""
     from kernelfleet.serve.engine import Engine
     from kernelfleet.serve.sampling import Sampling
 
-    engine = Engine(plan, max_queue=len(prompts), prefill_chunk_tokens=prefill_chunk_tokens)
+    engine = Engine(plan, max_queue=len(prompts), **options)
     got: list[list[int]] = [[] for _ in prompts]
     where = []
     for prompt, n, tokens in zip(prompts, lengths, got):
@@ -356,3 +357,30 @@ def run_main(monkeypatch, capsys, *args) -> tuple[int, str]:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kernelfleet: error: ") and "Traceback" not in err, err
     return stop.value.code, lines[0]
+
+
+def cpu_strategy(name: str, model, folder: str):
+    """A serve strategy of ``model`` (saved in ``folder``) on the CPU, small slots: ``eager``,
+    ``graphs`` (the graph backend's CPU twin), ``replicas`` (an eager and a twin), ``split`` or
+    ``pipeline`` (two one-layer stages, two micro-batch groups)."""
+    import torch
+
+    from kernelfleet.serve.backend import EagerBackend
+    from kernelfleet.serve.graphs import GraphBackend
+    from kernelfleet.serve.parts import build_part
+    from kernelfleet.serve.pipeline import PipelineBackend, Stage
+    from kernelfleet.serve.strategies import pipeline, replicas, single, split
+
+    if name == "eager":
+        return single(EagerBackend(model, 3, 64))
+    if name == "graphs":  # the graph backend's CPU twin: its row moves, padding and persistent inputs
+        return single(GraphBackend(EagerBackend(model, 3, 64), graphs=False))
+    if name == "replicas":  # a part-prefilled request on one, the other decoding
+        return replicas([EagerBackend(model, 2, 64, "cpu0"),
+                         GraphBackend(EagerBackend(model, 1, 64), graphs=False, device_name="cpu1")])
+    if name == "split":
+        return split(EagerBackend(model, 1, 64, "cpu0"), GraphBackend(EagerBackend(model, 3, 64), graphs=False,
+                                                                      device_name="cpu1"))
+    stages = [Stage(build_part(f"hf:{folder}", layers, "cpu", 0, torch.float32), name)
+              for layers, name in zip([range(1), range(1, 2)], ["cpu0", "cpu1"])]
+    return pipeline([PipelineBackend(stages, 2, 64, graphs=True), PipelineBackend(stages, 1, 64, graphs=True)])

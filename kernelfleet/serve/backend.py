@@ -9,6 +9,12 @@ The engine (``engine.py``) decides what runs; a backend runs it. Two calls:
 * ``decode(slots, token_ids, positions)``: one token for each of several slots, at each slot's own
   position, their logits (one row per slot).
 
+A backend may also offer ``prefill_many(slots, prompts)``: several whole prompts into their slots
+in one forward, the logits of each one's last position (one row per slot). The prompts are
+right-aligned (:func:`right_aligned`): each row's pads come first and write only the context's last
+position of its own slot, which no request attends to before writing it, so every prompt sees only
+its own tokens and one forward's launches serve them all (``--prefill-batch``, ``engine.py``).
+
 :class:`EagerBackend` runs a transformers causal LM eagerly (the CPU mode, and any device without
 graphs). :class:`~kernelfleet.serve.graphs.GraphBackend` implements the same two calls over it on a
 GPU: at start it captures a decode graph per batch bucket (1, 2, 4, ... up to the slots) of
@@ -47,6 +53,18 @@ class Backend(Protocol):
     def adopt(self, slot: int, source: SlotCache, row: int, tokens: int) -> None: ...
 
 
+def right_aligned(prompts: list[list[int]], pad_position: int) -> tuple[list[list[int]], list[list[int]], int]:
+    """Whole prompts of different lengths as one batch: ids and positions, each row's pads (token 0 at
+    ``pad_position``, the context's last) before its prompt, so every row's last position is its
+    prompt's last token; and the longest prompt, the positions attention reads. No request attends to
+    ``pad_position`` before it writes it (the API keeps a prompt and its output within the context, and
+    the last token is never fed back; ``graphs.padded``), and each pad writes only its own row."""
+    longest = max(map(len, prompts))
+    ids = [[0] * (longest - len(p)) + p for p in prompts]
+    positions = [[pad_position] * (longest - len(p)) + list(range(len(p))) for p in prompts]
+    return ids, positions, longest
+
+
 def call_arguments(model: torch.nn.Module) -> tuple[str, str]:
     """The names ``model.forward`` gives its cache and its logits-to-keep arguments: transformers 5
     calls the cache ``cache``, earlier releases ``past_key_values``."""
@@ -72,6 +90,12 @@ class EagerBackend:
         positions = torch.arange(start, start + len(token_ids), device=self.torch_device)[None, :]
         return self.forward(torch.tensor([token_ids], device=self.torch_device), torch.tensor([slot], device=self.torch_device),
                             positions, start + len(token_ids))[0]
+
+    def prefill_many(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """Whole ``prompts`` into ``slots`` (cache rows) in one forward (module docstring); one row of logits each."""
+        ids, positions, longest = right_aligned(prompts, self.context_tokens - 1)
+        return self.forward(torch.tensor(ids, device=self.torch_device), torch.tensor(slots, device=self.torch_device),
+                            torch.tensor(positions, device=self.torch_device), longest)
 
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
         return self.forward(torch.tensor(token_ids, device=self.torch_device)[:, None], torch.tensor(slots, device=self.torch_device),

@@ -119,14 +119,15 @@ class Placed:
 def build(served: Served, slots: int, max_queue: int, context_tokens: int | None = None,
           token: str | None = None, graphs: bool = False, progress: Callable[[int, int], None] | None = None,
           device_name: str | None = None, strategy: str = "single", devices: Sequence[Placed] = (),
-          micro_batches: int | None = None, prefill_chunk_tokens: int | None = None) -> tuple[Engine, FastAPI]:
+          micro_batches: int | None = None, prefill_chunk_tokens: int | None = None,
+          prefill_batch: int | None = None) -> tuple[Engine, FastAPI]:
     """A started engine over ``served`` and its app: eagerly, or with ``graphs`` through the graph
     backend (captured where the model is on a GPU; ``progress(done, bucket)`` after each bucket).
     ``devices`` (default: ``served``'s model with ``slots``, named ``device_name``) are the
     strategy's, in ``--device`` order: under ``split`` the prefill device, then the decode one; under
     ``pipeline`` the stages, whose ``slots`` are split into ``micro_batches`` groups (pipeline.py;
     None: :func:`default_micro_batches`); the engine prefills at most ``prefill_chunk_tokens`` prompt
-    tokens a step (None or 0: whole prompts; engine.py)."""
+    tokens a step (None or 0: whole prompts, ``prefill_batch`` of them a forward at most; engine.py)."""
     context = checked_sizes(slots, max_queue, context_tokens, served.max_context_tokens)
     placed = list(devices) or [Placed(device_name, served.model, slots)]
     checked_strategy(strategy, [device.name for device in devices])
@@ -154,7 +155,7 @@ def build(served: Served, slots: int, max_queue: int, context_tokens: int | None
         plan = replicas([decoding(device) for device in placed])
     else:
         plan = single(decoding(placed[0]))
-    engine = Engine(plan, max_queue, prefill_chunk_tokens=prefill_chunk_tokens).start()
+    engine = Engine(plan, max_queue, prefill_chunk_tokens=prefill_chunk_tokens, prefill_batch=prefill_batch).start()
     return engine, serve_app(engine, served, token)
 
 

@@ -6,7 +6,10 @@ One thread owns the backend. Each step:
 2. prompts are prefilled, oldest first: with ``prefill_chunk_tokens`` (``--prefill-chunk``) at most
    that many prompt tokens a step, in chunks (the prompt being prefilled goes on where it stopped,
    then waiting requests move into free slots, ``scheduler.py``, one at a time while the budget
-   lasts; a long prompt takes several steps); with None (or 0) every newcomer's whole prompt. A
+   lasts; a long prompt takes several steps); with None (or 0) every newcomer's whole prompt, up to
+   ``prefill_batch`` (``--prefill-batch``) of them in one forward per backend (``prefill_many``:
+   the launches of one forward for several prompts, at most :data:`PREFILL_BATCH_TOKENS` padded
+   tokens; a backend without it, and the split's one staging slot, take them one at a time). A
    request holds its slot from its first chunk but decodes only after its last, which gives its
    first token (and its time to first token);
 3. one decode forward per backend runs every request in a slot there whose prompt is whole, each
@@ -34,6 +37,7 @@ a backend failure ends the requests of that forward with ``sink(None, "error")``
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -42,11 +46,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernelfleet.errors import KernelfleetError, UsageError
+from kernelfleet.errors import KernelfleetError
 from kernelfleet.serve.backend import Backend
 from kernelfleet.serve.metrics import FINISH_REASONS, ServeMetrics
 from kernelfleet.serve.sampling import Sampler, Sampling
-from kernelfleet.serve.scheduler import Scheduler
+from kernelfleet.serve.scheduler import PREFILL_BATCH_TOKENS, Scheduler, checked_prefill
 from kernelfleet.serve.strategies import STAGE_SLOT, Strategy, single
 
 log = logging.getLogger(__name__)
@@ -84,12 +88,13 @@ class Request:
 
 class Engine:
     """The loop over ``backend`` with a queue of ``max_queue``, prefilling at most
-    ``prefill_chunk_tokens`` prompt tokens a step (None or 0: whole prompts; module docstring)."""
+    ``prefill_chunk_tokens`` prompt tokens a step (None or 0: whole prompts, ``prefill_batch`` of them
+    a forward at most, None: the server's default; module docstring)."""
 
     def __init__(self, backend: Backend | Strategy, max_queue: int, metrics: ServeMetrics | None = None,
-                 clock: Callable[[], float] = time.perf_counter, prefill_chunk_tokens: int | None = None) -> None:
-        if prefill_chunk_tokens is not None and prefill_chunk_tokens < 0:
-            raise UsageError(f"--prefill-chunk takes a number of tokens, 0 for whole prompts, got {prefill_chunk_tokens}")
+                 clock: Callable[[], float] = time.perf_counter, prefill_chunk_tokens: int | None = None,
+                 prefill_batch: int | None = None) -> None:
+        self.prefill_batch = checked_prefill(prefill_chunk_tokens or 0, prefill_batch)
         self.prefill_chunk_tokens = prefill_chunk_tokens or None
         self.partial: tuple[int, Request] | None = None  # the request part prefilled, in its slot
         self.strategy = backend if isinstance(backend, Strategy) else single(backend)
@@ -174,6 +179,8 @@ class Engine:
     def _prefills(self) -> bool:
         """This step's prefill (module docstring, 2.): the part-prefilled request's next chunk, then
         newcomers while the budget lasts; each whole prompt's first token. False when none ran."""
+        if self.prefill_batch > 1 and self.prefill_chunk_tokens is None and self.strategy.prefill_on is None:
+            return self._batched()
         budget = self.prefill_chunk_tokens
         ran = False
         while budget is None or budget > 0:
@@ -196,6 +203,45 @@ class Engine:
                 self.partial = None
                 self._next(slot, request, logits)
         return ran
+
+    def _batched(self) -> bool:
+        """Whole prompts, as many newcomers as :meth:`_batch_size` allows, one forward per backend
+        (``prefill_many``; one at a time where a backend has none); each one's first token."""
+        with self._wake:
+            admitted = self.scheduler.admit(most=self._batch_size())
+            self._gauges()
+        groups: dict[int, list[tuple[int, Request]]] = {}
+        for slot, request in admitted:
+            groups.setdefault(self.strategy.locate(slot)[0], []).append((slot, request))
+        for index, batch in groups.items():
+            backend = self.strategy.backends[index]
+            if len(batch) == 1 or not hasattr(backend, "prefill_many"):
+                for slot, request in batch:
+                    if (logits := self._chunk(slot, request, len(request.prompt))) is not None:
+                        self._next(slot, request, logits)
+                continue
+            slots = [slot for slot, _ in batch]
+            logits = self._run(slots, backend, backend.prefill_many, [self.strategy.locate(s)[1] for s in slots],
+                               [request.prompt for _, request in batch])
+            if logits is None:
+                continue
+            for row, (slot, request) in enumerate(batch):
+                request.prefilled = len(request.prompt)
+                self.metrics.prompt.inc(request.prefilled)
+                self._next(slot, request, logits[row])
+        return bool(admitted)
+
+    def _batch_size(self) -> int:
+        """How many waiting requests the next batched prefill takes: at most ``prefill_batch``, oldest
+        first, while their prompts padded to the longest stay within :data:`PREFILL_BATCH_TOKENS`
+        (the first always)."""
+        count = longest = 0  # the caller holds the lock
+        for request in itertools.islice(self.scheduler.waiting, self.prefill_batch):
+            longest = max(longest, len(request.prompt))
+            if count and (count + 1) * longest > PREFILL_BATCH_TOKENS:
+                break
+            count += 1
+        return max(count, 1)
 
     def _chunk(self, slot: int, request: Request, count: int) -> torch.Tensor | None:
         """The next ``count`` prompt tokens of ``request`` into ``slot``'s cache, and the logits of
@@ -312,3 +358,4 @@ class Engine:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout=timeout_seconds)
+

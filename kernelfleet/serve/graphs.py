@@ -16,7 +16,8 @@ position fed is the context's last but one). So a pad row never touches a reques
 values, not even those of a request being prefilled in chunks that holds a row past the running
 ones (``rows.py``).
 
-Prefill stays eager: prompts and their chunks have any length. It writes the same
+Prefill stays eager (a prompt, its chunk, or several whole prompts at once: ``prefill_many``):
+prompts and their chunks have any length. It writes the same
 :class:`~kernelfleet.serve.cache.SlotCache` tensors the graphs read; the slot a chunk went into is
 held (``Rows.prefilled``) until it decodes, so the row moves keep its keys and values.
 
@@ -115,6 +116,10 @@ class GraphBackend:
 
     def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
         return self.eager_backend.prefill(self.rows.prefilled(slot, start + len(token_ids)), token_ids, start)
+
+    def prefill_many(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        rows = [self.rows.prefilled(slot, len(prompt)) for slot, prompt in zip(slots, prompts)]
+        return self.eager_backend.prefill_many(rows, prompts)
 
     def kv(self, slot: int) -> tuple[SlotCache, int]:
         return self.eager_backend.cache, self.rows.row_of[slot]

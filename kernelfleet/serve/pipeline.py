@@ -5,7 +5,7 @@ Each :class:`Stage` runs one device's part (``parts.py``: its layers, the embedd
 the norm and head on the last). A :class:`PipelineBackend` is one micro-batch group of slots: each
 stage holds the keys and values of its own layers for every slot of the group (one
 :class:`~kernelfleet.serve.cache.SlotCache` a stage), and a prefill (a prompt or its chunk at an
-offset) or a decode runs through the stages in order, the hidden states copied device to device between them (between GPUs a copy
+offset, or several whole prompts at once) or a decode runs through the stages in order, the hidden states copied device to device between them (between GPUs a copy
 queued without a host wait; torch orders it after the stage before and before the next).
 
 Micro-batches: the strategy splits the slots into groups (``--micro-batches``, default 2), each
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelfleet.serve.backend import call_arguments
+from kernelfleet.serve.backend import call_arguments, right_aligned
 from kernelfleet.serve.cache import SlotCache, attention_mask
 from kernelfleet.serve.graphs import buckets, captured, in_engine_order, laid_out, padded
 from kernelfleet.serve.parts import Part
@@ -143,6 +143,12 @@ class PipelineBackend:
         positions = torch.arange(start, start + len(token_ids))[None, :]
         row = self.rows.prefilled(slot, start + len(token_ids)) if self.graphs else slot  # eagerly a slot is its row
         return self._through(torch.tensor([token_ids]), row, positions, start + len(token_ids))[0]
+
+    def prefill_many(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """Whole prompts through the stages in one forward (backend.py's ``prefill_many``)."""
+        rows = [self.rows.prefilled(slot, len(p)) if self.graphs else slot for slot, p in zip(slots, prompts)]
+        ids, positions, longest = right_aligned(prompts, self.context_tokens - 1)
+        return self._through(torch.tensor(ids), torch.tensor(rows), torch.tensor(positions), longest)
 
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from kernelfleet.errors import KernelfleetError
+from kernelfleet.errors import KernelfleetError, UsageError
 
 Item = TypeVar("Item")
 # ``--prefill-chunk``'s default, the prompt tokens the engine prefills a step at most (engine.py): 0,
@@ -23,6 +23,16 @@ Item = TypeVar("Item")
 # eagerly, launch-bound, as long as a whole short prompt, and one part-prefilled prompt at a time
 # admits newcomers slower than they arrive. Chunks pay once they run as graphs, beside the decode.
 DEFAULT_PREFILL_CHUNK_TOKENS = 0
+# ``--prefill-batch``'s default, the whole prompts prefilled together in one forward at most (engine.py).
+# Measured on an H200 (docs/validation/serve-gpu.md, fifth run): an 8B's eager prefill costs ~27 ms
+# for any prompt up to 256 tokens (its launches, not its tokens), 8 prompts of 64 tokens in one
+# forward 30 ms; served at 8, the memory-capped pair's pipeline held 1,486-1,561 tokens/s at p99
+# time per output token 28-30 ms (646-777 at 71-82 ms one at a time), one device 752 (530) and the
+# MoE 969 (760). Past 8 a forward of 512-token prompts grows with its tokens (122 ms for 8).
+DEFAULT_PREFILL_BATCH = 8
+# the padded prompt tokens one such forward holds at most (a longer prompt runs alone): what
+# ``memory.FIXED_WORKSPACE_BYTES`` keeps room for
+PREFILL_BATCH_TOKENS = 4096
 
 
 class QueueFull(KernelfleetError):
@@ -76,3 +86,17 @@ class Scheduler(Generic[Item]):
         drained = list(self.waiting)
         self.waiting.clear()
         return drained
+
+
+def checked_prefill(chunk_tokens: int, batch: int | None) -> int:
+    """The whole prompts a prefill forward takes at most, given ``--prefill-chunk`` and
+    ``--prefill-batch`` (None: :data:`DEFAULT_PREFILL_BATCH` for whole prompts, 1 with chunks, which
+    run one prompt at a time); UsageError saying why when they do not go together."""
+    if chunk_tokens < 0:
+        raise UsageError(f"--prefill-chunk takes a number of tokens, 0 for whole prompts, got {chunk_tokens}")
+    if batch is not None and batch < 1:
+        raise UsageError(f"--prefill-batch takes the whole prompts one forward prefills at most (1 or more), got {batch}")
+    if chunk_tokens and batch is not None and batch > 1:
+        raise UsageError("--prefill-batch batches whole prompts and --prefill-chunk cuts them into chunks: pass one of "
+                         "the two")
+    return batch if batch is not None else 1 if chunk_tokens else DEFAULT_PREFILL_BATCH

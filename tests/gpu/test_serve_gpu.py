@@ -27,6 +27,8 @@ from kernelfleet.serve.model import load
 pytestmark = pytest.mark.gpu
 KINDS = ["llama", "qwen2-moe"]
 DEVICE = "cuda:0"
+# how prompts are prefilled: whole one at a time, in chunks of 3 tokens a step, or up to 4 whole prompts a forward
+PREFILLS = {"whole": {"prefill_batch": 1}, "chunk3": {"prefill_chunk_tokens": 3}, "batch4": {"prefill_batch": 4}}
 
 
 @pytest.fixture(params=KINDS)
@@ -70,25 +72,26 @@ def test_graph_decode_gives_the_eager_decode_logits_in_bf16(model_dir):
     assert graphs.rows.row_of == {1: 1, 2: 0}
 
 
-@pytest.mark.parametrize("chunk", [None, 3], ids=["whole", "chunk3"])
-def test_the_gpu_server_over_http_gives_the_greedy_tokens_of_generate_streamed_or_not(model_dir, chunk):
-    """Prompts whole, or prefilled 3 tokens a step (a part-prefilled request's row kept while the
-    graphs' running rows move, pad rows past it)."""
+@pytest.mark.parametrize("prefill", list(PREFILLS), ids=list(PREFILLS))
+def test_the_gpu_server_over_http_gives_the_greedy_tokens_of_generate_streamed_or_not(model_dir, prefill):
+    """Prompts whole, prefilled 3 tokens a step (a part-prefilled request's row kept while the
+    graphs' running rows move, pad rows past it), or up to 4 in one forward."""
     served = load(f"hf:{model_dir}", DEVICE, dtype=torch.float32)
     want = [generated(served.model, prompt, 10) for prompt in PROMPTS]
-    with serving(served, slots=4, context_tokens=64, graphs=True, prefill_chunk_tokens=chunk) as (url, engine):
+    with serving(served, slots=4, context_tokens=64, graphs=True, **PREFILLS[prefill]) as (url, engine):
         assert engine.backend.buckets[4].graph is not None  # the graph backend, captured
         got = asyncio.run(whole_and_streamed(url, PROMPTS, 10))  # 12 requests on 4 slots: every bucket
     assert got[:len(PROMPTS)] == want
     assert got[len(PROMPTS):] == want
 
 
-@pytest.mark.parametrize("chunk", [None, 3], ids=["whole", "chunk3"])
+@pytest.mark.parametrize("prefill", list(PREFILLS), ids=list(PREFILLS))
 @pytest.mark.parametrize("strategy", ["replicas", "split", "pipeline"])
-def test_two_gpus_under_each_strategy_give_the_greedy_tokens_of_generate(model_dir, strategy, chunk):
+def test_two_gpus_under_each_strategy_give_the_greedy_tokens_of_generate(model_dir, strategy, prefill):
     """Request distribution, the prefill/decode split and the layer pipeline (each stage its own
     part, a graph per stage and bucket) over GPUs 0 and 1 (both on GPU 0 where there is one: the
-    same control flow, the hand-over a copy within the device); prompts whole or in chunks of 3."""
+    same control flow, the hand-over a copy within the device); prompts whole, in chunks of 3, or up
+    to 4 in one forward."""
     from kernelfleet.serve.command import Placed
 
     second = "cuda:1" if torch.cuda.device_count() > 1 else DEVICE
@@ -98,7 +101,7 @@ def test_two_gpus_under_each_strategy_give_the_greedy_tokens_of_generate(model_d
     if strategy == "pipeline":
         devices = [Placed(stage.name, stage.part, 4) for stage in pipeline_stages(model_dir, torch.float32)]
     with serving(first, slots=2 if strategy == "split" else 4, context_tokens=64, graphs=True, strategy=strategy,
-                 devices=devices, prefill_chunk_tokens=chunk) as (url, engine):
+                 devices=devices, **PREFILLS[prefill]) as (url, engine):
         for backend in engine.strategy.backends:  # a pipeline's bucket is one graph a stage
             bucket = backend.buckets[2]
             assert all(b.graph is not None for b in (bucket if strategy == "pipeline" else [bucket]))

@@ -1,6 +1,8 @@
 """``kernelfleet serve --plans`` on one H200's two green-context partitions: the server's own decode
 step profiled and planned per batch bucket through the commands a user runs, then served over HTTP
-through the plans; its greedy tokens must equal the single-device server's, streamed or whole.
+through the plans; its greedy tokens must equal the single-device server's, streamed or whole;
+then, under a load of many clients at once (each step waits on other requests' prefills), the
+online monitor must switch to the throughput plan, and every request still gets all its tokens.
 
 The flow, for a tiny random-weight Llama (bf16, what the server serves), 2 slots (buckets 1 and 2):
 
@@ -21,7 +23,7 @@ import time
 
 import httpx
 import pytest
-from recorded import PROMPTS, ServeCommand, tiny_causal_lm, whole_and_streamed
+from recorded import PROMPTS, ServeCommand, interleaved, tiny_causal_lm, whole_and_streamed
 
 from kernelfleet.kernels.ir import Program
 from kernelfleet.serve.placed_plans import KV_PIN, pinned_kv
@@ -58,6 +60,10 @@ def test_the_placed_server_gives_the_single_device_servers_greedy_tokens(tmp_pat
                       "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as placed:
         got = asyncio.run(whole_and_streamed(placed.url, prompts, 12))
         metrics = httpx.get(f"{placed.url}/metrics").text
+        # the load: 96 requests, 32 clients at once, on 2 slots; the monitor's windows are 300 ms
+        loaded = [[(7 * i + j) % 256 for j in range(4 + i % 24)] for i in range(96)]
+        answers = interleaved(placed.url, loaded, [24] * len(loaded), 32)
+        after = httpx.get(f"{placed.url}/metrics").text
     print(placed.err)
     assert placed.returncode == 0, placed.err
     assert "through the plans of" in placed.err and "buckets 1, 2" in placed.err
@@ -66,3 +72,10 @@ def test_the_placed_server_gives_the_single_device_servers_greedy_tokens(tmp_pat
     steps = [line for line in metrics.splitlines() if line.startswith("kernelfleet_serve_plan_steps_total")]
     print("\n".join(steps))
     assert sum(float(line.rsplit(" ", 1)[1]) for line in steps) > 0
+    steps_after = {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in after.splitlines()
+                   if line.startswith("kernelfleet_serve_plan_steps_total{")}
+    switches = float(next(line for line in after.splitlines()
+                          if line.startswith("kernelfleet_serve_plan_switches_total")).rsplit(" ", 1)[1])
+    print(f"under load: steps by plan {steps_after}, switches {switches:g}")
+    assert [len(tokens) for tokens in answers] == [24] * len(loaded)
+    assert steps_after["throughput"] > 0 and switches >= 1

@@ -10,7 +10,16 @@ import tempfile
 import httpx
 import pytest
 import torch
-from recorded import PROMPTS, interleaved, reference, served_model, serving, stepped, tiny_causal_lm
+from recorded import (
+    PROMPTS,
+    cpu_strategy,
+    interleaved,
+    reference,
+    served_model,
+    serving,
+    stepped,
+    tiny_causal_lm,
+)
 
 from kernelfleet.errors import UsageError
 from kernelfleet.serve.backend import EagerBackend
@@ -18,10 +27,8 @@ from kernelfleet.serve.command import Placed
 from kernelfleet.serve.engine import Engine
 from kernelfleet.serve.graphs import GraphBackend
 from kernelfleet.serve.parts import build_part
-from kernelfleet.serve.pipeline import PipelineBackend, Stage
 from kernelfleet.serve.rows import Rows
 from kernelfleet.serve.sampling import Sampling
-from kernelfleet.serve.strategies import pipeline, replicas, single, split
 
 pytestmark = pytest.mark.unit
 KINDS = ["llama", "qwen2-moe"]
@@ -41,29 +48,13 @@ class Recorded:
         return self.forward(slot, token_ids, start)
 
 
-def strategy_of(name, model, folder):
-    if name == "eager":
-        return single(EagerBackend(model, 3, 64))
-    if name == "graphs":  # the graph backend's CPU twin: its row moves, padding and persistent inputs
-        return single(GraphBackend(EagerBackend(model, 3, 64), graphs=False))
-    if name == "replicas":  # a part-prefilled request on one, the other decoding
-        return replicas([EagerBackend(model, 2, 64, "cpu0"),
-                         GraphBackend(EagerBackend(model, 1, 64), graphs=False, device_name="cpu1")])
-    if name == "split":
-        return split(EagerBackend(model, 1, 64, "cpu0"), GraphBackend(EagerBackend(model, 3, 64), graphs=False,
-                                                                      device_name="cpu1"))
-    stages = [Stage(build_part(f"hf:{folder}", layers, "cpu", 0, torch.float32), name)
-              for layers, name in zip([range(1), range(1, 2)], ["cpu0", "cpu1"])]
-    return pipeline([PipelineBackend(stages, 2, 64, graphs=True), PipelineBackend(stages, 1, 64, graphs=True)])
-
-
 @pytest.mark.parametrize("strategy", ["eager", "graphs", "replicas", "pipeline", "split"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_tokens_with_prompts_in_chunks_equal_generate(kind, strategy):
     model = tiny_causal_lm(kind)
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
-        plan = strategy_of(strategy, model, folder)
+        plan = cpu_strategy(strategy, model, folder)
     got, _, _ = stepped(plan, PROMPTS, LENGTHS, prefill_chunk_tokens=CHUNK)
     for prompt, n, tokens in zip(PROMPTS, LENGTHS, got):
         assert tokens == reference(model, prompt, n, eos=False), (strategy, prompt)
