@@ -1,31 +1,23 @@
-"""Batched prefill (``--prefill-batch``) on the CPU with real tiny transformers models: several
-newcomers' whole prompts in one forward give transformers' ``generate`` tokens token for token, for
-a dense and an MoE model, under every strategy; a step takes at most the batch, oldest first, and
-within the padded-token bound; a backend without ``prefill_many`` takes them one at a time; many
-requests over HTTP each get their own tokens; flags that do not combine are refused in one line."""
+"""Batched prefill (``--prefill-batch``) on the CPU with real tiny transformers models: a batched
+forward writes each prompt's keys and values and gives its logits as a prefill alone does; a step
+takes at most the batch, oldest first, and within the padded-token bound; a backend without
+``prefill_many`` takes them one at a time; flags that do not combine are refused in one line.
+(Greedy tokens equal to ``generate`` under every strategy, and many requests over HTTP each
+getting their own tokens, with prompts batched or in chunks: test_serve_chunks.py.)"""
 
-import tempfile
 
-import httpx
 import pytest
 import torch
 from recorded import (
     PROMPTS,
-    cpu_strategy,
-    interleaved,
     reference,
-    served_model,
-    serving,
-    stepped,
     tiny_causal_lm,
 )
 
 from kernelfleet.errors import UsageError
 from kernelfleet.serve.backend import EagerBackend, right_aligned
-from kernelfleet.serve.command import Placed
 from kernelfleet.serve.engine import Engine
 from kernelfleet.serve.graphs import GraphBackend
-from kernelfleet.serve.parts import build_part
 from kernelfleet.serve.sampling import Sampling
 from kernelfleet.serve.scheduler import PREFILL_BATCH_TOKENS
 
@@ -63,18 +55,6 @@ class OneAtATime:
 def test_prompts_are_right_aligned_their_pads_at_the_pad_position():
     ids, positions, longest = right_aligned([[5, 6, 7], [9]], 63)
     assert ids == [[5, 6, 7], [0, 0, 9]] and positions == [[0, 1, 2], [63, 63, 0]] and longest == 3
-
-
-@pytest.mark.parametrize("strategy", ["eager", "graphs", "replicas", "pipeline", "split"])
-@pytest.mark.parametrize("kind", KINDS)
-def test_greedy_tokens_with_prompts_prefilled_together_equal_generate(kind, strategy):
-    model = tiny_causal_lm(kind)
-    with tempfile.TemporaryDirectory() as folder:
-        model.save_pretrained(folder)
-        plan = cpu_strategy(strategy, model, folder)
-    got, _, _ = stepped(plan, PROMPTS, LENGTHS, prefill_batch=4)
-    for prompt, n, tokens in zip(PROMPTS, LENGTHS, got):
-        assert tokens == reference(model, prompt, n, eos=False), (strategy, prompt)
 
 
 def test_a_batched_prefill_writes_each_prompt_as_a_prefill_alone_does():
@@ -138,27 +118,3 @@ def test_prefill_flags_that_do_not_combine_are_refused_in_one_line():
         Engine(EagerBackend(model, 1, 64), max_queue=1, prefill_batch=0)
     with pytest.raises(UsageError, match="pass one of the two"):
         Engine(EagerBackend(model, 1, 64), max_queue=1, prefill_batch=2, prefill_chunk_tokens=16)
-
-
-@pytest.mark.parametrize("strategy", ["single", "pipeline"])
-def test_many_requests_prefilled_together_over_http_each_get_their_own_tokens(strategy):
-    """24 clients, 8 at a time, half streaming, prompts of 1 to 40 tokens, up to 4 prefilled in one
-    forward through the graph backend's CPU twin or the pipeline."""
-    llama = tiny_causal_lm("llama", seed=3)
-    prompts = [[(11 * i + j) % 256 for j in range(1 + (7 * i) % 40)] for i in range(24)]
-    lengths = [2 + (3 * i) % 9 for i in range(24)]
-    expected = [reference(llama, p, n, eos=False) for p, n in zip(prompts, lengths)]
-    options = {}
-    if strategy == "pipeline":
-        with tempfile.TemporaryDirectory() as folder:
-            llama.save_pretrained(folder)
-            options = {"strategy": "pipeline", "micro_batches": 2,
-                       "devices": [Placed(name, build_part(f"hf:{folder}", layers, "cpu", 0, torch.float32), 4)
-                                   for name, layers in [("cpu0", range(1)), ("cpu1", range(1, 2))]]}
-    with serving(served_model(llama), slots=4, max_queue=24, graphs=True, prefill_batch=4, **options) as (url, engine):
-        assert engine.prefill_batch == 4
-        got = interleaved(url, prompts, lengths, 8)
-        metrics = httpx.get(f"{url}/metrics").text
-    assert got == expected
-    assert f"kernelfleet_serve_prompt_tokens_total {float(sum(map(len, prompts)))}" in metrics
-    assert 'kernelfleet_serve_requests_total{finish_reason="length"} 24.0' in metrics

@@ -1,7 +1,8 @@
 """Chunked prefill (``--prefill-chunk``) on the CPU with real tiny transformers models: prompts
-cut into chunks smaller than themselves give transformers' ``generate`` tokens token for token, for
-a dense and an MoE model, under one device (eager and the graph backend's CPU twin), request
-distribution, the layer pipeline and the prefill/decode split; a step prefills at most the budget,
+cut into chunks smaller than themselves, or up to 4 whole prompts in one forward
+(``--prefill-batch``), give transformers' ``generate`` tokens token for token, for a dense and an
+MoE model, under one device (eager and the graph backend's CPU twin), request distribution, the
+layer pipeline and the prefill/decode split; a step prefills at most the budget,
 oldest first; many requests of mixed prompt lengths in flight each get their own tokens; a request
 cancelled mid-prefill frees its slot and its row, and the metrics count each prompt token once."""
 
@@ -34,6 +35,8 @@ pytestmark = pytest.mark.unit
 KINDS = ["llama", "qwen2-moe"]
 LENGTHS = [12, 5, 9, 16, 3, 7]
 CHUNK = 3  # smaller than every prompt of PROMPTS but [200]: most take two to six chunks
+# chunks of CHUNK, or up to 4 whole prompts in one forward (--prefill-batch)
+PREFILLS = {"chunk3": {"prefill_chunk_tokens": CHUNK}, "batch4": {"prefill_batch": 4}}
 
 
 class Recorded:
@@ -48,14 +51,15 @@ class Recorded:
         return self.forward(slot, token_ids, start)
 
 
+@pytest.mark.parametrize("prefill", list(PREFILLS), ids=list(PREFILLS))
 @pytest.mark.parametrize("strategy", ["eager", "graphs", "replicas", "pipeline", "split"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_greedy_tokens_with_prompts_in_chunks_equal_generate(kind, strategy):
+def test_greedy_tokens_with_prompts_in_chunks_or_batched_equal_generate(kind, strategy, prefill):
     model = tiny_causal_lm(kind)
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         plan = cpu_strategy(strategy, model, folder)
-    got, _, _ = stepped(plan, PROMPTS, LENGTHS, prefill_chunk_tokens=CHUNK)
+    got, _, _ = stepped(plan, PROMPTS, LENGTHS, **PREFILLS[prefill])
     for prompt, n, tokens in zip(PROMPTS, LENGTHS, got):
         assert tokens == reference(model, prompt, n, eos=False), (strategy, prompt)
 
@@ -149,10 +153,12 @@ def test_a_request_cancelled_mid_prefill_frees_its_slot_and_its_tokens_count_onc
     assert Engine(EagerBackend(model, 1, 64), max_queue=1, prefill_chunk_tokens=0).prefill_chunk_tokens is None
 
 
+@pytest.mark.parametrize("prefill", [{"prefill_chunk_tokens": 4}, {"prefill_batch": 4}], ids=["chunk4", "batch4"])
 @pytest.mark.parametrize("strategy", ["single", "pipeline"])
-def test_many_requests_of_mixed_prompt_lengths_in_chunks_over_http_each_get_their_own_tokens(strategy):
-    """24 clients, 8 at a time, half streaming, prompts of 1 to 40 tokens in chunks of 4 through
-    the graph backend's CPU twin (row moves past a part-prefilled request) or the pipeline."""
+def test_many_requests_of_mixed_prompt_lengths_over_http_each_get_their_own_tokens(strategy, prefill):
+    """24 clients, 8 at a time, half streaming, prompts of 1 to 40 tokens in chunks of 4 or up to 4
+    a forward through the graph backend's CPU twin (row moves past a part-prefilled request) or the
+    pipeline."""
     llama = tiny_causal_lm("llama", seed=3)
     prompts = [[(11 * i + j) % 256 for j in range(1 + (7 * i) % 40)] for i in range(24)]
     lengths = [2 + (3 * i) % 9 for i in range(24)]
@@ -164,9 +170,9 @@ def test_many_requests_of_mixed_prompt_lengths_in_chunks_over_http_each_get_thei
             options = {"strategy": "pipeline", "micro_batches": 2,
                        "devices": [Placed(name, build_part(f"hf:{folder}", layers, "cpu", 0, torch.float32), 4)
                                    for name, layers in [("cpu0", range(1)), ("cpu1", range(1, 2))]]}
-    with serving(served_model(llama), slots=4, max_queue=24, graphs=True, prefill_chunk_tokens=4,
-                 **options) as (url, engine):
-        assert engine.prefill_chunk_tokens == 4
+    with serving(served_model(llama), slots=4, max_queue=24, graphs=True, **prefill, **options) as (url, engine):
+        assert (engine.prefill_chunk_tokens or 1, engine.prefill_batch) == (prefill.get("prefill_chunk_tokens", 1),
+                                                                            prefill.get("prefill_batch", 1))
         got = interleaved(url, prompts, lengths, 8)
         metrics = httpx.get(f"{url}/metrics").text
     assert got == expected
