@@ -105,17 +105,17 @@ def serve(
     tokens_per_slot = checked_sizes(slots, max_queue, context, max_context_tokens(target))
     if micro_batches is not None and micro_batches < 1:
         raise UsageError(f"--micro-batches must be at least 1, got {micro_batches}")
-    checked_prefill(prefill_chunk, prefill_batch)
+    staging = checked_prefill(prefill_chunk, prefill_batch)  # the split's prefill slots: one a prompt of a forward
     gpus = [] if cpu else [gpu_for(parse_device(spec)) for spec in devices] or [gpu_for(None)]
     if strategy == "pipeline":
         caps = [(cap.memory_bytes, twin_where(cap)) for cap in _cpu_caps(devices)] if cpu else \
             [(gpu.cap_bytes, gpu.where) for gpu in gpus]
         layers, slots = staged(target, caps, slots or (CPU_SLOTS if cpu else None), chosen, tokens_per_slot)
     elif cpu:
-        twins = _twins(devices, strategy, slots or CPU_SLOTS)
+        twins = _twins(devices, strategy, slots or CPU_SLOTS, staging)
         slots = sum(n for _, n in twins[strategy == "split":])
     else:
-        sized = fitted(gpus, target, strategy, slots, chosen, tokens_per_slot)
+        sized = fitted(gpus, target, strategy, slots, chosen, tokens_per_slot, staging)
         slots = sum(n for n, _ in sized[strategy == "split":])
     sock = bind(host, port)
     try:
@@ -206,16 +206,17 @@ def _cpu_caps(devices: list[str]) -> list:
     return [parse_device(spec) for spec in devices]
 
 
-def _twins(devices: list[str], strategy: str, slots: int) -> list[tuple[str | None, int]]:
+def _twins(devices: list[str], strategy: str, slots: int, staging: int = 1) -> list[tuple[str | None, int]]:
     """The CPU's devices (``--cpu``): without ``--device`` the CPU itself with ``slots``; otherwise
     each ``NAME:MEMORY_GB`` a twin of its own KV cache, the slots split as on GPUs (memory.py,
-    command.fitted), nothing enforcing the memory (under ``pipeline`` the caps choose the cut and are checked)."""
+    command.fitted; the split's prefill twin ``staging`` slots), nothing enforcing the memory (under
+    ``pipeline`` the caps choose the cut and are checked)."""
     from kernelfleet.serve.memory import proportional_slots
 
     if not devices:
         return [(None, slots)]
     caps = _cpu_caps(devices)
-    counts = [1, slots] if strategy == "split" else proportional_slots(slots, [cap.memory_bytes for cap in caps])
+    counts = [staging, slots] if strategy == "split" else proportional_slots(slots, [cap.memory_bytes for cap in caps])
     return [(cap.name, n) for cap, n in zip(caps, counts)]
 
 

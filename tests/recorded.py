@@ -378,8 +378,8 @@ def cpu_strategy(name: str, model, folder: str):
     if name == "replicas":  # a part-prefilled request on one, the other decoding
         return replicas([EagerBackend(model, 2, 64, "cpu0"),
                          GraphBackend(EagerBackend(model, 1, 64), graphs=False, device_name="cpu1")])
-    if name == "split":
-        return split(EagerBackend(model, 1, 64, "cpu0"), GraphBackend(EagerBackend(model, 3, 64), graphs=False,
+    if name == "split":  # 3 staging slots: up to 3 prompts a prefill forward, handed over one by one
+        return split(EagerBackend(model, 3, 64, "cpu0"), GraphBackend(EagerBackend(model, 3, 64), graphs=False,
                                                                       device_name="cpu1"))
     stages = [Stage(build_part(f"hf:{folder}", layers, "cpu", 0, torch.float32), name)
               for layers, name in zip([range(1), range(1, 2)], ["cpu0", "cpu1"])]

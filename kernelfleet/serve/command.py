@@ -45,13 +45,13 @@ def checked_sizes(slots: int | None, max_queue: int, context_tokens: int | None,
 
 
 def fitted(gpus: list[Gpu], target: str, strategy: str, slots: int | None, dtype: torch.dtype,
-           context_tokens: int) -> list[tuple[int, Gpu]]:
+           context_tokens: int, staging: int = 1) -> list[tuple[int, Gpu]]:
     """Each ``--device``'s GPU (``gpus``: device.gpu_for each) and its slots, once the model fits each cap: checked
     from the config, before any weight loads (memory.py). ``slots`` is the whole server's: under
     ``replicas`` split in proportion to the caps (None: each device as many as fit), under ``split``
-    the decode device's (the prefill device holds one staging slot)."""
+    the decode device's (the prefill device holds ``staging`` slots, one a prompt of a batched prefill)."""
     if strategy == "split":
-        wanted = [1, slots]
+        wanted = [staging, slots]
     elif slots is not None and len(gpus) > 1:
         wanted = proportional_slots(slots, [gpu.cap_bytes for gpu in gpus])
     else:
@@ -149,8 +149,8 @@ def build(served: Served, slots: int, max_queue: int, context_tokens: int | None
             raise UsageError(f"--micro-batches must be at least 1, got {micro_batches}")
         groups = micro_batch_slots(slots, micro_batches)
         plan = pipeline([PipelineBackend(stages, n, context, graphs, told) for n in groups])
-    elif strategy == "split":  # the prefill device runs prompts only: eagerly, one staging slot
-        plan = split(EagerBackend(placed[0].model, 1, context, placed[0].name), decoding(placed[1]))
+    elif strategy == "split":  # the prefill device runs prompts only: eagerly, into its staging slots
+        plan = split(EagerBackend(placed[0].model, placed[0].slots, context, placed[0].name), decoding(placed[1]))
     elif strategy == "replicas":
         plan = replicas([decoding(device) for device in placed])
     else:

@@ -9,7 +9,8 @@ One thread owns the backend. Each step:
    lasts; a long prompt takes several steps); with None (or 0) every newcomer's whole prompt, up to
    ``prefill_batch`` (``--prefill-batch``) of them in one forward per backend (``prefill_many``:
    the launches of one forward for several prompts, at most :data:`PREFILL_BATCH_TOKENS` padded
-   tokens; a backend without it, and the split's one staging slot, take them one at a time). A
+   tokens; a backend without it takes them one at a time; the split's prefill backend takes as
+   many as it has staging slots, then hands each over). A
    request holds its slot from its first chunk but decodes only after its last, which gives its
    first token (and its time to first token);
 3. one decode forward per backend runs every request in a slot there whose prompt is whole, each
@@ -20,7 +21,7 @@ Why chunks: a step's prefill delays every running request's next token, and a ch
 step adds, at the cost of a long prompt's time to first token. Measured on an H200 they did not
 pay while chunks run eagerly, so the server's default is whole prompts (``scheduler.py``,
 docs/validation/serve-gpu.md). Since the budget goes oldest first, at most one prompt is part
-prefilled between steps, which is what lets the split's one staging slot, and a graph backend's
+prefilled between steps, which is what lets the split's first staging slot, and a graph backend's
 row moves, keep it (``rows.py``).
 
 Which backend prefills and which decodes a request is the :class:`~kernelfleet.serve.strategies.Strategy`'s
@@ -179,7 +180,7 @@ class Engine:
     def _prefills(self) -> bool:
         """This step's prefill (module docstring, 2.): the part-prefilled request's next chunk, then
         newcomers while the budget lasts; each whole prompt's first token. False when none ran."""
-        if self.prefill_batch > 1 and self.prefill_chunk_tokens is None and self.strategy.prefill_on is None:
+        if self.prefill_batch > 1 and self.prefill_chunk_tokens is None:
             return self._batched()
         budget = self.prefill_chunk_tokens
         ran = False
@@ -206,37 +207,47 @@ class Engine:
 
     def _batched(self) -> bool:
         """Whole prompts, as many newcomers as :meth:`_batch_size` allows, one forward per backend
-        (``prefill_many``; one at a time where a backend has none); each one's first token."""
+        (``prefill_many``; one at a time where a backend has none), or under ``split`` one forward
+        on the prefill backend, each prompt in a staging slot of its own, then each handed over;
+        each one's first token."""
         with self._wake:
             admitted = self.scheduler.admit(most=self._batch_size())
             self._gauges()
-        groups: dict[int, list[tuple[int, Request]]] = {}
+        prefiller = self.strategy.prefill_on
+        groups: dict[int | None, list[tuple[int, Request]]] = {}
         for slot, request in admitted:
-            groups.setdefault(self.strategy.locate(slot)[0], []).append((slot, request))
+            groups.setdefault(None if prefiller else self.strategy.locate(slot)[0], []).append((slot, request))
         for index, batch in groups.items():
-            backend = self.strategy.backends[index]
+            backend = prefiller or self.strategy.backends[index]
             if len(batch) == 1 or not hasattr(backend, "prefill_many"):
                 for slot, request in batch:
                     if (logits := self._chunk(slot, request, len(request.prompt))) is not None:
                         self._next(slot, request, logits)
                 continue
             slots = [slot for slot, _ in batch]
-            logits = self._run(slots, backend, backend.prefill_many, [self.strategy.locate(s)[1] for s in slots],
-                               [request.prompt for _, request in batch])
+            into = list(range(len(batch))) if prefiller else [self.strategy.locate(s)[1] for s in slots]
+            logits = self._run(slots, backend, backend.prefill_many, into, [request.prompt for _, request in batch])
             if logits is None:
                 continue
             for row, (slot, request) in enumerate(batch):
                 request.prefilled = len(request.prompt)
                 self.metrics.prompt.inc(request.prefilled)
+                if prefiller is not None:
+                    home, local = self.strategy.locate(slot)
+                    decoder = self.strategy.backends[home]
+                    if self._run([slot], decoder, decoder.adopt, local, *prefiller.kv(row), request.prefilled) is None:
+                        continue
                 self._next(slot, request, logits[row])
         return bool(admitted)
 
     def _batch_size(self) -> int:
         """How many waiting requests the next batched prefill takes: at most ``prefill_batch``, oldest
         first, while their prompts padded to the longest stay within :data:`PREFILL_BATCH_TOKENS`
-        (the first always)."""
+        (the first always), and under ``split`` at most the prefill backend's staging slots."""
         count = longest = 0  # the caller holds the lock
-        for request in itertools.islice(self.scheduler.waiting, self.prefill_batch):
+        most = self.prefill_batch if self.strategy.prefill_on is None else min(self.prefill_batch,
+                                                                              self.strategy.prefill_on.slots)
+        for request in itertools.islice(self.scheduler.waiting, most):
             longest = max(longest, len(request.prompt))
             if count and (count + 1) * longest > PREFILL_BATCH_TOKENS:
                 break

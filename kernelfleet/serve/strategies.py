@@ -10,8 +10,9 @@ over the rows running there (all launched before any result is read, so GPUs run
   request gets a slot on one of them and stays there. A newcomer goes to the backend whose slots
   are least full (running ÷ slots), so the load follows each device's share of the slots, which
   ``memory.proportional_slots`` makes proportional to its memory.
-* ``split`` (prefill/decode split): prompts run on the first backend (one staging slot: prefills
-  run one at a time, a prompt's chunks too, ``engine.py``), then, after its last chunk, the
+* ``split`` (prefill/decode split): prompts run on the first backend (its staging slots: one a
+  prompt of a batched prefill, ``--prefill-batch``; a prompt's chunks run one prompt at a time in
+  its first, ``engine.py``), then, after its prefill (its last chunk), the
   request's keys and values are handed over to its slot on the
   second (``Backend.adopt``; between GPUs a device-to-device copy of the row's positions so far),
   and it decodes there. The first backend never decodes, the second never prefills.
@@ -34,7 +35,7 @@ from kernelfleet.errors import UsageError
 from kernelfleet.serve.backend import Backend
 
 STRATEGIES = ("single", "replicas", "split", "pipeline")
-STAGE_SLOT = 0  # the prefill backend's one slot under ``split``
+STAGE_SLOT = 0  # the prefill backend's slot under ``split`` for a prompt prefilled alone
 
 
 @dataclass(eq=False)

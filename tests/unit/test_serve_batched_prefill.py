@@ -20,6 +20,7 @@ from kernelfleet.serve.engine import Engine
 from kernelfleet.serve.graphs import GraphBackend
 from kernelfleet.serve.sampling import Sampling
 from kernelfleet.serve.scheduler import PREFILL_BATCH_TOKENS
+from kernelfleet.serve.strategies import split
 
 pytestmark = pytest.mark.unit
 KINDS = ["llama", "qwen2-moe"]
@@ -96,6 +97,24 @@ def test_a_step_prefills_at_most_the_batch_oldest_first_within_the_token_bound()
         engine.submit(prompt, 1, frozenset(), Sampling(temperature=0.0), lambda t, f: None)
     engine.step()
     assert counted.calls == [([0, 1], [8, long])]  # a third would make 3 x long padded tokens
+
+
+def test_the_split_prefills_as_many_as_it_has_staging_slots_in_one_forward_and_hands_each_over():
+    model = tiny_causal_lm("llama")
+    prefill, decode = EagerBackend(model, 3, 64, "pre"), GraphBackend(EagerBackend(model, 4, 64), graphs=False,
+                                                                      device_name="dec")
+    counted = Counted(prefill)
+    engine = Engine(split(prefill, decode), max_queue=8, prefill_batch=8)
+    sinks = [[] for _ in range(4)]
+    for prompt, sink in zip(PROMPTS[:4], sinks):
+        engine.submit(prompt, 3, frozenset(), Sampling(temperature=0.0), lambda t, f, sink=sink: sink.append(t))
+    engine.step()
+    assert counted.calls == [([0, 1, 2], [4, 11, 7])]  # three staging slots: three prompts, the fourth next step
+    assert [len(s) for s in sinks] == [2, 2, 2, 0]  # each handed over, its first token, then a decode there
+    while engine.step():
+        pass
+    assert counted.calls[1:] == [([0], [1])]  # alone: prefill(), into the first staging slot
+    assert sinks == [reference(model, p, 3, eos=False) for p in PROMPTS[:4]]
 
 
 def test_a_backend_without_prefill_many_takes_the_batch_one_prompt_at_a_time():
