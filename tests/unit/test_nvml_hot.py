@@ -125,7 +125,8 @@ def test_process_names_are_read_once_while_the_process_stays(fake_time, tmp_path
     (tmp_path / "4242").mkdir()
     comm = tmp_path / "4242" / "comm"
     comm.write_text("python\n")
-    gpu = TwinGpu(processes=[(4242, 1 << 30)])
+    # (its memory comes and goes with it, which is what makes a window list the processes again)
+    gpu = TwinGpu(processes=[(4242, 1 << 30)], memory_follows_processes=True)
     _, source = on_twin([gpu], fake_time, proc_root=tmp_path)
     names = []
     with source:
