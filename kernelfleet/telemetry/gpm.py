@@ -14,6 +14,7 @@ from typing import Any
 
 from kernelfleet.errors import KernelfleetError
 from kernelfleet.telemetry.nvml_api import Nvml
+from kernelfleet.telemetry.nvml_hot import plain_layout
 
 MIB = 1024 * 1024
 
@@ -85,10 +86,11 @@ class GpmMetrics:
         m = self.nvml.m
         # One request per metric set, reused, with a view of each slot asked for: the structure
         # holds room for every GPM metric (~10 KB), too much to allocate and zero every window for
-        # the 15 asked, and each index into its array would make a new view object.
+        # the 15 asked, and each index into its array would make a new view object. It is pynvml's
+        # layout without pynvml's Python hook on every field (telemetry/nvml_hot.py: plain_layout).
         cached = self.requests.get(id(wanted))
         if cached is None:
-            request = m.c_nvmlGpmMetricsGet_t()
+            request = plain_layout(m.c_nvmlGpmMetricsGet_t)()
             cached = self.requests[id(wanted)] = request, [request.metrics[slot] for slot in range(len(wanted))]
         request, slots = cached
         request.version = m.NVML_GPM_METRICS_GET_VERSION
@@ -99,9 +101,11 @@ class GpmMetrics:
             metric.metricId = metric_id
         self.nvml.call("nvmlGpmMetricsGet", request)
         values: dict[str, float | None] = {}
+        success = m.NVML_SUCCESS
         for metric, (metric_id, (name, scale)) in zip(slots, wanted.items()):
-            if metric.nvmlReturn != m.NVML_SUCCESS:
-                self.warn_once(f"gpm-{metric_id}", f"GPM metric {name} unavailable (NVML code {metric.nvmlReturn})")
+            code = metric.nvmlReturn
+            if code != success:
+                self.warn_once(f"gpm-{metric_id}", f"GPM metric {name} unavailable (NVML code {code})")
                 values[name] = None
             else:
                 values[name] = metric.value * scale
