@@ -58,6 +58,9 @@ class GpmMetrics:
     nvml: Nvml
     warn_once: Callable[[str, str], None]
     cycle_counters: bool = True  # off once the driver refuses them
+    # the request's layout from pynvml's type; the benchmark passes pynvml's own (``lambda t: t``)
+    # to time what the plain one saves
+    layout: Callable[[type], type] = plain_layout
     requests: dict[int, tuple[Any, list[Any]]] = field(default_factory=dict)  # id(metric set) -> request, slots
 
     def metrics(self, first: Any, second: Any) -> dict[str, float | None]:
@@ -90,7 +93,7 @@ class GpmMetrics:
         # layout without pynvml's Python hook on every field (telemetry/nvml_hot.py: plain_layout).
         cached = self.requests.get(id(wanted))
         if cached is None:
-            request = plain_layout(m.c_nvmlGpmMetricsGet_t)()
+            request = self.layout(m.c_nvmlGpmMetricsGet_t)()
             cached = self.requests[id(wanted)] = request, [request.metrics[slot] for slot in range(len(wanted))]
         request, slots = cached
         request.version = m.NVML_GPM_METRICS_GET_VERSION

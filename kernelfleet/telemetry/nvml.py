@@ -152,6 +152,11 @@ class NvmlSource:
         return "events" if self._events is not None and self._events.active else "poll"
 
     @property
+    def process_lists_total(self) -> int:
+        """Process lists made this NVML session, all targets (telemetry/process_watch.py)."""
+        return sum(t.processes.lists_total for t in self._targets if t.processes is not None)
+
+    @property
     def clock_events(self) -> ClockEvents | None:
         """The clock-change events (their counts, or why they are off); None when polling was asked for."""
         return self._events
@@ -163,16 +168,19 @@ class NvmlSource:
         # CPU in a VM: docs/telemetry.md).
         step = self.clock_poll_seconds if self._clocks_moving() else self.interval_seconds
         start, polls = window_end - self.interval_seconds, 0
+        clock, sleep, poll = self.clock, self.sleep, self._poller.poll_once  # type: ignore[union-attr]
+        now = clock()
         while True:
             # the next deadline after now: a loop held up (a slow frame of `watch`) skips the
             # reads it missed instead of making them back to back
-            polls = max(polls + 1, int((self.clock() - start) / step) + 1)
+            polls = max(polls + 1, int((now - start) / step) + 1)
             due = start + polls * step
             last = due > window_end - 1e-6  # the read at the window's end (to float rounding)
             due = window_end if last else due
-            while (left := due - self.clock()) > 1e-6:
-                self.sleep(left)
-            self._poller.poll_once()  # type: ignore[union-attr] - open() made it
+            while due - now > 1e-6:
+                sleep(due - now)
+                now = clock()  # one clock read a wake-up: it times the reads and the next deadline
+            poll(now)
             if last:
                 break
 
