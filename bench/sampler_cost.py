@@ -54,6 +54,7 @@ from collections.abc import Callable
 from contextlib import closing, contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from bench import command_line
@@ -313,11 +314,31 @@ def twin_parts(reps: int) -> list[tuple[str, float, float]]:
             bind(new, "nvmlEventSetWait_v2", (events,), twin.c_nvmlEventData_t, (0,),
                  quiet=twin.NVML_ERROR_TIMEOUT), reps)))
         windows = [warm_us(window_reader(nvml, options), reps // 10)
-                   for nvml, options in ((old, MODES["before"]), (new, {}))]
-        rows.append(("a window's reads and its Sample, 1 GPU", *windows))
+                   for nvml, options in ((old, MODES["before"]), (new, {}), (new, S11))]
+        rows.append(("a window's reads and its Sample, 1 GPU", *windows[:2]))
+        rows.append(("the same, session 11's reads (old) and today's (new)", windows[2], windows[1]))
     wake = cold_us(lambda: None, wakes)
     rows.append(("a 100-ms sleep alone", wake, wake))
+    requests = [gpm_request(layout) for layout in (lambda struct: struct, None)]
+    rows.append(("GPM request of 15 metrics, pynvml's structure / plain", *(warm_us(r, reps) for r in requests)))
+    rows.append(("the same, after a 100-ms sleep (cold)", *(cold_us(r, wakes) for r in requests)))
     return rows
+
+
+def gpm_request(layout: Callable[[type], type] | None) -> Callable[[], Any]:
+    """A window's GPM metrics request on pynvml's real structure (``layout``: the source's plain one
+    where None), with NVML's call itself left out: what the structure costs in Python."""
+    import pynvml
+
+    from kernelfleet.telemetry.gpm import GpmMetrics
+
+    module = SimpleNamespace(c_nvmlGpmMetricsGet_t=pynvml.c_nvmlGpmMetricsGet_t, NVMLError=pynvml.NVMLError,
+                             NVML_GPM_METRICS_GET_VERSION=pynvml.NVML_GPM_METRICS_GET_VERSION,
+                             NVML_SUCCESS=pynvml.NVML_SUCCESS, nvmlGpmMetricsGet=lambda request: request)
+    extra = {} if layout is None else {"layout": layout}
+    metrics = GpmMetrics(Nvml(module), lambda *_: None, cycle_counters=False, **extra)  # type: ignore[arg-type]
+    first, second = pynvml.c_nvmlGpmSample_t(), pynvml.c_nvmlGpmSample_t()
+    return lambda: metrics.metrics(first, second)
 
 
 def window_reader(nvml: Nvml, options: dict[str, Any]) -> Callable[[], None]:
@@ -461,9 +482,9 @@ def main() -> None:
     result: dict[str, Any] = {"command": command, "target_ms": TARGET_MS, "twin": args.twin}
     if args.twin:
         parts = twin_parts(args.reps)
-        print(f"{'part (NVML CPU twin, CPU µs)':>46} {'old path':>9} {'new path':>9}")
+        print(f"{'part (NVML CPU twin, CPU µs)':>52} {'old path':>9} {'new path':>9}")
         for name, old, new in parts:
-            print(f"{name:>46} {old:>9.2f} {new:>9.2f}")
+            print(f"{name:>52} {old:>9.2f} {new:>9.2f}")
         result["parts_us"] = [{"part": n, "old": o, "new": new} for n, o, new in parts]
     if not args.twin:
         result["events"] = clock_event_probe(Nvml())

@@ -58,11 +58,11 @@ class ProcessWatch:
         changed = memory_used_bytes != self._memory_seen
         due = (changed or self._settling or memory_used_bytes is None or self._last is None
                or len(self._last) > 1 or now - self._listed_at >= self.max_age_seconds)
+        if due:
+            self._last = running_processes(self.nvml, self.handle, since_microseconds, self.proc_root, self._names,
+                                           self.lister)
+            self._listed_at = now
+            self.lists_total += 1
+        # only after a list that worked: a failed one leaves the next window due
         self._settling, self._memory_seen = changed, memory_used_bytes
-        if not due:
-            return self._last  # type: ignore[return-value] - due when there is none
-        self._last = running_processes(self.nvml, self.handle, since_microseconds, self.proc_root, self._names,
-                                       self.lister)
-        self._listed_at = now
-        self.lists_total += 1
-        return self._last
+        return self._last  # type: ignore[return-value] - due when there is none
