@@ -1,7 +1,7 @@
 """When a window lists its GPU's processes again, and when it may keep the last list.
 
-Listing the compute processes is the dearest read of a window after GPM's sample: on an H200 under
-load 305 µs of CPU right after the loop's sleep (35 warm; docs/validation/h200-2026-12-01,
+Listing the compute processes was the dearest read of a window under load: on an H200 running a
+GEMM, 305 µs of CPU right after the loop's sleep (35 warm; docs/validation/h200-2026-12-01,
 sampler_cost-3.json), where memory and power together cost 106. A process cannot come or go
 unseen in the GPU's used memory, which the window reads anyway: a new CUDA context allocates device
 memory (hundreds of MB), and an exit frees what its process held. So a window lists again only when
