@@ -91,9 +91,9 @@ def plain_layout(struct: type) -> type:
     """A ctypes structure laid out as ``struct`` without pynvml's per-field Python hooks.
 
     pynvml's structures run a Python ``__getattribute__`` and ``__setattr__`` on every field (to
-    turn bytes into str): a GPM request's 15 metrics are 45 such accesses a window, 41 µs of CPU
-    warm on the CPU dev VM against 5 through a plain structure of the same layout. NVML takes a
-    pointer to the memory and sees no difference. A type without ``_fields_`` (the twin's request)
+    turn bytes into str): a GPM request's 15 metrics are 45 such accesses a window, 34-36 µs of CPU
+    warm on the CPU dev VM against 8-11 through a plain structure of the same layout
+    (``bench.sampler_cost --twin``). NVML takes a pointer to the memory and sees no difference. A type without ``_fields_`` (the twin's request)
     is returned as it is.
     """
     fields = getattr(struct, "_fields_", None)
