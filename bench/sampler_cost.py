@@ -1,23 +1,28 @@
-"""Benchmark: CPU cost of the NVML sampler per GPU per window (target <= 1 ms), the clock-poll
-default against the old one (and the event-driven clock path) in the same run, idle and under load,
-with the clock accuracy each keeps against a dense reference.
+"""Benchmark: CPU cost of the NVML sampler per GPU per window (target <= 1 ms), the default against
+the one before it (and the event-driven clock path) in the same run, idle and under load, with the
+clock accuracy each keeps against a dense reference.
 
     python -m bench.sampler_cost [--windows 6] [--interval 1.0] [--load-seconds 60] [--out DIR]
-                                 [--modes poll-100ms,poll-200ms,poll,floor] [--repeat 2] [--twin]
+                                 [--modes poll-s11,poll,floor-s11,floor] [--repeat 2] [--twin]
 
 Runs NvmlSource for a few windows in each mode (``MODES``): ``poll`` today's defaults (reads bound
 to NVML's C functions; the clock every ``CLOCK_POLL_SECONDS``, 250 ms, while it moved in the last
-window, else once a window), ``poll-100ms`` the same at the old default of 100 ms (the baseline
-every ratio is to), ``poll-200ms`` at 200 ms, ``floor`` one clock read a window; not by default,
-``before`` the read path of issue 21 (every read through pynvml's wrapper, every health field every
-window, 100 ms), ``events`` the event-driven clock (telemetry/clock_events.py: the loop sleeps until
-a clock-change event or the window's end) and ``dense`` a read every 100 ms. With
+window, else once a window; the process list only when the used memory moved, on a shared GPU or
+every 10 s: telemetry/process_watch.py), ``poll-s11`` the default before that (session 11: the
+process list every window; the baseline every ratio is to), ``floor`` and ``floor-s11`` the same
+two with one clock read a window; not by default, ``poll-100ms`` and ``poll-200ms`` today's at
+those polls, ``before`` the read path of issue 21 (every read through pynvml's wrapper, every
+health field every window, 100 ms), ``events`` the event-driven clock (telemetry/clock_events.py:
+the loop sleeps until a clock-change event or the window's end) and ``dense`` a read every 100 ms.
+(Two changes of session 12 cost no freshness and have no switch, so ``poll-s11`` runs them too: the
+GPM request without pynvml's per-field hooks, and one clock read per wake-up; the parts table times
+the first against pynvml's structure.) With
 ``--load-seconds`` every mode runs again while every GPU runs a bf16 GEMM loop (a child process per
 GPU). Every mode runs ``--repeat`` times, interleaved, and the table shows each mode's best run
 (the JSON has every run).
 
 Reported: process CPU (all threads) per GPU per window, the main thread's share, wake-ups, clock
-reads and clock events per window; the error of each window's mean clock against a child process
+reads, clock events and process lists per window; the error of each window's mean clock against a child process
 reading every GPU's clock every 2 ms (bench/clock_reference.py; mean and max over the windows),
 and, for polling, the p95 error at that read density from 2-ms reads recorded under a transformer
 loop on an H200 (tests/data/h200/clock-reads-2ms.json.gz, ``clock_sampling_errors``). Then where
@@ -49,12 +54,13 @@ from collections.abc import Callable
 from contextlib import closing, contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from bench import command_line
 from bench.clock_event_probe import ClockEventRecording, coverage, describe, print_coverage, record_phase
 from bench.clock_reference import dense_reference, window_errors
-from bench.sampler_parts import cold_us, gpu_parts, warm_us, window_part
+from bench.sampler_parts import cold_us, gpu_parts, warm_us, window_parts
 from kernelfleet.errors import KernelfleetError
 from kernelfleet.telemetry.clock import CLOCK_POLL_SECONDS
 from kernelfleet.telemetry.clock_events import CLOCK_EVENT
@@ -70,18 +76,27 @@ PROBE_SECONDS = 5.0  # each phase of the clock-event probe
 PART_WAKES = 8  # wake-ups each part is timed over, cold
 # The source's options per mode; clock_poll_seconds None is "one read a window" (the interval).
 # "poll" is the source's defaults as they are now (a read every CLOCK_POLL_SECONDS while a clock
-# moves, 250 ms); "poll-100ms" the default until 2026-12-01, "poll-200ms" between the two.
+# moves, 250 ms; the process list when something says it changed); "poll-s11" the default until
+# 2026-12-02 (the process list every window), "poll-100ms" today's at the poll density until 2026-12-01.
+S11 = {"process_list_max_age_seconds": 0.0}
+ONE_READ = {"clock_poll_seconds": None, "adaptive_clock_poll": False}
 MODES: dict[str, dict[str, Any]] = {
-    "before": {"hot_reads": False, "slow_health_seconds": 0.0, "clock_mode": "poll", "clock_poll_seconds": 0.1},
-    "poll-100ms": {"clock_mode": "poll", "clock_poll_seconds": 0.1},
+    "before": {"hot_reads": False, "slow_health_seconds": 0.0, "clock_mode": "poll", "clock_poll_seconds": 0.1,
+               **S11},
+    "poll-s11": {"clock_mode": "poll", **S11},
     "poll": {"clock_mode": "poll"},
+    "poll-100ms": {"clock_mode": "poll", "clock_poll_seconds": 0.1},
     "poll-200ms": {"clock_mode": "poll", "clock_poll_seconds": 0.2},
     "events": {"clock_mode": "events"},
-    "floor": {"clock_poll_seconds": None, "adaptive_clock_poll": False, "clock_mode": "poll"},
+    "floor-s11": {"clock_mode": "poll", **ONE_READ, **S11},
+    "floor": {"clock_mode": "poll", **ONE_READ},
     "dense": {"adaptive_clock_poll": False, "clock_mode": "poll", "clock_poll_seconds": 0.1},
 }
-DEFAULT_MODES = "poll-100ms,poll-200ms,poll,floor"
-BASELINE = "poll-100ms"  # the old default: every ratio is to it (to "poll" where it did not run)
+DEFAULT_MODES = "poll-s11,poll,floor-s11,floor"
+BASELINE = "poll-s11"  # the default before: every ratio is to it (to "poll" where it did not run)
+# The twin's GPU: its driver refuses the GPM cycle counters and its memory holds still while its one
+# process does, as the H200's did (gpm.py; tests/data/h200/h200-bf16-gemm.jsonl.gz)
+TWIN_GPU = {"refused_metrics": {248, 250}, "memory_follows_processes": True}
 
 
 def thread_cpu() -> dict[int, float]:
@@ -120,19 +135,19 @@ def measure(mode: str, windows: int, interval: float, nvml: Callable[[], Nvml] |
         return {"mode": mode, "unavailable": str(exc)}
     with closing(source):  # opened above
         main = threading.get_native_id()
-        gpus, polls, samples = 1, 0, []
+        gpus, targets, polls, samples = 1, 1, 0, []
         next(iter(source.batches(count=1)))  # one window first: adaptive mode starts dense
-        wakes[0] = 0
+        wakes[0], lists0 = 0, source.process_lists_total
         events = source.clock_events
         events0, missed0, waits0 = (events.events_total, events.missed_windows_total, events.wakes_total) \
             if events else (0, 0, 0)
         before, cpu0, main0 = thread_cpu(), time.process_time(), time.thread_time()
         for batch in source.batches(count=windows):
-            gpus = sum(1 for s in batch if s.mig_instance is None)
+            gpus, targets = sum(1 for s in batch if s.mig_instance is None), len(batch)
             polls += sum(s.sm_clock_polls for s in batch if s.mig_instance is None)
             samples.extend(batch)
         cpu, main_cpu, after = time.process_time() - cpu0, time.thread_time() - main0, thread_cpu()
-        path = source.clock_path
+        path, lists = source.clock_path, source.process_lists_total - lists0
         arrived, missed = (events.events_total - events0, events.missed_windows_total - missed0) if events else (0, 0)
         wakes[0] += events.wakes_total - waits0 if events else 0  # the event path wakes in its wait, not a sleep
     others = sum(after[t] - before.get(t, 0.0) for t in after if t != main)
@@ -142,6 +157,7 @@ def measure(mode: str, windows: int, interval: float, nvml: Callable[[], Nvml] |
             "other_threads_ms": others / per, "wakes_per_window": wakes[0] / windows, "clock_reads_per_window": reads,
             "clock_events_per_window": arrived / windows if mode == "events" else None,
             "windows_with_unannounced_change": missed if mode == "events" else None,
+            "process_lists_per_window": lists / windows / targets,
             "clock_path_at_end": path, "events_off_reason": events.off if events else None,
             "clock_p95_error_ratio": None if mode == "events" else p95_clock_error(reads), "samples": samples}
 
@@ -197,7 +213,7 @@ def parts_phase(label: str) -> list[dict[str, Any]]:
         rows = gpu_parts(nvml, PART_WAKES)
     finally:
         nvml.shutdown()
-    rows.append(window_part(PART_WAKES))
+    rows.extend(window_parts(PART_WAKES))
     return [{"load": label, **r} for r in rows]
 
 
@@ -271,7 +287,7 @@ def twin_parts(reps: int) -> list[tuple[str, float, float]]:
     from kernelfleet.telemetry.nvml_hot import bind, clock_reader
 
     mod = load_twin()
-    gpu = mod.TwinGpu(processes=[(os.getpid(), 1 << 30)])
+    gpu = mod.TwinGpu(processes=[(os.getpid(), 1 << 30)], **TWIN_GPU)
     twin = mod.Twin([gpu], time.monotonic)
     rows = []
     with twin_in_pynvml(mod, twin):
@@ -298,11 +314,31 @@ def twin_parts(reps: int) -> list[tuple[str, float, float]]:
             bind(new, "nvmlEventSetWait_v2", (events,), twin.c_nvmlEventData_t, (0,),
                  quiet=twin.NVML_ERROR_TIMEOUT), reps)))
         windows = [warm_us(window_reader(nvml, options), reps // 10)
-                   for nvml, options in ((old, MODES["before"]), (new, {}))]
-        rows.append(("a window's reads and its Sample, 1 GPU", *windows))
+                   for nvml, options in ((old, MODES["before"]), (new, {}), (new, S11))]
+        rows.append(("a window's reads and its Sample, 1 GPU", *windows[:2]))
+        rows.append(("the same, session 11's reads (old) and today's (new)", windows[2], windows[1]))
     wake = cold_us(lambda: None, wakes)
     rows.append(("a 100-ms sleep alone", wake, wake))
+    requests = [gpm_request(layout) for layout in (lambda struct: struct, None)]
+    rows.append(("GPM request of 15 metrics, pynvml's structure / plain", *(warm_us(r, reps) for r in requests)))
+    rows.append(("the same, after a 100-ms sleep (cold)", *(cold_us(r, wakes) for r in requests)))
     return rows
+
+
+def gpm_request(layout: Callable[[type], type] | None) -> Callable[[], Any]:
+    """A window's GPM metrics request on pynvml's real structure (``layout``: the source's plain one
+    where None), with NVML's call itself left out: what the structure costs in Python."""
+    import pynvml
+
+    from kernelfleet.telemetry.gpm import GpmMetrics
+
+    module = SimpleNamespace(c_nvmlGpmMetricsGet_t=pynvml.c_nvmlGpmMetricsGet_t, NVMLError=pynvml.NVMLError,
+                             NVML_GPM_METRICS_GET_VERSION=pynvml.NVML_GPM_METRICS_GET_VERSION,
+                             NVML_SUCCESS=pynvml.NVML_SUCCESS, nvmlGpmMetricsGet=lambda request: request)
+    extra = {} if layout is None else {"layout": layout}
+    metrics = GpmMetrics(Nvml(module), lambda *_: None, cycle_counters=False, **extra)  # type: ignore[arg-type]
+    first, second = pynvml.c_nvmlGpmSample_t(), pynvml.c_nvmlGpmSample_t()
+    return lambda: metrics.metrics(first, second)
 
 
 def window_reader(nvml: Nvml, options: dict[str, Any]) -> Callable[[], None]:
@@ -335,7 +371,7 @@ def twin_nvml(mod: Any, trace: list[tuple[float, int]]) -> Callable[[], Nvml]:
     real time, with pynvml's wrappers over its C functions (run inside ``twin_in_pynvml``)."""
 
     def make() -> Nvml:
-        gpu = mod.TwinGpu(processes=[(os.getpid(), 1 << 30)], clock_trace=trace, clock_events=True)
+        gpu = mod.TwinGpu(processes=[(os.getpid(), 1 << 30)], clock_trace=trace, clock_events=True, **TWIN_GPU)
         twin = mod.Twin([gpu], time.monotonic, sleep=time.sleep)
         mod.pynvml._nvmlGetFunctionPointer_cache.update(
             {name: twin._nvmlGetFunctionPointer(name) for name in mod.C_SIDE})
@@ -372,19 +408,21 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def print_rows(rows: list[dict]) -> None:
-    print(f"{'load':>15} {'mode':>7} {'wakes/win':>9} {'reads/win':>9} {'events/win':>10} {'CPU ms/GPU/win':>15} "
-          f"{'main thr':>9} {'other thr':>9} {'err vs 2ms mean':>15} {'max':>7} {'p95 (rec.)':>10}")
+    print(f"{'load':>15} {'mode':>9} {'wakes/win':>9} {'reads/win':>9} {'events/win':>10} {'lists/win':>9} "
+          f"{'CPU ms/GPU/win':>15} {'main thr':>9} {'other thr':>9} {'err vs 2ms mean':>15} {'max':>7} "
+          f"{'p95 (rec.)':>10}")
     for r in rows:
-        print(f"{r['load']:>15} {r['mode']:>7} {r['wakes_per_window']:>9.1f} {r['clock_reads_per_window']:>9.1f} "
-              f"{_num(r['clock_events_per_window']):>10} {r['cpu_ms_per_gpu_window']:>15.3f} "
+        print(f"{r['load']:>15} {r['mode']:>9} {r['wakes_per_window']:>9.1f} {r['clock_reads_per_window']:>9.1f} "
+              f"{_num(r['clock_events_per_window']):>10} {r['process_lists_per_window']:>9.2f} "
+              f"{r['cpu_ms_per_gpu_window']:>15.3f} "
               f"{r['main_thread_ms']:>9.3f} {r['other_threads_ms']:>9.3f} {_pct(r['clock_error_mean_ratio']):>15} "
               f"{_pct(r['clock_error_max_ratio']):>7} {_pct(r['clock_p95_error_ratio']):>10}", flush=True)
 
 
 def print_parts(parts: list[dict]) -> None:
-    print(f"{'load':>15} {'part of a window (GPU 0)':>64} {'warm µs':>8} {'cold µs':>8}")
+    print(f"{'load':>15} {'part of a window (GPU 0)':>84} {'warm µs':>8} {'cold µs':>8}")
     for p in parts:
-        print(f"{p['load']:>15} {p['part']:>64} {_num(p['warm_us']):>8} {_num(p['cold_us']):>8}")
+        print(f"{p['load']:>15} {p['part']:>84} {_num(p['warm_us']):>8} {_num(p['cold_us']):>8}")
     print("cold: CPU of the part right after a 100-ms sleep, less the sleep's own wake-up (the first row)")
 
 
@@ -398,7 +436,7 @@ def target_verdict(rows: list[dict]) -> str:
     verdict = f"default ({CLOCK_POLL_SECONDS * 1000:.0f}-ms polls), {loads[-1]}: {new:.3f} ms per GPU-window, target " \
               f"<= {TARGET_MS} ms {'met' if new <= TARGET_MS else f'missed by {new / TARGET_MS - 1:.0%}'}"
     if BASELINE in by_mode:
-        verdict += f"; the old default (100 ms) {by_mode[BASELINE]:.3f} ms ({new / by_mode[BASELINE]:.2f}x)"
+        verdict += f"; the default before ({BASELINE}) {by_mode[BASELINE]:.3f} ms ({new / by_mode[BASELINE]:.2f}x)"
     return verdict
 
 
@@ -444,9 +482,9 @@ def main() -> None:
     result: dict[str, Any] = {"command": command, "target_ms": TARGET_MS, "twin": args.twin}
     if args.twin:
         parts = twin_parts(args.reps)
-        print(f"{'part (NVML CPU twin, CPU µs)':>46} {'old path':>9} {'new path':>9}")
+        print(f"{'part (NVML CPU twin, CPU µs)':>52} {'old path':>9} {'new path':>9}")
         for name, old, new in parts:
-            print(f"{name:>46} {old:>9.2f} {new:>9.2f}")
+            print(f"{name:>52} {old:>9.2f} {new:>9.2f}")
         result["parts_us"] = [{"part": n, "old": o, "new": new} for n, o, new in parts]
     if not args.twin:
         result["events"] = clock_event_probe(Nvml())
@@ -476,7 +514,8 @@ def main() -> None:
     print(result["target_verdict"])
     result["event_path"] = event_verdict(runs, rows)
     print(result["event_path"])
-    print("wakes/win: the loop's, shared by all GPUs; reads/win and events/win per GPU; err vs 2ms: each window's "
+    print("wakes/win: the loop's, shared by all GPUs; reads/win, events/win and lists/win (process lists) per GPU; "
+          "err vs 2ms: each window's "
           "mean clock against a child reading every 2 ms (mean over the windows, and max); p95 (rec.): a 1-s "
           "window's error at that read density while the clock swings (2-ms reads under a transformer loop on an "
           "H200, clock_sampling_errors)")

@@ -26,6 +26,7 @@ from kernelfleet.telemetry.health import XID_EVENT, HealthReader
 from kernelfleet.telemetry.nvml import NvmlSource
 from kernelfleet.telemetry.nvml_api import Nvml
 from kernelfleet.telemetry.nvml_hot import bind, clock_reader
+from kernelfleet.telemetry.process_watch import ProcessWatch
 from kernelfleet.telemetry.processes import process_lister, running_processes
 
 SLEEP_SECONDS = 0.1  # the poll period the parts are woken at
@@ -65,7 +66,7 @@ def gpu_parts(nvml: Nvml, wakes: int = 8, reps: int = 200) -> list[dict[str, Any
     handle = nvml.call("nvmlDeviceGetHandleByIndex", 0)
     first, second = gpm_pair(nvml, handle)
     quiet = GpmMetrics(nvml, lambda *_: None, cycle_counters=False)
-    cycles = GpmMetrics(nvml, lambda *_: None)
+    hooked = GpmMetrics(nvml, lambda *_: None, cycle_counters=False, layout=lambda struct: struct)
     health = HealthReader(nvml, lambda *_: None)
     health.watch({"gpu0": handle})
     memory = bind(nvml, "nvmlDeviceGetMemoryInfo", (handle,), m.c_nvmlMemory_t)
@@ -73,6 +74,10 @@ def gpu_parts(nvml: Nvml, wakes: int = 8, reps: int = 200) -> list[dict[str, Any
     names: dict[int, str | None] = {}
     lister = process_lister(nvml, handle)
     since = int((time.time() - 1) * 1e6)
+    watch = ProcessWatch(nvml, handle, lister, Path("/proc"))
+    used, listed_at = int(memory().used), time.monotonic()
+    for _ in range(2):
+        watch.read(used, listed_at, since)  # listed, then settled: later reads keep the list (never aged)
     empty = nvml.call("nvmlEventSetCreate")  # Xid events only: a 100-ms wait in it times out
     try:
         nvml.call("nvmlDeviceRegisterEvents", handle, XID_EVENT, empty)
@@ -84,10 +89,11 @@ def gpu_parts(nvml: Nvml, wakes: int = 8, reps: int = 200) -> list[dict[str, Any
         "SM clock read (bound)": clock_reader(nvml, handle),
         "nvmlGpmSampleGet": lambda: nvml.call("nvmlGpmSampleGet", handle, second),
         "nvmlGpmMetricsGet, 15 metrics": lambda: quiet.metrics(first, second),
-        "the same + the cycle-counter call": lambda: cycles.metrics(first, second),
+        "the same through pynvml's structure (session 11)": lambda: hooked.metrics(first, second),
         "processes (pynvml's wrapper: two C calls)": lambda: running_processes(nvml, handle, since, Path("/proc"),
                                                                                names),
         "processes (bound: one C call)": lambda: running_processes(nvml, handle, since, Path("/proc"), names, lister),
+        "processes kept (used memory unchanged, one process or none)": lambda: watch.read(used, listed_at, since),
         "memory + power (bound)": lambda: (memory(), power()),
         "health: reasons, Xid drain": lambda: health.read("gpu0", handle),
     }
@@ -107,12 +113,17 @@ def gpu_parts(nvml: Nvml, wakes: int = 8, reps: int = 200) -> list[dict[str, Any
     return rows
 
 
-def window_part(wakes: int = 8, reps: int = 100) -> dict[str, Any]:
-    """A whole window of every GPU (``NvmlSource.read``), warm and cold, on the default path."""
-    with NvmlSource(clock_mode="poll") as source:
-        wake = cold_us(lambda: None, wakes)
-        return {"part": "a whole window, every GPU (NvmlSource.read)", "warm_us": warm_us(source.read, reps),
-                "cold_us": cold_us(source.read, wakes) - wake}
+def window_parts(wakes: int = 8, reps: int = 100) -> list[dict[str, Any]]:
+    """A whole window of every GPU (``NvmlSource.read``), warm and cold, on the default path and on
+    session 11's (the process list every window)."""
+    rows = []
+    for label, options in (("", {}), (", the process list every window (session 11)",
+                                       {"process_list_max_age_seconds": 0.0})):
+        with NvmlSource(clock_mode="poll", **options) as source:
+            wake = cold_us(lambda: None, wakes)
+            rows.append({"part": f"a whole window, every GPU (NvmlSource.read){label}",
+                         "warm_us": warm_us(source.read, reps), "cold_us": cold_us(source.read, wakes) - wake})
+    return rows
 
 
 def main() -> None:
@@ -126,11 +137,11 @@ def main() -> None:
         rows = gpu_parts(nvml, args.wakes)
     finally:
         nvml.shutdown()
-    rows.append(window_part(args.wakes))
-    print(f"{'part of a window (GPU 0)':>64} {'warm µs':>8} {'cold µs':>8}")
+    rows.extend(window_parts(args.wakes))
+    print(f"{'part of a window (GPU 0)':>84} {'warm µs':>8} {'cold µs':>8}")
     for r in rows:
         warm = "-" if r["warm_us"] is None else f"{r['warm_us']:.1f}"
-        print(f"{r['part']:>64} {warm:>8} {r['cold_us']:>8.1f}")
+        print(f"{r['part']:>84} {warm:>8} {r['cold_us']:>8.1f}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ NVML_ERROR_NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
 NVML_ERROR_FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 NVML_ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
 XID_EVENT, CLOCK_EVENT = 0x8, 0x10  # nvmlEventTypeXidCriticalError, nvmlEventTypeClock
+NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE: a process whose memory NVML cannot tell
+DRIVER_RESERVED_BYTES = 531 << 20  # an idle H200's used memory (memory_follows_processes)
 
 
 def _time(item: tuple[float, Any]) -> float:
@@ -86,6 +88,9 @@ class TwinGpu:
     power_watts: float = 691.0
     mig_instances: list[int] = field(default_factory=list)  # GPU instance ids
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, bytes)
+    # used memory: 1 GiB whatever runs, or (True) what the driver holds plus every listed process's
+    # bytes, as on a GPU, where a process cannot come or go without its memory showing
+    memory_follows_processes: bool = False
     process_sm_percent: dict[int, int] = field(default_factory=dict)
     lost: bool = False  # every call on it fails with GPU_IS_LOST until cleared
     # health (telemetry/health.py): None makes the call answer NOT_SUPPORTED
@@ -316,8 +321,11 @@ class Twin:
         return int(self._gpu(h).power_watts * 1000)
 
     def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
-        self._gpu(h)
-        return SimpleNamespace(used=1 << 30, total=141 << 30)
+        gpu = self._gpu(h)
+        if not gpu.memory_follows_processes:
+            return SimpleNamespace(used=1 << 30, total=141 << 30)
+        known = sum(b for _, b in gpu.processes if b != NOT_AVAILABLE)
+        return SimpleNamespace(used=DRIVER_RESERVED_BYTES + known, total=141 << 30)
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
         return [SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self._gpu(h).processes]

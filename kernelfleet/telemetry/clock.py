@@ -88,10 +88,12 @@ class ClockPoller:
         self._polled = [(read, self._reads[k]) for k, read in readers.items()]
         self._last = {}
 
-    def poll_once(self) -> None:
+    def poll_once(self, now: float | None = None) -> None:
+        """Read every device's clock, all at ``now`` (default: the clock now)."""
         # Every GPU is read at one timestamp: the reads of one wake-up lie microseconds apart,
         # far below the 100-ms steps the clock moves in, and one clock call per wake is cheaper.
-        now = self._clock()
+        if now is None:
+            now = self._clock()
         for read, pending in self._polled:
             try:
                 pending.append((now, read()))

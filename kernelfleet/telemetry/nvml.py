@@ -25,7 +25,8 @@ from kernelfleet.telemetry.health import SLOW_HEALTH_SECONDS, HealthReader
 from kernelfleet.telemetry.nvml_api import REPLAY_HINT, Nvml, NvmlCallFailed, text
 from kernelfleet.telemetry.nvml_hot import bind, clock_reader, read_optional
 from kernelfleet.telemetry.nvml_target import Target, identity
-from kernelfleet.telemetry.processes import process_lister, running_processes
+from kernelfleet.telemetry.process_watch import PROCESS_LIST_MAX_AGE_SECONDS, ProcessWatch
+from kernelfleet.telemetry.processes import process_lister
 from kernelfleet.telemetry.sample import Sample
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ class NvmlSource:
     # (telemetry/nvml_hot.py); False goes through pynvml's wrapper for each, as before.
     hot_reads: bool = True
     slow_health_seconds: float = SLOW_HEALTH_SECONDS  # temperature and ECC counts (health.py); 0: every window
+    # The process list is read again when the used memory moved, on a shared GPU, or when it is this
+    # old (telemetry/process_watch.py); 0: every window.
+    process_list_max_age_seconds: float = PROCESS_LIST_MAX_AGE_SECONDS
     nvml: Nvml = field(default_factory=Nvml)
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
@@ -83,6 +87,8 @@ class NvmlSource:
             raise UsageError(f"clock_mode must be one of {', '.join(CLOCK_MODES)}, got {self.clock_mode!r}")
         if self.slow_health_seconds < 0:
             raise UsageError(f"slow_health_seconds must be >= 0, got {self.slow_health_seconds}")
+        if self.process_list_max_age_seconds < 0:
+            raise UsageError(f"process_list_max_age_seconds must be >= 0, got {self.process_list_max_age_seconds}")
         self._health = HealthReader(self.nvml, self._warn_once, self.hot_reads, self.slow_health_seconds, self.clock)
         self._gpm = GpmMetrics(self.nvml, self._warn_once)
 
@@ -146,6 +152,11 @@ class NvmlSource:
         return "events" if self._events is not None and self._events.active else "poll"
 
     @property
+    def process_lists_total(self) -> int:
+        """Process lists made this NVML session, all targets (telemetry/process_watch.py)."""
+        return sum(t.processes.lists_total for t in self._targets if t.processes is not None)
+
+    @property
     def clock_events(self) -> ClockEvents | None:
         """The clock-change events (their counts, or why they are off); None when polling was asked for."""
         return self._events
@@ -157,16 +168,19 @@ class NvmlSource:
         # CPU in a VM: docs/telemetry.md).
         step = self.clock_poll_seconds if self._clocks_moving() else self.interval_seconds
         start, polls = window_end - self.interval_seconds, 0
+        clock, sleep, poll = self.clock, self.sleep, self._poller.poll_once  # type: ignore[union-attr]
+        now = clock()
         while True:
             # the next deadline after now: a loop held up (a slow frame of `watch`) skips the
             # reads it missed instead of making them back to back
-            polls = max(polls + 1, int((self.clock() - start) / step) + 1)
+            polls = max(polls + 1, int((now - start) / step) + 1)
             due = start + polls * step
             last = due > window_end - 1e-6  # the read at the window's end (to float rounding)
             due = window_end if last else due
-            while (left := due - self.clock()) > 1e-6:
-                self.sleep(left)
-            self._poller.poll_once()  # type: ignore[union-attr] - open() made it
+            while due - now > 1e-6:
+                sleep(due - now)
+                now = clock()  # one clock read a wake-up: it times the reads and the next deadline
+            poll(now)
             if last:
                 break
 
@@ -266,7 +280,9 @@ class NvmlSource:
         return {t.uuid: t.handle for t in self._targets if t.mig_instance is None and not t.failed}
 
     def _bind_reads(self, target: Target) -> None:
-        target.processes = process_lister(self.nvml, target.info_handle, direct=self.hot_reads)
+        target.processes = ProcessWatch(self.nvml, target.info_handle,
+                                        process_lister(self.nvml, target.info_handle, direct=self.hot_reads),
+                                        self.proc_root, self.process_list_max_age_seconds)
         target.memory = bind(self.nvml, "nvmlDeviceGetMemoryInfo", (target.info_handle,), self.nvml.m.c_nvmlMemory_t,
                              direct=self.hot_reads)
         if target.mig_instance is None:
@@ -311,11 +327,12 @@ class NvmlSource:
             current = self._gpm_sample(target)
             end, end_wall = self.clock(), self.wall()
             metrics = self._gpm.metrics(target.previous, current) if current is not None else {}
-            processes = running_processes(self.nvml, target.info_handle, prev_proc, self.proc_root,
-                                          target.process_names, target.processes)
             memory = read_optional(target.memory)
             if memory is not None:
                 memory = (int(memory.used), int(memory.total))  # the bound read reuses its structure
+            # after the memory: a change in it is what makes the window list the processes again
+            processes = target.processes.read(None if memory is None else memory[0], end,  # type: ignore[union-attr]
+                                              prev_proc)
             # Board power is already a 1-s average on Ampere and newer (NVML docs), so one
             # read per window does; MIG slices have no power of their own.
             milliwatts = None if target.power is None else read_optional(target.power)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kernelfleet.telemetry.nvml_hot import Read
+from kernelfleet.telemetry.process_watch import ProcessWatch
 
 
 @dataclass
@@ -29,8 +30,7 @@ class Target:
     failed: str | None = None  # set when a read failed: the next window starts fresh
     memory: Read | None = None  # bound once per NVML session (telemetry/nvml_hot.py)
     power: Read | None = None  # whole GPUs only: MIG slices have no power of their own
-    processes: Read | None = None  # the processes listed (telemetry/processes.py)
-    process_names: dict[int, str | None] = field(default_factory=dict)  # pid -> name, while it stays
+    processes: ProcessWatch | None = None  # listed when something says they changed (process_watch.py)
 
 
 def identity(target: Target) -> dict[str, Any]:

@@ -125,7 +125,8 @@ def test_process_names_are_read_once_while_the_process_stays(fake_time, tmp_path
     (tmp_path / "4242").mkdir()
     comm = tmp_path / "4242" / "comm"
     comm.write_text("python\n")
-    gpu = TwinGpu(processes=[(4242, 1 << 30)])
+    # (its memory comes and goes with it, which is what makes a window list the processes again)
+    gpu = TwinGpu(processes=[(4242, 1 << 30)], memory_follows_processes=True)
     _, source = on_twin([gpu], fake_time, proc_root=tmp_path)
     names = []
     with source:
@@ -220,3 +221,41 @@ def test_the_process_list_is_one_c_call_with_pynvml_s_answer(pynvml_over_twin):
     gpu.lost = True
     with pytest.raises(NvmlCallFailed, match="GPU is lost"):
         lister()
+
+
+def test_gpm_requests_keep_pynvml_s_layout_without_its_field_hooks(fake_time):
+    import pynvml
+
+    from kernelfleet.telemetry.gpm import GPM_METRICS, GpmMetrics
+    from kernelfleet.telemetry.nvml_hot import plain_layout
+
+    plain = plain_layout(pynvml.c_nvmlGpmMetricsGet_t)
+    assert ctypes.sizeof(plain) == ctypes.sizeof(pynvml.c_nvmlGpmMetricsGet_t)
+    for (name, _), (same, _) in zip(plain._fields_, pynvml.c_nvmlGpmMetricsGet_t._fields_, strict=True):
+        assert name == same and getattr(plain, name).offset == getattr(pynvml.c_nvmlGpmMetricsGet_t, name).offset
+    element = plain._fields_[-1][1]._type_
+    assert element.value.offset == pynvml.c_nvmlGpmMetric_t.value.offset and element.__getattribute__ is \
+        ctypes.Structure.__getattribute__  # no per-field Python hook
+    assert plain_layout(Twin.c_nvmlGpmMetricsGet_t) is Twin.c_nvmlGpmMetricsGet_t  # the twin's own request
+
+    # "NVML" answers through pynvml's own wrapper, writing pynvml's layout at the pointer it is given
+    def metrics_get(address):
+        request = pynvml.c_nvmlGpmMetricsGet_t.from_address(address)
+        assert request.version == pynvml.NVML_GPM_METRICS_GET_VERSION and request.numMetrics == len(GPM_METRICS)
+        for i in range(request.numMetrics):
+            metric = request.metrics[i]
+            metric.nvmlReturn, metric.value = (3, 0.0) if metric.metricId == 10 else (0, metric.metricId * 2.0)
+        return 0
+
+    callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(metrics_get)
+    cache = pynvml._nvmlGetFunctionPointer_cache
+    saved = dict(cache)
+    cache["nvmlGpmMetricsGet"] = callback
+    try:
+        values = GpmMetrics(Nvml(pynvml), lambda *_: None, cycle_counters=False).metrics(
+            pynvml.c_nvmlGpmSample_t(), pynvml.c_nvmlGpmSample_t())
+    finally:
+        cache.clear()
+        cache.update(saved)
+    assert values["tensor_active_ratio"] == pytest.approx(5 * 2.0 * 0.01) and values["dram_bandwidth_ratio"] is None
+    assert values["nvlink_rx_bytes_per_second"] == pytest.approx(60 * 2.0 * 1024 * 1024)

@@ -182,6 +182,24 @@ def test_cycle_counters_are_recorded_raw_when_the_driver_has_them(fake_time):
     assert (s.sm_cycles_elapsed_raw, s.mma_cycles_active_raw) == (2.5e12, 1.1e12)
 
 
+def test_cycle_counters_answered_ride_in_the_metrics_call(fake_time):
+    gpu = TwinGpu()
+    gpu.gpm_values.update({248: 2.5e12, 250: 1.1e12})
+    twin, source = open_source([gpu], fake_time)
+    asked = []
+    metrics_get = twin.nvmlGpmMetricsGet
+
+    def counted(request):
+        asked.append(sorted(m.metricId for m in request.metrics[:request.numMetrics]))
+        return metrics_get(request)
+
+    twin.nvmlGpmMetricsGet = counted
+    with source:
+        windows = [tick(source, fake_time, [1400], gpu)[0] for _ in range(3)]
+    assert len(asked) == 3 and all(248 in ids and 250 in ids and 5 in ids for ids in asked)  # one call a window
+    assert all(s.sm_cycles_elapsed_raw == 2.5e12 and s.tensor_active_ratio == pytest.approx(0.9363) for s in windows)
+
+
 def test_a_driver_refusing_the_cycle_counters_costs_nothing_else(fake_time):
     gpu = TwinGpu(refuse_calls_with={248})
     _, source = open_source([gpu], fake_time)

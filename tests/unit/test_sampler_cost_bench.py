@@ -20,15 +20,19 @@ pytestmark = pytest.mark.unit
 def test_twin_run_writes_every_mode_and_the_json(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["sampler_cost", "--twin", "--windows", "2", "--repeat", "1", "--reps", "50",
                                       "--interval", "0.3", "--out", str(tmp_path),
-                                      "--modes", "before,poll-100ms,poll-200ms,poll,events,floor"])
+                                      "--modes", "before,poll-s11,poll-100ms,poll-200ms,poll,events,floor-s11,floor"])
     sampler_cost.main()
     out = capsys.readouterr().out.splitlines()
     written = json.loads((tmp_path / "sampler_cost.json").read_text())
     assert json.loads(out[-1]) == written and out[0].startswith("command: ")
-    modes = ["before", "poll-100ms", "poll-200ms", "poll", "events", "floor"]
+    modes = ["before", "poll-s11", "poll-100ms", "poll-200ms", "poll", "events", "floor-s11", "floor"]
     assert [r["mode"] for r in written["rows"]] == modes
     by_mode = {r["mode"]: r for r in written["rows"]}
     assert by_mode["floor"]["clock_reads_per_window"] == 1
+    # session 11's reads list the processes every window; today's kept the list (the twin's memory held
+    # still), past the second window of the run (its first is not measured)
+    assert by_mode["poll-s11"]["process_lists_per_window"] == by_mode["floor-s11"]["process_lists_per_window"] == 1
+    assert by_mode["poll"]["process_lists_per_window"] == by_mode["floor"]["process_lists_per_window"] == 0.5
     assert by_mode["floor"]["clock_p95_error_ratio"] > 0.05  # the recorded swing at one read a window
     # every window is checked against the twin's clock trace, the truth
     assert all(r["reference_windows"] == 2 for r in written["rows"])
@@ -38,7 +42,7 @@ def test_twin_run_writes_every_mode_and_the_json(tmp_path, monkeypatch, capsys):
     assert events["clock_error_max_ratio"] < 0.01
     assert events["clock_reads_per_window"] == pytest.approx(events["clock_events_per_window"] + 1)
     ratios = written["over_baseline"]["twin, H200 trace"]
-    assert next(iter(ratios)) == "poll-100ms" and ratios["poll-100ms"] == 1.0 and set(ratios) == set(modes)
+    assert next(iter(ratios)) == "poll-s11" and ratios["poll-s11"] == 1.0 and set(ratios) == set(modes)
     assert written["target_verdict"].startswith("default (250-ms polls), twin, H200 trace: ")
     assert written["event_path"].startswith("event path: twin, H200 trace: ")
     assert [p["part"] for p in written["parts_us"]][1] == "SM clock read"
@@ -54,6 +58,12 @@ def test_modes_are_the_old_path_today_s_polling_and_the_events():
     assert old.adaptive_clock_poll and new.adaptive_clock_poll
     poll, _ = sampler_cost.make_source("poll", 1.0, None)
     assert poll.hot_reads and poll.slow_health_seconds > 0 and poll.clock_mode == "poll"
+    assert poll.process_list_max_age_seconds == 10.0
+    s11, _ = sampler_cost.make_source("poll-s11", 1.0, None)  # the default before: the list every window
+    assert (s11.clock_poll_seconds, s11.adaptive_clock_poll, s11.process_list_max_age_seconds) == (0.25, True, 0.0)
+    floor11, _ = sampler_cost.make_source("floor-s11", 2.0, None)
+    assert (floor11.clock_poll_seconds, floor11.adaptive_clock_poll, floor11.process_list_max_age_seconds) == \
+        (2.0, False, 0.0)
     assert sampler_cost.make_source("events", 1.0, None)[0].clock_mode == "events"
     floor, _ = sampler_cost.make_source("floor", 2.0, None)
     assert floor.clock_poll_seconds == 2.0 and not floor.adaptive_clock_poll
