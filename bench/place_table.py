@@ -24,6 +24,13 @@ Per (target, pair), from its ``disagg.json`` (every strategy behind its gate, ti
 A strategy that failed its gate has no time and is never best or chosen. Prints a Markdown table,
 the command, and a last line of JSON with every figure.
 
+``--edges FILE`` (what ``python -m bench.edge_cost`` wrote) fits the per-edge cost of the edge
+experiment's plans (``plan/edges.fit``: least squares of their residual, measured - predicted,
+against ``--terms``, by default a cost per copy on the critical chain, per wait and per fork across
+streams), prints the fit, and re-predicts every row here with it beside today's model. The fit sees
+the edge experiment's plans only, never the rows it is counted on; ``--fit-out`` keeps it as a
+``kernelfleet_edges`` document.
+
 ``--calibrated`` prints instead how many chained rows each correction of the cost table, fitted on
 the single-device graphs only, brings within 10 % of its prediction, and what each would choose
 (``bench/place_calibration.py``; ``contention`` is the model ``bench disagg`` and ``plan`` use now).
@@ -43,8 +50,9 @@ from kernelfleet.bench.choice import chosen as choice
 from kernelfleet.costs.links import LinkTable, describe
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
-from kernelfleet.plan import command, links
+from kernelfleet.plan import command, edges, links
 from kernelfleet.plan.contention import Contention
+from kernelfleet.plan.edgerun import EdgeRun
 from kernelfleet.plan.model import Plan
 from kernelfleet.plan.slots import SUFFIXES
 
@@ -107,17 +115,18 @@ def row_of(folder: Path, found: dict | None = None) -> Row:
                (replicas / min(placements)) if placements and replicas else float("nan"), ", ".join(gates))
 
 
-def repredicted(folder: Path, links: LinkTable | None = None) -> dict:
+def repredicted(folder: Path, links: LinkTable | None = None, fitted: edges.EdgeFit | None = None) -> dict:
     """The folder's strategies with every slot-mode row's prediction recomputed by today's model
     (``place_calibration``'s ``contention``: the table scaled to its graphs, its shared and free
-    factors), copies and waits taken from ``links`` where given (``CostTable.with_links``)."""
+    factors), copies and waits taken from ``links`` where given (``CostTable.with_links``), plus
+    what ``fitted`` charges each graph's edges where given."""
     found = json.loads((folder / "disagg.json").read_text())["strategies"]
     costs = CostTable.from_json((folder / "costs.json").read_text(), str(folder / "costs.json"))
     table = place_calibration.corrected(costs, costs.graph_seconds or place_calibration.graph_seconds(found),
                                         "contention")
     if links is not None:
         table = table.with_links(links.links)
-    predicted = place_calibration.predictions(folder, table, Contention.of(table))
+    predicted = place_calibration.predictions(folder, table, Contention.of(table, fitted))
     return {name: {**r, "predicted_seconds": predicted.get(name, r.get("predicted_seconds"))}
             for name, r in found.items()}
 
@@ -173,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="Predictions recomputed under each correction fitted on the single-device graphs.")
     parser.add_argument("--link", type=Path, help="A measured link (python -m bench.link_cost's links.json): every "
                         "prediction recomputed with it, beside today's model recomputed without it.")
+    parser.add_argument("--edges", type=Path, help="An edge experiment (python -m bench.edge_cost's edges.json): "
+                        "the per-edge cost fitted on its plans, every prediction here recomputed with it.")
+    parser.add_argument("--terms", nargs="+", default=list(edges.DEFAULT_TERMS), choices=edges.TERMS,
+                        help="The 1-3 counts the edge fit charges (default: %(default)s).")
+    parser.add_argument("--fit-out", type=Path, help="Write the edge fit here (a kernelfleet_edges document).")
     args = parser.parse_args(argv)
     folders = sorted(p.parent for p in args.folder.glob("*/disagg.json"))
     if not folders:
@@ -187,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.link is not None:
         return _with_link(folders, args.link)
+    if args.edges is not None:
+        return _with_edges(folders, args.edges, tuple(args.terms), args.fit_out)
     rows = [row_of(folder) for folder in folders]
     print(markdown(rows), "", *(f"- {k}: {v}" for k, v in verdicts(rows).items()), "", command_line(), sep="\n")
     print(json.dumps({"rows": [asdict(r) for r in rows], "verdicts": verdicts(rows)}))
@@ -210,6 +226,55 @@ def _with_link(folders: list[Path], path: Path) -> int:
           *(f"- {k}: {v}" for k, v in verdicts(today).items()), "", command_line(), sep="\n")
     print(json.dumps({"rows": [asdict(r) for r in rows], "verdicts": verdicts(rows),
                       "without_link": verdicts(today)}))
+    return 0
+
+
+def edge_fit(run: EdgeRun, where: Path, terms: tuple[str, ...]) -> edges.EdgeFit:
+    """The fit of ``terms`` to the residuals of ``run``'s timed plans with their own bytes (the
+    zero-byte twins are the bytes' control, not plans a server runs)."""
+    rows = [(p.counts, p.residual_seconds) for p in run.plans
+            if p.measured_seconds is not None and p.copy_cap_bytes is None]
+    return edges.fit(rows, terms, f"{where} ({'derived, ' if run.derived else ''}{run.source})")
+
+
+def bytes_cost(run: EdgeRun) -> list[str]:
+    """Per plan with a zero-byte twin: what its copies' bytes cost, measured, per copy."""
+    full = {(p.target, p.name): p for p in run.plans if p.copy_cap_bytes is None and p.measured_seconds}
+    out = []
+    for p in run.plans:
+        twin = full.get((p.target, p.name.rsplit(", copies", 1)[0]))
+        if p.copy_cap_bytes is not None and twin is not None and p.measured_seconds and twin.counts.copies:
+            out.append(f"{p.target} {twin.name}: {twin.counts.copies} copies of {twin.counts.copy_bytes} bytes cost "
+                       f"{(twin.measured_seconds - p.measured_seconds) / twin.counts.copies * 1e6:+.2f} µs a copy "
+                       f"over copies of {p.copy_cap_bytes} bytes")
+    return out
+
+
+def _with_edges(folders: list[Path], path: Path, terms: tuple[str, ...], fit_out: Path | None) -> int:
+    """The per-edge fit of the edge experiment ``path``, and the table re-predicted with it beside
+    today's model recomputed on the same folders (the baseline of the same run)."""
+    try:
+        run = EdgeRun.load(path)
+        fitted = edge_fit(run, path, terms)
+        singles = {t: edge_fit(run, path, (t,)) for t in terms} if len(terms) > 1 else {}
+    except UsageError as exc:
+        print(f"bench.place_table: error: {exc}", file=sys.stderr)
+        return 2
+    if fit_out is not None:
+        fitted.save(fit_out)
+    today = [row_of(folder, repredicted(folder)) for folder in folders]
+    rows = [row_of(folder, repredicted(folder, fitted=fitted)) for folder in folders]
+    origin = (f"WARNING: {path} is derived from recorded rows, not an edge experiment (rows the counts below "
+              "leave out, of the same runs): a test of the mechanics, not a result" if run.derived else
+              f"the fit comes from the {fitted.plans} timed plans of {path} only, none of the {len(folders)} rows below")
+    print(f"edge fit: {fitted.describe()}", f"fitted on {fitted.fitted_on}", origin,
+          *(f"- {t} alone: {f.describe()}" for t, f in singles.items()),
+          *(f"- {line}" for line in bytes_cost(run)),
+          "", markdown(rows), "", "with the edge fit:", *(f"- {k}: {v}" for k, v in verdicts(rows).items()),
+          "", "today's model recomputed on the same folders, without it:",
+          *(f"- {k}: {v}" for k, v in verdicts(today).items()), "", command_line(), sep="\n")
+    print(json.dumps({"fit": json.loads(fitted.to_json()), "rows": [asdict(r) for r in rows],
+                      "verdicts": verdicts(rows), "without_fit": verdicts(today)}))
     return 0
 
 
