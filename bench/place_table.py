@@ -234,7 +234,7 @@ def edge_fit(run: EdgeRun, where: Path, terms: tuple[str, ...]) -> edges.EdgeFit
     zero-byte twins are the bytes' control, not plans a server runs)."""
     rows = [(p.counts, p.residual_seconds) for p in run.plans
             if p.measured_seconds is not None and p.copy_cap_bytes is None]
-    return edges.fit(rows, terms, f"{where} ({'derived, ' if run.derived else ''}{run.source})")
+    return edges.fit(rows, terms, f"{where} ({run.source})")
 
 
 def bytes_cost(run: EdgeRun) -> list[str]:

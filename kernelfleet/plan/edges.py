@@ -9,9 +9,10 @@ part of its time the model misses to those counts:
 * :func:`counts` of a graph laid out as ``slots.pipeline`` makes it, given the (start, end) of
   each node the model predicts (``contention.spans``): copies and their bytes; *waits* (a node
   that depends on a node of another stream: a copy on its writer, a kernel on the copy that brought
-  its bytes); *forks* (nodes another stream waits for); *joins* (nodes that wait for another
-  stream); and along the predicted critical chain, its copies, its waits and its forks (a node
-  whose own stream's next node is on the chain after it while another stream waits for it).
+  its bytes); *forks* (nodes another stream waits for while their own stream goes on: a kernel
+  whose bytes a copy takes, with a next kernel on its device); *joins* (nodes that wait for another
+  stream and for their own stream's previous node); and along the predicted critical chain, its
+  copies, its waits and its forks (a fork followed on the chain by its own stream's next node).
 * :class:`EdgeFit`: seconds per count of one to three of those terms, fitted by plain least
   squares (no intercept: a plan without edges keeps its prediction) on the residuals ``measured -
   predicted`` of the experiment's plans (:func:`fit`). ``contention.predict`` adds
@@ -98,14 +99,17 @@ def counts(combined: list[SlotNode], spans: list[tuple[float, float]], by_slot: 
     """The :class:`EdgeCounts` of ``combined`` with the model's ``spans`` of its nodes (module
     docstring); ``by_slot``: streams are per slot (free slots), for the critical chain."""
     other = [[d for d in x.deps if combined[d].node.stream != x.node.stream] for x in combined]
-    forking = {d for ds in other for d in ds}
+    previous = _previous_on_stream(combined, by_slot)
+    going_on = {p for p in previous if p is not None}
+    forking = {d for ds in other for d in ds if d in going_on}
     chain = critical_chain(combined, spans, by_slot)
     steps = list(pairwise(chain))
     crossing = sum(combined[a].node.stream != combined[b].node.stream for a, b in steps)
     forked = sum(a in forking and combined[a].node.stream == combined[b].node.stream for a, b in steps)
     copies = [x for x in combined if x.node.copy is not None]
     return EdgeCounts(len(combined), len(copies), sum(x.node.copy.length_bytes for x in copies),
-                      sum(map(len, other)), len(forking), sum(bool(ds) for ds in other),
+                      sum(map(len, other)), len(forking),
+                      sum(bool(ds) and p is not None for ds, p in zip(other, previous)),
                       sum(combined[k].node.copy is not None for k in chain), crossing, forked)
 
 
