@@ -3,6 +3,7 @@ the least-squares fit of their cost; the fit as a document; and contention.predi
 only where one is given. The experiment's plans (plan/edgerun.py): what each family places where."""
 
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,7 @@ def test_the_experiments_plans_cut_the_order_and_spread_launches_leaving_pins_ho
     assert plans["single:a"] == ("single", ["a"] * n) and plans["single:b"] == ("single", ["b"] * n)
     cut = plans["cut 2"][1]
     assert cut == ["a"] * (n // 2) + ["b"] * (n - n // 2)  # the layer pipeline's shape
-    switches = {name: sum(x != y for x, y in zip(a, a[1:])) for name, (f, a) in plans.items() if f == "cut"}
+    switches = {name: sum(x != y for x, y in pairwise(a)) for name, (f, a) in plans.items() if f == "cut"}
     assert switches == {f"cut {s}": s - 1 for s in (2, 3, 5, 9, 17, 33)}
     assert {name: a.count("b") for name, (f, a) in plans.items() if f == "spread"} == {
         f"spread {m}": m for m in (1, 2, 4, 8, 16, 32)}
