@@ -226,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, links: LinkTable) -> int:
     import torch
 
+    from bench.link_cost import gpu_folder
     from bench.place_pairs import PAIRS, REFERENCE, TRANSFORMERS, device_flag, run_row, target_of
     from kernelfleet.plan.command import load_costs
     from kernelfleet.profile.run import parse_profile
@@ -235,12 +236,7 @@ def _run(args: argparse.Namespace, links: LinkTable) -> int:
     unknown = [t for t in args.targets if t not in (*REFERENCE, *TRANSFORMERS)]
     if unknown:
         raise UsageError(f"--targets: unknown {', '.join(unknown)}; expected some of {', '.join(REFERENCE + TRANSFORMERS)}")
-    if not torch.cuda.is_available():
-        raise UsageError("no CUDA GPU here: the edges are timed on the GPU the plans run on (--derive runs anywhere)")
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{args.out}: cannot make the folder ({exc.strerror})") from exc
+    gpu_folder(args.out, "the edges are timed on the GPU the plans run on (--derive runs anywhere)")
     profiles = {spec.name: spec for spec in (parse_profile(device_flag(p)) for p in PAIRS["same"])}
     plans: list[EdgePlan] = []
     refused: list[str] = []
