@@ -70,7 +70,7 @@ class EdgePlan:
         return None if self.measured_seconds is None else self.measured_seconds - self.predicted_seconds
 
 
-@document("kernelfleet_edge_run", EDGE_RUN_FORMAT, "edge experiment")
+@document("kernelfleet_edge_run", EDGE_RUN_FORMAT, "run of the edge experiment")
 class EdgeRun(Document):
     """What ``python -m bench.edge_cost`` measured (``derived``: recast on a CPU from recorded rows
     of another run, not an edge experiment; ``source`` says which)."""

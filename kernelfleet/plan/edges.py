@@ -127,7 +127,7 @@ class Term:
         return self
 
 
-@document("kernelfleet_edges", EDGES_FORMAT, "edge fit")
+@document("kernelfleet_edges", EDGES_FORMAT, "per-edge fit")
 class EdgeFit(Document):
     """Per-edge costs fitted on the residuals (measured - predicted) of ``plans`` plan graphs
     (:func:`fit`); ``fitted_on`` says which (an edge experiment, never the rows it is judged on)."""

@@ -3,19 +3,26 @@ from the recorded H200 run (tests/data/edges-derived: the one-slot and conservat
 of its same-kernel folders, which the 147 chained rows leave out; ``python -m bench.edge_cost
 --derive`` rebuilds it), not on an edge experiment: the fit is printed and said to be derived, the
 22 recorded rows are re-predicted with it beside today's model, a fit charging nothing changes no
-prediction, one charging copies raises exactly the rows that copy, and a bad file is one line."""
+prediction, one charging copies raises exactly the rows that copy, and a bad file is one line; and
+``kernelfleet plan --edge-fit`` charges a fit in its predictions."""
 
 import contextlib
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from bench import edge_cost, place_table
 from kernelfleet.costs.links import LinkTable
+from kernelfleet.plan import command
 from kernelfleet.plan.edgerun import EdgeRun
 from kernelfleet.plan.edges import EdgeFit, Term
+from kernelfleet.plan.links import COPY_US, LINK_GBPS
+from kernelfleet.plan.model import Plan
+from kernelfleet.plan.slots import per_request_modes
 
 pytestmark = pytest.mark.replay
 
@@ -78,4 +85,30 @@ def test_a_bad_edge_file_and_an_impossible_fit_are_one_line(tmp_path: Path, caps
     empty.save(tmp_path / "empty.json")
     assert place_table.main(["--edges", str(tmp_path / "empty.json")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and "bad.json: not a edge experiment: plans" in err[0] and "0 plans cannot fit 3" in err[1]
+    assert len(err) == 2 and "bad.json: not a run of the edge experiment: plans" in err[0] and "0 plans cannot fit 3" in err[1]
+
+
+def test_kernelfleet_plan_charges_an_edge_fit_only_where_given(tmp_path: Path):
+    folder = place_table.RECORDED / "dit-denoise.same"
+    EdgeFit([Term("copies", 1e-6)], 1, 0.0, 0.0, "synthetic, not measured").save(tmp_path / "fit.json")
+    given = (folder / "program.json.gz", folder / "costs.json", ["a", "b"], [], LINK_GBPS, [], [], None, COPY_US)
+    plain, charged = command.setup(*given), command.setup(*given, edge_fit_path=tmp_path / "fit.json")
+    assert [n for n in charged.notes if n.startswith("edges: ")] == [
+        ("edges: every prediction in a slot mode charges +1.000 µs per copy (least squares over 1 plans, rms residual "
+        "0.00 -> 0.00 µs), fitted on synthetic, not measured (the MILP's objective does not)")]
+    for name, copies in (("throughput-milp", 32), ("single-a", 0)):
+        plan = Plan.from_json((folder / f"plan.{name}.json").read_text(), name)
+        before, after = per_request_modes(plain.problem, plan, 2), per_request_modes(charged.problem, plan, 2)
+        # two requests a graph: each pays its own copies, the fit's µs a copy
+        assert {m: after[m] - before[m] for m in before} == pytest.approx(dict.fromkeys(before, copies / 2 * 1e-6))
+
+
+def test_kernelfleet_plan_with_a_bad_edge_fit_is_one_line(tmp_path: Path):
+    folder = place_table.RECORDED / "dit-denoise.same"
+    (tmp_path / "fit.json").write_text('{"kernelfleet_edges": 1, "terms": [], "plans": 0}')
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", "plan", str(folder / "program.json.gz"),
+                           str(folder / "costs.json"), "--edge-fit", str(tmp_path / "fit.json")],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [(f"kernelfleet: error: {tmp_path / 'fit.json'}: not a per-edge fit: plans: "
+                                                "Input should be greater than or equal to 1, got 0 (2 more errors)")]

@@ -72,7 +72,7 @@ def test_a_fit_reads_back_as_it_was_written_and_a_bad_one_is_one_line(tmp_path: 
     fitted.save(tmp_path / "fit.json")
     assert EdgeFit.load(tmp_path / "fit.json") == fitted
     (tmp_path / "bad.json").write_text(fitted.to_json().replace('"forks"', '"nodes"'))
-    with pytest.raises(UsageError, match=r"bad.json: edge fit: terms.0: term must be one of"):
+    with pytest.raises(UsageError, match=r"bad.json: per-edge fit: terms.0: term must be one of"):
         EdgeFit.load(tmp_path / "bad.json")
 
 
