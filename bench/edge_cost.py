@@ -122,7 +122,7 @@ def measure_target(target: str, runner: Runner, program: Program, table: CostTab
                   "slots": slots}
         try:
             built = runner.graph(name, [assignment] * slots, homes)
-        except (UsageError, DriverError) as exc:
+        except KernelfleetError as exc:  # a plan the replicas cannot run: reported, never timed
             refused.append(f"{target} {name}: {exc}")
             continue
         try:
@@ -130,6 +130,9 @@ def measure_target(target: str, runner: Runner, program: Program, table: CostTab
             measured = runner.seconds(built) if passed(verdict) else None
             out.append(record(built.combined, "sequential", today, link, gate=verdict, measured_seconds=measured,
                               method=built.method, **fields))
+        except DriverError as exc:  # the driver refused to run it: the same
+            refused.append(f"{target} {name}: {exc}")
+            continue
         finally:
             release(built)
         if measured is not None and built.method is not None:
@@ -147,11 +150,13 @@ def _zero_bytes(runner: Runner, today: tuple, link: tuple | None, assignments: l
         try:
             twin = runner.graph(fields["name"], assignments, homes, method=method, copy_cap_bytes=cap)
         except DriverError:
-            continue
+            continue  # refused at this size (built or instantiated): the next
         try:
             return record(twin.combined, "sequential", today, link, cap, measured_seconds=runner.seconds(twin),
                           gate=f"not gated: copies cut to {cap} bytes (the plan above passed)", method=twin.method,
                           **{**fields, "name": f"{fields['name']}, copies {cap} B"})
+        except DriverError:
+            continue  # refused at launch: the next
         finally:
             release(twin)
     return None

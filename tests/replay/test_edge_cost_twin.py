@@ -2,7 +2,8 @@
 executor through the null driver (kernels/cuda/null.py) over the captures two H200s made of the 8B
 prefill step (tests/data/h200x2-disagg), gated, then timed; a plan that fails its gate is never
 timed; each plan that copies gets a twin with its copies cut to zero bytes (four where the driver
-refuses zero), timed and never gated; and the command's misuse gets one line."""
+refuses zero), timed and never gated; a plan the replicas cannot run is reported, never timed; and
+the command's misuse gets one line."""
 
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from recorded import twin_replicas
 from bench import edge_cost
 from kernelfleet.costs.links import LinkFit, LinkTable, MeasuredLink
 from kernelfleet.costs.table import CostTable
+from kernelfleet.errors import UsageError
 from kernelfleet.kernels.cuda.doorway import DriverError
 from kernelfleet.kernels.cuda.null import NullDriver
 from kernelfleet.runtime.executor import Built, Slot, build, run
@@ -23,11 +25,12 @@ RUNS = Path(__file__).parents[1] / "data" / "h200x2-disagg"
 DEVICES = ("bandwidth", "compute")
 SLOTS = 2
 FAILS = "spread 2"  # the twin's gate refuses this plan
+REFUSED = "cut 5"  # and its replicas cannot run this one
 
 
 class NullRunner:
-    """The GPU runner's twin: the executor's graphs on ``driver``, a gate that passes all but
-    :data:`FAILS`, and a time of 1 µs a node (what ran is what the driver recorded)."""
+    """The GPU runner's twin: the executor's graphs on ``driver`` (but :data:`REFUSED`'s), a gate
+    that passes all but :data:`FAILS`, and a time of 1 µs a node (what ran is what the driver recorded)."""
 
     def __init__(self, driver: NullDriver) -> None:
         self.driver = driver
@@ -36,6 +39,8 @@ class NullRunner:
         self.copied: dict[str, list[int]] = {}  # graph name -> bytes of each copy the driver added
 
     def graph(self, name: str, assignments: list[list[str]], homes: list[str], **options) -> Built:
+        if name == REFUSED:
+            raise UsageError(f"{name}: the replicas cannot run it")
         first = len(self.driver.added)
         built = build([Slot(r, a, h) for r, a, h in zip(self.slots, assignments, homes)], resident_state=True,
                       driver=self.driver, **options)
@@ -73,11 +78,11 @@ def measured():
     return runner, plans, refused
 
 
-def test_every_plan_is_gated_before_it_is_timed_and_a_failed_one_is_never_timed(measured):
+def test_every_plan_is_gated_before_it_is_timed_and_a_failed_or_refused_one_is_never_timed(measured):
     runner, plans, refused = measured
     full = [p for p in plans if p.copy_cap_bytes is None]
-    assert [p.name for p in full][:4] == ["single:bandwidth", "single:compute", "cut 2", "cut 3"]
-    assert refused == [] and len(full) == 2 + 6 + 6
+    assert [p.name for p in full][:5] == ["single:bandwidth", "single:compute", "cut 2", "cut 3", "cut 9"]
+    assert refused == ["llama8b-prefill cut 5: cut 5: the replicas cannot run it"] and len(full) == 2 + 5 + 6
     for p in full:
         events = [e for e, name in runner.events if name == p.name]
         assert events == (["built", "gated"] if p.name == FAILS else ["built", "gated", "timed"]), p.name
