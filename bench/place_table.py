@@ -250,6 +250,17 @@ def bytes_cost(run: EdgeRun) -> list[str]:
     return out
 
 
+def in_sample(run: EdgeRun, fitted: edges.EdgeFit) -> str:
+    """How many of the experiment's own timed plans (their own bytes) today's model and the fit
+    predict within PREDICTED_WITHIN: in-sample, so a check of the fit's form, not of its use."""
+    timed = [p for p in run.plans if p.measured_seconds is not None and p.copy_cap_bytes is None]
+    before = sum(abs(p.measured_seconds / p.predicted_seconds - 1) <= PREDICTED_WITHIN for p in timed)
+    after = sum(abs(p.measured_seconds / (p.predicted_seconds + fitted.seconds(p.counts)) - 1) <= PREDICTED_WITHIN
+                for p in timed)
+    return (f"on its own {len(timed)} plans (in-sample): {before} within {PREDICTED_WITHIN:.0%} of today's "
+            f"prediction, {after} with the fit")
+
+
 def _with_edges(folders: list[Path], path: Path, terms: tuple[str, ...], fit_out: Path | None) -> int:
     """The per-edge fit of the edge experiment ``path``, and the table re-predicted with it beside
     today's model recomputed on the same folders (the baseline of the same run)."""
@@ -267,7 +278,7 @@ def _with_edges(folders: list[Path], path: Path, terms: tuple[str, ...], fit_out
     origin = (f"WARNING: {path} is derived from recorded rows, not an edge experiment (rows the counts below "
               "leave out, of the same runs): a test of the mechanics, not a result" if run.derived else
               f"the fit comes from the {fitted.plans} timed plans of {path} only, none of the {len(folders)} rows below")
-    print(f"edge fit: {fitted.describe()}", f"fitted on {fitted.fitted_on}", origin,
+    print(f"edge fit: {fitted.describe()}", f"fitted on {fitted.fitted_on}", origin, in_sample(run, fitted),
           *(f"- {t} alone: {f.describe()}" for t, f in singles.items()),
           *(f"- {line}" for line in bytes_cost(run)),
           "", markdown(rows), "", "with the edge fit:", *(f"- {k}: {v}" for k, v in verdicts(rows).items()),
