@@ -60,6 +60,8 @@ def test_the_fit_is_printed_said_to_be_derived_and_the_rows_re_predicted_beside_
     assert found["verdicts"]["chosen within 3 % of the best"] == "met on every row"
     assert EdgeFit.load(out).plans == found["fit"]["plans"] == 44 - sum(  # the zero-byte control: none derived
         p.measured_seconds is None for p in EdgeRun.load(DERIVED).plans)
+    committed = EdgeFit.load(DERIVED.with_name("fit.derived.json"))  # --fit-out of the same, kept
+    assert (committed.terms, committed.plans) == (EdgeFit.load(out).terms, EdgeFit.load(out).plans)
 
 
 @pytest.mark.parametrize("folder", MISSED, ids=[f.name for f in MISSED])
