@@ -130,7 +130,7 @@ def measure_target(target: str, runner: Runner, program: Program, table: CostTab
             measured = runner.seconds(built) if passed(verdict) else None
             out.append(record(built.combined, "sequential", today, link, gate=verdict, measured_seconds=measured,
                               method=built.method, **fields))
-        except DriverError as exc:  # the driver refused to run it: the same
+        except (DriverError, RuntimeError) as exc:  # the driver (or torch, gating) refused to run it: the same
             refused.append(f"{target} {name}: {exc}")
             continue
         finally:
