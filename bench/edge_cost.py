@@ -194,7 +194,8 @@ def derived(folders: list[Path], links: LinkTable | None) -> EdgeRun:
                               measured_seconds=found[s.name]["seconds"], method=found[s.name].get("method")))
     return EdgeRun(out, "derived on the CPU from tests/data/h200-place-pairs: the one-slot and conservative-ablation "
                         "rows of the same-kernel folders, none of the chained rows the placement table counts; "
-                        "a fixture, not an edge experiment", command_line(), derived=True)
+                        "a fixture, not an edge experiment", command_line(), derived=True,
+                   link_source=None if links is None else links.source)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,7 +264,7 @@ def _run(args: argparse.Namespace, links: LinkTable) -> int:
             refused += missed
             run = EdgeRun(plans, f"measured on {torch.cuda.get_device_name(0)}, profiles {' '.join(PAIRS['same'])}, "
                                  f"{args.slots} slots chained, {args.repeats} repeats; link {args.link}", command_line(),
-                          refused=refused)
+                          refused=refused, link_source=links.source)
             run.save(args.out / "edges.json")  # after each target: a later failure keeps the earlier
     print(table_of(plans), *(f"refused: {line}" for line in refused), f"wrote {args.out / 'edges.json'}", command_line(), sep="\n")
     return 0

@@ -79,6 +79,7 @@ class EdgeRun(Document):
     source: str
     command: str = "unknown"
     derived: bool = False
+    link_source: str | None = None  # the source of the link ``predicted_link_seconds`` were made with
     refused: list[str] = Field(default_factory=list)  # plans the replicas could not run: never timed
     DUMP: ClassVar[dict[str, Any]] = {"indent": 1}
 

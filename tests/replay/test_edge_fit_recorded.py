@@ -114,3 +114,17 @@ def test_kernelfleet_plan_with_a_bad_edge_fit_is_one_line(tmp_path: Path):
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [(f"kernelfleet: error: {tmp_path / 'fit.json'}: not a per-edge fit: plans: "
                                                 "Input should be greater than or equal to 1, got 0 (2 more errors)")]
+
+
+def test_with_the_link_the_experiment_used_the_fit_corrects_that_links_predictions(tmp_path: Path, capsys):
+    run = EdgeRun.load(DERIVED)
+    linked = place_table.edge_fit(run, DERIVED, ("critical_copies",), with_link=True)
+    timed = [p for p in run.plans if p.measured_seconds is not None]
+    x = [p.counts.critical_copies for p in timed]
+    y = [p.measured_seconds - p.predicted_link_seconds for p in timed]
+    assert linked.terms[0].seconds == pytest.approx(sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x))
+    other = LinkTable(LinkTable.load(edge_cost.LINK).links, "another measurement")
+    other.save(tmp_path / "links.json")
+    assert place_table.main(["--edges", str(DERIVED), "--link", str(tmp_path / "links.json")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "give the link the experiment used" in err[0]
