@@ -50,12 +50,7 @@ def _run(args: argparse.Namespace) -> int:
     specs = [parse_profile(p) for p in args.profile or PROFILES]
     if len(specs) < 2 or args.trials < 1:
         raise UsageError(f"give at least two --profile and --trials >= 1, got {len(specs)} and {args.trials}")
-    if not torch.cuda.is_available():
-        raise UsageError("no CUDA GPU here: the link is measured on the GPU the plans run on")
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{args.out}: cannot make the folder ({exc.strerror})") from exc
+    gpu_folder(args.out, "the link is measured on the GPU the plans run on")
     links = link_times(specs, trials=args.trials)
     name = torch.cuda.get_device_name(specs[0].device)
     table = LinkTable(links, f"measured on {name}, profiles {', '.join(p for p in args.profile or PROFILES)} "
@@ -75,6 +70,18 @@ def _run(args: argparse.Namespace) -> int:
               f"{link.wait_seconds * 1e6:.2f} µs (today's model: {COPY_US:g} µs + bytes at {LINK_GBPS:g} GB/s, no wait)")
     print(f"wrote {args.out / 'links.json'}\n{command_line()}")
     return 0
+
+
+def gpu_folder(out: Path, why: str) -> None:
+    """UsageError unless this machine has a CUDA GPU (``why`` it must) and ``out`` is a folder now."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"no CUDA GPU here: {why}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{out}: cannot make the folder ({exc.strerror})") from exc
 
 
 if __name__ == "__main__":

@@ -24,6 +24,14 @@ Per (target, pair), from its ``disagg.json`` (every strategy behind its gate, ti
 A strategy that failed its gate has no time and is never best or chosen. Prints a Markdown table,
 the command, and a last line of JSON with every figure.
 
+``--edges FILE`` (what ``python -m bench.edge_cost`` wrote) fits the per-edge cost of the edge
+experiment's plans (``plan/edges.fit``: least squares of their residual, measured - predicted,
+against ``--terms``, by default a cost per copy on the critical chain, per wait and per fork across
+streams), prints the fit, and re-predicts every row here with it beside today's model. The fit sees
+the edge experiment's plans only, never the rows it is counted on; ``--fit-out`` keeps it as a
+``kernelfleet_edges`` document. With ``--link`` too (the link the experiment predicted with), the
+fit corrects the measured link's predictions instead, and the rows are re-predicted with both.
+
 ``--calibrated`` prints instead how many chained rows each correction of the cost table, fitted on
 the single-device graphs only, brings within 10 % of its prediction, and what each would choose
 (``bench/place_calibration.py``; ``contention`` is the model ``bench disagg`` and ``plan`` use now).
@@ -43,8 +51,9 @@ from kernelfleet.bench.choice import chosen as choice
 from kernelfleet.costs.links import LinkTable, describe
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
-from kernelfleet.plan import command, links
+from kernelfleet.plan import command, edges, links
 from kernelfleet.plan.contention import Contention
+from kernelfleet.plan.edgerun import EdgePlan, EdgeRun
 from kernelfleet.plan.model import Plan
 from kernelfleet.plan.slots import SUFFIXES
 
@@ -107,17 +116,18 @@ def row_of(folder: Path, found: dict | None = None) -> Row:
                (replicas / min(placements)) if placements and replicas else float("nan"), ", ".join(gates))
 
 
-def repredicted(folder: Path, links: LinkTable | None = None) -> dict:
+def repredicted(folder: Path, links: LinkTable | None = None, fitted: edges.EdgeFit | None = None) -> dict:
     """The folder's strategies with every slot-mode row's prediction recomputed by today's model
     (``place_calibration``'s ``contention``: the table scaled to its graphs, its shared and free
-    factors), copies and waits taken from ``links`` where given (``CostTable.with_links``)."""
+    factors), copies and waits taken from ``links`` where given (``CostTable.with_links``), plus
+    what ``fitted`` charges each graph's edges where given."""
     found = json.loads((folder / "disagg.json").read_text())["strategies"]
     costs = CostTable.from_json((folder / "costs.json").read_text(), str(folder / "costs.json"))
     table = place_calibration.corrected(costs, costs.graph_seconds or place_calibration.graph_seconds(found),
                                         "contention")
     if links is not None:
         table = table.with_links(links.links)
-    predicted = place_calibration.predictions(folder, table, Contention.of(table))
+    predicted = place_calibration.predictions(folder, table, Contention.of(table, fitted))
     return {name: {**r, "predicted_seconds": predicted.get(name, r.get("predicted_seconds"))}
             for name, r in found.items()}
 
@@ -172,7 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrated", action="store_true",
                         help="Predictions recomputed under each correction fitted on the single-device graphs.")
     parser.add_argument("--link", type=Path, help="A measured link (python -m bench.link_cost's links.json): every "
-                        "prediction recomputed with it, beside today's model recomputed without it.")
+                        "prediction recomputed with it, beside today's model recomputed without it (with --edges: the "
+                        "link the experiment predicted with; the fit then corrects its predictions).")
+    parser.add_argument("--edges", type=Path, help="An edge experiment (python -m bench.edge_cost's edges.json): "
+                        "the per-edge cost fitted on its plans, every prediction here recomputed with it.")
+    parser.add_argument("--terms", nargs="+", default=list(edges.DEFAULT_TERMS), choices=edges.TERMS,
+                        help="The 1-3 counts the edge fit charges (default: %(default)s).")
+    parser.add_argument("--fit-out", type=Path, help="Write the edge fit here (a kernelfleet_edges document).")
     args = parser.parse_args(argv)
     folders = sorted(p.parent for p in args.folder.glob("*/disagg.json"))
     if not folders:
@@ -185,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
               sep="\n")
         print(json.dumps({"rows": [asdict(e) for e in found], "totals": totals}))
         return 0
+    if args.edges is not None:
+        return _with_edges(folders, args.edges, tuple(args.terms), args.fit_out, args.link)
     if args.link is not None:
         return _with_link(folders, args.link)
     rows = [row_of(folder) for folder in folders]
@@ -210,6 +228,88 @@ def _with_link(folders: list[Path], path: Path) -> int:
           *(f"- {k}: {v}" for k, v in verdicts(today).items()), "", command_line(), sep="\n")
     print(json.dumps({"rows": [asdict(r) for r in rows], "verdicts": verdicts(rows),
                       "without_link": verdicts(today)}))
+    return 0
+
+
+def edge_fit(run: EdgeRun, where: Path, terms: tuple[str, ...], with_link: bool = False) -> edges.EdgeFit:
+    """The fit of ``terms`` to the residuals of ``run``'s timed plans with their own bytes (the
+    zero-byte twins are the bytes' control, not plans a server runs): measured less today's
+    prediction, or less the measured link's (``with_link``)."""
+    timed = [p for p in run.plans if p.measured_seconds is not None and p.copy_cap_bytes is None]
+    rows = [(p.counts, p.measured_seconds - (baseline(p, with_link))) for p in timed]
+    against = f", against the link of {run.link_source}" if with_link else ""
+    return edges.fit(rows, terms, f"{where} ({run.source}{against})")
+
+
+def baseline(plan: EdgePlan, with_link: bool) -> float:
+    """The prediction the fit corrects: today's, or with the measured link (UsageError without one)."""
+    if not with_link:
+        return plan.predicted_seconds
+    if plan.predicted_link_seconds is None:
+        raise UsageError(f"{plan.target} {plan.name}: no prediction with a measured link recorded")
+    return plan.predicted_link_seconds
+
+
+def bytes_cost(run: EdgeRun) -> list[str]:
+    """Per plan with a zero-byte twin: what its copies' bytes cost, measured, per copy."""
+    full = {(p.target, p.name): p for p in run.plans if p.copy_cap_bytes is None and p.measured_seconds}
+    out = []
+    for p in run.plans:
+        twin = full.get((p.target, p.name.rsplit(", copies", 1)[0]))
+        if p.copy_cap_bytes is not None and twin is not None and p.measured_seconds and twin.counts.copies:
+            out.append(f"{p.target} {twin.name}: {twin.counts.copies} copies of {twin.counts.copy_bytes} bytes cost "
+                       f"{(twin.measured_seconds - p.measured_seconds) / twin.counts.copies * 1e6:+.2f} µs a copy "
+                       f"over copies of {p.copy_cap_bytes} bytes")
+    return out
+
+
+def in_sample(run: EdgeRun, fitted: edges.EdgeFit, with_link: bool = False) -> str:
+    """How many of the experiment's own timed plans (their own bytes) the model the fit corrects and
+    the fit predict within PREDICTED_WITHIN: in-sample, so a check of the fit's form, not of its use."""
+    timed = [p for p in run.plans if p.measured_seconds is not None and p.copy_cap_bytes is None]
+    base = [baseline(p, with_link) for p in timed]
+    before = sum(abs(p.measured_seconds / b - 1) <= PREDICTED_WITHIN for p, b in zip(timed, base))
+    after = sum(abs(p.measured_seconds / (b + fitted.seconds(p.counts)) - 1) <= PREDICTED_WITHIN
+                for p, b in zip(timed, base))
+    model = "the measured link's" if with_link else "today's"
+    return (f"on its own {len(timed)} plans (in-sample): {before} within {PREDICTED_WITHIN:.0%} of {model} "
+            f"prediction, {after} with the fit")
+
+
+def _with_edges(folders: list[Path], path: Path, terms: tuple[str, ...], fit_out: Path | None,
+                link_path: Path | None = None) -> int:
+    """The per-edge fit of the edge experiment ``path``, and the table re-predicted with it beside
+    today's model recomputed on the same folders (the baseline of the same run). With ``link_path``
+    (the link the experiment predicted with), the fit corrects the measured link's predictions and
+    the rows are re-predicted with both."""
+    try:
+        run = EdgeRun.load(path)
+        link = None if link_path is None else LinkTable.load(link_path)
+        if link is not None and link.source != run.link_source:
+            raise UsageError(f"{path} predicted with the link of {run.link_source!r}, not {link_path}'s "
+                             f"({link.source!r}): give the link the experiment used")
+        with_link = link is not None
+        fitted = edge_fit(run, path, terms, with_link)
+        singles = {t: edge_fit(run, path, (t,), with_link) for t in terms} if len(terms) > 1 else {}
+    except UsageError as exc:
+        print(f"bench.place_table: error: {exc}", file=sys.stderr)
+        return 2
+    if fit_out is not None:
+        fitted.save(fit_out)
+    today = [row_of(folder, repredicted(folder)) for folder in folders]
+    rows = [row_of(folder, repredicted(folder, link, fitted)) for folder in folders]
+    origin = (f"WARNING: {path} is derived from recorded rows, not an edge experiment (rows the counts below "
+              "leave out, of the same runs): a test of the mechanics, not a result" if run.derived else
+              f"the fit comes from the {fitted.plans} timed plans of {path} only, none of the {len(folders)} rows below")
+    print(f"edge fit: {fitted.describe()}", f"fitted on {fitted.fitted_on}", origin, in_sample(run, fitted, with_link),
+          *(f"- {t} alone: {f.describe()}" for t, f in singles.items()),
+          *(f"- {line}" for line in bytes_cost(run)),
+          "", markdown(rows), "", f"with the edge fit{' and the measured link' if with_link else ''}:",
+          *(f"- {k}: {v}" for k, v in verdicts(rows).items()),
+          "", f"today's model recomputed on the same folders, without {'the link or ' if with_link else ''}the fit:",
+          *(f"- {k}: {v}" for k, v in verdicts(today).items()), "", command_line(), sep="\n")
+    print(json.dumps({"fit": json.loads(fitted.to_json()), "rows": [asdict(r) for r in rows],
+                      "verdicts": verdicts(rows), "without_fit": verdicts(today)}))
     return 0
 
 

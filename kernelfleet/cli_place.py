@@ -236,6 +236,8 @@ def plan_command(
                                    "single-device plan elsewhere, no replicas): for a step whose state lives there, "
                                    "as kernelfleet serve --plans needs."),
     catalog: Path | None = CatalogOption,
+    edge_fit: Path | None = typer.Option(None, "--edge-fit", help="A per-edge fit (python -m bench.place_table "
+                                         "--edges --fit-out): every prediction in a slot mode charges it."),
 ) -> None:
     """Place a kernel program on devices: the chosen policy's plan beside every baseline."""
     from rich.table import Table
@@ -243,7 +245,7 @@ def plan_command(
     from kernelfleet.plan import command
 
     done = command.setup(program, costs, device or [], link or [], link_gbps, predict or [], profile or [],
-                         catalog, copy_us, keep_home)
+                         catalog, copy_us, keep_home, edge_fit)
     chosen, plans = command.make_plans(done.problem, policy, time_limit, in_flight=in_flight)
     console = out_console()
     for note in done.notes:

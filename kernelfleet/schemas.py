@@ -15,6 +15,7 @@ import kernelfleet.costs.links
 import kernelfleet.costs.table  # noqa: F401  (each module registers its documents)
 import kernelfleet.kernels.ir  # noqa: F401
 import kernelfleet.kernels.raw  # noqa: F401
+import kernelfleet.plan.edgerun  # noqa: F401  (and plan.edges)
 import kernelfleet.plan.model  # noqa: F401
 import kernelfleet.profile.calibration  # noqa: F401
 import kernelfleet.profile.groups  # noqa: F401

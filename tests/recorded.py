@@ -17,6 +17,24 @@ def at_end_of(*recordings: Path):
     return lambda: end
 
 
+def twin_replicas(folder: Path, step: str, devices: tuple[str, ...], slot: int = 0) -> dict:
+    """A runtime replica per device of ``step`` as two H200s captured it (``folder/STEP.DEVICE.capture.json.gz``),
+    its nodes named (device, slot, index) and its context ``DEVICE-SLOT``: what the executor builds
+    from on the null driver."""
+    from kernelfleet.kernels.assemble import assemble
+    from kernelfleet.kernels.cuda.capture import Captured
+    from kernelfleet.kernels.raw import RawCapture
+    from kernelfleet.runtime.executor import Replica
+
+    out = {}
+    for device in devices:
+        raw = RawCapture.load(folder / f"{step}.{device}.capture.json.gz")
+        nodes = [(device, slot, i) for i in range(len(raw.nodes))]
+        captured = Captured(raw, None, None, nodes, (), None, context=f"{device}-{slot}")
+        out[device] = Replica(captured, assemble(raw))
+    return out
+
+
 def misplaced_copies(views: dict, home: str, other: str, assignment: list[str]) -> tuple[int, list]:
     """Copies of a unit plan (``graph/units.py`` views by device, outputs at ``home``) to or from
     ``other`` whose bytes, translated into its capture, fall outside what their unit touches there

@@ -89,10 +89,15 @@ def setup(
     catalog_path: Path | None = None,
     copy_us: float = 0.0,
     keep_home: bool = False,
+    edge_fit_path: Path | None = None,
 ) -> Setup:
     """The problem the CLI plans: devices from ``--device`` (default: every measured device) plus
     ``--predict`` SKUs, links from ``--link`` with ``link_gbps`` for every pair left out, each copy
-    over any of them ``copy_us`` microseconds beyond its bytes; ``keep_home``: as Problem's."""
+    over any of them ``copy_us`` microseconds beyond its bytes; ``keep_home``: as Problem's;
+    ``edge_fit_path``: a per-edge fit (``kernelfleet_edges``) the slot-mode predictions charge."""
+    from kernelfleet.plan.edges import EdgeFit
+
+    edge_fit = None if edge_fit_path is None else EdgeFit.load(edge_fit_path)
     program = Program.load(program_path)
     costs = load_costs(costs_path)
     measured = sorted({d for row in costs.seconds for d, v in row.items() if v is not None})
@@ -119,8 +124,12 @@ def setup(
         for b in names[i + 1 :]
     ]
     notes.append(link_note(costs, names, copy_us, link_gbps))
+    if edge_fit is not None:
+        notes.append(f"edges: every prediction in a slot mode charges {edge_fit.describe()}, fitted on "
+                     f"{edge_fit.fitted_on} (the MILP's objective does not)")
     # the devices' measured graphs stay: the slot-mode model (plan/contention.py) reads them
-    return Setup(Problem(program, chosen, all_links, costs.restricted(names), keep_home=keep_home), notes)
+    return Setup(Problem(program, chosen, all_links, costs.restricted(names), keep_home=keep_home,
+                         edge_fit=edge_fit), notes)
 
 
 def measured_link(costs: CostTable, a: str, b: str) -> Link | None:

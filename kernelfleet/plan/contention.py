@@ -37,6 +37,13 @@ them) starts that link's ``wait_seconds`` after it ended; and a node that anothe
 (a kernel whose bytes a copy takes) holds its own stream's next node ``fork_seconds`` longer. In a
 graph a dependency between two devices' nodes is not free, and a plan of many copies pays both
 per copy. Without a measured link both cost nothing, as before.
+
+**Edges fitted in a real step.** Where a fit of per-edge costs is given (``Contention.edges``,
+``plan/edges.py``: fitted by ``python -m bench.place_table --edges`` on the residuals of
+``python -m bench.edge_cost``'s plans), the prediction is the makespan plus what the fit charges
+the graph's counts (its copies on the predicted critical chain, its waits and forks across
+streams): the same linear correction the fit was made with, so fit and use agree. Without a fit
+(``Contention.of(costs)``) every prediction stays what it was.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kernelfleet.costs.table import CostTable
+from kernelfleet.plan.edges import EdgeFit, counts
 
 if TYPE_CHECKING:  # slots.py imports this module to predict
     from kernelfleet.plan.slots import SlotNode
@@ -66,14 +74,15 @@ class Contention:
     # pair of devices -> seconds (module docstring): a wait across streams, a fork to another stream
     waits: dict[frozenset[str], float] = field(default_factory=dict)
     forks: dict[frozenset[str], float] = field(default_factory=dict)
+    edges: EdgeFit | None = None  # per-edge costs fitted in a real step (module docstring); None: none
 
     @classmethod
-    def of(cls, costs: CostTable | None) -> Contention:
+    def of(cls, costs: CostTable | None, edges: EdgeFit | None = None) -> Contention:
         if costs is None:
-            return cls()
+            return cls(edges=edges)
         links = {frozenset((link.a, link.b)): link for link in costs.links or ()}
         return cls(costs.shared_factors(), costs.free_speedups(), waits={k: x.wait_seconds for k, x in links.items()},
-                   forks={k: x.fork_seconds for k, x in links.items()})
+                   forks={k: x.fork_seconds for k, x in links.items()}, edges=edges)
 
     def wait(self, x: SlotNode, dep: SlotNode) -> float:
         """What ``x`` waits after its dependency ``dep`` ended: the measured wait of the devices'
@@ -106,15 +115,29 @@ def predict(combined: list[SlotNode], seconds: Callable[[SlotNode], float], cont
             mode: str) -> float:
     """Seconds of the graph ``combined`` (``slots.pipeline`` in ``mode``), each node taking
     ``seconds(node)`` alone, under ``contention`` (module docstring)."""
+    found = spans(combined, seconds, contention, mode)
+    end = max((end for _, end in found), default=0.0)
+    if contention.edges is None:
+        return end
+    return end + contention.edges.seconds(counts(combined, found, by_slot=sharing(contention, mode)))
+
+
+def sharing(contention: Contention, mode: str) -> bool:
+    """Free slots share each device (processor sharing); else each stream takes its nodes in list order."""
+    return mode == "free" and bool(contention.free)
+
+
+def spans(combined: list[SlotNode], seconds: Callable[[SlotNode], float], contention: Contention,
+          mode: str) -> list[tuple[float, float]]:
+    """(start, end) of each node as :func:`predict` schedules it, before any fitted edge cost."""
     alone = [seconds(x) for x in combined]
-    sharing = mode == "free" and bool(contention.free)  # else each stream takes its nodes in list order
-    spans = _shared(combined, alone, contention) if sharing else serial(combined, alone, contention)
+    shared = sharing(contention, mode)
+    found = _shared(combined, alone, contention) if shared else serial(combined, alone, contention)
     if not contention.shared:
-        return max((end for _, end in spans), default=0.0)
+        return found
     stretched = [t * (1 + share * (contention.shared.get(_device(x), 1.0) - 1)) if _device(x) else t
-                 for x, t, share in zip(combined, alone, _overlaps(spans, combined))]
-    spans = _shared(combined, stretched, contention) if sharing else serial(combined, stretched, contention)
-    return max((end for _, end in spans), default=0.0)
+                 for x, t, share in zip(combined, alone, _overlaps(found, combined))]
+    return _shared(combined, stretched, contention) if shared else serial(combined, stretched, contention)
 
 
 def _device(x: SlotNode) -> str | None:

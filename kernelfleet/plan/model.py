@@ -36,6 +36,7 @@ from kernelfleet.documents import Document, document, model, one_of
 from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import Edge, dependencies
 from kernelfleet.kernels.ir import Program
+from kernelfleet.plan.edges import EdgeFit
 
 PLAN_FORMAT = 1
 # How the executor lays several slots (requests in flight) of a plan over the devices' streams
@@ -176,8 +177,12 @@ class Problem:
     """
 
     def __init__(self, program: Program, devices: list[Device], links: list[Link], costs: CostTable | None,
-                 edges: list[Edge] | None = None, home: str | None = None, keep_home: bool = False) -> None:
+                 edges: list[Edge] | None = None, home: str | None = None, keep_home: bool = False,
+                 edge_fit: EdgeFit | None = None) -> None:
         self.program = program
+        # per-edge costs fitted in a real step (plan/edges.py), charged by the slot-mode predictions
+        # (slots.per_request) where given; None: predictions as without
+        self.edge_fit = edge_fit
         # every plan keeps the home device (no single-device plan elsewhere, no replicas): for a
         # step whose state lives at home whatever the plan, as the server's KV cache does
         self.keep_home = keep_home

@@ -157,7 +157,8 @@ def fastest_mode(problem: Problem, plan: Plan, slots: int) -> str | None:
 def per_request_modes(problem: Problem, plan: Plan, slots: int) -> dict[str, float]:
     """Predicted seconds per request with ``slots`` requests in flight in each slot mode of
     :data:`MODES` (one slot: ``sequential`` only, the modes being the same), as the executor would
-    run the plan: resident state, the problem's costs and links, ``contention.predict``. Request
+    run the plan: resident state, the problem's costs and links, ``contention.predict`` (with the
+    problem's ``edge_fit`` where it has one). Request
     distribution (a plan without an assignment, naming its ``replicas``) runs each request whole on
     the device that would finish it first. Empty for a plan of another shape."""
     if slots < 1:
@@ -181,6 +182,6 @@ def per_request_modes(problem: Problem, plan: Plan, slots: int) -> dict[str, flo
     else:
         return {}
     seconds = estimate(problem.costs, problem.transfer_seconds)
-    contention = Contention.of(problem.costs)
+    contention = Contention.of(problem.costs, problem.edge_fit)
     return {mode: predict(pipeline(orders, mode, seconds), lambda x: seconds(x.slot, x.node), contention, mode) / slots
             for mode in (MODES if slots > 1 else MODES[:1])}

@@ -101,7 +101,8 @@ def plan_graph(slots: list[tuple[Program, list[str], str]], overlap: bool = True
 
 def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = None, overlap: bool = True,
           priorities: bool = False, resident_state: bool = False, slot_mode: str = "sequential",
-          seconds: Callable[[int, Node], float] | None = None, driver: CudaDriver = CUDA) -> Built:
+          seconds: Callable[[int, Node], float] | None = None, driver: CudaDriver = CUDA,
+          copy_cap_bytes: int | None = None) -> Built:
     """One graph running every slot of a plan, instantiated; UsageError for a plan that does not
     fit its replicas or whose graph has a data race (``schedule.races``, checked on the CPU before
     anything reaches the driver). ``method``: a copy method of ``link.METHODS``, or "auto" for the first the
@@ -109,7 +110,9 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
     schedule, else the conservative one; ``priorities``: earlier slots first; ``resident_state``:
     state stays where the plan reads it (``transfers``); ``slot_mode``: how slots share streams
     (``slots.MODES``; ``scheduled`` needs ``seconds(slot, node)``, an estimate of each node);
-    ``driver``: what builds it (``null.NullDriver`` records it on a CPU)."""
+    ``driver``: what builds it (``null.NullDriver`` records it on a CPU); ``copy_cap_bytes``: every
+    copy moves at most this many bytes (an ablation that computes wrong outputs: ``bench.edge_cost``
+    times a plan's edges without their bytes so)."""
     if not slots:
         raise UsageError("a plan needs at least one slot of replicas")
     for slot in slots:
@@ -123,7 +126,7 @@ def build(slots: list[Slot], method: str = "auto", throttle: Throttle | None = N
     orders, combined = plan_graph([(s.replicas[s.home].program, s.assignment, s.home) for s in slots], overlap,
                                   resident_state, slot_mode, seconds)
     graph = driver.create_graph()
-    builder = _Builder(graph, method, throttle, driver)
+    builder = _Builder(graph, method, throttle, driver, copy_cap_bytes)
     try:
         least, greatest = driver.priority_range() if priorities else (0, 0)
         places = [Places(s.home, {d: r.program for d, r in s.replicas.items()}, unit_views(s.replicas)) for s in slots]
@@ -192,8 +195,9 @@ def add_launch(graph: Any, replica: Replica, chains: list[list[int]], launch: in
 class _Builder:
     """Adds the plan's nodes to one graph, remembering the copy method the driver took."""
 
-    def __init__(self, graph: Any, method: str, throttle: Throttle | None, driver: CudaDriver) -> None:
-        self.graph, self.method, self.throttle, self.driver = graph, method, throttle, driver
+    def __init__(self, graph: Any, method: str, throttle: Throttle | None, driver: CudaDriver,
+                 cap: int | None = None) -> None:
+        self.graph, self.method, self.throttle, self.driver, self.cap = graph, method, throttle, driver, cap
         self.kernels: dict[int, LinkKernels] = {}  # by id of the destination replica
 
     def add(self, slot: Slot, places: Places, launch_nodes: dict[str, list[int]], n: Node, after: list[Any],
@@ -211,17 +215,18 @@ class _Builder:
             self.kernels[id(target)] = LinkKernels(target.captured.context, self.driver)
         kernels = self.kernels[id(target)]
         errors = []
+        length = t.length_bytes if self.cap is None else min(self.cap, t.length_bytes)
         for how in [self.method] if self.method != "auto" else list(METHODS):
             try:
                 if how == "kernel" and int(source.captured.context) != int(target.captured.context):
                     self.driver.enable_peer_access(target.captured.context, source.captured.context)  # it pulls
-                made = [add_copy(how, self.graph, after, dst, src, t.length_bytes, kernels)]
+                made = [add_copy(how, self.graph, after, dst, src, length, kernels)]
                 self.method = how
                 break
             except DriverError as exc:
                 errors.append(f"{how}: {exc}")
         else:
-            raise DriverError(f"copy of {t.length_bytes} bytes {t.src} {src:#x} -> {t.dst} {dst:#x} (written "
+            raise DriverError(f"copy of {length} bytes {t.src} {src:#x} -> {t.dst} {dst:#x} (written "
                                      f"by launch {t.writer}, read by {t.reader}) refused: {'; '.join(errors)}")
         if self.throttle is not None:
             made.append(kernels.wait(self.graph, after, self.throttle.seconds(t.length_bytes)))

@@ -7,12 +7,10 @@ plan/slots.py's, across slots too."""
 from pathlib import Path
 
 import pytest
+from recorded import twin_replicas
 
 from kernelfleet.errors import UsageError
-from kernelfleet.kernels.assemble import assemble
-from kernelfleet.kernels.cuda.capture import Captured
 from kernelfleet.kernels.cuda.null import NullDriver
-from kernelfleet.kernels.raw import RawCapture
 from kernelfleet.plan.schedule import schedule
 from kernelfleet.plan.slots import pipeline
 from kernelfleet.runtime.distributed import RankSlot, build_rank, release_rank
@@ -26,13 +24,7 @@ DEVICES = ("compute", "bandwidth")
 
 
 def replicas(slot: int = 0) -> dict[str, Replica]:
-    out = {}
-    for device in DEVICES:
-        raw = RawCapture.load(RUNS / f"llama8b-decode.{device}.capture.json.gz")
-        nodes = [(device, slot, i) for i in range(len(raw.nodes))]
-        captured = Captured(raw, None, None, nodes, (), None, context=f"{device}-{slot}")
-        out[device] = Replica(captured, assemble(raw))
-    return out
+    return twin_replicas(RUNS, "llama8b-decode", DEVICES, slot)
 
 
 def inside(program, address: int, length: int) -> bool:
