@@ -97,7 +97,8 @@ def test_two_gpus_under_each_strategy_give_the_greedy_tokens_of_generate(model_d
     second = "cuda:1" if torch.cuda.device_count() > 1 else DEVICE
     first, other = (load(f"hf:{model_dir}", device, dtype=torch.float32) for device in (DEVICE, second))
     want = [generated(first.model, prompt, 10) for prompt in PROMPTS]
-    devices = [Placed("gpu0", first.model, 1 if strategy == "split" else 2), Placed("gpu1", other.model, 2)]
+    # the split's prefill device: 4 staging slots, so up to 4 prompts a forward there
+    devices = [Placed("gpu0", first.model, 4 if strategy == "split" else 2), Placed("gpu1", other.model, 2)]
     if strategy == "pipeline":
         devices = [Placed(stage.name, stage.part, 4) for stage in pipeline_stages(model_dir, torch.float32)]
     with serving(first, slots=2 if strategy == "split" else 4, context_tokens=64, graphs=True, strategy=strategy,
