@@ -105,7 +105,7 @@ def test_a_job_that_holds_a_gpu_all_minute_is_summed_at_its_share(tmp_path):
 
 
 def test_a_fleets_window_in_statements_of_many_rows_writes_what_small_batches_write(tmp_path):
-    """260 GPUs a window go in statements of many rows (250, then 10), and their minutes are summed
+    """260 GPUs a window go in statements of many rows (100, 100, then 60), and their minutes are summed
     in memory; the same windows written 20 GPUs a batch (a statement a row, and minutes rolled from
     raw rows: no batch names the GPUs of the last) give the same samples and holds, and the same
     rollups. Missing values come in 1-s windows (found when the minute is summed) and in shorter
@@ -122,7 +122,7 @@ def test_a_fleets_window_in_statements_of_many_rows_writes_what_small_batches_wr
     fleet.db.set_trace_callback(None)
     fleet.close()
     small.close()
-    assert sum(s.startswith("INSERT OR REPLACE INTO samples VALUES") for s in statements) == 2 * 130  # 250, then 10
+    assert sum(s.startswith("INSERT OR REPLACE INTO samples VALUES") for s in statements) == 3 * 130  # 100, 100, 60
     # both minutes summed in memory: a row of each GPU but the few whose jobs changed within it
     assert sum(s.startswith("INSERT OR REPLACE INTO rollup_1m VALUES") for s in statements) >= 2 * 250
     got, want = sqlite3.connect(tmp_path / "fleet.db"), sqlite3.connect(tmp_path / "small.db")
