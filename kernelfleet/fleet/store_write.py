@@ -100,8 +100,8 @@ class Writer:
                 # Nothing rolled yet: start at the oldest window on file, not this batch's. A first
                 # writer stopped (or killed) before its first minute closed left windows behind that
                 # the next writer would otherwise never roll (the fault campaign found it).
-                oldest = self.db.execute("SELECT ts FROM samples ORDER BY key LIMIT 1").fetchone()[0]
-                self.rolled_until = floor(oldest, 60)  # this batch is on file already
+                first_on_file = self.db.execute("SELECT ts FROM samples ORDER BY key LIMIT 1").fetchone()[0]
+                self.rolled_until = floor(first_on_file, 60)  # this batch is on file already
             minute = self._minute
             if hi > self.rolled_until:  # the batch closes the open minute (and any before it)
                 if minute is not None and lo <= minute.bucket:
