@@ -61,3 +61,24 @@ def test_pages_of_a_few_hosts_give_every_gpu_once_in_order(past_day):
     assert [g["uuid"] for g in rows] == [g["uuid"] for g in whole]
     assert [r["bottleneck"] for r in rows] == [g["bottleneck"] for g in whole]
     assert len({g["uuid"] for g in rows}) == GPUS
+
+
+def test_a_page_of_every_host_reads_the_fleets_vectors_unfiltered(past_day):
+    """A page that holds every host (?limit=1000 of a fleet of up to 1,000 GPUs) asks for the whole
+    vectors: a hostname=~ of every host and a uuid=~ of every uuid cost Prometheus more than those."""
+    url, end = past_day
+    asked: list[str] = []
+
+    def fetch(address: str):
+        asked.append(urllib.parse.unquote(address))
+        return http_json(address)
+
+    backend = PrometheusBackend(url, fetch=fetch, clock=lambda: end)
+    whole = backend.gpus()
+    asked.clear()
+    body = TestClient(create_app(backend)).get("/api/gpus", params={"limit": 1000}).json()
+    assert body["total"] == GPUS and body["next_after"] is None
+    assert [(g["uuid"], g["bottleneck"], g["jobs"]) for g in body["gpus"]] == \
+        [(g["uuid"], g["bottleneck"], g["jobs"]) for g in whole]
+    assert any("query=kernelfleet_sample_stale" in a for a in asked)
+    assert not [a for a in asked if "=~" in a]  # no host's or uuid's regex
