@@ -71,8 +71,8 @@ class Writer:
         self._unsettled: tuple[list[int], Sequence[float]] | None = None  # see _settle
         self._last_names: Sequence[str] = ()  # the last batch's classes, and their codes
         self._last_codes: list[int] = []
-        # SQLite's limit on a statement's parameters (999 before 3.32) caps the rows a statement
         self._zeros: list[int] = []  # the stale flags of a batch none stale
+        # SQLite's limit on a statement's parameters (999 before 3.32) caps the rows a statement
         self._rows_a_statement = min(_ROWS_A_STATEMENT, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // _WIDTH)
 
     def write(self, batch: Batch) -> None:
