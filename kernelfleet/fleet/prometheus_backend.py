@@ -166,7 +166,10 @@ class PrometheusBackend:
                 # the cursor's host holds rows before the cursor too: how many of its rows are after
                 # it is unknown, so it counts for none and the next host is read with it
                 wanted -= 0 if after is not None and host == after[0] else counts[host]
-            rows += [r for r in self.gpus(chosen) if after is None or gpu_pages.key(r) > after]
+            # a page of every host reads the fleet's vectors unfiltered: at 1,000 GPUs a hostname=~ of
+            # 125 hosts and a uuid=~ of 1,000 uuids cost Prometheus more than the whole vectors
+            hosts = None if len(chosen) == len(counts) else chosen
+            rows += [r for r in self.gpus(hosts) if after is None or gpu_pages.key(r) > after]
         return gpu_pages.page(rows, limit, after, total=int(sum(counts.values())), more=bool(pending))
 
     def gpus(self, hosts: Sequence[str] | None = None) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ in the same transaction (store_roll.py)."""
 
 from __future__ import annotations
 
+import functools
 import operator
 import sqlite3
 from collections.abc import Sequence
@@ -15,9 +16,26 @@ from kernelfleet.fleet.store_minute import Holds, OpenMinute
 from kernelfleet.fleet.store_rows import Batch, GpuKey, Hold
 from kernelfleet.fleet.store_schema import BOTTLENECKS, KEY, METRICS, OPEN, floor, span
 
-# ?1 gpu_id, ?2 ts, ?3 window_seconds, the metrics, bottleneck, stale; the key made of ?2 and ?1
-_INSERT_SAMPLE = (f"INSERT OR REPLACE INTO samples VALUES ({KEY.replace(':ts', '?2').replace(':gpu_id', '?1')}, "
-                  f"{', '.join(f'?{i}' for i in range(1, 6 + len(METRICS)))})")
+_WIDTH = 5 + len(METRICS)  # a sample's values: gpu_id, ts, window_seconds, the metrics, bottleneck, stale
+# A window's rows go in statements of many rows each, not one statement a row (executemany): one
+# statement keeps its cursor on samples from row to row, where each of executemany's rows seeks
+# the table from its root and is reset and stepped on its own. At 1,000 GPUs a window's insert took
+# 2.1-2.5 ms of CPU against executemany's 3.2-3.4 (chunks of 100-1,000 rows within 0.2 ms of each
+# other); at 8 GPUs the two are even, so small batches keep executemany.
+_MANY_ROWS = 32
+_ROWS_A_STATEMENT = 100
+
+
+@functools.lru_cache(maxsize=8)
+def _insert_samples(rows: int) -> str:
+    """INSERT of ``rows`` samples, the values of row r in ?(12r+1)...?(12r+12), its key made of its ts and gpu_id."""
+    def row(o: int) -> str:
+        key = KEY.replace(":ts", f"?{o + 2}").replace(":gpu_id", f"?{o + 1}")
+        return f"({key}, {', '.join(f'?{o + i}' for i in range(1, _WIDTH + 1))})"
+
+    return f"INSERT OR REPLACE INTO samples VALUES {', '.join(row(_WIDTH * r) for r in range(rows))}"
+
+
 _CODES = {name: i for i, name in enumerate(BOTTLENECKS)}
 _UNKNOWN = BOTTLENECKS.index("unknown")
 _NONE: dict = {}  # a GPU no job holds
@@ -53,6 +71,9 @@ class Writer:
         self._unsettled: tuple[list[int], Sequence[float]] | None = None  # see _settle
         self._last_names: Sequence[str] = ()  # the last batch's classes, and their codes
         self._last_codes: list[int] = []
+        self._zeros: list[int] = []  # the stale flags of a batch none stale
+        # SQLite's limit on a statement's parameters (999 before 3.32) caps the rows a statement
+        self._rows_a_statement = min(_ROWS_A_STATEMENT, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // _WIDTH)
 
     def write(self, batch: Batch) -> None:
         """Write one window batch in one transaction; roll up the minutes it closed."""
@@ -67,20 +88,20 @@ class Writer:
             ids = self._ids(batch.gpus)
             ts, window_seconds, metrics, stale = batch.ts, batch.window_seconds, batch.metrics, batch.stale
             codes = self._codes(batch.bottleneck)
-            lo, hi = floor(min(ts), 60), floor(max(ts), 60)
+            oldest, newest = min(ts), max(ts)
+            lo, hi = floor(oldest, 60), floor(newest, 60)
             # A writer's first minute may hold windows another wrote before it (a crash mid-minute)
             on_file = self._minute is None and self.db.execute(
                 "SELECT 1 FROM samples WHERE key >= ? LIMIT 1", (span(hi, OPEN)["lo_key"],)).fetchone() is not None
-            # stale as ints: sqlite3 binds an exact int, float or str directly, but a bool (or None) only
-            # after its adapter lookup fails, ~1 us a value (a fifth of a window at 8 GPUs)
-            self.db.executemany(_INSERT_SAMPLE, zip(ids, ts, window_seconds, *metrics, codes, map(int, stale)))
-            changed, late = self._hold(ids, ts, batch.holds)
+            fresh = True not in stale  # none stale: the agent's every window but a few
+            self._insert(ids, ts, window_seconds, metrics, codes, stale, fresh)
+            changed, late = self._hold(ids, ts, batch.holds, oldest, newest)
             if self.rolled_until is None:
                 # Nothing rolled yet: start at the oldest window on file, not this batch's. A first
                 # writer stopped (or killed) before its first minute closed left windows behind that
                 # the next writer would otherwise never roll (the fault campaign found it).
-                oldest = self.db.execute("SELECT ts FROM samples ORDER BY key LIMIT 1").fetchone()[0]
-                self.rolled_until = floor(oldest, 60)  # this batch is on file already
+                first_on_file = self.db.execute("SELECT ts FROM samples ORDER BY key LIMIT 1").fetchone()[0]
+                self.rolled_until = floor(first_on_file, 60)  # this batch is on file already
             minute = self._minute
             if hi > self.rolled_until:  # the batch closes the open minute (and any before it)
                 if minute is not None and lo <= minute.bucket:
@@ -96,7 +117,31 @@ class Writer:
                 minute.whole_dirty = True
             else:
                 minute.dirty.update(changed)  # a job came or went within the minute
-            minute.add(ids, window_seconds, metrics, codes, stale)
+            minute.add(ids, window_seconds, metrics, codes, None if fresh else stale)
+
+    def _insert(self, ids: list[int], ts: Sequence[float], window_seconds: Sequence[float],
+                metrics: Sequence[Sequence[float | None]], codes: list[int], stale: Sequence[bool], fresh: bool) -> None:
+        """A window's rows into samples: by executemany when few, else in statements of many rows."""
+        n = len(ids)
+        # stale as ints: sqlite3 binds an exact int, float or str directly, but a bool (or None) only
+        # after its adapter lookup fails, ~1 us a value (a fifth of a window at 8 GPUs)
+        if fresh:
+            if len(self._zeros) != n:
+                self._zeros = [0] * n
+            flags: Sequence[int] = self._zeros
+        else:
+            flags = list(map(int, stale))
+        if n < _MANY_ROWS:
+            self.db.executemany(_insert_samples(1), zip(ids, ts, window_seconds, *metrics, codes, flags))
+            return
+        # the rows' values one after another, each column laid in by a slice assignment (in C: a
+        # zip of the columns flattened by a chain took 3.5x as long, 0.25 ms a window at 1,000 GPUs)
+        values: list[object] = [0] * (n * _WIDTH)
+        for place, column in enumerate((ids, ts, window_seconds, *metrics, codes, flags)):
+            values[place::_WIDTH] = column
+        for start in range(0, n, self._rows_a_statement):
+            k = min(self._rows_a_statement, n - start)
+            self.db.execute(_insert_samples(k), values[start * _WIDTH:(start + k) * _WIDTH])
 
     def _codes(self, names: Sequence[str]) -> list[int]:
         """Each row's class as its code; a GPU's class seldom changes, so the last batch's mostly serve."""
@@ -127,17 +172,18 @@ class Writer:
         self.db.execute("INSERT INTO events (ts, kind, gpu_id, job, detail) VALUES (?, ?, ?, ?, ?)",
                         (ts, kind, gpu_id, job, detail))
 
-    def _hold(self, ids: list[int], ts: Sequence[float], jobs: Sequence[Hold]) -> tuple[set[int], bool]:
+    def _hold(self, ids: list[int], ts: Sequence[float], jobs: Sequence[Hold], oldest: float,
+              newest: float) -> tuple[set[int], bool]:
         """Open or close the holds of the batch's GPUs where their jobs changed: which GPUs changed,
         and whether a window was no newer than its GPU's newest (late, or written again: it changes
-        no hold)."""
+        no hold). ``oldest`` and ``newest``: the batch's oldest and newest window."""
         signature = jobs if type(jobs) is tuple else tuple(jobs)  # (the agent's batches: a tuple, compared as it is)
-        if signature == self._signature and ids == self._signature_ids and min(ts) > self._newest_any:
+        if signature == self._signature and ids == self._signature_ids and oldest > self._newest_any:
             # the same jobs on the same GPUs as the last batch, every window newer: every hold goes
             # on. Each GPU's newest window is set when a batch next needs it (a dict update of every
             # GPU a window cost a tenth of this writer's Python at 1,000 GPUs)
             self._unsettled = ids, ts
-            self._newest_any = max(ts)
+            self._newest_any = newest
             return set(), False
         self._settle()
         held: Holds = {}
@@ -164,7 +210,7 @@ class Writer:
                                     (job_id, gpu, t, OPEN, share, int(approximate)))
                     self._since[gpu, job_id] = t
             self._holds[gpu] = now
-        self._newest_any = max(self._newest_any, *ts)
+        self._newest_any = max(self._newest_any, newest)
         # a batch with a late window left some holds as they were: the next may not take the shortcut
         self._signature, self._signature_ids = (None, None) if late else (signature, ids)
         return changed, late

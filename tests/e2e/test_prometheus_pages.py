@@ -34,7 +34,8 @@ def test_instant_queries_read_the_backends_clock(past_day):
     assert len(backend.gpus()) == GPUS and backend.fleet()["gpus"] == GPUS
 
 
-def test_pages_of_a_few_hosts_give_every_gpu_once_in_order(past_day):
+def watched(past_day) -> tuple[PrometheusBackend, list[str]]:
+    """A backend on the served day, and the queries it sends (unquoted), as it sends them."""
     url, end = past_day
     asked: list[str] = []
 
@@ -42,7 +43,11 @@ def test_pages_of_a_few_hosts_give_every_gpu_once_in_order(past_day):
         asked.append(urllib.parse.unquote(address))
         return http_json(address)
 
-    backend = PrometheusBackend(url, fetch=fetch, clock=lambda: end)
+    return PrometheusBackend(url, fetch=fetch, clock=lambda: end), asked
+
+
+def test_pages_of_a_few_hosts_give_every_gpu_once_in_order(past_day):
+    backend, asked = watched(past_day)
     whole = backend.gpus()
     client = TestClient(create_app(backend))
     rows, after = [], None
@@ -61,3 +66,17 @@ def test_pages_of_a_few_hosts_give_every_gpu_once_in_order(past_day):
     assert [g["uuid"] for g in rows] == [g["uuid"] for g in whole]
     assert [r["bottleneck"] for r in rows] == [g["bottleneck"] for g in whole]
     assert len({g["uuid"] for g in rows}) == GPUS
+
+
+def test_a_page_of_every_host_reads_the_fleets_vectors_unfiltered(past_day):
+    """A page that holds every host (?limit=1000 of a fleet of up to 1,000 GPUs) asks for the whole
+    vectors: a hostname=~ of every host and a uuid=~ of every uuid cost Prometheus more than those."""
+    backend, asked = watched(past_day)
+    whole = backend.gpus()
+    asked.clear()
+    body = TestClient(create_app(backend)).get("/api/gpus", params={"limit": 1000}).json()
+    assert body["total"] == GPUS and body["next_after"] is None
+    assert [(g["uuid"], g["bottleneck"], g["jobs"]) for g in body["gpus"]] == \
+        [(g["uuid"], g["bottleneck"], g["jobs"]) for g in whole]
+    assert any("query=kernelfleet_sample_stale" in a for a in asked)
+    assert not [a for a in asked if "=~" in a]  # no host's or uuid's regex

@@ -3,6 +3,7 @@ roll from raw rows wrote on the same windows: through jobs that change mid-minut
 missing values, stale and shorter windows, a window written again, a GPU that appears, and a
 writer abandoned mid-minute (as after kill -9) whose successor goes on."""
 
+import dataclasses
 import shutil
 import sqlite3
 
@@ -101,3 +102,38 @@ def test_a_job_that_holds_a_gpu_all_minute_is_summed_at_its_share(tmp_path):
     assert shares == pytest.approx({"a": 0.75, "b": 0.25})
     assert gpu_seconds == 60 - 12 * 0.5  # twelve of its windows are half a second
     assert gpu_ofu == pytest.approx(sum(w.ofu * w.window_seconds for w in (window(2, i) for i in range(13, 73))))
+
+
+def test_a_fleets_window_in_statements_of_many_rows_writes_what_small_batches_write(tmp_path):
+    """260 GPUs a window go in statements of many rows (100, 100, then 60), and their minutes are summed
+    in memory; the same windows written 20 GPUs a batch (a statement a row, and minutes rolled from
+    raw rows: no batch names the GPUs of the last) give the same samples and holds, and the same
+    rollups. Missing values come in 1-s windows (found when the minute is summed) and in shorter
+    ones (found as they come)."""
+    fleet, small = Store(tmp_path / "fleet.db"), Store(tmp_path / "small.db")
+    statements = []
+    fleet.db.set_trace_callback(lambda sql: statements.append(sql[:40]))
+    for i in range(130):  # two minutes close
+        rows = [dataclasses.replace(window(g, i), ts=T0 + i + g / 1000) for g in range(260)]  # in one minute
+        jobs = [j for g in range(260) for j in jobs_of(g, i)]
+        fleet.write(rows, jobs)
+        for part in range(0, 260, 20):
+            small.write(rows[part:part + 20], [j for j in jobs if int(j.uuid[4:]) in range(part, part + 20)])
+    fleet.db.set_trace_callback(None)
+    fleet.close()
+    small.close()
+    assert sum(s.startswith("INSERT OR REPLACE INTO samples VALUES") for s in statements) == 3 * 130  # 100, 100, 60
+    # both minutes summed in memory: a row of each GPU but the few whose jobs changed within it
+    assert sum(s.startswith("INSERT OR REPLACE INTO rollup_1m VALUES") for s in statements) >= 2 * 250
+    got, want = sqlite3.connect(tmp_path / "fleet.db"), sqlite3.connect(tmp_path / "small.db")
+    for table in ("samples", "holds", "gpus", "jobs"):
+        assert got.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3").fetchall() == \
+            want.execute(f"SELECT * FROM {table} ORDER BY 1, 2, 3").fetchall(), table
+    assert got.execute("SELECT COUNT(*), SUM(ofu IS NULL), SUM(sm_occupancy IS NULL), "
+                       "SUM(stale), SUM(window_seconds < 1) FROM samples").fetchone() == (260 * 130, 19, 10 * 260, 12, 26)
+    got_rollups, want_rollups = rollups(got), rollups(want)
+    assert len(want_rollups["rollup_1m"]) == 2 * 260  # the third minute is still open
+    for table in TABLES:
+        assert got_rollups[table].keys() == want_rollups[table].keys(), table
+        for key, values in want_rollups[table].items():
+            assert got_rollups[table][key] == pytest.approx(values, rel=1e-12, abs=1e-12), (table, key)
