@@ -74,9 +74,16 @@ TARGETS = {"embedded_p95_ms": 100.0, "job_report_24h_ms": 300.0, "store_bytes_30
            "prometheus_1000_p95_ms": 300.0, "prometheus_1000_refresh_ms": 500.0, "prometheus_10000_ms": 1000.0}
 
 
+def measured_window(g: int, ts: float) -> float:
+    """A window's length as the sampler measures it (``end - start``: 1.0000-1.0004 s, never exactly
+    1 s), so the store takes the path the agent's batches take (docs/validation/fleet-scale.md, sixth pass)."""
+    return 1.0 + (7 * g + int(ts)) % 5 * 1e-4
+
+
 def gpu_row(g: int, ts: float) -> GpuRow:
     return GpuRow(host=f"node-{g // 8}", uuid=f"GPU-{g:05d}", mig_instance=None, gpu_index=g % 8, name="NVIDIA H200",
-                  sku="h200-sxm", ts=ts, window_seconds=1.0, bottleneck="tensor-bound", stale=False, ofu=0.5 + (g % 7) / 20,
+                  sku="h200-sxm", ts=ts, window_seconds=measured_window(g, ts), bottleneck="tensor-bound", stale=False,
+                  ofu=0.5 + (g % 7) / 20,
                   tensor_active=0.7, sm_clock_hertz=1.4e9, sm_active=0.9, sm_occupancy=0.2, dram_bandwidth=0.3,
                   power_watts=650.0)
 
