@@ -61,8 +61,8 @@ def serve(
     prefill_batch: int | None = typer.Option(None, "--prefill-batch", help="Whole prompts prefilled together in one "
                                              "forward at most (up to 4096 padded tokens): one forward's launches for "
                                              f"several newcomers (default {DEFAULT_PREFILL_BATCH}; 1 with "
-                                             "--prefill-chunk, which it does not combine with; the split prefills one "
-                                             "at a time)."),
+                                             "--prefill-chunk, which it does not combine with; the split's prefill "
+                                             "device holds that many staging slots)."),
     plans: Path | None = PlansOption,
     profile: list[str] | None = ProfileOption,
 ) -> None:
