@@ -1,6 +1,6 @@
 """Benchmark: what a cross-device edge costs in a real step (on a GPU, under 3 minutes on one H200):
 
-    python -m bench.edge_cost --out DIR [--targets dit-denoise hf-qwen2moe-decode] [--slots 2]
+    python -m bench.edge_cost --out DIR [--targets dit-denoise ...] [--slots 2]
         [--repeats 20] [--link tests/data/h200-link/links.json]
     python -m bench.edge_cost --derive FILE    # on any machine: the fixture derived from the recorded run
 
@@ -50,7 +50,11 @@ from kernelfleet.runtime.executor import Built, release
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = ROOT / "tests" / "data" / "h200-link" / "links.json"
-TARGETS = ("dit-denoise", "hf-qwen2moe-decode")  # two of the recorded run's three many-copy misses
+# the default targets: dit-denoise, one of the recorded run's three many-copy misses. Qwen2-MoE
+# decode, another, faulted the H200 in its cut-5 plan (a cut inside aten.topk; docs/validation/
+# place-h200-pairs.md, "Edges in a real step"), and a device-side fault ends the process's CUDA
+# context, so it runs only when asked (--targets) until that is found
+TARGETS = ("dit-denoise",)
 ZERO_BYTES = (0, 4)  # what a zero-byte twin's copies move: 0, else the least a driver refusing 0 takes
 # the targets whose plans get zero-byte twins by default (--zero-copies): a twin computes on stale
 # inputs, and a step whose kernels index by data can then fault the GPU. On the H200 Qwen2-MoE
