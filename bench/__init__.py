@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
+
+from kernelfleet.errors import UsageError
 
 
 def command_line() -> str:
@@ -22,3 +25,15 @@ def command_line() -> str:
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     head = ["-m", spec.name] if spec is not None else sys.argv[:1]
     return shlex.join([sys.executable, *head, *sys.argv[1:]])
+
+
+def gpu_folder(out: Path, why: str) -> None:
+    """UsageError unless this machine has a CUDA GPU (``why`` it must) and ``out`` is a folder now."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"no CUDA GPU here: {why}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{out}: cannot make the folder ({exc.strerror})") from exc

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench import command_line
+from bench import command_line, gpu_folder
 from kernelfleet.costs.links import LinkTable
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import KernelfleetError, UsageError
@@ -245,7 +245,6 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, links: LinkTable) -> int:
     import torch
 
-    from bench.link_cost import gpu_folder
     from bench.place_pairs import PAIRS, REFERENCE, TRANSFORMERS, device_flag, run_row, target_of
     from kernelfleet.plan.command import load_costs
     from kernelfleet.profile.run import parse_profile

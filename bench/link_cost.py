@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench import command_line
+from bench import command_line, gpu_folder
 from kernelfleet.errors import UsageError
 
 PROFILES = ("a:64", "b:32")  # the pair of tests/data/h200-place-pairs
@@ -70,18 +70,6 @@ def _run(args: argparse.Namespace) -> int:
               f"{link.wait_seconds * 1e6:.2f} µs (today's model: {COPY_US:g} µs + bytes at {LINK_GBPS:g} GB/s, no wait)")
     print(f"wrote {args.out / 'links.json'}\n{command_line()}")
     return 0
-
-
-def gpu_folder(out: Path, why: str) -> None:
-    """UsageError unless this machine has a CUDA GPU (``why`` it must) and ``out`` is a folder now."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise UsageError(f"no CUDA GPU here: {why}")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{out}: cannot make the folder ({exc.strerror})") from exc
 
 
 if __name__ == "__main__":

@@ -232,13 +232,17 @@ def _with_link(folders: list[Path], path: Path) -> int:
 
 
 def edge_fit(run: EdgeRun, where: Path, terms: tuple[str, ...], with_link: bool = False) -> edges.EdgeFit:
-    """The fit of ``terms`` to the residuals of ``run``'s timed plans with their own bytes (the
-    zero-byte twins are the bytes' control, not plans a server runs): measured less today's
+    """The fit of ``terms`` to the residuals of ``run``'s :func:`timed_plans`: measured less today's
     prediction, or less the measured link's (``with_link``)."""
-    timed = [p for p in run.plans if p.measured_seconds is not None and p.copy_cap_bytes is None]
-    rows = [(p.counts, p.measured_seconds - (baseline(p, with_link))) for p in timed]
+    rows = [(p.counts, p.measured_seconds - baseline(p, with_link)) for p in timed_plans(run)]
     against = f", against the link of {run.link_source}" if with_link else ""
     return edges.fit(rows, terms, f"{where} ({run.source}{against})")
+
+
+def timed_plans(run: EdgeRun) -> list[EdgePlan]:
+    """``run``'s plans that were timed with their own bytes (the zero-byte twins are the bytes'
+    control, not plans a server runs)."""
+    return [p for p in run.plans if p.measured_seconds is not None and p.copy_cap_bytes is None]
 
 
 def baseline(plan: EdgePlan, with_link: bool) -> float:
@@ -266,13 +270,13 @@ def bytes_cost(run: EdgeRun) -> list[str]:
 def in_sample(run: EdgeRun, fitted: edges.EdgeFit, with_link: bool = False) -> str:
     """How many of the experiment's own timed plans (their own bytes) the model the fit corrects and
     the fit predict within PREDICTED_WITHIN: in-sample, so a check of the fit's form, not of its use."""
-    timed = [p for p in run.plans if p.measured_seconds is not None and p.copy_cap_bytes is None]
-    base = [baseline(p, with_link) for p in timed]
-    before = sum(abs(p.measured_seconds / b - 1) <= PREDICTED_WITHIN for p, b in zip(timed, base))
+    plans = timed_plans(run)
+    base = [baseline(p, with_link) for p in plans]
+    before = sum(abs(p.measured_seconds / b - 1) <= PREDICTED_WITHIN for p, b in zip(plans, base))
     after = sum(abs(p.measured_seconds / (b + fitted.seconds(p.counts)) - 1) <= PREDICTED_WITHIN
-                for p, b in zip(timed, base))
+                for p, b in zip(plans, base))
     model = "the measured link's" if with_link else "today's"
-    return (f"on its own {len(timed)} plans (in-sample): {before} within {PREDICTED_WITHIN:.0%} of {model} "
+    return (f"on its own {len(plans)} plans (in-sample): {before} within {PREDICTED_WITHIN:.0%} of {model} "
             f"prediction, {after} with the fit")
 
 

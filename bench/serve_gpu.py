@@ -404,7 +404,7 @@ def run_case(case: Case, args: argparse.Namespace, trace: list[Arrival], shape: 
     chunk, batch = setting
     case = replace(case, flags=(*case.flags, "--prefill-chunk", str(chunk), "--prefill-batch", str(batch)))
     with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "config.json").write_text(_config_json(case.config))
+        (Path(folder) / "config.json").write_text(config_json(case.config))
         server, url, slots, startup = start_server(Path(folder), case,
                                                    out / f"server-{case.name}-chunk{chunk}-batch{batch}.log")
         try:
@@ -518,7 +518,8 @@ def prefill_settings(chunks: str, batches: str | None) -> list[tuple[int, int]]:
     return settings
 
 
-def _config_json(config: dict) -> str:
+def config_json(config: dict) -> str:
+    """A case's config (``model_type`` and fields) as the config.json of a model directory."""
     from transformers import AutoConfig
 
     fields = dict(config)

@@ -34,7 +34,7 @@ import torch
 from pydantic import BaseModel
 
 from bench import command_line
-from bench.serve_gpu import CPU_CASES, GPU_CASES, _config_json, comma_values, prompt_of
+from bench.serve_gpu import CPU_CASES, GPU_CASES, comma_values, config_json, prompt_of
 
 MIXED = "64-512"  # the serve benchmark's prompt lengths
 
@@ -90,7 +90,7 @@ def main() -> None:
     case = {c.name: c for c in (CPU_CASES if args.cpu else GPU_CASES)}["llama8b"]
     device = "cpu" if args.cpu else "cuda:0"
     with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "config.json").write_text(_config_json(case.config))
+        (Path(folder) / "config.json").write_text(config_json(case.config))
         served = load(f"hf:{folder}", device, 0, torch.float32 if args.cpu else torch.bfloat16)
     lengths = [min(length, case.context_tokens - 1) for length in lengths]
     backend = EagerBackend(served.model, max(batches), case.context_tokens)

@@ -64,11 +64,6 @@ class EdgePlan:
     copy_cap_bytes: Annotated[int, Field(ge=0)] | None = None
     method: str | None = None  # how copies were made (runtime/link.METHODS)
 
-    @property
-    def residual_seconds(self) -> float | None:
-        """Measured less today's prediction (None where not measured)."""
-        return None if self.measured_seconds is None else self.measured_seconds - self.predicted_seconds
-
 
 @document("kernelfleet_edge_run", EDGE_RUN_FORMAT, "run of the edge experiment")
 class EdgeRun(Document):

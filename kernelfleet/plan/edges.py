@@ -26,6 +26,7 @@ from dataclasses import fields
 from itertools import pairwise
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from kernelfleet.documents import Document, document, model
@@ -160,29 +161,11 @@ def fit(rows: list[tuple[EdgeCounts, float]], terms: tuple[str, ...] = DEFAULT_T
         raise UsageError(f"give 1-3 different terms of {', '.join(TERMS)}, got {', '.join(terms) or 'none'}")
     if len(rows) < len(terms):
         raise UsageError(f"{len(rows)} plans cannot fit {len(terms)} terms")
-    x = [[float(c.value(t)) for t in terms] for c, _ in rows]
-    y = [r for _, r in rows]
-    normal = [[sum(row[i] * row[j] for row in x) for j in range(len(terms))] for i in range(len(terms))]
-    right = [sum(row[i] * r for row, r in zip(x, y)) for i in range(len(terms))]
-    beta = _solve(normal, right, terms)
-    after = [r - sum(b * v for b, v in zip(beta, row)) for row, r in zip(x, y)]
-    rms = [(sum(v * v for v in values) / len(values)) ** 0.5 for values in (y, after)]
-    return EdgeFit([Term(t, b) for t, b in zip(terms, beta)], len(rows), rms[0], rms[1], fitted_on)
-
-
-def _solve(a: list[list[float]], b: list[float], terms: tuple[str, ...]) -> list[float]:
-    """``a x = b`` by Gaussian elimination with partial pivoting (at most 3 unknowns)."""
-    n = len(b)
-    m = [row[:] + [v] for row, v in zip(a, b)]
-    scale = max((abs(m[i][i]) for i in range(n)), default=0.0)
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) <= 1e-9 * max(scale, 1.0):
-            raise UsageError(f"the plans cannot tell the terms {', '.join(terms)} apart (a term is never nonzero or "
-                             "two move together): fit fewer terms")
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(n):
-            if r != col:
-                factor = m[r][col] / m[col][col]
-                m[r] = [v - factor * p for v, p in zip(m[r], m[col])]
-    return [m[i][n] / m[i][i] for i in range(n)]
+    x = np.array([[float(c.value(t)) for t in terms] for c, _ in rows])
+    y = np.array([r for _, r in rows])
+    if np.linalg.matrix_rank(x) < len(terms):
+        raise UsageError(f"the plans cannot tell the terms {', '.join(terms)} apart (a term is never nonzero or "
+                         "two move together): fit fewer terms")
+    beta = np.linalg.lstsq(x, y, rcond=None)[0]
+    rms = [float(np.sqrt(np.mean(values ** 2))) for values in (y, y - x @ beta)]
+    return EdgeFit([Term(t, float(b)) for t, b in zip(terms, beta)], len(rows), rms[0], rms[1], fitted_on)

@@ -230,14 +230,8 @@ class Engine:
             if logits is None:
                 continue
             for row, (slot, request) in enumerate(batch):
-                request.prefilled = len(request.prompt)
-                self.metrics.prompt.inc(request.prefilled)
-                if prefiller is not None:
-                    home, local = self.strategy.locate(slot)
-                    decoder = self.strategy.backends[home]
-                    if self._run([slot], decoder, decoder.adopt, local, *prefiller.kv(row), request.prefilled) is None:
-                        continue
-                self._next(slot, request, logits[row])
+                if self._took(slot, request, len(request.prompt), row):  # staging slot ``row`` under split
+                    self._next(slot, request, logits[row])
         return bool(admitted)
 
     def _batch_size(self) -> int:
@@ -264,15 +258,22 @@ class Engine:
         chunk = request.prompt[start:start + count]
         on, into = (decoder, local) if prefiller is None else (prefiller, STAGE_SLOT)
         logits = self._run([slot], on, on.prefill, into, chunk, start)
-        if logits is None:
+        if logits is None or not self._took(slot, request, count, STAGE_SLOT):
             return None
+        return logits
+
+    def _took(self, slot: int, request: Request, count: int, staged: int) -> bool:
+        """``count`` more of ``request``'s prompt tokens are in the cache: counted, and under ``split``,
+        once the prompt is whole, handed over from the prefill backend's slot ``staged`` to ``slot``'s
+        on its decode backend. False when the hand-over failed (the request ended)."""
         request.prefilled += count
         self.metrics.prompt.inc(count)
-        if prefiller is not None and request.prefilled == len(request.prompt):
-            handed = self._run([slot], decoder, decoder.adopt, local, *prefiller.kv(STAGE_SLOT), len(request.prompt))
-            if handed is None:
-                return None
-        return logits
+        prefiller = self.strategy.prefill_on
+        if prefiller is None or request.prefilled < len(request.prompt):
+            return True
+        index, local = self.strategy.locate(slot)
+        decoder = self.strategy.backends[index]
+        return self._run([slot], decoder, decoder.adopt, local, *prefiller.kv(staged), request.prefilled) is not None
 
     def _run(self, slots: list[int], backend: Backend, forward: Callable[..., object], *args: object) -> object:
         """``forward(*args)`` on ``backend``, its time counted as the device's busy time; None
@@ -369,4 +370,3 @@ class Engine:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout=timeout_seconds)
-
