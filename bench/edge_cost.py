@@ -177,7 +177,8 @@ def derived(folders: list[Path], links: LinkTable | None) -> EdgeRun:
     docstring) with today's table as ``bench.place_table`` recomputes it."""
     from bench import place_calibration
     from kernelfleet.bench.disagg import strategies
-    from kernelfleet.plan.model import Plan
+    from kernelfleet.plan.model import Device, Plan
+    from kernelfleet.runtime import plans as runtime_plans
     from kernelfleet.runtime.executor import plan_graph
 
     out = []
@@ -193,9 +194,11 @@ def derived(folders: list[Path], links: LinkTable | None) -> EdgeRun:
                  if p.assignment}
         devices = list(run["devices"])
         rates = {d: found[f"single:{d}"]["slots_per_second"] for d in devices}
+        checked = runtime_plans.problem(program, [Device(d) for d in devices])
         for s in strategies(plans, devices, run["slots"], rates, len(program.launches)):
-            if s.name not in DERIVED_ROWS or not found.get(s.name, {}).get("seconds"):
-                continue
+            if (s.name not in DERIVED_ROWS or not found.get(s.name, {}).get("seconds")
+                    or place_calibration.refusal(checked, s) is not None):
+                continue  # a plan today's validator refuses is no plan the model predicts
             _, combined = plan_graph([(program, a, h) for a, h in zip(s.assignments, s.homes)],
                                      s.options.get("overlap", True), resident_state=True)
             out.append(record(combined, "sequential", today, link, target=folder.name.rpartition(".")[0],

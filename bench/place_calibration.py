@@ -43,14 +43,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from kernelfleet.bench.choice import chosen
 from kernelfleet.costs.table import CostTable
+from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.contention import Contention, predict
 from kernelfleet.plan.links import COPY_US, LINK_GBPS
-from kernelfleet.plan.model import Plan
+from kernelfleet.plan.model import Device, Plan, Problem
 from kernelfleet.plan.slots import estimate, uniform_link
+from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.executor import plan_graph
 
 CORRECTIONS = ("none", "scale", "overhead", "contention")
@@ -88,10 +91,11 @@ def corrected(costs: CostTable, graph: dict[str, float], how: str) -> CostTable:
     return replace(costs, seconds=rows)
 
 
-def predictions(folder: Path, costs: CostTable, contention: Contention | None = None) -> dict[str, float]:
-    """Seconds ``contention.predict`` gives each strategy the run timed in a slot mode (chained,
-    free, scheduled; not the ablations, paced links or one slot), from ``costs`` and ``contention``
-    (None: none, each device as if alone)."""
+def slot_strategies(folder: Path, costs: CostTable) -> tuple[Program, list, dict[str, str]]:
+    """The folder's program, the strategies the run timed in a slot mode (chained, free, scheduled;
+    not the ablations, paced links or one slot) that today's validator passes, and why it refuses
+    the others, by name: a plan the product would no longer make or run (one that splits an op call
+    passing data through its own workspace, say) is not predicted, whatever the run measured."""
     from kernelfleet.bench.disagg import strategies  # torch at import: only where predictions are made
 
     run = json.loads((folder / "disagg.json").read_text())
@@ -101,16 +105,42 @@ def predictions(folder: Path, costs: CostTable, contention: Contention | None = 
              if p.assignment}
     devices, slots, n = list(run["devices"]), run["slots"], len(program.launches)
     rates = {d: found[f"single:{d}"]["slots_per_second"] for d in devices}
+    seconds = estimate(costs, uniform_link(COPY_US, LINK_GBPS))
+    today = runtime_plans.problem(program, [Device(d) for d in devices])
+    kept, refused = [], {}
+    for s in strategies(plans, devices, slots, None, n) + strategies(plans, devices, slots, rates, n, seconds):
+        if (set(s.options) - {"slot_mode", "seconds"} or len(s.assignments) != slots
+                or not found.get(s.name, {}).get("seconds")):
+            continue  # every slot, in a slot mode: no ablation, paced link or one slot
+        why = refusal(today, s)
+        if why is None:
+            kept.append(s)
+        else:
+            refused[s.name] = why
+    return program, kept, refused
+
+
+def refusal(today: Problem, strategy: Any) -> str | None:
+    """Why today's validator refuses a recorded strategy's slots (``bench.disagg.Strategy``), or None."""
+    try:
+        runtime_plans.check_slots(today, strategy.name, strategy.assignments, strategy.homes)
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
+def predictions(folder: Path, costs: CostTable, contention: Contention | None = None) -> dict[str, float]:
+    """Seconds ``contention.predict`` gives each of :func:`slot_strategies`, from ``costs`` and
+    ``contention`` (None: none, each device as if alone)."""
+    found = json.loads((folder / "disagg.json").read_text())["strategies"]
+    program, kept, _ = slot_strategies(folder, costs)
     # the run placed units (each device's nodes in capture order) where its captures differed; its
     # conservative ablation then predicts what its chained throughput plan does
     conservative = program.units and (found.get("ablation: slots chained, conservative", {}).get("predicted_seconds")
                                       == found.get("throughput-milp", {}).get("predicted_seconds"))
     seconds = estimate(costs, uniform_link(COPY_US, LINK_GBPS))
     out = {}
-    for s in strategies(plans, devices, slots, None, n) + strategies(plans, devices, slots, rates, n, seconds):
-        if (set(s.options) - {"slot_mode", "seconds"} or len(s.assignments) != slots
-                or not found.get(s.name, {}).get("seconds")):
-            continue  # every slot, in a slot mode: no ablation, paced link or one slot
+    for s in kept:
         mode = s.options.get("slot_mode", "sequential")
         _, combined = plan_graph([(program, a, h) for a, h in zip(s.assignments, s.homes)], not conservative,
                                  resident_state=True, slot_mode=mode, seconds=s.options.get("seconds"))

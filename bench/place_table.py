@@ -84,6 +84,7 @@ class Row:
     replanned_over_single: float  # its measured time / the fastest single's (nan where untimed)
     placement_over_replicas: float  # the best placement's rate / request distribution's (> 1: placement wins)
     gates: str  # which gates the timed strategies passed
+    refused: int = 0  # chained plan rows not predicted: today's validator refuses their plan (repredicted)
 
 
 def row_of(folder: Path, found: dict | None = None) -> Row:
@@ -113,14 +114,16 @@ def row_of(folder: Path, found: dict | None = None) -> Row:
                worst, errors[worst], sum(abs(e) <= PREDICTED_WITHIN for e in errors.values()), len(errors),
                (timed.get("latency-greedy") or float("nan")) / single, replanned,
                (timed.get(replanned) or float("nan")) / single,
-               (replicas / min(placements)) if placements and replicas else float("nan"), ", ".join(gates))
+               (replicas / min(placements)) if placements and replicas else float("nan"), ", ".join(gates),
+               sum(p in timed and "refused" in found[p] for p in PLANS))
 
 
 def repredicted(folder: Path, links: LinkTable | None = None, fitted: edges.EdgeFit | None = None) -> dict:
     """The folder's strategies with every slot-mode row's prediction recomputed by today's model
     (``place_calibration``'s ``contention``: the table scaled to its graphs, its shared and free
     factors), copies and waits taken from ``links`` where given (``CostTable.with_links``), plus
-    what ``fitted`` charges each graph's edges where given."""
+    what ``fitted`` charges each graph's edges where given. A row of a plan today's validator refuses
+    has no prediction, and says why (``refused``)."""
     found = json.loads((folder / "disagg.json").read_text())["strategies"]
     costs = CostTable.from_json((folder / "costs.json").read_text(), str(folder / "costs.json"))
     table = place_calibration.corrected(costs, costs.graph_seconds or place_calibration.graph_seconds(found),
@@ -128,8 +131,9 @@ def repredicted(folder: Path, links: LinkTable | None = None, fitted: edges.Edge
     if links is not None:
         table = table.with_links(links.links)
     predicted = place_calibration.predictions(folder, table, Contention.of(table, fitted))
-    return {name: {**r, "predicted_seconds": predicted.get(name, r.get("predicted_seconds"))}
-            for name, r in found.items()}
+    _, _, refused = place_calibration.slot_strategies(folder, table)
+    return {name: {**r, "predicted_seconds": predicted.get(name, r.get("predicted_seconds"))} if name not in refused
+            else {**r, "predicted_seconds": None, "refused": refused[name]} for name, r in found.items()}
 
 
 def replanned_latency(folder: Path) -> str:
@@ -163,7 +167,9 @@ def verdicts(rows: list[Row]) -> dict[str, str]:
     predicted = sum(r.predictions_within for r in rows), sum(r.predictions for r in rows)
     latency = [r for r in rows if not r.latency_over_single <= 1.0]
     replanned = [r for r in rows if not r.replanned_over_single <= 1.0]
+    refused = sum(r.refused for r in rows)
     return {
+        **({"chained plans today's validator refuses (not predicted)": f"{refused}"} if refused else {}),
         "chosen within 3 % of the best": "met on every row" if not chosen else
         f"missed on {len(chosen)} of {len(rows)} rows (worst {max(r.chosen_over_best for r in chosen) - 1:.1%} "
         "slower than the best)",

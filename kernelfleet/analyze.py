@@ -11,14 +11,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kernelfleet.graph.deps import Edge, dependencies, kernel_kind, to_dot
+from kernelfleet.graph.deps import Edge, dependencies, flows, kernel_kind, to_dot, together
 from kernelfleet.kernels.ir import Program
 from kernelfleet.workloads.targets import load_step
 
 
 def census(program: Program, edges: list[Edge]) -> dict[str, Any]:
-    """Launch kinds, how accesses are known, pinned kernels and why, edges and their bytes."""
+    """Launch kinds, how accesses are known, pinned kernels and why, the op calls kept whole on one
+    device (they pass data through their own workspace: ``graph.deps.together``), edges and their bytes."""
     kernels = [launch for launch in program.launches if launch.kind == "kernel"]
+    whole = together(program, flows(program)[0])
     with_ptx = [k for k in kernels if any(a.source in ("ptx-static", "ptx-dynamic") for a in k.accesses)]
     pinned = Counter(launch.pinned for launch in program.launches if launch.pinned)
     return {
@@ -32,6 +34,8 @@ def census(program: Program, edges: list[Edge]) -> dict[str, Any]:
         "launches_by_source": dict(Counter(_main_source(launch) for launch in program.launches)),
         "pinned": sum(pinned.values()),
         "pinned_reasons": dict(pinned),
+        "op_calls_kept_whole": len(whole),
+        "kept_whole": dict(Counter(program.launches[group[0]].op for group in whole)),
         "buffers": len(program.buffers),
         "buffer_roles": dict(Counter(b.role for b in program.buffers)),
         "edges": len(edges),

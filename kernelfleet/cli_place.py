@@ -89,11 +89,14 @@ def analyze(
         return
     t = Table("", "", title=f"kernelfleet analyze — {numbers.get('step', target)}", title_justify="left")
     for key, value in numbers.items():
-        if key not in ("step", "pinned_reasons"):
+        if key not in ("step", "pinned_reasons", "kept_whole"):
             t.add_row(key.replace("_", " "), str(value))
     Console().print(t)
     for reason, count in numbers["pinned_reasons"].items():
         Console().print(f"  pinned x{count}: {reason}", markup=False, highlight=False)
+    for op, count in numbers["kept_whole"].items():
+        Console().print(f"  kept whole on one device x{count}: {op} (its kernels pass data through its own workspace)",
+                        markup=False, highlight=False)
     err.print(f"wrote {out}/program.json, {out}/graph.dot")
 
 
@@ -235,6 +238,9 @@ def plan_command(
     keep_home: bool = typer.Option(False, "--keep-home", help="Every plan keeps the first --device as its home (no "
                                    "single-device plan elsewhere, no replicas): for a step whose state lives there, "
                                    "as kernelfleet serve --plans needs."),
+    state_home: bool = typer.Option(False, "--state-home", help="Pin every launch that touches the step's state "
+                                    "(a KV cache, a recurrent state: named buffers the step writes) to the first "
+                                    "--device, and --keep-home: the plans kernelfleet serve --plans takes."),
     catalog: Path | None = CatalogOption,
     edge_fit: Path | None = typer.Option(None, "--edge-fit", help="A per-edge fit (python -m bench.place_table "
                                          "--edges --fit-out): every prediction in a slot mode charges it."),
@@ -245,7 +251,7 @@ def plan_command(
     from kernelfleet.plan import command
 
     done = command.setup(program, costs, device or [], link or [], link_gbps, predict or [], profile or [],
-                         catalog, copy_us, keep_home, edge_fit)
+                         catalog, copy_us, keep_home, edge_fit, state_home)
     chosen, plans = command.make_plans(done.problem, policy, time_limit, in_flight=in_flight)
     console = out_console()
     for note in done.notes:

@@ -402,3 +402,13 @@ def cpu_strategy(name: str, model, folder: str):
     stages = [Stage(build_part(f"hf:{folder}", layers, "cpu", 0, torch.float32), name)
               for layers, name in zip([range(1), range(1, 2)], ["cpu0", "cpu1"])]
     return pipeline([PipelineBackend(stages, 2, 64, graphs=True), PipelineBackend(stages, 1, 64, graphs=True)])
+
+
+def assert_same_fit(committed, made) -> None:
+    """Two edge fits (``plan.edges.EdgeFit``) are the same: terms and plans, each term's seconds to 1e-9
+    of it, not to the last bit: least squares runs on OpenBLAS, whose kernels (and so the last bits)
+    follow the CPU it runs on."""
+    import pytest
+
+    assert [t.name for t in committed.terms] == [t.name for t in made.terms] and committed.plans == made.plans
+    assert [t.seconds for t in committed.terms] == pytest.approx([t.seconds for t in made.terms], rel=1e-9)

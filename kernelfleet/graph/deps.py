@@ -45,7 +45,12 @@ def flows(program: Program) -> tuple[list[Flow], dict[int, list[tuple[int, int, 
     call's own kernels: an ATen op reads and writes other calls' data only through its arguments,
     and a library's workspace holds nothing from one call to the next. So such writes go to the
     call's own scratch record, and such reads — like an ``own_reads`` access's — see only what the
-    call's own kernels wrote (``Flow.scratch`` when from its scratch record)."""
+    call's own kernels wrote (``Flow.scratch`` when from its scratch record). Any other read by a
+    kernel of the call may see that scratch too (``aten.sort`` fills an index workspace with one
+    kernel, a conservative write, and copies it into its output with a memcpy node, an exact read),
+    so it gets a flow from each: from the last writer outside the scratch and from the call's own
+    scratch. :func:`together` keeps such calls whole on one device, and ``plan.transfers`` delivers
+    what they read from other calls before their first kernel."""
     written: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # non-overlapping, sorted
     scratch: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)  # (op call, buffer) -> same
     out: list[Flow] = []
@@ -59,6 +64,8 @@ def flows(program: Program) -> tuple[list[Flow], dict[int, list[tuple[int, int, 
                            ([x for x in written[access.buffer] if launches[x[2]].op_index == launch.op_index], False)]
             else:
                 sources = [(written[access.buffer], False)]
+                if launch.op_index is not None:
+                    sources.append((scratch.get((launch.op_index, access.buffer), []), True))
             for segments, own in sources:
                 out += [Flow(writer, launch.index, access.buffer, max(start, access.offset_bytes),
                              min(end, access.end), own)
@@ -68,15 +75,30 @@ def flows(program: Program) -> tuple[list[Flow], dict[int, list[tuple[int, int, 
             if access.writes:
                 key = (launch.op_index, access.buffer)
                 if _scratch(launch, access):
-                    scratch[key] = _overwrite(scratch[key], access.offset_bytes, access.end, launch.index)
+                    scratch[key] = overwritten(scratch[key], access.offset_bytes, access.end, launch.index)
                 else:
-                    written[access.buffer] = _overwrite(written[access.buffer], access.offset_bytes, access.end,
+                    written[access.buffer] = overwritten(written[access.buffer], access.offset_bytes, access.end,
                                                         launch.index)
     return out, dict(written)
 
 
 def _scratch(launch: Launch, access: Access) -> bool:
     return access.source == "conservative" and launch.op_index is not None
+
+
+def together(program: Program, found: list[Flow]) -> list[tuple[int, ...]]:
+    """The op calls that must run whole on one device, each as its launches in capture order: those
+    whose kernels pass data through the call's own scratch (a ``Flow.scratch`` of ``found``, the
+    program's :func:`flows`). Their workspace bytes are known only as "from this pointer to the end of
+    its buffer", so a copy of them to another device would overwrite whatever other tensors live
+    there; and a workspace may hold device addresses (a grouped GEMM's problem table), which mean
+    nothing on another device."""
+    calls = {program.launches[f.dst].op_index for f in found if f.scratch}
+    members: dict[int, list[int]] = defaultdict(list)
+    for launch in program.launches:
+        if launch.op_index in calls:
+            members[launch.op_index].append(launch.index)
+    return [tuple(members[c]) for c in sorted(calls)]
 
 
 def dependencies(program: Program) -> list[Edge]:
@@ -87,7 +109,7 @@ def dependencies(program: Program) -> list[Edge]:
     return [Edge(src, dst, buffer, n) for (dst, src, buffer), n in sorted(carried.items())]
 
 
-def _overwrite(segments: list[tuple[int, int, int]], start: int, end: int, writer: int) -> list[tuple[int, int, int]]:
+def overwritten(segments: list[tuple[int, int, int]], start: int, end: int, writer: int) -> list[tuple[int, int, int]]:
     """The segments with [start, end) now written by ``writer``."""
     out = []
     for s, e, w in segments:

@@ -133,7 +133,7 @@ def pipeline(problem: Problem) -> Plan:
             busy[d] += problem.cost(k, d) or 0.0
         if best is None or max(busy.values()) < best[0]:
             best = (max(busy.values()), assignment)
-    assignment = best[1] if best else [problem.home] * n
+    assignment = problem.kept_together(best[1]) if best else [problem.home] * n
     return Plan("pipeline", assignment, 0.0, details={"home": problem.home})
 
 
@@ -182,7 +182,8 @@ def attention_ffn(problem: Problem, attention: Callable[[Launch], bool] = is_att
     launches = problem.program.launches
     best: tuple[float, list[str]] | None = None
     for a, f in itertools.permutations(problem.names, 2):
-        assignment = [problem.home if launch.pinned else (a if attention(launch) else f) for launch in launches]
+        assignment = problem.kept_together([problem.home if launch.pinned else (a if attention(launch) else f)
+                                            for launch in launches])
         plan = Plan("attention-ffn", assignment, 0.0, details={"home": problem.home})
         if violations(problem, plan):
             continue
@@ -195,7 +196,8 @@ def attention_ffn(problem: Problem, attention: Callable[[Launch], bool] = is_att
 
 def latency_greedy(problem: Problem) -> Plan:
     """The latency policy: each launch, in capture order, to the device where it finishes
-    earliest given where its RAW predecessors ran; pins and memory limits respected."""
+    earliest given where its RAW predecessors ran; pins, memory limits and groups (a group's
+    launches follow its first) respected."""
     preds: dict[int, dict[int, int]] = {}
     for (src, dst), nbytes in problem.edge_bytes().items():
         preds.setdefault(dst, {})[src] = nbytes
@@ -204,9 +206,15 @@ def latency_greedy(problem: Problem) -> Plan:
     used = {d: 0 for d in problem.names}
     finish: list[float] = []
     assignment: list[str] = []
+    group_of = {k: group for group in problem.groups for k in group}
     for k in range(len(problem.program.launches)):
         best: tuple[float, str] | None = None
-        for d in problem.allowed(k):
+        group = group_of.get(k, (k,))
+        if k != group[0]:  # the rest of a group go where its first went
+            choices = [assignment[group[0]]]
+        else:
+            choices = [d for d in problem.allowed(k) if all(d in problem.allowed(m) for m in group)]
+        for d in choices:
             extra = sum(problem.buffer_bytes[b] for b in problem.touches[k] if b not in held[d])
             limit = problem.memory_limit(d)
             if limit is not None and used[d] + extra > limit:

@@ -21,7 +21,8 @@ from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.baselines import baselines
 from kernelfleet.plan.links import check_link
-from kernelfleet.plan.model import Device, Link, Plan, Problem
+from kernelfleet.plan.model import STATE_HOME, Device, Link, Plan, Problem
+from kernelfleet.plan.model import state_home as pin_state
 from kernelfleet.plan.policy import throughput
 from kernelfleet.plan.slots import fastest_mode
 from kernelfleet.plan.validate import evaluate
@@ -90,19 +91,31 @@ def setup(
     copy_us: float = 0.0,
     keep_home: bool = False,
     edge_fit_path: Path | None = None,
+    state_home: bool = False,
 ) -> Setup:
     """The problem the CLI plans: devices from ``--device`` (default: every measured device) plus
     ``--predict`` SKUs, links from ``--link`` with ``link_gbps`` for every pair left out, each copy
     over any of them ``copy_us`` microseconds beyond its bytes; ``keep_home``: as Problem's;
-    ``edge_fit_path``: a per-edge fit (``kernelfleet_edges``) the slot-mode predictions charge."""
+    ``edge_fit_path``: a per-edge fit (``kernelfleet_edges``) the slot-mode predictions charge;
+    ``state_home``: the step's state pinned home (``model.state_home``), and ``keep_home``."""
     from kernelfleet.plan.edges import EdgeFit
 
     edge_fit = None if edge_fit_path is None else EdgeFit.load(edge_fit_path)
     program = Program.load(program_path)
+    if state_home:
+        program, keep_home = pin_state(program), True
     costs = load_costs(costs_path)
     measured = sorted({d for row in costs.seconds for d, v in row.items() if v is not None})
     chosen = [parse_device(spec) for spec in devices] or [Device(d) for d in measured]
     notes = [f"costs: {costs.source}"] + implausible_note(costs, catalog_path)
+    if state_home:
+        pinned = sum(launch.pinned == STATE_HOME for launch in program.launches)
+        if not pinned:
+            raise UsageError(f"--state-home: {program_path} has no state (named buffers, neither weights, inputs nor "
+                             "outputs, that the step writes): it is not a step a server carries state across "
+                             "(profile hf:DIR,serve-decode,...)")
+        notes.append(f"state home: the {pinned} launches that touch the step's state are pinned to the home device, "
+                     "and every plan keeps its home")
     if predict:
         costs, predicted, note = _predict(program, costs, measured, predict, profiles, catalog_path)
         notes.append(note)

@@ -80,18 +80,27 @@ def find_repeats(problem: Problem, min_count: int = 2) -> Repeats | None:
 
 
 def classes(problem: Problem, repeats: Repeats | None, groups: int = 1) -> list[int]:
-    """Class id per launch (ids 0..n_classes-1, in first-appearance order)."""
+    """Class id per launch (ids 0..n_classes-1, in first-appearance order); the launches of each of
+    ``problem.groups`` (kept on one device) share their classes."""
     n = len(problem.program.launches)
-    if repeats is None:
-        return list(range(n))
-    groups = max(1, min(groups, repeats.count))
-    ids: dict[tuple, int] = {}
-    out = []
-    for k in range(n):
-        if repeats.start <= k < repeats.end:
+    key_of: list[tuple] = [("single", k) for k in range(n)]
+    if repeats is not None:
+        groups = max(1, min(groups, repeats.count))
+        for k in range(repeats.start, repeats.end):
             r, i = divmod(k - repeats.start, repeats.period)
-            key: tuple = ("block", r * groups // repeats.count, i)
-        else:
-            key = ("single", k)
-        out.append(ids.setdefault(key, len(ids)))
-    return out
+            key_of[k] = ("block", r * groups // repeats.count, i)
+    parent: dict[tuple, tuple] = {}
+
+    def root(key: tuple) -> tuple:
+        while parent.get(key, key) != key:
+            key = parent[key]
+        return key
+
+    for group in problem.groups:
+        first = root(key_of[group[0]])
+        for k in group[1:]:
+            other = root(key_of[k])
+            if other != first:
+                parent[other] = first
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault(root(key), len(ids)) for key in key_of]

@@ -15,7 +15,8 @@ measured time's excess over the model, plan after plan (``plan/edges.py`` fits i
   outputs by design, so it is timed only after its full twin passed the gate, and never reported as
   a strategy.
 
-Pinned launches stay home. :func:`record` makes the :class:`EdgePlan` of one graph: its counts and
+Pinned launches stay home; an op call that passes data through its own workspace moves whole
+(``graph.deps.together``). :func:`record` makes the :class:`EdgePlan` of one graph: its counts and
 the model's predictions beside the measured time (``bench.edge_cost`` on a GPU; on a CPU,
 ``bench.edge_cost --derive`` recasts the recorded run's one-slot and conservative rows, which the
 placement table's chained rows do not include, as a fixture named derived).
@@ -31,6 +32,7 @@ from pydantic import Field
 
 from kernelfleet.documents import Document, document, model, one_of
 from kernelfleet.errors import UsageError
+from kernelfleet.graph.deps import flows, together
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.contention import Contention, sharing, spans
 from kernelfleet.plan.edges import EdgeCounts, counts
@@ -80,14 +82,22 @@ class EdgeRun(Document):
 
 
 def edge_plans(program: Program, first: str, second: str) -> list[tuple[str, str, list[str]]]:
-    """(name, family, assignment) of every placement of the module docstring, pinned launches home."""
+    """(name, family, assignment) of every placement of the module docstring, pinned launches home,
+    each op call that passes data through its workspace (``graph.deps.together``) where its first
+    launch goes."""
     n = len(program.launches)
     if n < 2:
         raise UsageError(f"a step of {n} launch cannot be cut between two devices")
+    lead = list(range(n))  # the launch whose place each launch takes
     pinned = {k for k, launch in enumerate(program.launches) if launch.pinned}
+    for group in together(program, flows(program)[0]):
+        for k in group[1:]:
+            lead[k] = group[0]
+        if pinned.intersection(group):
+            pinned.add(group[0])
 
     def placed(on_second: set[int]) -> list[str]:
-        return [second if k in on_second and k not in pinned else first for k in range(n)]
+        return [second if lead[k] in on_second and lead[k] not in pinned else first for k in range(n)]
 
     out = [(f"single:{first}", "single", [first] * n), (f"single:{second}", "single", [second] * n)]
     for s in (s for s in CUTS if s <= n):

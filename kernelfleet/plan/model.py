@@ -24,18 +24,22 @@ Cost model (shared by the MILP and the validator, implemented separately in each
   first device unless named). A plan that runs the whole program on one device (a single-
   device baseline, each replica of request distribution) re-captures it there, so its home
   is that device; such plans carry ``details.home``.
+* **Together**: the kernels of an op call that pass data through the call's own workspace
+  (``Problem.groups``, ``graph.deps.together``) run on one device; every planner keeps them so,
+  and the validator refuses a plan that splits them.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from kernelfleet.costs.table import CostTable
 from kernelfleet.documents import Document, document, model, one_of
 from kernelfleet.errors import UsageError
-from kernelfleet.graph.deps import Edge, dependencies
-from kernelfleet.kernels.ir import Program
+from kernelfleet.graph.deps import Edge, dependencies, flows, together
+from kernelfleet.kernels.ir import Launch, Program
 from kernelfleet.plan.edges import EdgeFit
 
 PLAN_FORMAT = 1
@@ -168,6 +172,27 @@ class Plan(Document):
 
 
 
+STATE_HOME = ("state the step carries to its next run (a KV cache, a recurrent state): --state-home keeps it "
+              "on the home device in every plan")
+
+
+def state_home(program: Program) -> Program:
+    """``program`` with every launch that touches its state pinned (:data:`STATE_HOME`): the named
+    buffers, neither weights, inputs nor outputs, that some launch writes. Plans made from it keep
+    that state at home, whichever plan runs a step: what a server that switches plans between steps
+    needs (``kernelfleet plan --state-home``, ``kernelfleet serve --plans``)."""
+    named = {b.id for b in program.buffers if b.name and b.role not in ("weight", "input", "output")}
+    state = {a.buffer for launch in program.launches for a in launch.accesses if a.writes and a.buffer in named}
+
+    def pinned(launch: Launch) -> Launch:
+        if launch.pinned or not any(a.buffer in state for a in launch.accesses):
+            return launch
+        return replace(launch, pinned=STATE_HOME)
+
+    return Program(buffers=list(program.buffers), launches=[pinned(launch) for launch in program.launches],
+                   units=program.units)
+
+
 class Problem:
     """Everything a planner reads, checked once so planners can trust it.
 
@@ -234,6 +259,27 @@ class Problem:
             rows = [{d: row[d] for d in names if d in row} for row in self.costs.seconds]
             costs = CostTable(rows, self.costs.source, self.costs.flops, self.costs.bytes, self.costs.precision)
         return Problem(self.program, keep, links, costs, self.edges, home=names[0])
+
+    @cached_property
+    def groups(self) -> list[tuple[int, ...]]:
+        """Launches that must share a device: op calls passing data through their own workspace
+        (``graph.deps.together``), each in capture order."""
+        return together(self.program, flows(self.program)[0])
+
+    def kept_together(self, assignment: list[str], home: str | None = None) -> list[str]:
+        """``assignment`` with each of :attr:`groups` on one device, for the planners that place
+        launches one by one (pipeline cuts, attention/FFN, the greedy schedule, the edge experiment):
+        home where a member is pinned, else where its first member is, or failing that the first
+        device (home first) that can run every member."""
+        home = self.home if home is None else home
+        out = list(assignment)
+        for group in self.groups:
+            pinned = any(self.program.launches[k].pinned for k in group)
+            order = [home] if pinned else [out[group[0]], home] + self.names
+            device = next((d for d in order if all(self.runs(k, d) for k in group)), out[group[0]])
+            for k in group:
+                out[k] = device
+        return out
 
     # -- queries the planners and the validator share (pure look-ups, no cost model) --
 

@@ -201,7 +201,12 @@ def best_cut(problem: Problem, tries: int = 20) -> Plan | None:
             busy[first] += problem.cost(k, first) or 0.0
             at[k] = first
             found.append((max(busy.values()) + cut, c, first))
-    for _, c, first in sorted(found)[:tries]:
+    position = {k: i for i, k in enumerate(free)}
+    inside = set()  # cuts that would split a group (Problem.groups) kept on one device
+    for group in problem.groups:
+        at = [position[k] for k in group if k in position]
+        inside.update(range(min(at) + 1, max(at) + 1) if at else ())
+    for _, c, first in sorted(x for x in found if x[1] not in inside)[:tries]:
         second = problem.names[1] if first == problem.names[0] else problem.names[0]
         assignment = [problem.allowed(k)[0] for k in range(n)]
         for i, k in enumerate(free):

@@ -9,7 +9,11 @@ a launch on another device wrote (a *flow*, ``graph.deps.flows``):
 * before the step, the inputs, from the home device to every device that reads them;
 * during it, each cross-device flow's exact byte range, right before its reader — copied once per
   (writer, range, device), since a later write to those bytes on the reader's device would make
-  that launch the last writer and so a flow of its own;
+  that launch the last writer and so a flow of its own. A reader inside an op call that passes
+  data through its own workspace (``graph.deps.together``) gets it before the call's first kernel
+  on its device instead: that kernel may write the same bytes through the workspace (``aten.sort``
+  fills an index workspace that its memcpy node then reads), and a copy landing after it would
+  overwrite them;
 * after it, every output whose last writer ran away from home, back to home; and each named state
   buffer's (caches, SSM state) last-written bytes either back to home, so home holds exactly what a
   single-device run would, or — with ``resident_state`` — to every other device that reads those
@@ -30,7 +34,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from kernelfleet.errors import UsageError
-from kernelfleet.graph.deps import flows
+from kernelfleet.graph.deps import flows, together
 from kernelfleet.graph.units import UnitView
 from kernelfleet.kernels.ir import Access, Program
 
@@ -65,11 +69,15 @@ def transfers(program: Program, assignment: list[str], home: str, resident_state
             out.append(Transfer(START, None, reader, b, 0, buffers[b].size_bytes, home, device))
     moved: dict[tuple[int, int, str], set[tuple[int, int]]] = defaultdict(set)  # (writer, buffer, device) -> ranges
     found, final = flows(program)
+    call_of = {k: group for group in together(program, found) for k in group}
     for f in found:
         src, dst = assignment[f.src], assignment[f.dst]
         if src != dst and (f.start, f.end) not in moved[f.src, f.buffer, dst]:
             moved[f.src, f.buffer, dst].add((f.start, f.end))
-            out.append(Transfer(f.dst, f.src, f.dst, f.buffer, f.start, f.end - f.start, src, dst))
+            before = f.dst
+            if f.dst in call_of and f.src not in call_of[f.dst]:  # before the call's first kernel there
+                before = max(f.src + 1, min(k for k in call_of[f.dst] if assignment[k] == dst))
+            out.append(Transfer(before, f.src, f.dst, f.buffer, f.start, f.end - f.start, src, dst))
     end = len(program.launches)
     readers: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
     if resident_state:
@@ -90,7 +98,7 @@ def transfers(program: Program, assignment: list[str], home: str, resident_state
             out += [Transfer(end, w, None, b, s, e - s, assignment[w], d) for d in sorted(targets)
                     # unless a flow already carried the writer's bytes there
                     if d != assignment[w] and not any(x <= s and e <= y for x, y in moved[w, b, d])]
-    return out
+    return sorted(out, key=lambda t: t.before)  # stable: flows stay in reader order
 
 
 def _known(accesses: tuple[Access, ...]) -> list[Access]:

@@ -53,6 +53,11 @@ def violations(problem: Problem, plan: Plan) -> list[str]:
             out.append(f"launch {k} assigned to {device}, which has no cost for it (cannot run it)")
         if launches[k].pinned and device != home:
             out.append(f"launch {k} is pinned ({launches[k].pinned}) but placed on {device}, not home {home}")
+    for group in problem.groups:
+        split = sorted({plan.assignment[k] for k in group})
+        if len(split) > 1:
+            out.append(f"launches {group[0]}-{group[-1]} ({launches[group[0]].op}) pass data through their op "
+                       f"call's own workspace, so they run on one device; the plan puts them on {', '.join(split)}")
     if out:
         return out
     for device, used in _memory(problem, plan.assignment).items():

@@ -9,8 +9,9 @@ partition's SMs — and the copies of :func:`kernelfleet.plan.transfers.transfer
 captured different kernels, the plan places units (``graph/units.py``) and each unit is the chain
 of the launches its device's replica made for it.
 
-Order comes from ``plan/schedule.py`` (checked race-free on the CPU by ``schedule.races``
-before the graph is built):
+Order comes from ``plan/schedule.py`` (checked race-free on the CPU by ``schedule.races``, and
+to hand every launch the bytes a one-device run would by ``delivery.stale_reads``, before the graph
+is built):
 overlapping (a copy waits only for the bytes it moves) or conservative (a copy stalls both of its
 devices). Several *slots* (micro-batches, each with replicas of its own) make one graph; how they
 share each device's and link's stream — one after another, freely, or in a list-scheduled order
@@ -31,6 +32,7 @@ from kernelfleet.kernels.cuda.doorway import DriverError
 from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
 from kernelfleet.kernels.ir import Program
 from kernelfleet.kernels.raw import program_nodes
+from kernelfleet.plan.delivery import stale_reads
 from kernelfleet.plan.schedule import Node, races, schedule
 from kernelfleet.plan.slots import SlotNode, pipeline
 from kernelfleet.plan.transfers import AddressMap, Transfer, UnitAddressMap
@@ -90,12 +92,16 @@ def plan_graph(slots: list[tuple[Program, list[str], str]], overlap: bool = True
                slot_mode: str = "sequential", seconds: Callable[[int, Node], float] | None = None,
                ) -> tuple[list[list[Node]], list[SlotNode]]:
     """Each slot's graph (its home program, assignment and home device; ``schedule.schedule``),
-    checked race-free, and the slots as one list (``slots.pipeline``); UsageError on a race."""
+    checked race-free and to deliver every byte (``delivery.stale_reads``), and the slots as one
+    list (``slots.pipeline``); UsageError on a race or a stale read."""
     orders = [schedule(program, assignment, home, overlap, resident_state) for program, assignment, home in slots]
-    for k, ((program, assignment, _), order) in enumerate(zip(slots, orders)):
+    for k, ((program, assignment, home), order) in enumerate(zip(slots, orders)):
         found = races(program, assignment, order)
         if found:
             raise UsageError(f"slot {k}: {len(found)} races in the plan graph, first: {found[0]}")
+        found = stale_reads(program, assignment, home, order, resident_state)
+        if found:
+            raise UsageError(f"slot {k}: {len(found)} stale reads in the plan graph, first: {found[0]}")
     return orders, pipeline(orders, slot_mode, seconds)
 
 

@@ -18,19 +18,19 @@ by one step and read by every later one, whichever plan runs it. So every launch
 layer's cache (``cache_L_keys``, ``cache_L_values``) must run on one device, and on the same device
 in every bucket's and both policies' plans; every plan must also have the same home (where prefill
 runs and the logits come back). Under ``resident_state`` (what the server builds with) a cache that
-stays on one device is never copied. Plans made from a program whose cache launches are pinned
-(:func:`pinned_kv`) keep the whole cache on the home device by construction: the planners and the
-validator keep pinned launches home.
+stays on one device is never copied. ``kernelfleet plan --state-home`` (``plan.model.state_home``)
+pins every launch that touches the cache, so its plans keep the whole cache on the home device by
+construction: the planners and the validator keep pinned launches home.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from kernelfleet.errors import UsageError
-from kernelfleet.kernels.ir import Launch, Program
+from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.model import Plan, Problem
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT
@@ -38,7 +38,6 @@ from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT
 # the monitor's two policies and the files `kernelfleet plan --policy all` writes for them
 POLICIES = {LATENCY: "latency-greedy", THROUGHPUT: "throughput-milp"}
 KV_NAME = re.compile(r"cache_(\d+)_(keys|values)$")  # serve/placed_step.py's names of each layer's cache
-KV_PIN = "KV cache: the server switches plans between steps, so each layer's cache stays on one device"
 
 
 def bucket_folder(root: Path, bucket: int) -> Path:
@@ -100,7 +99,7 @@ def kv_devices(program: Program, assignment: list[str], where: str) -> dict[str,
             if first[0] != device:
                 raise UsageError(f"{where}: {names[buffer]} is touched on {first[0]} (launch {first[1]}) and on "
                                  f"{device} (launch {launch.index}): a plan must keep each layer's KV cache on one "
-                                 "device (plan from a program with its cache pinned: placed_plans.pinned_kv)")
+                                 "device (plan it with kernelfleet plan --state-home)")
     return {name: device for name, (device, _) in sorted(seen.items())}
 
 
@@ -127,16 +126,3 @@ def kv_placement(found: dict[int, dict[str, tuple[Path, Plan]]], problems: dict[
         raise UsageError("no plans to serve")
     return first[1]
 
-
-def pinned_kv(program: Program) -> Program:
-    """``program`` with every launch that touches a layer's cache pinned (:data:`KV_PIN`): plans
-    made from it keep the cache on their home device (module docstring)."""
-    kv = {b.id for b in program.buffers if b.name and KV_NAME.match(b.name)}
-
-    def pinned(launch: Launch) -> Launch:
-        if launch.pinned or not any(a.buffer in kv for a in launch.accesses):
-            return launch
-        return replace(launch, pinned=KV_PIN)
-
-    return Program(buffers=list(program.buffers), launches=[pinned(launch) for launch in program.launches],
-                   units=program.units)

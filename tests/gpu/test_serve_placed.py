@@ -7,8 +7,7 @@ online monitor must switch to the throughput plan, and every request still gets 
 The flow, for a tiny random-weight Llama (bf16, what the server serves), 2 slots (buckets 1 and 2):
 
     kernelfleet profile hf:DIR,serve-decode,batch=B,slots=2,context=64 --profile a:64 --profile b:32 --out prof-B
-    (the program with its KV cache pinned: serve/placed_plans.pinned_kv)
-    kernelfleet plan pinned-B.json prof-B/costs.json --device a --device b --policy all --keep-home --out plans/batch-B
+    kernelfleet plan prof-B/program.json prof-B/costs.json --device a --device b --policy all --state-home --out plans/batch-B
     kernelfleet serve hf:DIR --plans plans --profile a:64@0 --profile b:32@0 --slots 2 --context 64
 
 Run alone: ``pytest -m gpu tests/gpu/test_serve_placed.py -s`` (about 3 minutes on an H200).
@@ -25,8 +24,6 @@ import httpx
 import pytest
 from recorded import PROMPTS, ServeCommand, interleaved, tiny_causal_lm, whole_and_streamed
 
-from kernelfleet.kernels.ir import Program
-from kernelfleet.serve.placed_plans import KV_PIN, pinned_kv
 
 pytestmark = pytest.mark.gpu
 SLOTS, CONTEXT = 2, 64
@@ -48,11 +45,10 @@ def test_the_placed_server_gives_the_single_device_servers_greedy_tokens(tmp_pat
         profile = tmp_path / f"prof-{bucket}"
         kernelfleet("profile", f"hf:{folder},serve-decode,batch={bucket},slots={SLOTS},context={CONTEXT}",
                     "--profile", "a:64", "--profile", "b:32", "--trials", "3", "--out", str(profile))
-        pinned = pinned_kv(Program.load(profile / "program.json"))
-        assert any(launch.pinned == KV_PIN for launch in pinned.launches)
-        pinned.save(tmp_path / f"pinned-{bucket}.json")
-        kernelfleet("plan", str(tmp_path / f"pinned-{bucket}.json"), str(profile / "costs.json"), "--device", "a",
-                    "--device", "b", "--policy", "all", "--keep-home", "--out", str(tmp_path / "plans" / f"batch-{bucket}"))
+        said = kernelfleet("plan", str(profile / "program.json"), str(profile / "costs.json"), "--device", "a",
+                           "--device", "b", "--policy", "all", "--state-home", "--out",
+                           str(tmp_path / "plans" / f"batch-{bucket}"))
+        assert "launches that touch the step's state are pinned to the home device" in said
     prompts = PROMPTS[:4]  # four requests on two slots: both buckets, slots reused
     with ServeCommand(f"hf:{folder}", "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as single:
         want = asyncio.run(whole_and_streamed(single.url, prompts, 12))

@@ -1,6 +1,6 @@
 """The per-edge fit on the CPU (``python -m bench.place_table --edges``), on a fixture *derived*
 from the recorded H200 run (tests/data/edges-derived: the one-slot and conservative-ablation rows
-of its same-kernel folders, which the 147 chained rows leave out; ``python -m bench.edge_cost
+of its same-kernel folders, which the chained rows leave out; ``python -m bench.edge_cost
 --derive`` rebuilds it), not on an edge experiment: the fit is printed and said to be derived, the
 22 recorded rows are re-predicted with it beside today's model, a fit charging nothing changes no
 prediction, one charging copies raises exactly the rows that copy, and a bad file is one line; and
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from recorded import assert_same_fit
 
 from bench import edge_cost, place_table
 from kernelfleet.costs.links import LinkTable
@@ -44,7 +45,8 @@ def test_the_committed_fixture_is_what_derive_makes_of_the_recorded_run():
     committed = EdgeRun.load(DERIVED)
     again = edge_cost.derived(sorted(p.parent for p in place_table.RECORDED.glob("*.same/disagg.json")),
                               LinkTable.load(edge_cost.LINK))
-    assert committed.derived and committed.plans == again.plans and len(committed.plans) == 44
+    # 44 one-slot and ablation rows, less Qwen2-MoE decode's three of the plans today's validator refuses
+    assert committed.derived and committed.plans == again.plans and len(committed.plans) == 41
 
 
 def test_the_fit_is_printed_said_to_be_derived_and_the_rows_re_predicted_beside_todays_model(printed):
@@ -55,13 +57,13 @@ def test_the_fit_is_printed_said_to_be_derived_and_the_rows_re_predicted_beside_
     found = json.loads(lines[-1])
     assert len(found["rows"]) == 22 and [t["name"] for t in found["fit"]["terms"]] == [
         "critical_copies", "waits", "forks"]
-    assert found["without_fit"]["chained plans within 10 % of prediction"] == "138 of 147 rows"
-    assert found["verdicts"]["chained plans within 10 % of prediction"] == "142 of 147 rows"
+    assert found["without_fit"]["chained plans within 10 % of prediction"] == "138 of 145 rows"
+    assert found["verdicts"]["chained plans within 10 % of prediction"] == "142 of 145 rows"
     assert found["verdicts"]["chosen within 3 % of the best"] == "met on every row"
-    assert EdgeFit.load(out).plans == found["fit"]["plans"] == 44 - sum(  # the zero-byte control: none derived
+    assert EdgeFit.load(out).plans == found["fit"]["plans"] == 41 - sum(  # the zero-byte control: none derived
         p.measured_seconds is None for p in EdgeRun.load(DERIVED).plans)
-    committed = EdgeFit.load(DERIVED.with_name("fit.derived.json"))  # --fit-out of the same, kept
-    assert (committed.terms, committed.plans) == (EdgeFit.load(out).terms, EdgeFit.load(out).plans)
+    # --fit-out of the same, kept
+    assert_same_fit(EdgeFit.load(DERIVED.with_name("fit.derived.json")), EdgeFit.load(out))
 
 
 @pytest.mark.parametrize("folder", MISSED, ids=[f.name for f in MISSED])
@@ -72,8 +74,9 @@ def test_a_fit_charging_nothing_changes_nothing_and_one_charging_copies_raises_t
         {n: r.get("predicted_seconds") for n, r in today.items()}
     charged = place_table.repredicted(folder, fitted=EdgeFit([Term("copies", 1e-6)], 1, 0.0, 0.0))
     for name, row in charged.items():
-        if not today[name].get("seconds") or name.startswith(("link ", "ablation")) or name.endswith("1 slot"):
-            continue  # re-predicted are the rows in a slot mode, as the table counts them
+        if (not today[name].get("seconds") or name.startswith(("link ", "ablation")) or name.endswith("1 slot")
+                or "refused" in today[name]):
+            continue  # re-predicted are the rows in a slot mode of plans today's validator passes
         if today[name].get("copies"):
             assert row["predicted_seconds"] > today[name]["predicted_seconds"], name
         else:

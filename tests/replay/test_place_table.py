@@ -97,11 +97,14 @@ def test_recomputed_predictions_are_the_runs_own_but_for_three_pipelines(calibra
 def test_the_shared_and_free_graph_times_bring_most_predictions_within_ten_percent(calibrations):
     found = list(calibrations.values())
     totals = place_calibration.totals(found)
-    assert totals["recorded predictions"] == "138 of 147 chained rows"
-    assert totals["none"] == "75 of 147 chained rows, 52 of 103 mixed"
-    assert totals["scale"] == "125 of 147 chained rows, 81 of 103 mixed"
-    assert totals["contention"] == "138 of 147 chained rows, 94 of 103 mixed"  # what bench disagg and plan predict
-    assert totals["free and scheduled rows within 10 %, contention"] == "139 of 152"
+    # of the run's 147 chained rows and 152 free and scheduled ones, Qwen2-MoE decode's throughput and
+    # latency plans (same-kernel pair) split aten.sort, which passes data through its own index
+    # workspace: today's validator refuses them (graph.deps.together), so they are not predicted
+    assert totals["recorded predictions"] == "138 of 145 chained rows"
+    assert totals["none"] == "73 of 145 chained rows, 50 of 101 mixed"
+    assert totals["scale"] == "125 of 145 chained rows, 81 of 101 mixed"
+    assert totals["contention"] == "138 of 145 chained rows, 94 of 101 mixed"  # what bench disagg and plan predict
+    assert totals["free and scheduled rows within 10 %, contention"] == "139 of 150"
     for e in found:
         # profile's own graph times of each single device: bench disagg timed the same graphs within 5 %
         assert all(abs(e.errors["scale"][s]) < 0.05 for s in place_calibration.SINGLES), e.target

@@ -3,8 +3,8 @@ plans an H200 recorded for a transformers Llama decode step (tests/data/h200-ker
 device b with math attention, so a program of units). Checked: every missing piece is one line; the
 recorded planners' plans do not keep the KV cache in one place (the latency plan splits each layer's
 keys from its values, and on other devices than the throughput plan), which the server refuses; the
-same planner run through ``kernelfleet plan`` on the program with its cache pinned writes plans the
-server accepts, the cache at home."""
+same planner run through ``kernelfleet plan --state-home`` (every launch that touches the cache pinned)
+writes plans the server accepts, the cache at home; a step without state is refused in one line."""
 
 import shutil
 import subprocess
@@ -15,9 +15,9 @@ import pytest
 
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Program
-from kernelfleet.plan.model import Device
+from kernelfleet.plan.model import STATE_HOME, Device, state_home
 from kernelfleet.runtime import plans as runtime_plans
-from kernelfleet.serve.placed_plans import KV_PIN, Placement, kv_devices, kv_placement, pinned_kv, read
+from kernelfleet.serve.placed_plans import Placement, kv_devices, kv_placement, read
 
 pytestmark = pytest.mark.replay
 
@@ -100,31 +100,44 @@ def test_plans_of_two_homes_are_refused(program, tmp_path):
         kv_placement(read(tmp_path, [1, 2]), {b: runtime_plans.problem(program, DEVICES) for b in (1, 2)})
 
 
-def test_the_planner_on_the_program_with_its_cache_pinned_writes_plans_the_server_accepts(program, tmp_path):
-    pinned = pinned_kv(program)
+def test_the_planner_with_the_state_home_writes_plans_the_server_accepts(program, tmp_path):
+    pinned = state_home(program)
     moved = [k for k, (x, y) in enumerate(zip(program.launches, pinned.launches)) if x.pinned != y.pinned]
-    assert moved and all(pinned.launches[k].pinned == KV_PIN for k in moved)
-    pinned.save(tmp_path / "program.json")
+    touching = {b.id for b in program.buffers if b.name and b.name.startswith("cache_")}
+    assert moved == [launch.index for launch in program.launches if any(a.buffer in touching for a in launch.accesses)]
+    assert all(pinned.launches[k].pinned == STATE_HOME for k in moved)
+    program.save(tmp_path / "program.json")
     for bucket in (1, 2):  # one recorded program stands for both buckets' (the same step at two batch sizes)
         done = subprocess.run([sys.executable, "-m", "kernelfleet", "plan", str(tmp_path / "program.json"),
                                str(RECORDED / "profile.costs.json"), "--device", "a", "--device", "b", "--policy",
-                               "all", "--keep-home", "--time-limit", "20", "--out", str(tmp_path / "plans" / f"batch-{bucket}")],
+                               "all", "--state-home", "--time-limit", "20", "--out", str(tmp_path / "plans" / f"batch-{bucket}")],
                               capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr
+        assert f"state home: the {len(moved)} launches that touch the step's state are pinned" in done.stdout
     found = read(tmp_path / "plans", [1, 2])
     placement = kv_placement(found, {b: runtime_plans.problem(program, DEVICES) for b in (1, 2)})
     assert placement == Placement("a", {f"cache_{layer}_{kind}": "a" for layer in (0, 1) for kind in ("keys", "values")})
     assert placement.away() == {}
     plans = [plan for policies in found.values() for _, plan in policies.values()]
     assert any(set(plan.assignment) == {"a", "b"} for plan in plans)  # the rest still moves: a placement, not one device
-    assert all((plan.details.home or "a") == "a" for plan in plans)  # --keep-home: no plan re-homed on b
+    assert all((plan.details.home or "a") == "a" for plan in plans)  # --state-home keeps home: no plan re-homed on b
+
+
+def test_state_home_on_a_step_without_state_is_one_line(tmp_path):
+    stateless = Program.load(PAIRS / "dit-denoise.same" / "program.json.gz")
+    stateless.save(tmp_path / "program.json")
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", "plan", str(tmp_path / "program.json"),
+                           str(PAIRS / "dit-denoise.same" / "costs.json"), "--device", "a",
+                           "--device", "b", "--state-home"], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().endswith("it is not a step a server carries state across (profile hf:DIR,serve-decode,...)")
 
 
 def test_keep_home_leaves_out_the_plans_that_move_the_step_off_home(program, tmp_path):
     from kernelfleet.plan import command
     from kernelfleet.plan.baselines import baselines
 
-    pinned_kv(program).save(tmp_path / "program.json")
+    state_home(program).save(tmp_path / "program.json")
     made = [command.setup(tmp_path / "program.json", RECORDED / "profile.costs.json", ["a", "b"], [], 25.0, [], [],
                           keep_home=keep).problem for keep in (True, False)]
     plans, skipped = baselines(made[0])

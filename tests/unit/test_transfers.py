@@ -1,11 +1,9 @@
 """The executor's copies, checked by simulating where every byte's last writer is, on the CPU.
 
-For a plan, each device's memory is tracked as (start, end, writer) segments per buffer: a launch
-stamps its writes on its own device, a copy carries the stamps of its range from one device to
-another. The plan's graph (``schedule.schedule``) runs node by node in random orders its
-dependencies allow, as the GPU may run it. Every read must then see, on its device, exactly the
-writers a single-device run would show it — and home must end with every output and state byte as
-a single-device run leaves it.
+``plan.delivery.stale_reads`` runs a plan's graph over each device's memory as writer stamps and
+compares every read, and what the step leaves at home, with a single-device run. Here the graph
+(``schedule.schedule``) runs node by node in random orders its dependencies allow, as the GPU may
+run it, and no order may show a launch another writer than the single-device run does.
 """
 
 import random
@@ -15,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from kernelfleet.errors import UsageError
-from kernelfleet.graph.deps import _overwrite, flows
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
+from kernelfleet.plan.delivery import stale_reads
 from kernelfleet.plan.schedule import schedule
 from kernelfleet.plan.transfers import START, AddressMap, transfers
 
@@ -28,10 +26,6 @@ HERE = Path(__file__).parents[1] / "data" / "h200-capture"
 
 def program(step: str, kind: str = "capture"):
     return assemble(RawCapture.load(HERE / f"{step}.{kind}.json.gz"))
-
-
-def segments_in(memory, buffer, start, end):
-    return [(max(s, start), min(e, end), w) for s, e, w in memory.get(buffer, []) if min(e, end) > max(s, start)]
 
 
 def in_some_order(nodes, rng):
@@ -52,51 +46,11 @@ def in_some_order(nodes, rng):
 
 
 def simulate(prog, assignment, home, nodes, seed, skip=None):
-    """Run the plan's graph over writer stamps, in a random order its dependencies allow (``seed``);
-    return the reads that would see a wrong writer. ``skip``: the index of a copy to leave out (to
-    show the simulation catches it)."""
-    buffers = {b.id: b for b in prog.buffers}
-    devices = {d: {} for d in set(assignment) | {home}}
-    truth = {}
-
-    def key(launch, buffer, scratch):  # an op call's workspace stamps are its own (graph.deps.flows)
-        return ("scratch", prog.launches[launch].op_index, buffer) if scratch else buffer
-
-    for f in flows(prog)[0]:
-        truth.setdefault(f.dst, []).append((key(f.dst, f.buffer, f.scratch), f.start, f.end, f.src))
-
-    def carry(t):  # a copy moves the bytes, whichever record (the step's, or its writer's call's) stamps them
-        off = t.offset_bytes
-        for b in {t.buffer} | ({key(t.writer, t.buffer, True)} if t.writer is not None else set()):
-            for s, e, w in segments_in(devices[t.src], b, off, off + t.length_bytes):
-                devices[t.dst][b] = _overwrite(devices[t.dst].get(b, []), s, e, w)
-
-    wrong = []
-    ran = 0
-    for n in in_some_order(nodes, random.Random(seed)):
-        ran += 1
-        if n.copy is not None:
-            if n.index != skip:
-                carry(n.copy)
-            continue
-        launch = prog.launches[n.launch]
-        mine = devices[assignment[launch.index]]
-        for b, s, e, w in truth.get(launch.index, []):
-            seen = segments_in(mine, b, s, e)
-            if {x[2] for x in seen} != {w} or sum(x[1] - x[0] for x in seen) != e - s:
-                wrong.append((launch.index, b, s, e, w, seen))
-        for a in launch.accesses:
-            if a.writes:
-                k = key(launch.index, a.buffer, a.source == "conservative" and launch.op_index is not None)
-                mine[k] = _overwrite(mine.get(k, []), a.offset_bytes, a.end, launch.index)
-    assert ran == len(nodes), "the dependencies have a cycle"
-    final = flows(prog)[1]
-    for b, segs in final.items():
-        if buffers[b].role == "output" or (buffers[b].name and buffers[b].role != "weight"):
-            for s, e, w in segs:
-                if {x[2] for x in segments_in(devices[home], b, s, e)} != {w}:
-                    wrong.append(("final", b, s, e, w))
-    return wrong
+    """The reads of the plan's graph that see a wrong writer when it runs in a random order its
+    dependencies allow (``seed``); ``skip``: the index of a copy to leave out (to show it is caught)."""
+    order = [n for n in in_some_order(nodes, random.Random(seed)) if n.index != skip]
+    assert len(order) == len(nodes) - (skip is not None), "the dependencies have a cycle"
+    return stale_reads(prog, assignment, home, order)
 
 
 @pytest.mark.parametrize("step", ["llama-decode", "mamba-decode", "moe-decode", "llama8b-decode"])
@@ -127,7 +81,7 @@ def test_a_missing_copy_is_caught_by_the_simulation():
     nodes = schedule(prog, assignment, "A")
     middle = next(x for x in nodes if x.copy is not None and None not in (x.copy.writer, x.copy.reader))
     wrong = simulate(prog, assignment, "A", nodes, seed=0, skip=middle.index)
-    assert wrong and wrong[0][0] == middle.copy.reader
+    assert wrong and wrong[0].startswith(f"launch {middle.copy.reader} ")
 
 
 def exact_cover(launch, buffer, start, end) -> bool:
