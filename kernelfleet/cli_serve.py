@@ -190,6 +190,9 @@ def _placed(target: str, plans: Path | None, profiles: list[str], other: bool, l
     err.print(f"kernelfleet serve: {target} through the plans of {plans} on {', '.join(profiles)} "
               f"(buckets {', '.join(map(str, engine.backend.sizes))}, captured and gated in "
               f"{time.perf_counter() - started:.1f} s) on http://{host}:{port}/v1", markup=False, highlight=False)
+    for said, graphs in engine.backend.gates().items():
+        err.print(f"  gate: {said}: {len(graphs)} plan graph{'s' if len(graphs) > 1 else ''} ({', '.join(graphs)})",
+                  markup=False, highlight=False)
     try:
         run(engine, app, sock)
     finally:

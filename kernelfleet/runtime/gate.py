@@ -207,10 +207,8 @@ class Gate:
         wrong = self.differing(homes)
         if not wrong or not self.units:
             return verdict(wrong)
-        found = self.agreements(homes)
-        failed = [a for a in found if not a.passed]
-        said = str(failed[0] if failed else min(found, key=lambda a: a.min_cosine))
-        if failed or self.slots[0][homes[0]].decode is None:
+        said = tolerance(self.agreements(homes))
+        if not passed(said) or self.slots[0][homes[0]].decode is None:
             return said
         ok, over = self.decode_verdict(lambda: run(built, stream.cuda_stream), homes[0], stream)
         return f"{said}; {over}" if ok else f"outside tolerance over decode steps: {over}; one step {said}"
@@ -291,6 +289,22 @@ def decode_steps(step: Callable[[], None], args: tuple, decode: Any, output: Cal
         if position is not None:
             position.copy_(kept[1])
     return torch.cat(logits), chosen
+
+
+def tolerance(found: list[Agreement]) -> str:
+    """The tolerance gate's verdict over several outputs' agreements: the first that fails, else the
+    least agreeing (its min cosine the lowest)."""
+    failed = [a for a in found if not a.passed]
+    return str(failed[0] if failed else min(found, key=lambda a: a.min_cosine))
+
+
+def single_step_verdict(references: list[torch.Tensor], outputs: list[torch.Tensor], units: bool) -> str:
+    """One step's outputs against their references: :data:`IDENTICAL` bit for bit; where the devices
+    run different kernels (``units``), the tolerance of :func:`agreement`; else what differs."""
+    wrong = differing_elements(references, outputs)
+    if not wrong or not units:
+        return verdict({0: wrong} if wrong else {})
+    return tolerance([agreement(r, o) for r, o in zip(references, outputs)])
 
 
 def passed(verdict_: str) -> bool:

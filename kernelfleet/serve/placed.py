@@ -52,12 +52,15 @@ from kernelfleet.serve.rows import Rows
 @dataclass(eq=False)
 class PlanGraph:
     """One (bucket, policy) plan's built graph (``executor.Built``), the home capture's input tensor
-    it reads and the logits it writes; ``twin``: compute the logits eagerly (the CPU twin)."""
+    it reads and the logits it writes; ``twin``: compute the logits eagerly (the CPU twin); ``gate``:
+    which gate it passed at start (``runtime/gate``: identical, or within tolerance and how; None:
+    not gated, as the CPU twin's)."""
 
     built: Any
     inputs: torch.Tensor
     logits: torch.Tensor | None
     twin: bool = False
+    gate: str | None = None
 
 
 def copy_rows(source: SlotCache, target: SlotCache, caches: list[tuple[int, str]], row: int, positions: range) -> None:
@@ -89,6 +92,14 @@ class PlacedBackend:
         self._last_token_seconds: dict[int, float] = {}
         self.switches, self.steps = plan_metrics(registry)
         self._switches_seen = monitor.switches
+
+    def gates(self) -> dict[str, list[str]]:
+        """Which graphs passed which gate at start: each verdict with its graphs ("bucket B policy")."""
+        found: dict[str, list[str]] = {}
+        for size, policies in sorted(self.graphs.items()):
+            for policy, graph in policies.items():
+                found.setdefault(graph.gate or "not gated", []).append(f"bucket {size} {policy}")
+        return found
 
     def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
         """A prompt, or its chunk at ``start``, on the home device (backend.py's ``prefill``)."""

@@ -8,7 +8,10 @@ batch bucket every device captures the server's decode step (``placed_step.decod
 ``runtime/replicas.capture_replicas``) on the whole GPU, then the partitions are carved; every plan is checked against its bucket's capture and for
 one KV placement (``placed_plans.kv_placement``) before any graph is built; then each (bucket,
 policy) graph is built with ``resident_state`` and gated: run from the captured state, its logits
-must equal the home device's own replay of that capture bit for bit, or the server does not start.
+must equal the home device's own replay of that capture bit for bit, or, where the devices captured
+different kernels (a ``--profile`` with ``/KERNELS``, or another GPU type), agree with it within
+the place gate's tolerance (``runtime/gate.single_step_verdict``: logits cosine and near-ties, over
+this one decode step); otherwise the server does not start. Each graph keeps its verdict.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from kernelfleet.errors import EnvironmentProblem
 from kernelfleet.plan.model import Device
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.executor import Slot, build, run
+from kernelfleet.runtime.gate import passed, single_step_verdict
 from kernelfleet.runtime.monitor import Monitor
-from kernelfleet.runtime.replicas import capture_replicas, differing_elements, restore_all
+from kernelfleet.runtime.replicas import capture_replicas, restore_all
 from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.serve.graphs import buckets
 from kernelfleet.serve.placed import PlacedBackend, PlanGraph
@@ -72,8 +76,9 @@ def placed_backend(load_model: Callable[[str], Any], plans_root: Path, profiles:
 def gated_graphs(captures: dict[int, dict[str, Any]], found: dict, home_name: str, gpu: int,
                  restores: list[Callable[[], None]]) -> tuple[dict[int, dict[str, PlanGraph]], Callable[[Any], None]]:
     """Each (bucket, policy) plan's graph, built with resident state and gated (from the captured
-    state, with the logits zeroed, it must give the home capture's own replay bit for bit), and the
-    backend's ``launch``: a graph run on a stream of the home GPU, waited for."""
+    state, with the logits zeroed, it must give the home capture's own replay: bit for bit, or within
+    the tolerance where the devices run different kernels), and the backend's ``launch``: a graph run
+    on a stream of the home GPU, waited for."""
     stream = torch.cuda.Stream(device=gpu)
 
     def launch(built: Any) -> None:
@@ -99,12 +104,13 @@ def gated_graphs(captures: dict[int, dict[str, Any]], found: dict, home_name: st
                 for tensor in home.captured.output_tensors():
                     tensor.zero_()
             launch(built)
-            wrong = differing_elements(reference, home.captured.output_tensors())
+            said = single_step_verdict(reference, home.captured.output_tensors(), units)
             restore_all(restores)
-            if wrong:
-                raise EnvironmentProblem(f"{path}: the plan's graph for batch bucket {size} gives {wrong} logits that "
-                                         "differ from the home device's own replay: the server does not serve it")
-            graphs[size][policy] = PlanGraph(built, home.captured.args[0], home.captured.output_tensors()[0])
+            if not passed(said):
+                raise EnvironmentProblem(f"{path}: the plan's graph for batch bucket {size} does not give the home "
+                                         f"device's own logits ({said}): the server does not serve it")
+            graphs[size][policy] = PlanGraph(built, home.captured.args[0], home.captured.output_tensors()[0],
+                                             gate=said)
     return graphs, launch
 
 

@@ -83,3 +83,20 @@ def test_the_tolerance_gate_passes_the_other_kernels_and_refuses_a_local_fault()
     # noise on every logit: the cosine refuses it
     noisy = agreement(reference, math + torch.randn(math.shape, generator=torch.Generator().manual_seed(0)) * 0.2)
     assert noisy.min_cosine < 0.999 and not noisy.passed
+
+
+def test_the_servers_gate_passes_the_math_logits_within_tolerance_and_refuses_a_wrong_row():
+    """What ``kernelfleet serve --plans`` asks of a plan graph whose devices run different kernels
+    (serve/placed_build.py): the same logits bit for bit, or the tolerance over its one step."""
+    from kernelfleet.runtime.gate import IDENTICAL, passed, single_step_verdict
+
+    logits = torch.load(DATA / "logits.pt")
+    reference, other = logits["default"], logits["math"]
+    assert single_step_verdict([reference], [reference.clone()], units=True) == IDENTICAL
+    said = single_step_verdict([reference], [other], units=True)
+    assert passed(said) and said.startswith("within tolerance: min cosine 0.9999") and "1 of 128 positions" in said
+    assert not passed(single_step_verdict([reference], [other], units=False))  # the same kernels: bit for bit
+    wrong = other.clone()
+    wrong.reshape(-1, wrong.shape[-1])[5] = wrong.reshape(-1, wrong.shape[-1])[5].flip(-1)  # one row's logits garbled
+    said = single_step_verdict([reference], [wrong], units=True)
+    assert not passed(said) and said.startswith("outside tolerance: min cosine")
