@@ -78,7 +78,8 @@ def serve(
     checked_strategy(strategy, [parse_device(spec).name for spec in devices])
     if plans is not None or profile:
         return _placed(target, plans, profile or [], cpu or bool(devices) or strategy != "single", listen,
-                       allow_remote, token, slots, max_queue, context, dtype, seed)
+                       allow_remote, token, slots, max_queue, context, dtype, seed,
+                       (prefill_chunk, checked_prefill(prefill_chunk, prefill_batch)))
     if cpu and devices and strategy == "single":
         raise UsageError("--device names a GPU; with --cpu the model runs on the CPU: pass one or the other")
     token = given_token(token)
@@ -163,8 +164,9 @@ def serve(
 
 def _placed(target: str, plans: Path | None, profiles: list[str], other: bool, listen: str, allow_remote: bool,
             token: str | None, slots: int | None, max_queue: int, context: int | None, dtype: str | None,
-            seed: int) -> None:
-    """``--plans DIR --profile ...``: the placed backend (serve/placed_build.py) behind the same API."""
+            seed: int, prefill: tuple[int | None, int]) -> None:
+    """``--plans DIR --profile ...``: the placed backend (serve/placed_build.py) behind the same API;
+    ``prefill``: the engine's prompt tokens a step and whole prompts a forward (engine.py)."""
     from kernelfleet.fleet.listener import bind, given_token, listen_address
 
     if plans is None or other:
@@ -182,7 +184,7 @@ def _placed(target: str, plans: Path | None, profiles: list[str], other: bool, l
     started = time.perf_counter()
     try:
         engine, app, entered = placed_server(target, plans, profiles, slots or CPU_SLOTS, max_queue, tokens_per_slot,
-                                             token, seed, getattr(torch, dtype or "bfloat16"))
+                                             token, seed, getattr(torch, dtype or "bfloat16"), prefill=prefill)
     except BaseException:
         sock.close()
         raise

@@ -109,6 +109,17 @@ class PlacedBackend:
         self._last_token_seconds[slot] = self.clock()
         return logits
 
+    def prefill_many(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """Whole prompts in one forward on the home device (backend.py's ``prefill_many``), each spread
+        as :meth:`prefill` spreads one."""
+        rows = [self.rows.prefilled(slot, len(prompt)) for slot, prompt in zip(slots, prompts)]
+        logits = self.home.prefill_many(rows, prompts)
+        for row, prompt in zip(rows, prompts):
+            self._spread(row, range(len(prompt)))
+        done = self.clock()
+        self._last_token_seconds.update((slot, done) for slot in slots)
+        return logits
+
     @torch.inference_mode()
     def _spread(self, row: int, positions: range) -> None:
         """The row's ``positions`` of the layers whose cache the plans keep away from home, copied there."""

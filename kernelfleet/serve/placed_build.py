@@ -124,9 +124,11 @@ def stepper(backends: list[EagerBackend], size: int) -> Callable[[str, int], Any
 
 def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int, max_queue: int,
                   context_tokens: int, token: str | None, seed: int, dtype: torch.dtype,
-                  progress: Callable[[int, int], None] | None = None) -> tuple[Any, Any, list[Any]]:
+                  progress: Callable[[int, int], None] | None = None,
+                  prefill: tuple[int | None, int | None] = (None, None)) -> tuple[Any, Any, list[Any]]:
     """``kernelfleet serve TARGET --plans DIR --profile ... --profile ...``: the started engine, its
-    app and the entered device profiles (module docstring)."""
+    app and the entered device profiles (module docstring); ``prefill``: the engine's
+    ``prefill_chunk_tokens`` and ``prefill_batch``."""
     from kernelfleet.errors import UsageError
     from kernelfleet.profile.run import parse_profile
     from kernelfleet.serve.api import serve_app
@@ -141,5 +143,5 @@ def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int
     metrics = ServeMetrics(max_queue)
     backend, entered = placed_backend(lambda device: load(target, device, seed, dtype).model, plans_root,
                                       {s.name: s for s in specs}, slots, context_tokens, metrics.registry, progress)
-    engine = Engine(backend, max_queue, metrics).start()
+    engine = Engine(backend, max_queue, metrics, prefill_chunk_tokens=prefill[0], prefill_batch=prefill[1]).start()
     return engine, serve_app(engine, described(target), token), entered

@@ -3,10 +3,11 @@ through one plan graph per batch bucket and policy, built by the executor throug
 (kernels/cuda/null.py) from the captures an H200 made of a transformers Llama decode step
 (tests/data/h200-kernel-pair/hf-llama-decode, both devices' replicas the same capture); the logits
 come from the CPU twin (the home device's eager bucket forward of a real tiny Llama), so greedy
-tokens must equal transformers' own ``generate``. Checked: a graph per (bucket, policy); one launch
-per decode step, of the graph of the policy the monitor chose before it; the monitor's switch
-between steps, counted in /metrics; prefill copying the rows of each cache the plans keep away
-from home, and only those."""
+tokens must equal transformers' own ``generate``, prompts prefilled one at a time or several in one
+forward. Checked: a graph per (bucket, policy); one launch per decode step, of the graph of the
+policy the monitor chose before it; the monitor's switch between steps, counted in /metrics;
+prefill (one prompt, or several at once) copying the rows of each cache the plans keep away from
+home, and only those."""
 
 from pathlib import Path
 
@@ -119,9 +120,23 @@ def test_prefill_copies_only_the_caches_kept_away_from_home(placed):
     assert away.keys[0][row, :, 1:5].abs().sum() == 0 < home.keys[0][row, :, 1:5].abs().sum()
 
 
-def test_greedy_tokens_equal_generate_and_the_monitor_switches_only_between_steps(placed):
+def test_a_batched_prefill_copies_each_prompts_rows_of_the_caches_kept_away(placed):
+    backend, *_ = placed
+    prompts = [[5, 9, 100, 3, 8], [7, 1], [44, 45, 46]]
+    logits = backend.prefill_many([0, 2, 3], prompts)
+    home, away = backend.devices["a"].cache, backend.devices["b"].cache
+    assert logits.shape[0] == 3
+    for slot, prompt in zip([0, 2, 3], prompts):
+        row, n = backend.rows.row_of[slot], len(prompt)
+        assert torch.equal(away.keys[1][row, :, :n], home.keys[1][row, :, :n])
+        assert torch.equal(away.values[1][row, :, :n], home.values[1][row, :, :n])
+        assert home.keys[1][row, :, :n].abs().sum() > 0
+
+
+@pytest.mark.parametrize("prefill_batch", [1, 4])
+def test_greedy_tokens_equal_generate_and_the_monitor_switches_only_between_steps(placed, prefill_batch):
     backend, null, metrics, clock, model = placed
-    engine = Engine(backend, len(PROMPTS), metrics)
+    engine = Engine(backend, len(PROMPTS), metrics, prefill_batch=prefill_batch)
     lengths = [6, 9, 4, 7, 5, 8]
     got: list[list[int]] = [[] for _ in PROMPTS]
     for prompt, n, tokens in zip(PROMPTS, lengths, got):

@@ -1,0 +1,96 @@
+"""The serve benchmark's ``plans`` cases (``python -m bench.serve_gpu --cases plans``): kernelfleet's
+own plans served beside the baselines a user has, on one GPU.
+
+The plans are made by the commands a user runs (docs/serve.md), per batch bucket of the server's
+slots (1, 2, 4, ... ``SLOTS``), into ``DIR/plans`` (``--plans-dir`` keeps them across runs: a bucket
+whose two plans are there is not made again)::
+
+    kernelfleet profile hf:MODEL,serve-decode,batch=B,slots=S,context=C --profile a:64 --profile b:56 --out DIR/prof-B
+    kernelfleet plan DIR/prof-B/program.json DIR/prof-B/costs.json --device a --device b --policy all \\
+        --state-home --time-limit 60 --out DIR/plans/batch-B
+
+Three servers then take the same load, all with ``SLOTS`` slots:
+
+* ``plans``: ``kernelfleet serve --plans DIR/plans --profile a:64@0 --profile b:56@0``: the latency
+  plan and the MILP's throughput plan, the online monitor switching between them;
+* ``plans-a``: the same server over plans that run everything on ``a`` (both policies are the
+  folder's ``single-a.json``, ``DIR/plans-a``): what the placement adds over its home partition;
+* ``plans-whole``: the single-device server on the whole GPU: what a user runs without kernelfleet.
+
+On one H200 the two partitions split one GPU's SMs, so a placement over them cannot beat the whole
+GPU (DESIGN, "What emulation on one GPU type can and cannot show"): the comparison shows the
+mechanism at full size and what the plans cost against their home partition, not a speed-up.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kernelfleet.serve.graphs import buckets
+from kernelfleet.serve.placed_plans import POLICIES
+
+SLOTS = 8
+PROFILES = ("a:64", "b:56")  # 120 SMs, what an H200 carves; the device names the plans use
+MILP_SECONDS = 60
+
+
+def plan_commands(model: Path, out: Path, bucket: int, context: int, trials: int) -> list[list[str]]:
+    """The two commands that make one bucket's plans (module docstring), as argument lists."""
+    profile, plans = out / f"prof-{bucket}", out / "plans" / f"batch-{bucket}"
+    profiles = [x for spec in PROFILES for x in ("--profile", spec)]
+    devices = [x for spec in PROFILES for x in ("--device", spec.split(":")[0])]
+    return [["profile", f"hf:{model},serve-decode,batch={bucket},slots={SLOTS},context={context}", *profiles,
+             "--trials", str(trials), "--out", str(profile)],
+            ["plan", str(profile / "program.json"), str(profile / "costs.json"), *devices, "--policy", "all",
+             "--state-home", "--time-limit", str(MILP_SECONDS), "--out", str(plans)]]
+
+
+def made(folder: Path) -> bool:
+    return all((folder / f"{file}.json").is_file() for file in POLICIES.values())
+
+
+def kernelfleet(args: list[str], log: Path) -> None:
+    """``kernelfleet ARGS`` in its own process, its output appended to ``log``; SystemExit with one
+    line (its last) when it fails."""
+    began = time.perf_counter()
+    with log.open("a") as sink:
+        sink.write(f"$ kernelfleet {' '.join(args)}\n")
+        sink.flush()
+        done = subprocess.run([sys.executable, "-m", "kernelfleet", *args], stdout=sink, stderr=subprocess.STDOUT,
+                              check=False)
+    if done.returncode:
+        said = (log.read_text().strip().splitlines() or ["(nothing)"])[-1]
+        raise SystemExit(f"bench.serve_gpu: kernelfleet {args[0]} failed ({said}; {log} has its output)")
+    print(f"  kernelfleet {args[0]} {args[1]}: {time.perf_counter() - began:.0f} s", flush=True)
+
+
+def prepare(model: Path, out: Path, context: int, trials: int,
+            run: Callable[[list[str], Path], None] = kernelfleet) -> tuple[Path, Path]:
+    """Every bucket's plans in ``out/plans`` (made where missing) and their home-alone twins in
+    ``out/plans-a`` (module docstring); the two folders."""
+    plans, alone = out / "plans", out / "plans-a"
+    for bucket in buckets(SLOTS):
+        folder = plans / f"batch-{bucket}"
+        if made(folder):
+            print(f"  bucket {bucket}: plans kept from {folder}", flush=True)
+        else:
+            for args in plan_commands(model, out, bucket, context, trials):
+                run(args, out / "plans.log")
+        if not (folder / "single-a.json").is_file():
+            raise SystemExit(f"bench.serve_gpu: {folder}: no single-a.json beside the plans (kernelfleet plan "
+                             "--policy all writes it)")
+        home = alone / f"batch-{bucket}"
+        home.mkdir(parents=True, exist_ok=True)
+        for file in POLICIES.values():
+            shutil.copyfile(folder / "single-a.json", home / f"{file}.json")
+    return plans, alone
+
+
+def served_flags(plans: Path) -> list[str]:
+    """``kernelfleet serve``'s flags for a plan folder on the profiles of the plans, on GPU 0."""
+    return ["--plans", str(plans), *[x for spec in PROFILES for x in ("--profile", f"{spec}@0")], "--slots", str(SLOTS)]
