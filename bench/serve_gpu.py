@@ -2,8 +2,8 @@
 graph loop, then Poisson arrivals and a trace of requests against the real HTTP server.
 
     python -m bench.serve_gpu --out DIR [--quick] [--cpu] [--trace FILE] \
-        [--cases llama8b,moe,capped,replicas,split,pipeline] [--prefill-chunk N[,N...]] \
-        [--prefill-batch N[,N...]]
+        [--cases llama8b,moe,capped,replicas,split,pipeline,plans] [--prefill-chunk N[,N...]] \
+        [--prefill-batch N[,N...]] [--plans-dir DIR]
 
 Cases (each a config-only model directory, so the server draws seeded random bf16 weights on the
 GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
@@ -23,7 +23,13 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
   ``--strategy replicas`` (two 60 GB devices), ``--strategy split`` (prefill in 30 GB, decode in
   100 GB) and ``--strategy pipeline`` (two 60 GB stages), both devices on GPU 0: the strategies'
   control flow and hand-over on one GPU, whose two devices share its SMs (no speed-up to expect;
-  ``@1`` in their flags puts the second on another GPU).
+  ``@1`` in their flags puts the second on another GPU);
+* ``plans`` (not in the default ``--cases``): kernelfleet's own plans for the 8B on two partitions
+  of GPU 0 (``serve --plans``, the monitor switching between the latency and the throughput plan),
+  beside the same server over plans that keep everything on the home partition (``plans-a``) and
+  the single-device server on the whole GPU (``plans-whole``), all with the same slots; the plans
+  are made first by ``kernelfleet profile`` and ``kernelfleet plan --state-home`` per batch bucket
+  (``bench/serve_plans.py``; ``--plans-dir`` keeps them for the next run). GPU only.
 
 Tables, for each case:
 
@@ -107,6 +113,7 @@ TINY_MOE = {**TINY, "model_type": "qwen2_moe", "moe_intermediate_size": 32, "sha
             "num_experts": 4, "num_experts_per_tok": 2}
 
 CAPPED = ("capped-replicas", "capped-pipeline")  # --cases capped: the pair, both ways
+PLANNED = ("plans-whole", "plans-a", "plans")  # --cases plans: made at run time, once the plans are (plans_cases)
 GPU_CASES = [Case("llama8b", LLAMA8B, 2048, (), (4.0, 16.0, 64.0), overhead=True),
              Case("moe", MOE, 2048, (), (4.0, 16.0, 64.0)),
              Case("capped-replicas", LLAMA8B, 2048, ("--strategy", "replicas", "--device", "r0:20@0", "--device",
@@ -203,12 +210,23 @@ class CappedPair(BaseModel):
     pipeline_vs_replicas: float | None
 
 
+class PlansRow(BaseModel):
+    """The plans cases at one prefill setting: each server's best tokens/s held at p99 TPOT <= 50 ms."""
+
+    prefill_chunk_tokens: int
+    prefill_batch: int
+    tokens_per_second: dict[str, float | None]  # by case name (PLANNED)
+    plans_vs_home_alone: float | None
+    plans_vs_whole_gpu: float | None
+
+
 class Report(BaseModel):
     command: str
     device: str
     torch: str
     cases: list[CaseResult]
     capped_pairs: list[CappedPair]  # one a prefill setting, when the pair ran
+    plans: list[PlansRow] = []  # one a prefill setting, when the plans cases ran
 
 
 @dataclass(frozen=True)
@@ -490,6 +508,38 @@ def capped_pair(results: list[CaseResult], setting: tuple[int, int]) -> CappedPa
                       pipeline_tokens_per_second=ours, pipeline_vs_replicas=ratio)
 
 
+def plans_cases(plans: Path, home_alone: Path) -> list[Case]:
+    """The ``plans`` cases (module docstring) over the plan folders ``bench.serve_plans.prepare`` made."""
+    from bench.serve_plans import SLOTS, served_flags
+
+    rates = (4.0, 16.0, 64.0)
+    return [Case("plans-whole", LLAMA8B, 2048, ("--slots", str(SLOTS)), rates),
+            Case("plans-a", LLAMA8B, 2048, tuple(served_flags(home_alone)), rates),
+            Case("plans", LLAMA8B, 2048, tuple(served_flags(plans)), rates)]
+
+
+def plans_rows(results: list[CaseResult], settings: list[tuple[int, int]]) -> list[PlansRow]:
+    """The plans cases side by side at each prefill setting where all three ran, printed."""
+    out = []
+    for chunk, batch in settings:
+        found = {r.name: r for r in results if (r.prefill_chunk_tokens, r.prefill_batch) == (chunk, batch)}
+        if not all(name in found for name in PLANNED):
+            continue
+        held = {name: held_tokens_per_second(found[name]) for name in PLANNED}
+        ratio = {other: held["plans"] / held[other] if held["plans"] and held[other] else None
+                 for other in ("plans-a", "plans-whole")}
+        print(f"\nkernelfleet's plans at --prefill-chunk {chunk} --prefill-batch {batch}, best tokens/s held at p99 "
+              f"TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms ({found['plans'].slots} slots each)")
+        for name in PLANNED:
+            print(f"{name:<12} {'none held' if held[name] is None else f'{held[name]:.1f}':>9}")
+        print("plans / home partition alone: " + ("n/a" if ratio["plans-a"] is None else f"{ratio['plans-a']:.2f}x")
+              + "; plans / the whole GPU: " + ("n/a" if ratio["plans-whole"] is None else f"{ratio['plans-whole']:.2f}x")
+              + " (two partitions of one GPU: not a speed-up to expect, DESIGN)")
+        out.append(PlansRow(prefill_chunk_tokens=chunk, prefill_batch=batch, tokens_per_second=held,
+                            plans_vs_home_alone=ratio["plans-a"], plans_vs_whole_gpu=ratio["plans-whole"]))
+    return out
+
+
 def comma_values(given: str, flag: str, least: int, what: str, program: str = "bench.serve_gpu") -> list[int]:
     """``flag``'s comma list of distinct whole numbers of at least ``least``, or SystemExit with one
     line that ``program`` begins."""
@@ -534,7 +584,9 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, help="CSV arrival_seconds,prompt_tokens,output_tokens to replay")
     parser.add_argument("--cases", default="llama8b,moe,capped",
                         help="comma-separated, of llama8b, moe, capped (capped-replicas and capped-pipeline), "
-                        "replicas, split, pipeline")
+                        "replicas, split, pipeline, plans (plans-whole, plans-a and plans; GPU only)")
+    parser.add_argument("--plans-dir", type=Path, help="where the plans cases' profiles and plans are made, and kept "
+                        "for the next run (default DIR/plans-work)")
     parser.add_argument("--requests", type=int, help="requests per Poisson rate (default 32; --quick 6)")
     parser.add_argument("--prefill-chunk", default=str(DEFAULT_PREFILL_CHUNK_TOKENS),
                         help="the server's --prefill-chunk, or a comma list: every case once per value "
@@ -542,15 +594,24 @@ def main() -> None:
     parser.add_argument("--prefill-batch",
                         help="the server's --prefill-batch, or a comma list, swept with --prefill-chunk's "
                         f"(default the server's: {DEFAULT_PREFILL_BATCH} for whole prompts, 1 with chunks)")
+    parser.add_argument("--plan-trials", type=int, default=3, help="kernelfleet profile's --trials for the plans "
+                        "cases (default 3)")
     args = parser.parse_args()
     settings = prefill_settings(args.prefill_chunk, args.prefill_batch)
     args.requests = args.requests or (6 if args.quick else 32)
     args.tokens, args.repeats = (16, 1) if args.quick else (64, 3)
     cases = {case.name: case for case in (CPU_CASES if args.cpu else GPU_CASES)}
-    chosen = [name for given in args.cases.split(",") for name in (CAPPED if given == "capped" else [given])]
-    unknown = [name for name in chosen if name not in cases]
+    groups = {"capped": CAPPED, "plans": PLANNED}
+    chosen = [name for given in args.cases.split(",") for name in groups.get(given, [given])]
+    planned = any(name in PLANNED for name in chosen)
+    if args.plan_trials < 1:
+        raise SystemExit(f"bench.serve_gpu: --plan-trials must be at least 1, got {args.plan_trials}")
+    if planned and args.cpu:
+        raise SystemExit("bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
+                         "CUDA graphs); --cpu runs the other cases")
+    unknown = [name for name in chosen if name not in cases and name not in PLANNED]
     if unknown or args.requests < 1:
-        raise SystemExit(f"bench.serve_gpu: --cases takes {', '.join(cases)} and --requests at least 1; got "
+        raise SystemExit(f"bench.serve_gpu: --cases takes {', '.join([*cases, 'plans'])} and --requests at least 1; got "
                          f"{args.cases!r} and {args.requests}")
     if not args.cpu and not torch.cuda.is_available():
         raise SystemExit(f"bench.serve_gpu: torch {torch.__version__} sees no CUDA device; --cpu runs the dry run")
@@ -563,9 +624,17 @@ def main() -> None:
     print(f"command: {command_line()}")
     print(f"{device}, torch {torch.__version__}; {args.requests} requests per rate, trace of {len(trace)} "
           f"({args.trace or args.out / 'trace.csv'})")
+    if planned:
+        from bench.serve_plans import prepare
+
+        work = args.plans_dir or args.out / "plans-work"
+        (work / "model").mkdir(parents=True, exist_ok=True)
+        (work / "model" / "config.json").write_text(config_json(LLAMA8B))  # seeded weights, as each server draws
+        print(f"\nthe plans, per batch bucket, in {work} (kernelfleet profile, then plan --state-home):", flush=True)
+        cases.update((case.name, case) for case in plans_cases(*prepare(work / "model", work, 2048, args.plan_trials)))
     results = [run_case(cases[name], args, trace, shape, args.out, setting) for setting in settings for name in chosen]
     report = Report(command=command_line(), device=device, torch=torch.__version__, cases=results,
-                    capped_pairs=capped_pairs(results, settings))
+                    capped_pairs=capped_pairs(results, settings), plans=plans_rows(results, settings))
     (args.out / "serve_gpu.json").write_text(report.model_dump_json(indent=1))
     print(report.model_dump_json())
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).parents[2]
 BENCH = ROOT / "bench"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
 WITH_CLI = [name for name in SCRIPTS if "argparse" in (BENCH / f"{name}.py").read_text()]
-LIBRARIES = {"loops", "place_calibration"}  # imported by the recorders and place_table; no command line of their own
+LIBRARIES = {"loops", "place_calibration", "serve_plans"}  # imported by the recorders, place_table, serve_gpu; no command line of their own
 # No options, so no --help: running one does its work (each runs on a CPU in seconds to a minute).
 WITHOUT_CLI = {"agent_perf", "make_demo_trace", "plot_disagg", "plot_telemetry"}
 

@@ -76,3 +76,65 @@ def test_a_bad_trace_file_is_one_line(tmp_path):
     assert done.stderr.strip() == (f"bench.serve_gpu: --trace {bad} line 2: expected arrival_seconds,prompt_tokens,"
                                    "output_tokens (a number, two whole numbers), got {'arrival_seconds': '0.5', "
                                    "'prompt_tokens': '12', 'output_tokens': 'x'}")
+
+
+def test_the_plans_cases_need_a_gpu_and_are_one_line_on_the_cpu(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "bench.serve_gpu", "--cpu", "--cases", "plans", "--out",
+                           str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1 and done.stderr.strip() == (
+        "bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture CUDA graphs); "
+        "--cpu runs the other cases")
+
+
+def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_next_run(tmp_path):
+    """``bench.serve_plans.prepare`` with the commands recorded instead of run (they need a GPU):
+    profile then plan --state-home per bucket of the server's slots, each writing what kernelfleet
+    writes; a second run makes nothing again; the home-alone folder serves single-a for both policies."""
+    from bench import serve_plans
+
+    ran: list[list[str]] = []
+
+    def kernelfleet(args: list[str], log: Path) -> None:  # what each command leaves behind
+        ran.append(args)
+        out = Path(args[args.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        names = ["program", "costs"] if args[0] == "profile" else ["latency-greedy", "throughput-milp", "single-a"]
+        for name in names:
+            (out / f"{name}.json").write_text(f'{{"made by": "{args[0]}", "name": "{name}"}}')
+
+    model = tmp_path / "model"
+    plans, alone = serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet)
+    assert [(args[0], args[1]) for args in ran] == [
+        (command, first) for bucket in (1, 2, 4, 8) for command, first in
+        [("profile", f"hf:{model},serve-decode,batch={bucket},slots=8,context=2048"),
+         ("plan", str(tmp_path / f"prof-{bucket}" / "program.json"))]]
+    planned = [args for args in ran if args[0] == "plan"]
+    assert [args[args.index("--out") + 1] for args in planned] == [str(plans / f"batch-{b}") for b in (1, 2, 4, 8)]
+    assert all("--state-home" in args for args in planned)
+    assert ran[0][2:] == ["--profile", "a:64", "--profile", "b:56", "--trials", "3", "--out", str(tmp_path / "prof-1")]
+    for bucket in (1, 2, 4, 8):
+        for policy in ("latency-greedy", "throughput-milp"):
+            assert '"name": "single-a"' in (alone / f"batch-{bucket}" / f"{policy}.json").read_text()
+    ran.clear()
+    serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet)
+    assert ran == []  # kept
+    assert serve_plans.served_flags(plans) == ["--plans", str(plans), "--profile", "a:64@0", "--profile", "b:56@0",
+                                               "--slots", "8"]
+
+
+def test_the_plans_rows_compare_each_server_at_its_best_held_load():
+    from bench.serve_gpu import CaseResult, Load, plans_rows
+
+    def case(name: str, tokens: list[float], p99: list[float]) -> CaseResult:
+        loads = [Load(load=f"poisson {k}/s", requests=8, output_tokens=100, seconds=1.0, tokens_per_second=t,
+                      ttft_p50_ms=1, ttft_p99_ms=1, tpot_p50_ms=1, tpot_p99_ms=p) for k, (t, p) in enumerate(zip(tokens, p99))]
+        return CaseResult(name=name, prefill_chunk_tokens=0, prefill_batch=8, flags=[], slots=8, context_tokens=2048,
+                          startup_seconds=1.0, overhead=None, poisson=loads[:-1], trace=loads[-1],
+                          max_rate_at_p99_tpot_50ms=None)
+
+    results = [case("plans-whole", [400, 800, 500], [20, 40, 30]), case("plans-a", [200, 300, 250], [30, 80, 40]),
+               case("plans", [300, 600, 350], [25, 60, 45])]
+    (row,) = plans_rows(results, [(0, 8), (0, 1)])  # the second setting did not run
+    assert row.tokens_per_second == {"plans-whole": 800, "plans-a": 250, "plans": 350}  # held: p99 TPOT <= 50 ms
+    assert row.plans_vs_home_alone == pytest.approx(1.4) and row.plans_vs_whole_gpu == pytest.approx(350 / 800)
