@@ -10,7 +10,10 @@ The flow, for a tiny random-weight Llama (bf16, what the server serves), 2 slots
     kernelfleet plan prof-B/program.json prof-B/costs.json --device a --device b --policy all --state-home --out plans/batch-B
     kernelfleet serve hf:DIR --plans plans --profile a:64@0 --profile b:32@0 --slots 2 --context 64
 
-Run alone: ``pytest -m gpu tests/gpu/test_serve_placed.py -s`` (about 3 minutes on an H200).
+The second test serves with device b on SDPA's math attention (other kernels, plans over units):
+its plan graphs pass the tolerance gate at start.
+
+Run alone: ``pytest -m gpu tests/gpu/test_serve_placed.py -s`` (about 5 minutes on an H200).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import time
 import httpx
 import pytest
 from recorded import PROMPTS, ServeCommand, interleaved, tiny_causal_lm, whole_and_streamed
-
 
 pytestmark = pytest.mark.gpu
 SLOTS, CONTEXT = 2, 64
@@ -75,3 +77,32 @@ def test_the_placed_server_gives_the_single_device_servers_greedy_tokens(tmp_pat
     print(f"under load: steps by plan {steps_after}, switches {switches:g}")
     assert [len(tokens) for tokens in answers] == [24] * len(loaded)
     assert steps_after["throughput"] > 0 and switches >= 1
+
+
+def test_the_placed_server_with_other_kernels_on_one_device_passes_the_tolerance_gate(tmp_path):
+    """The same flow with device b on SDPA's math attention (other kernels for the same ops: the
+    plans place units): each plan graph that mixes the two devices' kernels must pass the tolerance
+    gate at start (the others bit for bit), and every request gets all its tokens; how many greedy
+    tokens match the single-device server's is printed (random weights: near-ties may flip)."""
+    folder = tmp_path / "llama"
+    tiny_causal_lm("llama").config.save_pretrained(folder)
+    for bucket in (1, 2):
+        profile = tmp_path / f"prof-{bucket}"
+        kernelfleet("profile", f"hf:{folder},serve-decode,batch={bucket},slots={SLOTS},context={CONTEXT}",
+                    "--profile", "a:64", "--profile", "b:32/math-attention", "--trials", "3", "--out", str(profile))
+        kernelfleet("plan", str(profile / "program.json"), str(profile / "costs.json"), "--device", "a", "--device",
+                    "b", "--policy", "all", "--state-home", "--out", str(tmp_path / "plans" / f"batch-{bucket}"))
+    prompts = PROMPTS[:4]
+    with ServeCommand(f"hf:{folder}", "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as single:
+        want = asyncio.run(whole_and_streamed(single.url, prompts, 12))
+    with ServeCommand(f"hf:{folder}", "--plans", str(tmp_path / "plans"), "--profile", "a:64@0", "--profile",
+                      "b:32@0/math-attention", "--slots", str(SLOTS), "--context", str(CONTEXT),
+                      startup_seconds=300) as placed:
+        got = asyncio.run(whole_and_streamed(placed.url, prompts, 12))
+    print(placed.err)
+    assert placed.returncode == 0, placed.err
+    gates = [line for line in placed.err.splitlines() if line.strip().startswith("gate: ")]
+    assert gates and all(line.strip().startswith(("gate: identical", "gate: within tolerance")) for line in gates)
+    assert [len(tokens) for tokens in got] == [len(tokens) for tokens in want]
+    same = sum(a == b for x, y in zip(got, want) for a, b in zip(x, y))
+    print(f"greedy tokens equal to the single-device server's: {same} of {sum(map(len, want))}")
