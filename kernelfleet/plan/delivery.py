@@ -27,7 +27,7 @@ Pure: programs and nodes in, lines out.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 
 from kernelfleet.graph.deps import overwritten
@@ -45,6 +45,9 @@ class Memory:
         self.inputs = {b.id for b in program.buffers if b.role == "input"}
         self.home = home
         self.layers: dict[tuple[str, int, int | None], Segments] = defaultdict(list)  # (device, buffer, call)
+        self.scratch: dict[tuple[int, str], set[int]] = defaultdict(set)  # (buffer, device) -> calls with a layer
+        # a call's scratch is read by nobody once all its kernels ran, in whatever order: its layers go then
+        self.left = Counter(launch.op_index for launch in program.launches if launch.op_index is not None)
 
     def _default(self, device: str, buffer: int) -> int:
         return ABSENT if buffer in self.inputs and device != self.home else INITIAL
@@ -59,28 +62,41 @@ class Memory:
         pieces = self.public(device, access.buffer, access.offset_bytes, access.end)
         if launch.op_index is None:
             return pieces
-        for start, end, version in _clipped(self.layers[device, access.buffer, launch.op_index], access.offset_bytes,
-                                            access.end):
+        for start, end, version in _clipped(self.layers.get((device, access.buffer, launch.op_index), []),
+                                            access.offset_bytes, access.end):
             later = [(s, e, v) for s, e, v in _clipped(pieces, start, end) if v < version]
             for s, e, _ in later:
                 pieces = overwritten(pieces, s, e, version)
         return pieces
 
     def write(self, device: str, launch: Launch) -> None:
+        """``launch``'s writes on ``device``; its call's scratch gone once the call's every kernel ran."""
         for a in launch.accesses:
             if a.writes:
                 call = launch.op_index if a.source == "conservative" else None
                 key = (device, a.buffer, call)
                 self.layers[key] = overwritten(self.layers[key], a.offset_bytes, a.end, launch.index)
+                if call is not None:
+                    self.scratch[a.buffer, device].add(call)
+        if launch.op_index is None:
+            return
+        self.left[launch.op_index] -= 1
+        if not self.left[launch.op_index]:
+            for (buffer, where), calls in self.scratch.items():
+                if launch.op_index in calls:
+                    calls.discard(launch.op_index)
+                    del self.layers[where, buffer, launch.op_index]
 
     def copy(self, src: str, dst: str, buffer: int, start: int, end: int) -> None:
         """Bytes [start, end) of ``buffer`` from ``src`` to ``dst``, every layer."""
-        calls = {c for d, b, c in list(self.layers) if b == buffer and d in (src, dst) and c is not None}
         for s, e, v in self.public(src, buffer, start, end):
             self.layers[dst, buffer, None] = overwritten(self.layers[dst, buffer, None], s, e, v)
-        for call in calls:
-            kept = [x for x in _cut(self.layers[dst, buffer, call], start, end)]
-            self.layers[dst, buffer, call] = sorted(kept + _clipped(self.layers[src, buffer, call], start, end))
+        for call in self.scratch[buffer, src] | self.scratch[buffer, dst]:
+            moved = _clipped(self.layers.get((src, buffer, call), []), start, end)
+            kept = sorted([*_cut(self.layers.get((dst, buffer, call), []), start, end), *moved])
+            if kept or (dst, buffer, call) in self.layers:
+                self.layers[dst, buffer, call] = kept
+                self.scratch[buffer, dst].add(call)
 
 
 def stale_reads(program: Program, assignment: list[str], home: str, nodes: list[Node],
@@ -120,8 +136,7 @@ def _differences(launches: list[Launch], launch: Launch, access: Access, want: S
         for s, e, v in _clipped(got, start, end):
             if v != version:
                 out.append(f"launch {launch.index} ({launch.op or launch.name}) on {device} reads buffer "
-                           f"{access.buffer} [{s}, {e}) as {_who(v)} left it; one device reads it as {_who(version)} "
-                           "left it")
+                           f"{access.buffer} [{s}, {e}) {_as(v)}; one device reads it {_as(version)}")
     return out
 
 
@@ -147,13 +162,14 @@ def _left_behind(program: Program, assignment: list[str], home: str, reference: 
             for device in sorted(targets):
                 for s, e, v in memory.public(device, b.id, start, end):
                     if v != version:
-                        out.append(f"after the step, {device} holds {b.name or f'buffer {b.id}'} [{s}, {e}) as "
-                                   f"{_who(v)} left it; one device leaves it as {_who(version)} did")
+                        out.append(f"after the step, {device} holds {b.name or f'buffer {b.id}'} [{s}, {e}) {_as(v)}; "
+                                   f"one device leaves it {_as(version)}")
     return out
 
 
-def _who(version: int) -> str:
-    return {INITIAL: "the step found it", ABSENT: "(never given the input)"}.get(version, f"launch {version}")
+def _as(version: int) -> str:
+    return {INITIAL: "as it was before the step", ABSENT: "without the input ever copied there"}.get(
+        version, f"as launch {version} left it")
 
 
 def _clipped(segments: Segments, start: int, end: int) -> Segments:
