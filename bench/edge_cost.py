@@ -186,7 +186,7 @@ def derived(folders: list[Path], links: LinkTable | None) -> EdgeRun:
         run = json.loads((folder / "disagg.json").read_text())
         found = run["strategies"]
         program = Program.load(folder / "program.json.gz")
-        costs = CostTable.from_json((folder / "costs.json").read_text(), str(folder / "costs.json"))
+        costs = place_calibration.profiled(folder)
         table = place_calibration.corrected(costs, costs.graph_seconds or place_calibration.graph_seconds(found),
                                             "contention")
         today, link = models(table, links)

@@ -53,6 +53,7 @@ from kernelfleet.plan.contention import Contention, predict
 from kernelfleet.plan.links import COPY_US, LINK_GBPS
 from kernelfleet.plan.model import Device, Plan, Problem
 from kernelfleet.plan.slots import estimate, uniform_link
+from kernelfleet.profile.table import steadied
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.executor import plan_graph
 
@@ -165,10 +166,27 @@ class Evaluation:
     free_errors: dict[str, dict[str, float]]  # correction -> free and scheduled rows -> measured / predicted - 1
 
 
-def evaluate(folder: Path) -> Evaluation:
-    """Every correction of one (target, pair) folder, against its measured strategies."""
-    found = json.loads((folder / "disagg.json").read_text())["strategies"]
+def profiled(folder: Path) -> CostTable:
+    """The folder's cost table as ``kernelfleet profile`` makes it today: each column's timing
+    outliers among launches of the same kernel and shape taken as their median
+    (``profile.table.steadied``, since 2026-12-05; the recorded tables were written before). A table
+    of units (devices that ran different kernels) sums each unit's launches, whose own times the
+    folder does not keep: it stays as recorded."""
     costs = CostTable.from_json((folder / "costs.json").read_text(), str(folder / "costs.json"))
+    program = Program.load(folder / "program.json.gz")
+    if program.units:
+        return costs
+    kernels = [(launch.kind, launch.name, launch.grid, launch.block, launch.shared_bytes) for launch in program.launches]
+    columns = {d: steadied([row.get(d) for row in costs.seconds], kernels)[0]
+               for d in sorted({d for row in costs.seconds for d in row})}
+    return replace(costs, seconds=[{d: columns[d][k] for d in row} for k, row in enumerate(costs.seconds)])
+
+
+def evaluate(folder: Path, costs: CostTable | None = None) -> Evaluation:
+    """Every correction of one (target, pair) folder, against its measured strategies, from ``costs``
+    (default: the table as profile makes it today, :func:`profiled`)."""
+    found = json.loads((folder / "disagg.json").read_text())["strategies"]
+    costs = profiled(folder) if costs is None else costs
     graph = costs.graph_seconds or graph_seconds(found)
     measured = timed(found)
     best = min(measured, key=measured.get)

@@ -49,7 +49,6 @@ from bench import command_line, place_calibration
 from kernelfleet.bench.choice import PLANS as choice_plans
 from kernelfleet.bench.choice import chosen as choice
 from kernelfleet.costs.links import LinkTable, describe
-from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
 from kernelfleet.plan import command, edges, links
 from kernelfleet.plan.contention import Contention
@@ -125,7 +124,7 @@ def repredicted(folder: Path, links: LinkTable | None = None, fitted: edges.Edge
     what ``fitted`` charges each graph's edges where given. A row of a plan today's validator refuses
     has no prediction, and says why (``refused``)."""
     found = json.loads((folder / "disagg.json").read_text())["strategies"]
-    costs = CostTable.from_json((folder / "costs.json").read_text(), str(folder / "costs.json"))
+    costs = place_calibration.profiled(folder)
     table = place_calibration.corrected(costs, costs.graph_seconds or place_calibration.graph_seconds(found),
                                         "contention")
     if links is not None:

@@ -14,6 +14,8 @@ splits it by a class per launch (from hardware counters: ``profile/counters.py``
 from __future__ import annotations
 
 import json
+import statistics
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,14 +93,45 @@ class StepTimes:
 
 def cost_table(raw: RawCapture, program: Program, seconds: dict[str, list[float | None]], source: str,
                graphs: StepTimes | None = None) -> CostTable:
-    """A cost table of ``program`` from per-profile seconds (``seconds[profile][launch]``) and, where
-    measured, each profile's whole-step graph times (``graphs``)."""
+    """A cost table of ``program`` from per-profile seconds (``seconds[profile][launch]``, each
+    :func:`steadied`) and, where measured, each profile's whole-step graph times (``graphs``)."""
     for name, values in seconds.items():
         if len(values) != len(program.launches):
             raise UsageError(f"profile {name}: {len(values)} times for a program of {len(program.launches)} launches")
     flops, precision = launch_flops(raw, program)
-    rows = [{name: values[i] for name, values in seconds.items()} for i in range(len(program.launches))]
+    kernels = [(launch.kind, launch.name, launch.grid, launch.block, launch.shared_bytes) for launch in program.launches]
+    steady = {name: steadied(values, kernels) for name, values in seconds.items()}
+    rows = [{name: values[i] for name, (values, _) in steady.items()} for i in range(len(program.launches))]
+    replaced = sum(n for _, n in steady.values())
+    if replaced:
+        source += f"; {replaced} launch times above {OUTLIER_FACTOR:g}x their kernel's median taken as it"
     return CostTable(rows, source, flops, launch_bytes(program), precision, **_graph_fields(graphs))
+
+
+OUTLIER_FACTOR = 2.0
+
+
+def steadied(seconds: list[float | None], kernels: list[Hashable]) -> tuple[list[float | None], int]:
+    """``seconds`` with each launch timed above :data:`OUTLIER_FACTOR` times the median of the launches
+    that run the same kernel on the same launch shape (``kernels``: equal keys; groups of three or
+    more, a model's repeated layers) taken as that median, and how many were. Timed alone, a launch
+    of a few µs now and then takes several times its fellows' time (a profile of an H200 run timed
+    1.5-µs elementwise kernels at 8-12 µs, 25 launches in one table, while a re-run of the same step
+    timed 2); scaled to the measured graph, such outliers move time between the segments a plan puts
+    on each device. Real differences between layers (an MoE's routing) stay: only outliers move."""
+    groups: dict[Hashable, list[int]] = {}
+    for k, key in enumerate(kernels):
+        groups.setdefault(key, []).append(k)
+    out, replaced = list(seconds), 0
+    for members in groups.values():
+        times = [seconds[k] for k in members]
+        if len(members) < 3 or any(t is None for t in times):
+            continue
+        median = statistics.median(times)
+        for k in members:
+            if seconds[k] > OUTLIER_FACTOR * median:
+                out[k], replaced = median, replaced + 1
+    return out, replaced
 
 
 def unit_table(views: dict[str, UnitView], seconds: dict[str, list[float | None]], source: str,

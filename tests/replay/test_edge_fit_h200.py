@@ -33,10 +33,11 @@ def test_the_h200_edge_fit_re_predicts_the_recorded_rows(tmp_path):
     assert not run.derived and {p.target for p in run.plans} == {"dit-denoise"} and len(run.plans) == 26
     timed_with_copies = [p for p in run.plans if p.measured_seconds is not None and p.counts.copies]
     assert found["fit"]["plans"] == 14 and len(timed_with_copies) >= 14
-    # 145: Qwen2-MoE decode's two recorded plans that split aten.sort are refused today (test_place_table)
+    # 145: Qwen2-MoE decode's two recorded plans that split aten.sort are refused today (test_place_table);
+    # the tables as profile makes them today (timing outliers steadied: test_place_table)
     assert found["verdicts"]["chained plans today's validator refuses (not predicted)"] == "2"
-    assert found["without_fit"]["chained plans within 10 % of prediction"] == "138 of 145 rows"
-    assert found["verdicts"]["chained plans within 10 % of prediction"] == "141 of 145 rows"
+    assert found["without_fit"]["chained plans within 10 % of prediction"] == "141 of 145 rows"
+    assert found["verdicts"]["chained plans within 10 % of prediction"] == "143 of 145 rows"
     assert found["verdicts"]["chosen within 3 % of the best"] == "met on every row"
     assert_same_fit(EdgeFit.load(MEASURED.with_name("fit.json")), EdgeFit.load(tmp_path / "fit.json"))
 

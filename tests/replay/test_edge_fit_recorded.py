@@ -57,8 +57,8 @@ def test_the_fit_is_printed_said_to_be_derived_and_the_rows_re_predicted_beside_
     found = json.loads(lines[-1])
     assert len(found["rows"]) == 22 and [t["name"] for t in found["fit"]["terms"]] == [
         "critical_copies", "waits", "forks"]
-    assert found["without_fit"]["chained plans within 10 % of prediction"] == "138 of 145 rows"
-    assert found["verdicts"]["chained plans within 10 % of prediction"] == "142 of 145 rows"
+    assert found["without_fit"]["chained plans within 10 % of prediction"] == "141 of 145 rows"
+    assert found["verdicts"]["chained plans within 10 % of prediction"] == "143 of 145 rows"
     assert found["verdicts"]["chosen within 3 % of the best"] == "met on every row"
     assert EdgeFit.load(out).plans == found["fit"]["plans"] == 41 - sum(  # the zero-byte control: none derived
         p.measured_seconds is None for p in EdgeRun.load(DERIVED).plans)

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from bench import place_calibration, place_table
+from kernelfleet.costs.table import CostTable
 from kernelfleet.plan import command, links
 from kernelfleet.plan.slots import SUFFIXES, per_request
 
@@ -81,12 +82,14 @@ RECOMPUTED_APART = {("mamba-decode.different", "pipeline"), ("hf-mamba-decode.di
                     ("hf-qwen2moe-prefill.same", "pipeline")}
 
 
-def test_recomputed_predictions_are_the_runs_own_but_for_three_pipelines(calibrations):
+def test_recomputed_predictions_are_the_runs_own_but_for_three_pipelines():
     """The run predicted with ``contention.predict`` over its own measured graph times; recomputed
-    on the CPU the same way, every chained row's prediction is the run's to the last digit."""
+    on the CPU the same way from the tables as the run had them (before profile steadied timing
+    outliers), every chained row's prediction is the run's to the last digit."""
     for folder in FOLDERS:
         found = json.loads((folder / "disagg.json").read_text())["strategies"]
-        for name, error in calibrations[folder.name].errors["contention"].items():
+        raw = CostTable.from_json((folder / "costs.json").read_text(), str(folder / "costs.json"))
+        for name, error in place_calibration.evaluate(folder, raw).errors["contention"].items():
             recorded = found[name]["seconds"] / found[name]["predicted_seconds"] - 1
             if (folder.name, name) in RECOMPUTED_APART:
                 assert abs(error - recorded) < 0.06, (folder.name, name)
@@ -99,12 +102,14 @@ def test_the_shared_and_free_graph_times_bring_most_predictions_within_ten_perce
     totals = place_calibration.totals(found)
     # of the run's 147 chained rows and 152 free and scheduled ones, Qwen2-MoE decode's throughput and
     # latency plans (same-kernel pair) split aten.sort, which passes data through its own index
-    # workspace: today's validator refuses them (graph.deps.together), so they are not predicted
+    # workspace: today's validator refuses them (graph.deps.together), so they are not predicted.
+    # The tables are as profile makes them today: timing outliers steadied (vlm-prefill's same-kernel
+    # table had 25; with them, 138 of 145 contention rows and 139 of 150 free ones were within 10 %)
     assert totals["recorded predictions"] == "138 of 145 chained rows"
     assert totals["none"] == "73 of 145 chained rows, 50 of 101 mixed"
-    assert totals["scale"] == "125 of 145 chained rows, 81 of 101 mixed"
-    assert totals["contention"] == "138 of 145 chained rows, 94 of 101 mixed"  # what bench disagg and plan predict
-    assert totals["free and scheduled rows within 10 %, contention"] == "139 of 150"
+    assert totals["scale"] == "128 of 145 chained rows, 84 of 101 mixed"
+    assert totals["contention"] == "141 of 145 chained rows, 97 of 101 mixed"  # what bench disagg and plan predict
+    assert totals["free and scheduled rows within 10 %, contention"] == "141 of 150"
     for e in found:
         # profile's own graph times of each single device: bench disagg timed the same graphs within 5 %
         assert all(abs(e.errors["scale"][s]) < 0.05 for s in place_calibration.SINGLES), e.target
