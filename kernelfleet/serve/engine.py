@@ -312,19 +312,20 @@ class Engine:
             else None
         if request.watch is not None and request.watch(token, reason is not None):
             reason = STOP
-        if not request.cancelled:
-            request.sink(token, reason)
-        if reason is not None:
+        if reason is not None:  # counted before its client has the last token: /metrics then shows it
             with self._wake:
                 self._leave(slot, reason)
                 self._gauges()
+        if not request.cancelled:
+            request.sink(token, reason)
 
     def _fail(self, slots: list[int]) -> None:
         with self._wake:
             for slot in slots:
-                if not self.scheduler.running[slot].cancelled:
-                    self.scheduler.running[slot].sink(None, ERROR)
+                request = self.scheduler.running[slot]
                 self._leave(slot, ERROR)
+                if not request.cancelled:
+                    request.sink(None, ERROR)
             self._gauges()
 
     def _leave(self, slot: int, reason: str) -> None:

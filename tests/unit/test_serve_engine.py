@@ -176,3 +176,20 @@ def test_a_failing_loop_ends_every_request_and_takes_no_more():
     assert not engine.alive() and [s.finish for s in sinks] == ["error"] * 3
     with pytest.raises(Closed, match="the generation loop has stopped"):
         submit(engine, PROMPTS[0], 4)
+
+
+def test_a_request_is_counted_finished_before_its_client_gets_the_last_token():
+    """A client that reads /metrics once it has its answer sees its request among the finished ones
+    (CI once read the count before the loop had added it)."""
+    engine = Engine(EagerBackend(tiny_causal_lm("llama"), slots=1, context_tokens=64), max_queue=4)
+    seen = []
+
+    def sink(token, finish):
+        if finish is not None:
+            counted = f'kernelfleet_serve_requests_total{{finish_reason="{finish}"}} 1.0' in \
+                engine.metrics.exposition().decode()
+            seen.append((finish, counted, engine.scheduler.free[:]))
+
+    engine.submit(PROMPTS[0], 3, frozenset(), GREEDY, sink)
+    drain(engine)
+    assert seen == [("length", True, [0])]  # counted, and its slot free, as the last token leaves
