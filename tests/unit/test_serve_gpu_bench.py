@@ -45,46 +45,34 @@ def test_the_dry_run_serves_every_load_and_reports_it(tmp_path):
     assert (tmp_path / "serve_gpu.json").is_file() and (tmp_path / "server-capped-pipeline-chunk8-batch1.log").is_file()
 
 
-def test_a_bad_prefill_chunk_list_is_one_line(tmp_path):
+def refused(tmp_path: Path, *flags: str) -> str:
+    """``bench.serve_gpu --cpu FLAGS``, which must exit 1: what it said."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "bench.serve_gpu", "--cpu", "--prefill-chunk", "0,x", "--out",
-                           str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 1 and done.stderr.strip() == (
-        "bench.serve_gpu: --prefill-chunk takes distinct whole numbers of tokens (0: whole prompts), comma-separated, "
-        "got '0,x'")
+    done = subprocess.run([sys.executable, "-m", "bench.serve_gpu", "--cpu", *flags, "--out", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    return done.stderr.strip()
 
 
-def test_a_bad_prefill_batch_list_or_setting_is_one_line(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for flags, said in [(["--prefill-batch", "0"], "bench.serve_gpu: --prefill-batch takes distinct whole numbers of "
-                         "prompts (1 or more), comma-separated, got '0'"),
-                        (["--prefill-chunk", "8", "--prefill-batch", "4"], "bench.serve_gpu: --prefill-chunk 8 and "
-                         "--prefill-batch 4 leave no setting the server takes (a chunk goes with a batch of 1)")]:
-        done = subprocess.run([sys.executable, "-m", "bench.serve_gpu", "--cpu", *flags, "--out", str(tmp_path)],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-        assert done.returncode == 1 and done.stderr.strip() == said
+@pytest.mark.parametrize("flags, said", [
+    (["--prefill-chunk", "0,x"], "bench.serve_gpu: --prefill-chunk takes distinct whole numbers of tokens (0: whole "
+     "prompts), comma-separated, got '0,x'"),
+    (["--prefill-batch", "0"], "bench.serve_gpu: --prefill-batch takes distinct whole numbers of prompts (1 or more), "
+     "comma-separated, got '0'"),
+    (["--prefill-chunk", "8", "--prefill-batch", "4"], "bench.serve_gpu: --prefill-chunk 8 and --prefill-batch 4 leave "
+     "no setting the server takes (a chunk goes with a batch of 1)"),
+    (["--cases", "plans"], "bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
+     "CUDA graphs); --cpu runs the other cases")])
+def test_a_bad_flag_or_a_gpu_only_case_is_one_line(tmp_path, flags, said):
+    assert refused(tmp_path, *flags) == said
 
 
 def test_a_bad_trace_file_is_one_line(tmp_path):
     bad = tmp_path / "trace.csv"
     bad.write_text("arrival_seconds,prompt_tokens,output_tokens\n0.5,12,x\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "bench.serve_gpu", "--cpu", "--trace", str(bad), "--out",
-                           str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip() == (f"bench.serve_gpu: --trace {bad} line 2: expected arrival_seconds,prompt_tokens,"
-                                   "output_tokens (a number, two whole numbers), got {'arrival_seconds': '0.5', "
-                                   "'prompt_tokens': '12', 'output_tokens': 'x'}")
-
-
-def test_the_plans_cases_need_a_gpu_and_are_one_line_on_the_cpu(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "bench.serve_gpu", "--cpu", "--cases", "plans", "--out",
-                           str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 1 and done.stderr.strip() == (
-        "bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture CUDA graphs); "
-        "--cpu runs the other cases")
+    assert refused(tmp_path / "out", "--trace", str(bad)) == (
+        f"bench.serve_gpu: --trace {bad} line 2: expected arrival_seconds,prompt_tokens,output_tokens (a number, two "
+        "whole numbers), got {'arrival_seconds': '0.5', 'prompt_tokens': '12', 'output_tokens': 'x'}")
 
 
 def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_next_run(tmp_path):
