@@ -55,14 +55,14 @@ def refused(tmp_path: Path, *flags: str) -> str:
 
 
 @pytest.mark.parametrize("flags, said", [
-    (["--prefill-chunk", "0,x"], "bench.serve_gpu: --prefill-chunk takes distinct whole numbers of tokens (0: whole "
-     "prompts), comma-separated, got '0,x'"),
-    (["--prefill-batch", "0"], "bench.serve_gpu: --prefill-batch takes distinct whole numbers of prompts (1 or more), "
-     "comma-separated, got '0'"),
-    (["--prefill-chunk", "8", "--prefill-batch", "4"], "bench.serve_gpu: --prefill-chunk 8 and --prefill-batch 4 leave "
-     "no setting the server takes (a chunk goes with a batch of 1)"),
-    (["--cases", "plans"], "bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
-     "CUDA graphs); --cpu runs the other cases")])
+    (["--prefill-chunk", "0,x"], ("bench.serve_gpu: --prefill-chunk takes distinct whole numbers of tokens (0: whole "
+     "prompts), comma-separated, got '0,x'")),
+    (["--prefill-batch", "0"], ("bench.serve_gpu: --prefill-batch takes distinct whole numbers of prompts (1 or more), "
+     "comma-separated, got '0'")),
+    (["--prefill-chunk", "8", "--prefill-batch", "4"], ("bench.serve_gpu: --prefill-chunk 8 and --prefill-batch 4 leave "
+     "no setting the server takes (a chunk goes with a batch of 1)")),
+    (["--cases", "plans"], ("bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
+     "CUDA graphs); --cpu runs the other cases"))])
 def test_a_bad_flag_or_a_gpu_only_case_is_one_line(tmp_path, flags, said):
     assert refused(tmp_path, *flags) == said
 
