@@ -51,9 +51,10 @@ from kernelfleet.runtime.executor import Built, release
 ROOT = Path(__file__).resolve().parents[1]
 LINK = ROOT / "tests" / "data" / "h200-link" / "links.json"
 # the default targets: dit-denoise, one of the recorded run's three many-copy misses. Qwen2-MoE
-# decode, another, faulted the H200 in its cut-5 plan (a cut inside aten.topk; docs/validation/
-# place-h200-pairs.md, "Edges in a real step"), and a device-side fault ends the process's CUDA
-# context, so it runs only when asked (--targets) until that is found
+# decode, another, faulted the H200 in its cut-5 plan: a copy landed over aten.sort's index
+# workspace (docs/validation/place-h200-pairs.md, "Edges in a real step"; fixed on the CPU since, and
+# checked by plan.delivery), and a device-side fault ends the process's CUDA context, so it runs
+# only when asked (--targets) until a GPU run shows the fix
 TARGETS = ("dit-denoise",)
 ZERO_BYTES = (0, 4)  # what a zero-byte twin's copies move: 0, else the least a driver refusing 0 takes
 # the targets whose plans get zero-byte twins by default (--zero-copies): a twin computes on stale
