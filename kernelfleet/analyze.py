@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kernelfleet.graph.deps import Edge, dependencies, flows, kernel_kind, to_dot, together
+from kernelfleet.graph.deps import Edge, dependencies, kernel_kind, to_dot, together
 from kernelfleet.kernels.ir import Program
 from kernelfleet.workloads.targets import load_step
 
@@ -20,7 +20,7 @@ def census(program: Program, edges: list[Edge]) -> dict[str, Any]:
     """Launch kinds, how accesses are known, pinned kernels and why, the op calls kept whole on one
     device (they pass data through their own workspace: ``graph.deps.together``), edges and their bytes."""
     kernels = [launch for launch in program.launches if launch.kind == "kernel"]
-    whole = together(program, flows(program)[0])
+    whole = together(program)
     with_ptx = [k for k in kernels if any(a.source in ("ptx-static", "ptx-dynamic") for a in k.accesses)]
     pinned = Counter(launch.pinned for launch in program.launches if launch.pinned)
     return {

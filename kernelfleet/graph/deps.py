@@ -86,13 +86,14 @@ def _scratch(launch: Launch, access: Access) -> bool:
     return access.source == "conservative" and launch.op_index is not None
 
 
-def together(program: Program, found: list[Flow]) -> list[tuple[int, ...]]:
+def together(program: Program, found: list[Flow] | None = None) -> list[tuple[int, ...]]:
     """The op calls that must run whole on one device, each as its launches in capture order: those
     whose kernels pass data through the call's own scratch (a ``Flow.scratch`` of ``found``, the
-    program's :func:`flows`). Their workspace bytes are known only as "from this pointer to the end of
+    program's :func:`flows`, computed here where not given). Their workspace bytes are known only as "from this pointer to the end of
     its buffer", so a copy of them to another device would overwrite whatever other tensors live
     there; and a workspace may hold device addresses (a grouped GEMM's problem table), which mean
     nothing on another device."""
+    found = flows(program)[0] if found is None else found
     calls = {program.launches[f.dst].op_index for f in found if f.scratch}
     members: dict[int, list[int]] = defaultdict(list)
     for launch in program.launches:

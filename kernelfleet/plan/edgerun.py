@@ -32,7 +32,7 @@ from pydantic import Field
 
 from kernelfleet.documents import Document, document, model, one_of
 from kernelfleet.errors import UsageError
-from kernelfleet.graph.deps import flows, together
+from kernelfleet.graph.deps import together
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.contention import Contention, sharing, spans
 from kernelfleet.plan.edges import EdgeCounts, counts
@@ -90,7 +90,7 @@ def edge_plans(program: Program, first: str, second: str) -> list[tuple[str, str
         raise UsageError(f"a step of {n} launch cannot be cut between two devices")
     lead = list(range(n))  # the launch whose place each launch takes
     pinned = {k for k, launch in enumerate(program.launches) if launch.pinned}
-    for group in together(program, flows(program)[0]):
+    for group in together(program):
         for k in group[1:]:
             lead[k] = group[0]
         if pinned.intersection(group):

@@ -38,7 +38,7 @@ from functools import cached_property
 from kernelfleet.costs.table import CostTable
 from kernelfleet.documents import Document, document, model, one_of
 from kernelfleet.errors import UsageError
-from kernelfleet.graph.deps import Edge, dependencies, flows, together
+from kernelfleet.graph.deps import Edge, dependencies, together
 from kernelfleet.kernels.ir import Launch, Program
 from kernelfleet.plan.edges import EdgeFit
 
@@ -264,18 +264,17 @@ class Problem:
     def groups(self) -> list[tuple[int, ...]]:
         """Launches that must share a device: op calls passing data through their own workspace
         (``graph.deps.together``), each in capture order."""
-        return together(self.program, flows(self.program)[0])
+        return together(self.program)
 
-    def kept_together(self, assignment: list[str], home: str | None = None) -> list[str]:
-        """``assignment`` with each of :attr:`groups` on one device, for the planners that place
-        launches one by one (pipeline cuts, attention/FFN, the greedy schedule, the edge experiment):
-        home where a member is pinned, else where its first member is, or failing that the first
-        device (home first) that can run every member."""
-        home = self.home if home is None else home
+    def kept_together(self, assignment: list[str]) -> list[str]:
+        """``assignment`` with each of :attr:`groups` on one device, for the baselines that place
+        launches by a rule blind to them (pipeline cuts, attention/FFN): home where a member is
+        pinned, else where its first member is, or failing that the first device (home first) that
+        can run every member."""
         out = list(assignment)
         for group in self.groups:
             pinned = any(self.program.launches[k].pinned for k in group)
-            order = [home] if pinned else [out[group[0]], home] + self.names
+            order = [self.home] if pinned else [out[group[0]], self.home] + self.names
             device = next((d for d in order if all(self.runs(k, d) for k in group)), out[group[0]])
             for k in group:
                 out[k] = device

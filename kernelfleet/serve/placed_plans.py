@@ -125,4 +125,3 @@ def kv_placement(found: dict[int, dict[str, tuple[Path, Plan]]], problems: dict[
     if first is None:
         raise UsageError("no plans to serve")
     return first[1]
-
