@@ -53,7 +53,7 @@ from kernelfleet.plan.contention import Contention, predict
 from kernelfleet.plan.links import COPY_US, LINK_GBPS
 from kernelfleet.plan.model import Device, Plan, Problem
 from kernelfleet.plan.slots import estimate, uniform_link
-from kernelfleet.profile.table import steadied
+from kernelfleet.profile.table import kernel_shapes, steadied
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.executor import plan_graph
 
@@ -176,7 +176,7 @@ def profiled(folder: Path) -> CostTable:
     program = Program.load(folder / "program.json.gz")
     if program.units:
         return costs
-    kernels = [(launch.kind, launch.name, launch.grid, launch.block, launch.shared_bytes) for launch in program.launches]
+    kernels = kernel_shapes(program)
     columns = {d: steadied([row.get(d) for row in costs.seconds], kernels)[0]
                for d in sorted({d for row in costs.seconds for d in row})}
     return replace(costs, seconds=[{d: columns[d][k] for d in row} for k, row in enumerate(costs.seconds)])

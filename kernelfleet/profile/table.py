@@ -99,7 +99,7 @@ def cost_table(raw: RawCapture, program: Program, seconds: dict[str, list[float 
         if len(values) != len(program.launches):
             raise UsageError(f"profile {name}: {len(values)} times for a program of {len(program.launches)} launches")
     flops, precision = launch_flops(raw, program)
-    kernels = [(launch.kind, launch.name, launch.grid, launch.block, launch.shared_bytes) for launch in program.launches]
+    kernels = kernel_shapes(program)
     steady = {name: steadied(values, kernels) for name, values in seconds.items()}
     rows = [{name: values[i] for name, (values, _) in steady.items()} for i in range(len(program.launches))]
     replaced = sum(n for _, n in steady.values())
@@ -111,14 +111,20 @@ def cost_table(raw: RawCapture, program: Program, seconds: dict[str, list[float 
 OUTLIER_FACTOR = 2.0
 
 
+def kernel_shapes(program: Program) -> list[tuple]:
+    """Each launch's kernel and launch shape: equal for a model's repeats of one launch in its layers."""
+    return [(launch.kind, launch.name, launch.grid, launch.block, launch.shared_bytes) for launch in program.launches]
+
+
 def steadied(seconds: list[float | None], kernels: list[Hashable]) -> tuple[list[float | None], int]:
     """``seconds`` with each launch timed above :data:`OUTLIER_FACTOR` times the median of the launches
-    that run the same kernel on the same launch shape (``kernels``: equal keys; groups of three or
-    more, a model's repeated layers) taken as that median, and how many were. Timed alone, a launch
-    of a few µs now and then takes several times its fellows' time (a profile of an H200 run timed
-    1.5-µs elementwise kernels at 8-12 µs, 25 launches in one table, while a re-run of the same step
-    timed 2); scaled to the measured graph, such outliers move time between the segments a plan puts
-    on each device. Real differences between layers (an MoE's routing) stay: only outliers move."""
+    that run the same kernel on the same launch shape (``kernels``: equal keys, as from
+    :func:`kernel_shapes`; groups of three or more, a model's repeated layers) taken as that median,
+    and how many were. Timed alone, a launch of a few µs now and then takes several times its
+    fellows' time (a profile of an H200 run timed 1.5-µs elementwise kernels at 8-12 µs, 25 launches
+    in one table, while a re-run of the same step timed 2); scaled to the measured graph, such
+    outliers move time between the segments a plan puts on each device. Real differences between
+    layers (an MoE's routing) stay: only outliers move."""
     groups: dict[Hashable, list[int]] = {}
     for k, key in enumerate(kernels):
         groups.setdefault(key, []).append(k)

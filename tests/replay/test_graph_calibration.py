@@ -123,12 +123,12 @@ def test_the_recorded_vlm_table_was_the_noisy_one_and_its_re_run_was_not():
     outliers (1.5-µs elementwise kernels timed at 8-12 µs); the check run profiled the same step
     again and found 2, and the other tables 0-2. profile steadies them since (place_calibration.profiled)."""
     from kernelfleet.kernels.ir import Program
-    from kernelfleet.profile.table import steadied
+    from kernelfleet.profile.table import kernel_shapes, steadied
 
     def outliers(folder):
         program = Program.load(folder / "program.json.gz")
         costs = CostTable.from_json((folder / "costs.json").read_text(), "costs")
-        kernels = [(x.kind, x.name, x.grid, x.block, x.shared_bytes) for x in program.launches]
+        kernels = kernel_shapes(program)
         return sum(steadied([row.get(d) for row in costs.seconds], kernels)[1] for d in ("a", "b", "whole"))
 
     same = {f.name: outliers(f) for f in FOLDERS if f.name.endswith(".same")}
