@@ -130,11 +130,12 @@ def refusal(today: Problem, strategy: Any) -> str | None:
     return None
 
 
-def predictions(folder: Path, costs: CostTable, contention: Contention | None = None) -> dict[str, float]:
-    """Seconds ``contention.predict`` gives each of :func:`slot_strategies`, from ``costs`` and
-    ``contention`` (None: none, each device as if alone)."""
+def predictions(folder: Path, costs: CostTable, contention: Contention | None = None,
+                strategies: tuple[Program, list, dict[str, str]] | None = None) -> dict[str, float]:
+    """Seconds ``contention.predict`` gives each of :func:`slot_strategies` (``strategies``, where the
+    caller has them already), from ``costs`` and ``contention`` (None: none, each device as if alone)."""
     found = json.loads((folder / "disagg.json").read_text())["strategies"]
-    program, kept, _ = slot_strategies(folder, costs)
+    program, kept, _ = strategies or slot_strategies(folder, costs)
     # the run placed units (each device's nodes in capture order) where its captures differed; its
     # conservative ablation then predicts what its chained throughput plan does
     conservative = program.units and (found.get("ablation: slots chained, conservative", {}).get("predicted_seconds")

@@ -129,8 +129,9 @@ def repredicted(folder: Path, links: LinkTable | None = None, fitted: edges.Edge
                                         "contention")
     if links is not None:
         table = table.with_links(links.links)
-    predicted = place_calibration.predictions(folder, table, Contention.of(table, fitted))
-    _, _, refused = place_calibration.slot_strategies(folder, table)
+    timed = place_calibration.slot_strategies(folder, table)
+    predicted = place_calibration.predictions(folder, table, Contention.of(table, fitted), timed)
+    refused = timed[2]
     return {name: {**r, "predicted_seconds": predicted.get(name, r.get("predicted_seconds"))} if name not in refused
             else {**r, "predicted_seconds": None, "refused": refused[name]} for name, r in found.items()}
 
