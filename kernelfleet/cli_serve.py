@@ -192,6 +192,10 @@ def _placed(target: str, plans: Path | None, profiles: list[str], other: bool, l
     err.print(f"kernelfleet serve: {target} through the plans of {plans} on {', '.join(profiles)} "
               f"(buckets {', '.join(map(str, engine.backend.sizes))}, captured and gated in "
               f"{time.perf_counter() - started:.1f} s) on http://{host}:{port}/v1", markup=False, highlight=False)
+    held, home = engine.backend.weights_held, engine.backend.placement.home
+    err.print("  weights held: " + ", ".join(f"{name} {size / 2**30:.2f} GiB ({size / max(held[home], 1):.0%})"
+                                             for name, size in held.items())
+              + f" (the home device, {home}, holds them all: prefill runs there)", markup=False, highlight=False)
     for said, graphs in engine.backend.gates().items():
         err.print(f"  gate: {said}: {len(graphs)} plan graph{'s' if len(graphs) > 1 else ''} ({', '.join(graphs)})",
                   markup=False, highlight=False)

@@ -32,6 +32,13 @@ def capture_replicas(make_step: Callable[[str, int], Step], gpus: dict[str, int]
     """One capture of the step (``make_step(torch device, seed)``) per named device, on its GPU and
     with its ``kernels`` (by name; default: each library's own choice), and what restores each
     one's captured state. Replicas place units where the captures launch different kernels."""
+    replicas, restores = capture_each(make_step, gpus, seed, kernels)
+    return aligned(replicas), restores
+
+
+def capture_each(make_step: Callable[[str, int], Step], gpus: dict[str, int], seed: int = 0,
+                 kernels: dict[str, str] | None = None) -> tuple[dict[str, Replica], list[Callable[[], None]]]:
+    """:func:`capture_replicas` without aligning the replicas: captures made apart are aligned together."""
     replicas, restores = {}, []
     for name, gpu in gpus.items():
         torch.cuda.set_device(gpu)
@@ -40,12 +47,17 @@ def capture_replicas(make_step: Callable[[str, int], Step], gpus: dict[str, int]
             captured = capture(step.fn, step.args, module=step.module, what=step.name)
         replicas[name] = Replica(captured, assemble(captured.raw), decode=getattr(step, "decode", None))
         restores.append(saved_state(replicas[name].program))
-    if len({tuple((n.kind, n.name) for n in r.captured.raw.nodes) for r in replicas.values()}) > 1:
-        found = views({d: r.captured.raw for d, r in replicas.items()}, {d: r.program for d, r in replicas.items()},
-                      next(iter(replicas)))
-        replicas = {d: Replica(r.captured, found[d].program, units=found[d], decode=r.decode)
-                    for d, r in replicas.items()}
     return replicas, restores
+
+
+def aligned(replicas: dict[str, Replica]) -> dict[str, Replica]:
+    """``replicas`` as they are where every capture launches the same kernels; else each placing the
+    units its capture shares with the others (``graph/units.py``), aligned on the first's."""
+    if len({tuple((n.kind, n.name) for n in r.captured.raw.nodes) for r in replicas.values()}) <= 1:
+        return replicas
+    found = views({d: r.captured.raw for d, r in replicas.items()}, {d: r.program for d, r in replicas.items()},
+                  next(iter(replicas)))
+    return {d: Replica(r.captured, found[d].program, units=found[d], decode=r.decode) for d, r in replicas.items()}
 
 
 def restore_all(restores: list[Callable[[], None]]) -> None:

@@ -20,6 +20,12 @@ no parameters). Only then is what is left allocated on the device, and filled:
   record from the seed: the initialisers of its own tensors run on them, and each random one of
   another stage's runs on a scratch tensor of the same shape, which draws from the generator
   exactly what the real tensor would have. Peak memory is the stage's weights and one tensor.
+
+:func:`build_reading` builds the same way a device's share that is no stage: the whole model, of
+which only the named parameters are allocated and filled; every other parameter is a view of one
+zeroed scratch tensor (per dtype) as large as the largest of them, so the model still runs (and a
+CUDA graph of it captures) while the kernels that read those parameters are never the device's
+(``kernelfleet serve --plans``: each away device holds the weights its plans' launches read).
 """
 
 from __future__ import annotations
@@ -87,7 +93,46 @@ def build_part(target: str, layers: range, device: str, seed: int, dtype: torch.
     names = _cut(part, config)
     module.to_empty(device=device)
     mine = dict(module.named_parameters())
-    tensors = {whole: mine[name] for name, whole in names.items()}
+    _fill(folder, config, module, {whole: mine[name] for name, whole in names.items()}, device, seed, dtype)
+    return part
+
+
+def build_reading(target: str, names: set[str], device: str, seed: int, dtype: torch.dtype) -> tuple[Any, int]:
+    """``target``'s whole model on ``device`` holding only the parameters ``names`` (the whole
+    model's names; module docstring), and the bytes of parameters it holds."""
+    folder = model_folder(target)
+    config = model_config(folder)
+    with torch.device("meta"):
+        module = _architecture(config, dtype)
+    params: dict[int, tuple[torch.Tensor, list[str]]] = {}  # a tied tensor has several names
+    for name, tensor in module.named_parameters(remove_duplicate=False):
+        params.setdefault(id(tensor), (tensor, []))[1].append(name)
+    unknown = sorted(names - {name for _, held in params.values() for name in held})
+    if unknown:
+        raise UsageError(f"{target}: the model has no parameter {unknown[0]} (of {len(unknown)} asked for): "
+                         "the plans were made for another model")
+    kept = {key for key, (_, held) in params.items() if names.intersection(held)}
+    largest: dict[torch.dtype, int] = {}
+    for key, (tensor, _) in params.items():
+        if key not in kept:
+            largest[tensor.dtype] = max(largest.get(tensor.dtype, 0), tensor.numel())
+    scratch = {kind: torch.zeros(numel, dtype=kind, device=device) for kind, numel in largest.items()}
+    made = {key: torch.nn.Parameter(torch.empty(tensor.shape, dtype=tensor.dtype, device=device) if key in kept
+                                    else scratch[tensor.dtype][:tensor.numel()].view(tensor.shape), requires_grad=False)
+            for key, (tensor, _) in params.items()}
+    for owner in module.modules():
+        for key, tensor in owner._parameters.items():
+            if tensor is not None:
+                owner._parameters[key] = made[id(tensor)]
+    tensors = {held[0]: made[key] for key, (_, held) in params.items() if key in kept}
+    _fill(folder, config, module, tensors, device, seed, dtype)
+    return module, sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _fill(folder: Path, config: Any, module: Any, tensors: dict[str, torch.Tensor], device: str, seed: int,
+          dtype: torch.dtype) -> None:
+    """``tensors`` (by the whole model's names) filled from the directory's checkpoint, else with the
+    seeded draws of a whole-model build; ``module``'s buffers built; its experts made capturable."""
     with torch.no_grad():
         checkpoint = next((kind for kind in CHECKPOINTS if (folder / kind).exists()
                            or (folder / f"{kind}.index.json").exists()), None)
@@ -95,10 +140,8 @@ def build_part(target: str, layers: range, device: str, seed: int, dtype: torch.
             _load(folder, checkpoint, tensors, device)
         else:
             _replayed(config, dtype, seed, tensors, device)
-        with torch.device(device):
-            part.base.rotary_emb = type(part.base.rotary_emb)(config=part.base.config)
+        _rebuilt_buffers(module, config, device)
     capturable_experts(module, device, dtype)
-    return part
 
 
 def _architecture(config: Any, dtype: torch.dtype) -> Any:
@@ -114,6 +157,21 @@ def _base(model: Any, target: str) -> Any:
                          f"rotary_emb, and a lm_head (Llama, Qwen2, Qwen2-MoE, Mistral, ...); {type(model).__name__} "
                          "does not")
     return base
+
+
+def _rebuilt_buffers(module: Any, config: Any, device: str) -> None:
+    """Every submodule holding buffers built again on ``device`` from the config: a model built on
+    the meta device holds no values in them (a rotary embedding's frequencies, its only buffers in
+    the families served)."""
+    for parent in list(module.modules()):
+        for key, child in list(parent.named_children()):
+            if next(child.buffers(recurse=False), None) is None:
+                continue
+            if next(child.parameters(recurse=False), None) is not None:
+                raise UsageError(f"{type(child).__name__} holds both buffers and parameters: kernelfleet cannot build "
+                                 "it on a device part by part")
+            with torch.device(device):
+                parent._modules[key] = type(child)(config=config.get_text_config())
 
 
 def _bytes(module: Any) -> int:

@@ -76,12 +76,14 @@ class PlacedBackend:
     """The backend of the module docstring; it prefills and decodes itself (like the pipeline's, no
     prefill/decode split runs over it). ``devices``: each device's eager backend by its name in the
     plans; ``placement``: the plans' home and KV placement; ``graphs[bucket][policy]``; ``launch``
-    runs a graph to completion; ``registry``: where the plan metrics go (the server's own)."""
+    runs a graph to completion; ``registry``: where the plan metrics go (the server's own);
+    ``weights_held``: the bytes of weights each device holds (for the server's start line)."""
 
     def __init__(self, devices: dict[str, EagerBackend], placement: Placement, graphs: dict[int, dict[str, PlanGraph]],
                  monitor: Monitor, launch: Callable[[Any], None], registry: Any = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, weights_held: dict[str, int] | None = None) -> None:
         self.devices, self.placement, self.graphs, self.monitor = devices, placement, graphs, monitor
+        self.weights_held = weights_held or {}  # device -> bytes of weights it holds
         self.launch, self.clock = launch, clock
         self.home = devices[placement.home]
         self.slots, self.context_tokens = self.home.slots, self.home.context_tokens

@@ -22,55 +22,87 @@ from typing import Any
 
 import torch
 
-from kernelfleet.errors import EnvironmentProblem
+from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.plan.model import Device
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.executor import Slot, build, run
 from kernelfleet.runtime.gate import passed, single_step_verdict
 from kernelfleet.runtime.monitor import Monitor
-from kernelfleet.runtime.replicas import capture_replicas, restore_all
+from kernelfleet.runtime.replicas import aligned, capture_each, restore_all
 from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.serve.graphs import buckets
 from kernelfleet.serve.placed import PlacedBackend, PlanGraph
-from kernelfleet.serve.placed_plans import kv_placement, read
-from kernelfleet.serve.placed_step import decode_step
+from kernelfleet.serve.placed_plans import kv_placement, plans_home, read, weights_read
+from kernelfleet.serve.placed_step import WEIGHTS_PREFIX, decode_step
 
 
-def placed_backend(load_model: Callable[[str], Any], plans_root: Path, profiles: dict[str, Any], slots: int,
-                   context_tokens: int, registry: Any = None, progress: Callable[[int, int], None] | None = None,
+def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]], plans_root: Path,
+                   profiles: dict[str, Any], slots: int, context_tokens: int, registry: Any = None,
+                   progress: Callable[[int, int], None] | None = None,
                    monitor: Monitor | None = None) -> tuple[PlacedBackend, list[Any]]:
     """The placed backend (module docstring) and the entered ``profile.devices.DeviceProfile`` of each
-    device (keep them entered while it serves). ``load_model(torch device)`` loads the model there;
+    device (keep them entered while it serves). ``load_model(torch device, names)`` loads the model
+    there, holding only the weights ``names`` (None: all), with the bytes of weights it holds;
     ``profiles``: ``profile.devices.ProfileSpec`` by the names the plans use."""
     sizes = buckets(slots)
     found = read(plans_root, sizes)  # before any weight loads
     from kernelfleet.profile.devices import DeviceProfile
 
-    backends = {name: EagerBackend(load_model(f"cuda:{spec.device}"), slots, context_tokens, name)
-                for name, spec in profiles.items()}
+    home = plans_home(found, next(iter(profiles)))
+    if home not in profiles:
+        raise UsageError(f"--plans {plans_root}: the plans' home is {home}, which no --profile names "
+                         f"({', '.join(profiles)})")
     memory = {name: torch.cuda.get_device_properties(spec.device).total_memory for name, spec in profiles.items()}
-    captures, restores, problems = {}, [], {}
+    backends, held = {}, {}
+    model, held[home] = load_model(f"cuda:{profiles[home].device}", None)
+    backends[home] = EagerBackend(model, slots, context_tokens, home)
+    captures = {size: captured(backends, profiles, [home], size) for size in sizes}
+    problems = {size: runtime_plans.problem(replicas[home].program, [Device(d, memory[d]) for d in profiles])
+                for size, (replicas, _) in captures.items()}
+    placement = kv_placement(found, problems)  # every plan checked before another device loads a weight
+    # a device that captures the home's kernels holds only the weights its launches read in some plan;
+    # with other kernels (units, matched after capture) it holds them all
+    alike = {name for name, spec in profiles.items()
+             if spec.kernels == profiles[home].kernels and same_gpu(spec.device, profiles[home].device)}
+    regions = {size: (replicas[home].program, replicas[home].captured.raw.regions)
+               for size, (replicas, _) in captures.items()}
+    for name, spec in profiles.items():
+        if name != home:
+            reads = weights_read(found, regions, name, WEIGHTS_PREFIX) if name in alike else None
+            model, held[name] = load_model(f"cuda:{spec.device}", reads)
+            backends[name] = EagerBackend(model, slots, context_tokens, name)
+    restores = []
     for done, size in enumerate(sizes, 1):
-        replicas, restored = capture_replicas(stepper(list(backends.values()), size),
-                                              {name: spec.device for name, spec in profiles.items()}, 0,
-                                              {name: spec.kernels for name, spec in profiles.items()})
-        captures[size], restores = replicas, restores + restored
-        home = next(iter(replicas))
-        problems[size] = runtime_plans.problem(replicas[home].program, [Device(d, memory[d]) for d in profiles])
+        replicas, restored = captures[size]
+        others, more = captured(backends, profiles, [n for n in profiles if n != home], size)
+        captures[size] = aligned({**replicas, **others}), restored + more
+        restores += captures[size][1]
         (progress or (lambda done, size: None))(done, size)
-    placement = kv_placement(found, problems)  # every plan checked before any graph is built
     # the partitions are carved once every capture is made, on the whole GPU, as runtime/gate.py does
     entered = [DeviceProfile(spec).__enter__() for spec in profiles.values()]
-    for replicas in captures.values():
-        for replica, profile in zip(replicas.values(), entered):
-            replica.context = profile.context
+    for replicas, _ in captures.values():
+        for name, profile in zip(profiles, entered):
+            replicas[name].context = profile.context
     try:
-        graphs, launch = gated_graphs(captures, found, placement.home, profiles[placement.home].device, restores)
+        graphs, launch = gated_graphs({size: replicas for size, (replicas, _) in captures.items()}, found,
+                                      placement.home, profiles[placement.home].device, restores)
     except BaseException:
         for profile in entered:
             profile.__exit__(None, None, None)
         raise
-    return PlacedBackend(backends, placement, graphs, monitor or Monitor(), launch, registry), entered
+    return PlacedBackend(backends, placement, graphs, monitor or Monitor(), launch, registry,
+                         weights_held=held), entered
+
+
+def captured(backends: dict[str, EagerBackend], profiles: dict[str, Any], names: list[str],
+             size: int) -> tuple[dict[str, Any], list[Callable[[], None]]]:
+    """Bucket ``size``'s step captured on each of ``names`` (``runtime/replicas.capture_each``)."""
+    return capture_each(stepper([backends[n] for n in names], size), {n: profiles[n].device for n in names}, 0,
+                        {n: profiles[n].kernels for n in names})
+
+
+def same_gpu(one: int, other: int) -> bool:
+    return one == other or torch.cuda.get_device_name(one) == torch.cuda.get_device_name(other)
 
 
 def gated_graphs(captures: dict[int, dict[str, Any]], found: dict, home_name: str, gpu: int,
@@ -135,13 +167,21 @@ def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int
     from kernelfleet.serve.engine import Engine
     from kernelfleet.serve.metrics import ServeMetrics
     from kernelfleet.serve.model import described, load
+    from kernelfleet.serve.parts import build_reading
 
     specs = [parse_profile(text) for text in profiles]
     if len(specs) < 2 or len({s.name for s in specs}) != len(specs):
         raise UsageError(f"--plans runs on two or more --profile NAME:SMS[+HOG]@GPU with the plans' device names, "
                          f"got {', '.join(profiles) or 'none'}")
     metrics = ServeMetrics(max_queue)
-    backend, entered = placed_backend(lambda device: load(target, device, seed, dtype).model, plans_root,
-                                      {s.name: s for s in specs}, slots, context_tokens, metrics.registry, progress)
+
+    def load_model(device: str, names: set[str] | None) -> tuple[Any, int]:
+        if names is not None:
+            return build_reading(target, names, device, seed, dtype)
+        model = load(target, device, seed, dtype).model
+        return model, sum(t.numel() * t.element_size() for t in model.parameters())
+
+    backend, entered = placed_backend(load_model, plans_root, {s.name: s for s in specs}, slots, context_tokens,
+                                      metrics.registry, progress)
     engine = Engine(backend, max_queue, metrics, prefill_chunk_tokens=prefill[0], prefill_batch=prefill[1]).start()
     return engine, serve_app(engine, described(target), token), entered

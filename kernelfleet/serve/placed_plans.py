@@ -21,6 +21,9 @@ runs and the logits come back). Under ``resident_state`` (what the server builds
 stays on one device is never copied. ``kernelfleet plan --state-home`` (``plan.model.state_home``)
 pins every launch that touches the cache, so its plans keep the whole cache on the home device by
 construction: the planners and the validator keep pinned launches home.
+
+:func:`weights_read` says which weights a device other than home reads under any of the plans: the
+server allocates only those there (``parts.build_reading``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Program
+from kernelfleet.kernels.raw import Region
 from kernelfleet.plan.model import Plan, Problem
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT
@@ -103,6 +107,13 @@ def kv_devices(program: Program, assignment: list[str], where: str) -> dict[str,
     return {name: device for name, (device, _) in sorted(seen.items())}
 
 
+def plans_home(found: dict[int, dict[str, tuple[Path, Plan]]], default: str) -> str:
+    """The home the first plan of ``found`` names (``default`` where it names none); :func:`kv_placement`
+    checks that every plan keeps it."""
+    first = next(plan for policies in found.values() for _, plan in policies.values())
+    return first.details.home or default
+
+
 def kv_placement(found: dict[int, dict[str, tuple[Path, Plan]]], problems: dict[int, Problem]) -> Placement:
     """The one placement of home and KV cache every plan of ``found`` keeps, once each passed the
     validator against its bucket's Problem (the server's capture); UsageError otherwise."""
@@ -125,3 +136,21 @@ def kv_placement(found: dict[int, dict[str, tuple[Path, Plan]]], problems: dict[
     if first is None:
         raise UsageError("no plans to serve")
     return first[1]
+
+
+def weights_read(found: dict[int, dict[str, tuple[Path, Plan]]], captures: dict[int, tuple[Program, list[Region]]],
+                 device: str, prefix: str) -> set[str]:
+    """The names of the weights the launches ``device`` runs under any plan of ``found`` read: every
+    weight region (of ``captures``, each bucket's program and the named regions of its raw capture)
+    that a read of such a launch overlaps, by its name less ``prefix``."""
+    names: set[str] = set()
+    for bucket, policies in found.items():
+        program, regions = captures[bucket]
+        at = {b.id: b.address for b in program.buffers}
+        weights = [(r.address, r.address + r.size_bytes, r.name.removeprefix(prefix)) for r in regions
+                   if r.role == "weight" and r.name and r.name.startswith(prefix)]
+        spans = {(at[a.buffer] + a.offset_bytes, at[a.buffer] + a.end) for _, plan in policies.values()
+                 for launch in program.launches if plan.assignment[launch.index] == device
+                 for a in launch.accesses if a.reads}
+        names.update(name for start, end, name in weights if any(s < end and start < e for s, e in spans))
+    return names

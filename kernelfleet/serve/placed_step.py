@@ -27,6 +27,7 @@ from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.serve.graphs import Bucket, padded
 
 CACHE_NAMES = ("cache_{layer}_keys", "cache_{layer}_values")  # as workloads/targets.py names a decode step's cache
+WEIGHTS_PREFIX = "model."  # a weight's name in the step (the holder's ``model``), then its name in the model
 
 
 def cache_buffers(backend: EagerBackend) -> dict[str, torch.Tensor]:
@@ -45,7 +46,7 @@ def decode_step(backend: EagerBackend, bucket: int, name: str = "serve-decode") 
     inputs = torch.tensor(padded([], [], bucket, backend.context_tokens - 1), device=backend.torch_device)
     step = Bucket(bucket, inputs)
     holder = torch.nn.Module()  # names the weights and the cache: placement sees the cache as state
-    holder.model = backend.model
+    holder.model = backend.model  # so each weight is named WEIGHTS_PREFIX + its name in the model
     for buffer, tensor in cache_buffers(backend).items():
         holder.register_buffer(buffer, tensor)
 

@@ -19,6 +19,7 @@ Run alone: ``pytest -m gpu tests/gpu/test_serve_placed.py -s`` (about 5 minutes 
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
@@ -66,6 +67,9 @@ def test_the_placed_server_gives_the_single_device_servers_greedy_tokens(tmp_pat
     assert placed.returncode == 0, placed.err
     assert "through the plans of" in placed.err and "buckets 1, 2" in placed.err
     assert got == want
+    # b holds only the weights its launches read in some plan (the latency plan is a alone here)
+    held = dict(re.findall(r"\b([ab]) [0-9.]+ GiB \((\d+)%\)", placed.err))
+    assert held["a"] == "100" and int(held["b"]) < 100, placed.err
     assert "kernelfleet_serve_plan_switches_total" in metrics
     steps = [line for line in metrics.splitlines() if line.startswith("kernelfleet_serve_plan_steps_total")]
     print("\n".join(steps))

@@ -144,3 +144,39 @@ def test_keep_home_leaves_out_the_plans_that_move_the_step_off_home(program, tmp
     assert {"single:b", "replicas"} <= set(skipped) and "--keep-home" in skipped["single:b"]
     assert "single:a" in {p.policy for p in plans} and all((p.details.home or "a") == "a" for p in plans)
     assert {p.policy for p in baselines(made[1])[0]} >= {"single:b", "replicas"}  # without it, both are candidates
+
+
+def test_the_weights_a_device_reads_are_those_its_launches_read_in_any_plan():
+    """On the recorded capture of the step (its program and named regions): with layer 1's MLP
+    launches on b in one policy's plan and its attention output projection on b in the other's, b
+    reads exactly those weights; a device no plan uses reads none."""
+    from kernelfleet.kernels.assemble import assemble
+    from kernelfleet.kernels.raw import RawCapture
+    from kernelfleet.plan.model import Plan
+    from kernelfleet.serve.placed_plans import weights_read
+    from kernelfleet.serve.placed_step import WEIGHTS_PREFIX
+
+    raw = RawCapture.load(RECORDED / "disagg.a.capture.json.gz")
+    program = assemble(raw)
+    named = {b.id: b.name for b in program.buffers if b.role == "weight"}
+
+    def reading(prefix: str) -> list[int]:
+        return [x.index for x in program.launches
+                if any(named.get(a.buffer, "").startswith(f"model.model.layers.1.{prefix}") for a in x.accesses)]
+
+    def plan(on_b: list[int]) -> Plan:
+        return Plan(policy="test", assignment=["b" if i in on_b else "a" for i in range(len(program.launches))],
+                    objective_seconds=1.0)
+
+    mlp, o_proj = reading("mlp."), reading("self_attn.o_proj")
+    assert mlp and o_proj
+    found = {1: {"latency": (Path("l.json"), plan(mlp)), "throughput": (Path("t.json"), plan(o_proj))}}
+    captures = {1: (program, raw.regions)}
+    want = {f"model.layers.1.{p}.weight" for p in ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                                                   "self_attn.o_proj")}
+    assert weights_read(found, captures, "b", WEIGHTS_PREFIX) == want
+    assert weights_read(found, captures, "c", WEIGHTS_PREFIX) == set()
+    # a runs layer 1's MLP in one plan and its o_proj in the other: it reads every weight the step reads
+    read_anywhere = {name.removeprefix(WEIGHTS_PREFIX) for buffer, name in named.items()
+                     if any(a.buffer == buffer and a.reads for x in program.launches for a in x.accesses)}
+    assert weights_read(found, captures, "a", WEIGHTS_PREFIX) == read_anywhere > want

@@ -1,0 +1,66 @@
+"""A device's share that is no pipeline stage (serve/parts.build_reading, what ``kernelfleet serve
+--plans`` loads on each device other than home): the whole model, only the named parameters
+allocated, each equal to the whole model's bit for bit (from safetensors or from the seed), every
+other parameter a view of one zeroed scratch tensor; the model still runs, and the layers whose
+weights it holds compute what the whole model's do. A name the model lacks is one line."""
+
+import pytest
+import torch
+from recorded import tiny_causal_lm
+
+from kernelfleet.errors import UsageError
+from kernelfleet.serve.parts import build_reading
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2-moe"])
+def saved(request, tmp_path_factory):
+    """(the model, a directory of its safetensors, a directory of its config alone, the model that
+    config draws from seed 5)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = tiny_causal_lm(request.param, seed=3)
+    weights, config = tmp_path_factory.mktemp("weights"), tmp_path_factory.mktemp("config")
+    model.save_pretrained(weights)
+    model.config.save_pretrained(config)
+    torch.manual_seed(5)
+    seeded = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config), dtype=torch.float32).eval()
+    return model, weights, config, seeded
+
+
+def storages(module) -> dict[int, int]:
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in module.parameters()}
+
+
+@pytest.mark.parametrize("source", ["weights", "config"])
+def test_only_the_named_parameters_are_held_and_equal_the_whole_models(saved, source):
+    model, weights, config, seeded = saved
+    folder, whole = (weights, model) if source == "weights" else (config, seeded)
+    expected = dict(whole.named_parameters())
+    names = {n for n in expected if n.startswith("model.layers.1.mlp.")} | {"lm_head.weight"}
+    built, held = build_reading(f"hf:{folder}", names, "cpu", 5, torch.float32)
+    params = dict(built.named_parameters())
+    assert set(params) == set(expected)
+    assert held == sum(expected[n].numel() * 4 for n in names)
+    for name in names:
+        torch.testing.assert_close(params[name], expected[name], rtol=0, atol=0)
+    others = [params[n] for n in expected if n not in names]
+    assert len({t.untyped_storage().data_ptr() for t in others}) == 1  # one scratch, zeroed
+    assert all(not t.any() for t in others)
+    largest = max(t.numel() for t in others) * 4
+    assert sum(storages(built).values()) == held + largest < sum(storages(whole).values())
+    for name, buffer in whole.named_buffers():  # the rotary frequencies, computed, not left empty
+        torch.testing.assert_close(dict(built.named_buffers())[name], buffer, rtol=0, atol=0)
+    hidden = torch.randn(1, 3, model.config.hidden_size)
+    with torch.inference_mode():
+        torch.testing.assert_close(built.model.layers[1].mlp(hidden), whole.model.layers[1].mlp(hidden),
+                                   rtol=0, atol=0)
+        assert built(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, model.config.vocab_size)
+
+
+def test_a_name_the_model_lacks_is_one_line(saved):
+    _, weights, *_ = saved
+    with pytest.raises(UsageError, match=r"has no parameter model\.layers\.7\.mlp\.up_proj\.weight .*another model") as found:
+        build_reading(f"hf:{weights}", {"model.layers.7.mlp.up_proj.weight"}, "cpu", 0, torch.float32)
+    assert "\n" not in str(found.value)
