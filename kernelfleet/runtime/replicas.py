@@ -37,8 +37,11 @@ def capture_replicas(make_step: Callable[[str, int], Step], gpus: dict[str, int]
 
 
 def capture_each(make_step: Callable[[str, int], Step], gpus: dict[str, int], seed: int = 0,
-                 kernels: dict[str, str] | None = None) -> tuple[dict[str, Replica], list[Callable[[], None]]]:
-    """:func:`capture_replicas` without aligning the replicas: captures made apart are aligned together."""
+                 kernels: dict[str, str] | None = None, save: bool = True) -> tuple[dict[str, Replica],
+                                                                                  list[Callable[[], None]]]:
+    """:func:`capture_replicas` without aligning the replicas (captures made apart are aligned
+    together), and without saving their state where not ``save`` (several captures over one state
+    save it once, together: ``replay.saved_state``)."""
     replicas, restores = {}, []
     for name, gpu in gpus.items():
         torch.cuda.set_device(gpu)
@@ -46,7 +49,8 @@ def capture_each(make_step: Callable[[str, int], Step], gpus: dict[str, int], se
         with choosing_kernels((kernels or {}).get(name, "default")):
             captured = capture(step.fn, step.args, module=step.module, what=step.name)
         replicas[name] = Replica(captured, assemble(captured.raw), decode=getattr(step, "decode", None))
-        restores.append(saved_state(replicas[name].program))
+        if save:
+            restores.append(saved_state(replicas[name].program))
     return replicas, restores
 
 

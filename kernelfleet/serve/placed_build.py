@@ -2,16 +2,20 @@
 backend's devices, captures, plan graphs and gate (``placed.py`` runs them).
 
 In order, each failure one line: the plan folder is read (``placed_plans.read``) before any weight
-loads; each device (``--profile NAME:SMS[+HOG]@GPU``, a green-context partition as the place
-commands take it) loads the whole model on its GPU with a cache of the server's slots; for each
-batch bucket every device captures the server's decode step (``placed_step.decode_step``,
-``runtime/replicas.capture_replicas``) on the whole GPU, then the partitions are carved; every plan is checked against its bucket's capture and for
-one KV placement (``placed_plans.kv_placement``) before any graph is built; then each (bucket,
-policy) graph is built with ``resident_state`` and gated: run from the captured state, its logits
-must equal the home device's own replay of that capture bit for bit, or, where the devices captured
-different kernels (a ``--profile`` with ``/KERNELS``, or another GPU type), agree with it within
-the place gate's tolerance (``runtime/gate.single_step_verdict``: logits cosine and near-ties, over
-this one decode step); otherwise the server does not start. Each graph keeps its verdict.
+loads; the home device (``--profile NAME:SMS[+HOG]@GPU``, a green-context partition as the place
+commands take it) loads the whole model (prefill runs there) with a cache of the server's slots
+and captures every batch bucket's decode step (``placed_step.decode_step``,
+``runtime/replicas.capture_each``) on the whole GPU; every plan is checked against its bucket's
+capture and for one KV placement (``placed_plans.kv_placement``); then each other device loads the
+weights its launches read in some plan (``placed_plans.weights_read``, ``parts.build_reading``;
+all of them where it captures other kernels than home: its units are matched only after capture)
+and captures the buckets too; the state every capture writes (each device's cache) is saved once;
+the partitions are carved; then each (bucket, policy) graph is built with ``resident_state`` and
+gated: run from the saved state, its logits must equal the home device's own replay of that
+capture bit for bit, or, where the devices captured different kernels (a ``--profile`` with
+``/KERNELS``, or another GPU type), agree with it within the place gate's tolerance
+(``runtime/gate.single_step_verdict``: logits cosine and near-ties, over this one decode step);
+otherwise the server does not start. Each graph keeps its verdict.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 import torch
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
+from kernelfleet.kernels.cuda.replay import saved_state
 from kernelfleet.plan.model import Device
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.executor import Slot, build, run
@@ -53,39 +58,41 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
         raise UsageError(f"--plans {plans_root}: the plans' home is {home}, which no --profile names "
                          f"({', '.join(profiles)})")
     memory = {name: torch.cuda.get_device_properties(spec.device).total_memory for name, spec in profiles.items()}
+    # where every device captures the home's kernels, the plans are checked on home's capture alone and each
+    # other device then holds only the weights its launches read in some plan; with other kernels the plans
+    # place units, matched only once every device has captured, so each device holds them all
+    partial = all(spec.kernels == profiles[home].kernels and same_gpu(spec.device, profiles[home].device)
+                  for spec in profiles.values())
     backends, held = {}, {}
     model, held[home] = load_model(f"cuda:{profiles[home].device}", None)
     backends[home] = EagerBackend(model, slots, context_tokens, home)
     captures = {size: captured(backends, profiles, [home], size) for size in sizes}
-    problems = {size: runtime_plans.problem(replicas[home].program, [Device(d, memory[d]) for d in profiles])
-                for size, (replicas, _) in captures.items()}
-    placement = kv_placement(found, problems)  # every plan checked before another device loads a weight
-    # a device that captures the home's kernels holds only the weights its launches read in some plan;
-    # with other kernels (units, matched after capture) it holds them all
-    alike = {name for name, spec in profiles.items()
-             if spec.kernels == profiles[home].kernels and same_gpu(spec.device, profiles[home].device)}
-    regions = {size: (replicas[home].program, replicas[home].captured.raw.regions)
-               for size, (replicas, _) in captures.items()}
+    placement = checked(found, captures, home, memory) if partial else None
+    regions = {size: (replicas[home].program, replicas[home].captured.raw.regions) for size, replicas in captures.items()}
     for name, spec in profiles.items():
         if name != home:
-            reads = weights_read(found, regions, name, WEIGHTS_PREFIX) if name in alike else None
-            model, held[name] = load_model(f"cuda:{spec.device}", reads)
+            model, held[name] = load_model(f"cuda:{spec.device}", weights_read(found, regions, name, WEIGHTS_PREFIX)
+                                           if partial else None)
             backends[name] = EagerBackend(model, slots, context_tokens, name)
-    restores = []
+    programs = []
     for done, size in enumerate(sizes, 1):
-        replicas, restored = captures[size]
-        others, more = captured(backends, profiles, [n for n in profiles if n != home], size)
-        captures[size] = aligned({**replicas, **others}), restored + more
-        restores += captures[size][1]
+        replicas = {**captures[size], **captured(backends, profiles, [n for n in profiles if n != home], size)}
+        programs += [r.program for r in replicas.values()]
+        captures[size] = aligned(replicas)
+        if partial and captures[size][home].units is not None:
+            raise EnvironmentProblem(f"batch bucket {size}: the devices captured different kernels although their "
+                                     "profiles ask for the same ones; give the other device its /KERNELS")
         (progress or (lambda done, size: None))(done, size)
+    placement = placement or checked(found, captures, home, memory)
+    # every bucket's capture on a device writes the same cache: the state is saved once, not once a capture
+    restores = [saved_state(programs)]
     # the partitions are carved once every capture is made, on the whole GPU, as runtime/gate.py does
     entered = [DeviceProfile(spec).__enter__() for spec in profiles.values()]
-    for replicas, _ in captures.values():
+    for replicas in captures.values():
         for name, profile in zip(profiles, entered):
             replicas[name].context = profile.context
     try:
-        graphs, launch = gated_graphs({size: replicas for size, (replicas, _) in captures.items()}, found,
-                                      placement.home, profiles[placement.home].device, restores)
+        graphs, launch = gated_graphs(captures, found, placement.home, profiles[placement.home].device, restores)
     except BaseException:
         for profile in entered:
             profile.__exit__(None, None, None)
@@ -94,11 +101,18 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
                          weights_held=held), entered
 
 
-def captured(backends: dict[str, EagerBackend], profiles: dict[str, Any], names: list[str],
-             size: int) -> tuple[dict[str, Any], list[Callable[[], None]]]:
-    """Bucket ``size``'s step captured on each of ``names`` (``runtime/replicas.capture_each``)."""
+def checked(found: dict, captures: dict[int, dict[str, Any]], home: str, memory: dict[str, int]) -> Any:
+    """Every plan of ``found`` checked against its bucket's capture on ``home``, and their one KV
+    placement (``placed_plans.kv_placement``)."""
+    devices = [Device(d, size) for d, size in memory.items()]
+    return kv_placement(found, {size: runtime_plans.problem(replicas[home].program, devices)
+                                for size, replicas in captures.items()})
+
+
+def captured(backends: dict[str, EagerBackend], profiles: dict[str, Any], names: list[str], size: int) -> dict[str, Any]:
+    """Bucket ``size``'s step captured on each of ``names`` (``runtime/replicas.capture_each``), its state not yet saved."""
     return capture_each(stepper([backends[n] for n in names], size), {n: profiles[n].device for n in names}, 0,
-                        {n: profiles[n].kernels for n in names})
+                        {n: profiles[n].kernels for n in names}, save=False)[0]
 
 
 def same_gpu(one: int, other: int) -> bool:

@@ -180,3 +180,25 @@ def test_the_weights_a_device_reads_are_those_its_launches_read_in_any_plan():
     read_anywhere = {name.removeprefix(WEIGHTS_PREFIX) for buffer, name in named.items()
                      if any(a.buffer == buffer and a.reads for x in program.launches for a in x.accesses)}
     assert weights_read(found, captures, "a", WEIGHTS_PREFIX) == read_anywhere > want
+
+
+def test_captures_over_one_cache_save_its_bytes_once():
+    """``replay.written_spans`` over the recorded decode step's program twice (two buckets' captures
+    writing the same cache) is the program's own spans: the server saves its state once, not once a
+    capture; a second program at other addresses adds its own."""
+    from kernelfleet.kernels.assemble import assemble
+    from kernelfleet.kernels.cuda.replay import written_spans
+    from kernelfleet.kernels.ir import Buffer
+    from kernelfleet.kernels.raw import RawCapture
+
+    program = assemble(RawCapture.load(RECORDED / "disagg.a.capture.json.gz"))
+    once = written_spans([program])
+    names = {b.id: b.name for b in program.buffers}
+    cache = next(b for b in program.buffers if names[b.id] == "cache_1_keys")
+    assert any(start <= cache.address and cache.address + cache.size_bytes <= end for start, end in once)
+    assert written_spans([program, program]) == once
+    assert all(a[1] <= b[0] for a, b in zip(once, once[1:]))  # sorted, apart
+    moved = Program([Buffer(b.id, b.device, b.address + (1 << 40), b.size_bytes, b.role, b.name)
+                     for b in program.buffers], program.launches)
+    both = written_spans([program, moved])
+    assert len(both) == 2 * len(once) and sum(e - s for s, e in both) == 2 * sum(e - s for s, e in once)

@@ -184,28 +184,20 @@ def changed_runs(now: torch.Tensor, before: torch.Tensor, gap_bytes: int = RUN_G
     return list(zip(starts.tolist(), ends.tolist()))
 
 
-def saved_state(program: Program, released: list[tuple[int, int]] = (),
+def saved_state(program: Program | list[Program], released: list[tuple[int, int]] = (),
                 driver: CudaDriver = CUDA) -> Callable[[], None]:
     """Copy now every byte range some launch may write (the union of the program's write accesses,
     weights included: a step that writes a weight has state there); the returned function puts
     those bytes back. Bytes no launch writes cannot change, so only written ranges cost memory; but
     a schema access of an in-place op covers its whole argument, so a decode step's one-row
     ``index_put_`` saves its whole KV cache (8B decode: 11.1 GB a capture, 8.6 GB of it cache).
-    ``released``: [start, end) addresses freed since the capture, left alone; ``driver``: the one
-    that says which GPU holds each range."""
-    buffers = {b.id: b for b in program.buffers}
-    spans: dict[int, list[tuple[int, int]]] = {}
-    for launch in program.launches:
-        for a in launch.accesses:
-            if a.writes:
-                spans.setdefault(a.buffer, []).append((a.offset_bytes, a.end))
+    ``program`` may be several captures (a server's batch buckets over one cache): the bytes any of
+    them writes are saved once, not once a capture. ``released``: [start, end) addresses freed since
+    the capture, left alone; ``driver``: the one that says which GPU holds each range."""
     state = []
-    for buffer, ranges in spans.items():
-        for start, end in merged_ranges(ranges):
-            at = buffers[buffer].address
-            if any(s < at + end and at + start < e for s, e in released):
-                continue
-            view = device_bytes(at + start, end - start, driver)
+    for start, end in written_spans(program if isinstance(program, list) else [program]):
+        if not any(s < end and start < e for s, e in released):
+            view = device_bytes(start, end - start, driver)
             state.append((view, view.clone()))
 
     def restore() -> None:
@@ -214,6 +206,28 @@ def saved_state(program: Program, released: list[tuple[int, int]] = (),
 
     return restore
 
+
+def written_spans(programs: list[Program]) -> list[tuple[int, int]]:
+    """The [start, end) addresses some launch of ``programs`` may write, sorted: each buffer's write
+    accesses joined where they overlap or touch, then the programs' spans joined where they share
+    bytes (touching ones stay apart: two captures' buffers may be neighbouring allocations)."""
+    spans = []
+    for program in programs:
+        buffers = {b.id: b for b in program.buffers}
+        written: dict[int, list[tuple[int, int]]] = {}
+        for launch in program.launches:
+            for a in launch.accesses:
+                if a.writes:
+                    written.setdefault(a.buffer, []).append((a.offset_bytes, a.end))
+        spans += [(buffers[b].address + start, buffers[b].address + end)
+                  for b, ranges in written.items() for start, end in merged_ranges(ranges)]
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if out and start < out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def stepwise_matches_graph(captured: Captured, program: Program) -> bool:
