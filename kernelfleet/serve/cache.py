@@ -28,11 +28,17 @@ from transformers.cache_utils import Cache
 
 class SlotCache(Cache):
     """Keys and values of ``slots`` requests of up to ``context_tokens`` tokens, per layer,
-    allocated at the first forward (shapes and dtype from the model's own key states)."""
+    allocated at the first forward (shapes and dtype from the model's own key states). ``held``: the
+    (layer, ``"keys"`` or ``"values"``) caches kept here (None: all); the others are views of one
+    zeroed tensor per shape, for a device that runs the forward's kernels over them but keeps no
+    request in them (a device other than home under ``serve --plans``, whose plans keep the cache
+    home)."""
 
-    def __init__(self, slots: int, context_tokens: int, device: str = "cpu") -> None:
+    def __init__(self, slots: int, context_tokens: int, device: str = "cpu",
+                 held: set[tuple[int, str]] | None = None) -> None:
         super().__init__(layers=[])
-        self.slots, self.context_tokens, self.device = slots, context_tokens, device
+        self.slots, self.context_tokens, self.device, self.held = slots, context_tokens, device, held
+        self._scratch: dict[tuple, torch.Tensor] = {}
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
         self.rows: torch.Tensor | None = None
@@ -51,8 +57,8 @@ class SlotCache(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args,
                **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         if layer_idx not in self.keys:
-            self.keys[layer_idx] = self._allocate(key_states)
-            self.values[layer_idx] = self._allocate(value_states)
+            self.keys[layer_idx] = self._layer(key_states, layer_idx, "keys")
+            self.values[layer_idx] = self._layer(value_states, layer_idx, "values")
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         # (batch, heads, tokens, dim) -> (batch, tokens, heads, dim): the index pair (row, position)
         # addresses one token of one slot
@@ -68,9 +74,10 @@ class SlotCache(Cache):
         request moving into a free row (what comes back is garbage, in a row no request holds), or
         into the row of a request still being prefilled, which takes the running one's row (rows.py)."""
         rows = torch.tensor([[source, target], [target, source]], device=self.device)
-        for cache in (self.keys, self.values):
-            for layer in cache.values():
-                layer[rows[0], :, :tokens] = layer[rows[1], :, :tokens]  # the right side is a gathered copy
+        for kind, cache in (("keys", self.keys), ("values", self.values)):
+            for index, layer in cache.items():
+                if self.holds(index, kind):
+                    layer[rows[0], :, :tokens] = layer[rows[1], :, :tokens]  # the right side is a gathered copy
 
     def adopt(self, source: SlotCache, source_row: int, target_row: int, tokens: int) -> None:
         """Copy ``source``'s row ``source_row`` (its first ``tokens`` positions, every layer) into row
@@ -83,6 +90,17 @@ class SlotCache(Cache):
                 if layer not in mine:
                     mine[layer] = self._allocate(tensor, self.device)
                 mine[layer][target_row, :, :tokens].copy_(tensor[source_row, :, :tokens], non_blocking=True)
+
+    def holds(self, layer: int, kind: str) -> bool:
+        return self.held is None or (layer, kind) in self.held
+
+    def _layer(self, states: torch.Tensor, layer: int, kind: str) -> torch.Tensor:
+        if self.holds(layer, kind):
+            return self._allocate(states)
+        shape = (states.shape[1], states.shape[3], states.dtype)
+        if shape not in self._scratch:
+            self._scratch[shape] = self._allocate(states)
+        return self._scratch[shape]
 
     def _allocate(self, states: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
         heads, dim = states.shape[1], states.shape[3]

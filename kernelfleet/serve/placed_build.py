@@ -73,7 +73,9 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
         if name != home:
             model, held[name] = load_model(f"cuda:{spec.device}", weights_read(found, regions, name, WEIGHTS_PREFIX)
                                            if partial else None)
-            backends[name] = EagerBackend(model, slots, context_tokens, name)
+            # the caches the plans keep here; where they are not known yet (units), all
+            kept = set(placement.away().get(name, [])) if placement else None
+            backends[name] = EagerBackend(model, slots, context_tokens, name, kept)
     programs = []
     for done, size in enumerate(sizes, 1):
         replicas = {**captures[size], **captured(backends, profiles, [n for n in profiles if n != home], size)}

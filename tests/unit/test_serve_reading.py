@@ -64,3 +64,24 @@ def test_a_name_the_model_lacks_is_one_line(saved):
     with pytest.raises(UsageError, match=r"has no parameter model\.layers\.7\.mlp\.up_proj\.weight .*another model") as found:
         build_reading(f"hf:{weights}", {"model.layers.7.mlp.up_proj.weight"}, "cpu", 0, torch.float32)
     assert "\n" not in str(found.value)
+
+
+def test_a_cache_keeps_only_its_held_layers_and_the_others_share_one_scratch():
+    """``SlotCache(held=...)`` (what a device other than home gets under ``serve --plans`` when the
+    plans keep the cache home): after a forward, the held layer's keys have a tensor of their own,
+    written in the prompt's row only, while every other cache is one scratch of that shape (what its
+    forward computes past them is garbage: its plans never run those kernels there); moving a
+    request's row moves the held layer's row and leaves the scratch alone."""
+    from kernelfleet.serve.backend import EagerBackend
+
+    kept = EagerBackend(tiny_causal_lm("llama", seed=1), 4, 32, held={(1, "keys")})
+    kept.prefill(2, [5, 6, 7])
+    own = kept.cache.keys[1]
+    others = [kept.cache.keys[0], kept.cache.values[0], kept.cache.values[1]]
+    assert len({t.data_ptr() for t in others}) == 1 and own.data_ptr() != others[0].data_ptr()
+    assert own[2, :, :3].abs().sum() > 0 and not own[[0, 1, 3]].any() and not own[2, :, 3:].any()
+    row, scratch = own[2, :, :3].clone(), others[0].clone()
+    with torch.inference_mode():  # as the engine moves rows
+        kept.cache.exchange(2, 0, 3)
+    torch.testing.assert_close(own[0, :, :3], row, rtol=0, atol=0)
+    torch.testing.assert_close(others[0], scratch, rtol=0, atol=0)
