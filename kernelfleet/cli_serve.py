@@ -48,7 +48,8 @@ def serve(
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback listen address."),
     token: str | None = typer.Option(None, envvar="KERNELFLEET_TOKEN", help="Require this bearer token."),
     slots: int | None = typer.Option(None, "--slots", help="KV-cache slots: requests generating at once (default: "
-                                     f"on a GPU as many as fit, at most 64; on the CPU {CPU_SLOTS})."),
+                                     f"on a GPU as many as fit, at most 64; on the CPU {CPU_SLOTS}; with --plans the "
+                                     "largest batch-B of the folder)."),
     max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting for a slot at most (then 429)."),
     context: int | None = typer.Option(None, "--context", help="Tokens per slot, prompt and output (default: the "
                                        "model's maximum, at most 4096)."),
@@ -177,13 +178,15 @@ def _placed(target: str, plans: Path | None, profiles: list[str], other: bool, l
     from kernelfleet.serve.command import serve as run
     from kernelfleet.serve.model import max_context_tokens
     from kernelfleet.serve.placed_build import placed_server
+    from kernelfleet.serve.placed_plans import planned_slots
 
     tokens_per_slot = checked_sizes(slots, max_queue, context, max_context_tokens(target))
+    slots = slots or planned_slots(plans)
     token = given_token(token)
     sock = bind(*listen_address(listen, allow_remote, token))
     started = time.perf_counter()
     try:
-        engine, app, entered = placed_server(target, plans, profiles, slots or CPU_SLOTS, max_queue, tokens_per_slot,
+        engine, app, entered = placed_server(target, plans, profiles, slots, max_queue, tokens_per_slot,
                                              token, seed, getattr(torch, dtype or "bfloat16"), prefill=prefill)
     except BaseException:
         sock.close()

@@ -48,14 +48,29 @@ def bucket_folder(root: Path, bucket: int) -> Path:
     return root / f"batch-{bucket}"
 
 
-def read(root: Path, buckets: list[int]) -> dict[int, dict[str, tuple[Path, Plan]]]:
-    """Both plans of every bucket (module docstring), parsed; UsageError naming what is missing."""
+def _folder(root: Path) -> Path:
     if not root.is_dir():
         raise UsageError(f"--plans {root}: no such folder (one batch-B folder a bucket, as `kernelfleet plan --out` "
                          "writes it)")
+    return root
+
+
+def planned_slots(root: Path) -> int:
+    """The slots a plan folder was made for: its largest ``batch-B`` (``kernelfleet serve --plans``'s
+    default ``--slots``; :func:`read` then asks for every bucket below it); UsageError where it has none."""
+    sizes = [int(found.name.removeprefix("batch-")) for found in _folder(root).iterdir()
+             if found.is_dir() and re.fullmatch(r"batch-[1-9]\d{0,3}", found.name)]
+    if not sizes:
+        raise UsageError(f"--plans {root}: no batch-B folder (one a batch bucket, as `kernelfleet plan --out "
+                         f"{root}/batch-B` writes it)")
+    return max(sizes)
+
+
+def read(root: Path, buckets: list[int]) -> dict[int, dict[str, tuple[Path, Plan]]]:
+    """Both plans of every bucket (module docstring), parsed; UsageError naming what is missing."""
     found: dict[int, dict[str, tuple[Path, Plan]]] = {}
     for bucket in buckets:
-        folder = bucket_folder(root, bucket)
+        folder = bucket_folder(_folder(root), bucket)
         if not folder.is_dir():
             raise UsageError(f"--plans {root}: no plans for batch bucket {bucket} ({folder}/; the server captures "
                              f"buckets {', '.join(map(str, buckets))}): plan hf:MODEL,serve-decode,batch={bucket} "

@@ -47,6 +47,17 @@ def test_a_missing_bucket_is_named_with_the_buckets_the_server_captures(model_di
     assert "kernelfleet plan ... --out" in line
 
 
+def test_without_slots_the_server_serves_the_plan_folders_largest_bucket(monkeypatch, capsys, model_dir, plans):
+    (plans / "batch-4").mkdir()
+    (plans / "batch-x").mkdir()  # not a bucket: left alone
+    said = in_process(monkeypatch, capsys, f"hf:{model_dir}", "--plans", str(plans), *PROFILES, "--context", "64")
+    assert "no plans for batch bucket 2" in said and "the server captures buckets 1, 2, 4" in said
+    for folder in ("batch-1", "batch-4"):
+        shutil.rmtree(plans / folder)
+    said = in_process(monkeypatch, capsys, f"hf:{model_dir}", "--plans", str(plans), *PROFILES)
+    assert "no batch-B folder" in said
+
+
 def in_process(monkeypatch, capsys, *args: str) -> str:
     code, line = run_main(monkeypatch, capsys, *args, "--listen", f"127.0.0.1:{free_port()}")
     assert code == 2, line
