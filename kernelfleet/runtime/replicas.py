@@ -37,8 +37,8 @@ def capture_replicas(make_step: Callable[[str, int], Step], gpus: dict[str, int]
 
 
 def capture_each(make_step: Callable[[str, int], Step], gpus: dict[str, int], seed: int = 0,
-                 kernels: dict[str, str] | None = None, save: bool = True) -> tuple[dict[str, Replica],
-                                                                                  list[Callable[[], None]]]:
+                 kernels: dict[str, str] | None = None,
+                 save: bool = True) -> tuple[dict[str, Replica], list[Callable[[], None]]]:
     """:func:`capture_replicas` without aligning the replicas (captures made apart are aligned
     together), and without saving their state where not ``save`` (several captures over one state
     save it once, together: ``replay.saved_state``)."""

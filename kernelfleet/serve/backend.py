@@ -74,8 +74,9 @@ def call_arguments(model: torch.nn.Module) -> tuple[str, str]:
 
 
 class EagerBackend:
-    """A transformers causal LM run eagerly, its KV cache a :class:`SlotCache` of ``slots`` slots;
-    ``device_name`` names it in the metrics (default: torch's name of its device)."""
+    """A transformers causal LM run eagerly, its KV cache a :class:`SlotCache` of ``slots`` slots
+    (``held``: the layers' caches it keeps, as SlotCache takes it); ``device_name`` names it in the
+    metrics (default: torch's name of its device)."""
 
     def __init__(self, model: torch.nn.Module, slots: int, context_tokens: int, device_name: str | None = None,
                  held: set[tuple[int, str]] | None = None) -> None:
@@ -83,7 +84,7 @@ class EagerBackend:
         parameter = next(model.parameters())
         self.torch_device, self.dtype = str(parameter.device), parameter.dtype
         self.device = device_name or self.torch_device
-        self.cache = SlotCache(slots, context_tokens, self.torch_device, held)  # held: SlotCache's
+        self.cache = SlotCache(slots, context_tokens, self.torch_device, held)
         self.eager = model.config._attn_implementation == "eager"
         self.cache_argument, self.keep_argument = call_arguments(model)
 
