@@ -596,6 +596,8 @@ def main() -> None:
                         f"(default the server's: {DEFAULT_PREFILL_BATCH} for whole prompts, 1 with chunks)")
     parser.add_argument("--plan-trials", type=int, default=3, help="kernelfleet profile's --trials for the plans "
                         "cases (default 3)")
+    parser.add_argument("--plan-seconds", type=float, default=60.0, help="kernelfleet plan's --time-limit (the MILP) "
+                        "for each bucket of the plans cases (default 60)")
     args = parser.parse_args()
     settings = prefill_settings(args.prefill_chunk, args.prefill_batch)
     args.requests = args.requests or (6 if args.quick else 32)
@@ -604,8 +606,9 @@ def main() -> None:
     groups = {"capped": CAPPED, "plans": PLANNED}
     chosen = [name for given in args.cases.split(",") for name in groups.get(given, [given])]
     planned = any(name in PLANNED for name in chosen)
-    if args.plan_trials < 1:
-        raise SystemExit(f"bench.serve_gpu: --plan-trials must be at least 1, got {args.plan_trials}")
+    if args.plan_trials < 1 or not 0 < args.plan_seconds < 3600:
+        raise SystemExit(f"bench.serve_gpu: --plan-trials must be at least 1 and --plan-seconds within (0, 3600), got "
+                         f"{args.plan_trials} and {args.plan_seconds:g}")
     if planned and args.cpu:
         raise SystemExit("bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
                          "CUDA graphs); --cpu runs the other cases")
@@ -631,7 +634,8 @@ def main() -> None:
         (work / "model").mkdir(parents=True, exist_ok=True)
         (work / "model" / "config.json").write_text(config_json(LLAMA8B))  # seeded weights, as each server draws
         print(f"\nthe plans, per batch bucket, in {work} (kernelfleet profile, then plan --state-home):", flush=True)
-        cases.update((case.name, case) for case in plans_cases(*prepare(work / "model", work, 2048, args.plan_trials)))
+        cases.update((case.name, case) for case in plans_cases(*prepare(work / "model", work, 2048, args.plan_trials,
+                                                                            milp_seconds=args.plan_seconds)))
     results = [run_case(cases[name], args, trace, shape, args.out, setting) for setting in settings for name in chosen]
     report = Report(command=command_line(), device=device, torch=torch.__version__, cases=results,
                     capped_pairs=capped_pairs(results, settings), plans=plans_rows(results, settings))

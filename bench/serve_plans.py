@@ -39,7 +39,8 @@ PROFILES = ("a:64", "b:56")  # 120 SMs, what an H200 carves; the device names th
 MILP_SECONDS = 60
 
 
-def plan_commands(model: Path, out: Path, bucket: int, context: int, trials: int) -> list[list[str]]:
+def plan_commands(model: Path, out: Path, bucket: int, context: int, trials: int,
+                  milp_seconds: float = MILP_SECONDS) -> list[list[str]]:
     """The two commands that make one bucket's plans (module docstring), as argument lists."""
     profile, plans = out / f"prof-{bucket}", out / "plans" / f"batch-{bucket}"
     profiles = [x for spec in PROFILES for x in ("--profile", spec)]
@@ -47,7 +48,7 @@ def plan_commands(model: Path, out: Path, bucket: int, context: int, trials: int
     return [["profile", f"hf:{model},serve-decode,batch={bucket},slots={SLOTS},context={context}", *profiles,
              "--trials", str(trials), "--out", str(profile)],
             ["plan", str(profile / "program.json"), str(profile / "costs.json"), *devices, "--policy", "all",
-             "--state-home", "--time-limit", str(MILP_SECONDS), "--out", str(plans)]]
+             "--state-home", "--time-limit", f"{milp_seconds:g}", "--out", str(plans)]]
 
 
 def made(folder: Path) -> bool:
@@ -70,7 +71,8 @@ def kernelfleet(args: list[str], log: Path) -> None:
 
 
 def prepare(model: Path, out: Path, context: int, trials: int,
-            run: Callable[[list[str], Path], None] = kernelfleet) -> tuple[Path, Path]:
+            run: Callable[[list[str], Path], None] = kernelfleet,
+            milp_seconds: float = MILP_SECONDS) -> tuple[Path, Path]:
     """Every bucket's plans in ``out/plans`` (made where missing) and their home-alone twins in
     ``out/plans-a`` (module docstring); the two folders."""
     plans, alone = out / "plans", out / "plans-a"
@@ -79,7 +81,7 @@ def prepare(model: Path, out: Path, context: int, trials: int,
         if made(folder):
             print(f"  bucket {bucket}: plans kept from {folder}", flush=True)
         else:
-            for args in plan_commands(model, out, bucket, context, trials):
+            for args in plan_commands(model, out, bucket, context, trials, milp_seconds):
                 run(args, out / "plans.log")
         if not (folder / "single-a.json").is_file():
             raise SystemExit(f"bench.serve_gpu: {folder}: no single-a.json beside the plans (kernelfleet plan "

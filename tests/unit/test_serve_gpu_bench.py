@@ -62,7 +62,9 @@ def refused(tmp_path: Path, *flags: str) -> str:
     (["--prefill-chunk", "8", "--prefill-batch", "4"], ("bench.serve_gpu: --prefill-chunk 8 and --prefill-batch 4 leave "
      "no setting the server takes (a chunk goes with a batch of 1)")),
     (["--cases", "plans"], ("bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
-     "CUDA graphs); --cpu runs the other cases"))])
+     "CUDA graphs); --cpu runs the other cases")),
+    (["--plan-seconds", "0"], ("bench.serve_gpu: --plan-trials must be at least 1 and --plan-seconds within (0, 3600), "
+     "got 3 and 0"))])
 def test_a_bad_flag_or_a_gpu_only_case_is_one_line(tmp_path, flags, said):
     assert refused(tmp_path, *flags) == said
 
@@ -92,14 +94,14 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
             (out / f"{name}.json").write_text(f'{{"made by": "{args[0]}", "name": "{name}"}}')
 
     model = tmp_path / "model"
-    plans, alone = serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet)
+    plans, alone = serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet, milp_seconds=15)
     assert [(args[0], args[1]) for args in ran] == [
         (command, first) for bucket in (1, 2, 4, 8) for command, first in
         [("profile", f"hf:{model},serve-decode,batch={bucket},slots=8,context=2048"),
          ("plan", str(tmp_path / f"prof-{bucket}" / "program.json"))]]
     planned = [args for args in ran if args[0] == "plan"]
     assert [args[args.index("--out") + 1] for args in planned] == [str(plans / f"batch-{b}") for b in (1, 2, 4, 8)]
-    assert all("--state-home" in args for args in planned)
+    assert all("--state-home" in args and args[args.index("--time-limit") + 1] == "15" for args in planned)
     assert ran[0][2:] == ["--profile", "a:64", "--profile", "b:56", "--trials", "3", "--out", str(tmp_path / "prof-1")]
     for bucket in (1, 2, 4, 8):
         for policy in ("latency-greedy", "throughput-milp"):
