@@ -9,6 +9,7 @@ writes plans the server accepts, the cache at home; a step without state is refu
 import shutil
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -146,7 +147,7 @@ def test_keep_home_leaves_out_the_plans_that_move_the_step_off_home(program, tmp
     assert {p.policy for p in baselines(made[1])[0]} >= {"single:b", "replicas"}  # without it, both are candidates
 
 
-def test_the_weights_a_device_reads_are_those_its_launches_read_in_any_plan():
+def test_the_weights_a_device_reads_are_those_its_launches_read_in_any_plan(tmp_path):
     """On the recorded capture of the step (its program and named regions): with layer 1's MLP
     launches on b in one policy's plan and its attention output projection on b in the other's, b
     reads exactly those weights; a device no plan uses reads none."""
@@ -180,6 +181,18 @@ def test_the_weights_a_device_reads_are_those_its_launches_read_in_any_plan():
     read_anywhere = {name.removeprefix(WEIGHTS_PREFIX) for buffer, name in named.items()
                      if any(a.buffer == buffer and a.reads for x in program.launches for a in x.accesses)}
     assert weights_read(found, captures, "a", WEIGHTS_PREFIX) == read_anywhere > want
+    # the names are the model's own: the recorded step's model (bench.place_pairs' config), built
+    # holding just b's, holds exactly the bytes the capture's regions of them span
+    import torch
+    from transformers import LlamaConfig
+
+    from bench.place_pairs import SIZES
+    from kernelfleet.serve.parts import build_reading
+
+    folder = tmp_path / "llama"
+    LlamaConfig(intermediate_size=688, **SIZES).save_pretrained(folder)
+    _, held = build_reading(f"hf:{folder}", want, "cpu", 0, torch.bfloat16)
+    assert held == sum(r.size_bytes for r in raw.regions if r.name and r.name.removeprefix(WEIGHTS_PREFIX) in want)
 
 
 def test_captures_over_one_cache_save_its_bytes_once():
@@ -197,7 +210,7 @@ def test_captures_over_one_cache_save_its_bytes_once():
     cache = next(b for b in program.buffers if names[b.id] == "cache_1_keys")
     assert any(start <= cache.address and cache.address + cache.size_bytes <= end for start, end in once)
     assert written_spans([program, program]) == once
-    assert all(a[1] <= b[0] for a, b in zip(once, once[1:]))  # sorted, apart
+    assert all(a[1] <= b[0] for a, b in pairwise(once))  # sorted, apart
     moved = Program([Buffer(b.id, b.device, b.address + (1 << 40), b.size_bytes, b.role, b.name)
                      for b in program.buffers], program.launches)
     both = written_spans([program, moved])
