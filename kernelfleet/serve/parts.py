@@ -76,8 +76,8 @@ def stage_sizes(target: str, dtype: torch.dtype, context_tokens: int) -> StageSi
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    return StageSizes(_bytes(base.embed_tokens), [_bytes(layer) for layer in base.layers],
-                      _bytes(base.norm) + _bytes(model.lm_head),
+    return StageSizes(weight_bytes(base.embed_tokens), [weight_bytes(layer) for layer in base.layers],
+                      weight_bytes(base.norm) + weight_bytes(model.lm_head),
                       kv_bytes(1, kv_heads, head_dim, context_tokens, size),
                       text.vocab_size * (size + 4) + context_tokens, text.hidden_size * size + context_tokens)
 
@@ -174,7 +174,8 @@ def _rebuilt_buffers(module: Any, config: Any, device: str) -> None:
                 parent._modules[key] = type(child)(config=config.get_text_config())
 
 
-def _bytes(module: Any) -> int:
+def weight_bytes(module: Any) -> int:
+    """The bytes of ``module``'s parameters (a tied one counted once)."""
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 

@@ -68,7 +68,8 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
     backends[home] = EagerBackend(model, slots, context_tokens, home)
     captures = {size: captured(backends, profiles, [home], size) for size in sizes}
     placement = checked(found, captures, home, memory) if partial else None
-    regions = {size: (replicas[home].program, replicas[home].captured.raw.regions) for size, replicas in captures.items()}
+    regions = {size: (replicas[home].program, replicas[home].captured.raw.regions)
+               for size, replicas in captures.items()} if partial else {}
     for name, spec in profiles.items():
         if name != home:
             model, held[name] = load_model(f"cuda:{spec.device}", weights_read(found, regions, name, WEIGHTS_PREFIX)
@@ -183,7 +184,7 @@ def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int
     from kernelfleet.serve.engine import Engine
     from kernelfleet.serve.metrics import ServeMetrics
     from kernelfleet.serve.model import described, load
-    from kernelfleet.serve.parts import build_reading
+    from kernelfleet.serve.parts import build_reading, weight_bytes
 
     specs = [parse_profile(text) for text in profiles]
     if len(specs) < 2 or len({s.name for s in specs}) != len(specs):
@@ -195,7 +196,7 @@ def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int
         if names is not None:
             return build_reading(target, names, device, seed, dtype)
         model = load(target, device, seed, dtype).model
-        return model, sum(t.numel() * t.element_size() for t in model.parameters())
+        return model, weight_bytes(model)
 
     backend, entered = placed_backend(load_model, plans_root, {s.name: s for s in specs}, slots, context_tokens,
                                       metrics.registry, progress)

@@ -69,8 +69,9 @@ def planned_slots(root: Path) -> int:
 def read(root: Path, buckets: list[int]) -> dict[int, dict[str, tuple[Path, Plan]]]:
     """Both plans of every bucket (module docstring), parsed; UsageError naming what is missing."""
     found: dict[int, dict[str, tuple[Path, Plan]]] = {}
+    _folder(root)
     for bucket in buckets:
-        folder = bucket_folder(_folder(root), bucket)
+        folder = bucket_folder(root, bucket)
         if not folder.is_dir():
             raise UsageError(f"--plans {root}: no plans for batch bucket {bucket} ({folder}/; the server captures "
                              f"buckets {', '.join(map(str, buckets))}): plan hf:MODEL,serve-decode,batch={bucket} "
