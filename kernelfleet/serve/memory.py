@@ -55,8 +55,11 @@ class Footprint:
 
     def needs_bytes(self, slots: int) -> int:
         """Weights, ``slots`` slots, and the workspace."""
-        return self.weights_bytes + slots * (self.kv_bytes_per_slot + self.workspace_bytes_per_slot) + \
-            FIXED_WORKSPACE_BYTES
+        return self.weights_bytes + slots * self.kv_bytes_per_slot + self.workspace_bytes(slots)
+
+    def workspace_bytes(self, slots: int) -> int:
+        """The workspace of ``slots`` slots: their rows of logits and mask, and the fixed part."""
+        return slots * self.workspace_bytes_per_slot + FIXED_WORKSPACE_BYTES
 
     def slots_under(self, cap_bytes: int) -> int:
         """The most slots whose needs fit ``cap_bytes`` (0 when not even one does)."""
@@ -79,9 +82,21 @@ def planned_slots(footprint: Footprint, cap_bytes: int, slots: int | None, where
         raise UsageError(
             f"the model does not fit {where}: {wanted} slot{'s' * (wanted != 1)} need {need / GIB:.2f} GiB (weights "
             f"{footprint.weights_bytes / GIB:.2f} GiB, KV cache {wanted * footprint.kv_bytes_per_slot / GIB:.2f} "
-            f"GiB, workspace {(need - footprint.weights_bytes - wanted * footprint.kv_bytes_per_slot) / GIB:.2f} "
+            f"GiB, workspace {footprint.workspace_bytes(wanted) / GIB:.2f} "
             f"GiB) and the cap allows {cap_bytes / GIB:.2f} GiB; raise the cap, or lower --slots or --context")
     return wanted
+
+
+def checked_share(device: str, weights: int, cache: int, workspace: int, free: int, where: str) -> None:
+    """A device's share under ``serve --plans``: the weights its plans' launches read, the KV cache
+    they keep there and the workspace, against the ``free`` bytes of its GPU; UsageError saying what
+    the share needs otherwise."""
+    need = weights + cache + workspace
+    if need > free:
+        raise UsageError(f"device {device} does not fit {where}: its share of the plans needs {need / GIB:.2f} GiB "
+                         f"(weights {weights / GIB:.2f} GiB, KV cache {cache / GIB:.2f} GiB, workspace "
+                         f"{workspace / GIB:.2f} GiB) and {free / GIB:.2f} GiB are free; lower --slots or --context, "
+                         "or plan less onto it")
 
 
 def proportional_slots(total: int, weights: list[float]) -> list[int]:

@@ -102,20 +102,7 @@ def build_reading(target: str, names: set[str], device: str, seed: int, dtype: t
     model's names; module docstring), and the bytes of parameters it holds."""
     folder = model_folder(target)
     config = model_config(folder)
-    with torch.device("meta"):
-        module = _architecture(config, dtype)
-    params: dict[int, tuple[torch.Tensor, list[str]]] = {}  # a tied tensor has several names
-    for name, tensor in module.named_parameters(remove_duplicate=False):
-        params.setdefault(id(tensor), (tensor, []))[1].append(name)
-    unknown = sorted(names - {name for _, held in params.values() for name in held})
-    if unknown:
-        raise UsageError(f"{target}: the model has no parameter {unknown[0]} (of {len(unknown)} asked for): "
-                         "the plans were made for another model")
-    kept = {key for key, (_, held) in params.items() if names.intersection(held)}
-    largest: dict[torch.dtype, int] = {}
-    for key, (tensor, _) in params.items():
-        if key not in kept:
-            largest[tensor.dtype] = max(largest.get(tensor.dtype, 0), tensor.numel())
+    module, params, kept, largest = _reading(target, config, names, dtype)
     scratch = {kind: torch.zeros(numel, dtype=kind, device=device) for kind, numel in largest.items()}
     made = {key: torch.nn.Parameter(torch.empty(tensor.shape, dtype=tensor.dtype, device=device) if key in kept
                                     else scratch[tensor.dtype][:tensor.numel()].view(tensor.shape), requires_grad=False)
@@ -127,6 +114,35 @@ def build_reading(target: str, names: set[str], device: str, seed: int, dtype: t
     tensors = {held[0]: made[key] for key, (_, held) in params.items() if key in kept}
     _fill(folder, config, module, tensors, device, seed, dtype)
     return module, sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def reading_bytes(target: str, names: set[str], dtype: torch.dtype) -> int:
+    """What :func:`build_reading` of ``names`` allocates for parameters: those it holds and the
+    scratch the others view, from the config alone (the model is built on the meta device)."""
+    _, params, kept, largest = _reading(target, model_config(model_folder(target)), names, dtype)
+    held = sum(params[key][0].numel() * params[key][0].element_size() for key in kept)
+    return held + sum(numel * torch.empty(0, dtype=kind).element_size() for kind, numel in largest.items())
+
+
+def _reading(target: str, config: Any, names: set[str], dtype: torch.dtype) -> tuple[Any, dict, set[int], dict]:
+    """The whole model on the meta device, its parameters (by id: the tensor and its names, a tied
+    one several), the ids of those ``names`` holds, and per dtype the largest of the others (the
+    scratch they view); UsageError for a name the model does not have."""
+    with torch.device("meta"):
+        module = _architecture(config, dtype)
+    params: dict[int, tuple[torch.Tensor, list[str]]] = {}
+    for name, tensor in module.named_parameters(remove_duplicate=False):
+        params.setdefault(id(tensor), (tensor, []))[1].append(name)
+    unknown = sorted(names - {name for _, held in params.values() for name in held})
+    if unknown:
+        raise UsageError(f"{target}: the model has no parameter {unknown[0]} (of {len(unknown)} asked for): "
+                         "the plans were made for another model")
+    kept = {key for key, (_, held) in params.items() if names.intersection(held)}
+    largest: dict[torch.dtype, int] = {}
+    for key, (tensor, _) in params.items():
+        if key not in kept:
+            largest[tensor.dtype] = max(largest.get(tensor.dtype, 0), tensor.numel())
+    return module, params, kept, largest
 
 
 def _fill(folder: Path, config: Any, module: Any, tensors: dict[str, torch.Tensor], device: str, seed: int,

@@ -3,19 +3,21 @@ backend's devices, captures, plan graphs and gate (``placed.py`` runs them).
 
 In order, each failure one line: the plan folder is read (``placed_plans.read``) before any weight
 loads; the home device (``--profile NAME:SMS[+HOG]@GPU``, a green-context partition as the place
-commands take it) loads the whole model (prefill runs there) with a cache of the server's slots
+commands take it), once the model and the server's slots fit its GPU's free memory
+(``memory.planned_slots``), loads the whole model (prefill runs there) with a cache of those slots
 and captures every batch bucket's decode step (``placed_step.decode_step``,
 ``runtime/replicas.capture_each``) on the whole GPU; every plan is checked against its bucket's
-capture and for one KV placement (``placed_plans.kv_placement``); then each other device loads the
-weights its launches read in some plan (``placed_plans.weights_read``, ``parts.build_reading``;
-all of them where it captures other kernels than home: its units are matched only after capture)
-and captures the buckets too; the state every capture writes (each device's cache) is saved once;
-the partitions are carved; then each (bucket, policy) graph is built with ``resident_state`` and
-gated: run from the saved state, its logits must equal the home device's own replay of that
-capture bit for bit, or, where the devices captured different kernels (a ``--profile`` with
-``/KERNELS``, or another GPU type), agree with it within the place gate's tolerance
-(``runtime/gate.single_step_verdict``: logits cosine and near-ties, over this one decode step);
-otherwise the server does not start. Each graph keeps its verdict.
+capture and for one KV placement (``placed_plans.kv_placement``); then each other device, once its
+share fits what its GPU has left (``memory.checked_share``), loads the weights its launches read in
+some plan (``placed_plans.weights_read``, ``parts.build_reading``; all of them where it captures
+other kernels than home: its units are matched only after capture) and captures the buckets too; the
+state every capture writes (each device's cache) is saved once; the partitions are carved; then each
+(bucket, policy) graph is built with ``resident_state`` and gated: run from the saved state, its
+logits must equal the home device's own replay of that capture bit for bit, or, where the devices
+captured different kernels (a ``--profile`` with ``/KERNELS``, or another GPU type), agree with it
+within the place gate's tolerance (``runtime/gate.single_step_verdict``: logits cosine and
+near-ties, over this one decode step); otherwise the server does not start. Each graph keeps its
+verdict.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from kernelfleet.runtime.gate import passed, single_step_verdict
 from kernelfleet.runtime.monitor import Monitor
 from kernelfleet.runtime.replicas import aligned, capture_each, restore_all
 from kernelfleet.serve.backend import EagerBackend
+from kernelfleet.serve.cache import SlotCache
 from kernelfleet.serve.graphs import buckets
+from kernelfleet.serve.memory import Footprint, checked_share, planned_slots
 from kernelfleet.serve.placed import PlacedBackend, PlanGraph
 from kernelfleet.serve.placed_plans import kv_placement, plans_home, read, weights_read
 from kernelfleet.serve.placed_step import WEIGHTS_PREFIX, decode_step
@@ -43,14 +47,15 @@ from kernelfleet.serve.placed_step import WEIGHTS_PREFIX, decode_step
 
 def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]], plans_root: Path,
                    profiles: dict[str, Any], slots: int, context_tokens: int, registry: Any = None,
-                   progress: Callable[[int, int], None] | None = None,
-                   monitor: Monitor | None = None) -> tuple[PlacedBackend, list[Any]]:
+                   progress: Callable[[int, int], None] | None = None, monitor: Monitor | None = None,
+                   sizes: tuple[Footprint, Callable[[set[str]], int]] | None = None) -> tuple[PlacedBackend, list[Any]]:
     """The placed backend (module docstring) and the entered ``profile.devices.DeviceProfile`` of each
     device (keep them entered while it serves). ``load_model(torch device, names)`` loads the model
     there, holding only the weights ``names`` (None: all), with the bytes of weights it holds;
-    ``profiles``: ``profile.devices.ProfileSpec`` by the names the plans use."""
-    sizes = buckets(slots)
-    found = read(plans_root, sizes)  # before any weight loads
+    ``profiles``: ``profile.devices.ProfileSpec`` by the names the plans use; ``sizes``: the model's
+    footprint and the bytes ``load_model`` allocates for ``names``, to check that each device's share
+    fits its GPU's free memory before it loads (None: not checked)."""
+    found = read(plans_root, buckets(slots))  # before any weight loads
     from kernelfleet.profile.devices import DeviceProfile
 
     home = plans_home(found, next(iter(profiles)))
@@ -64,21 +69,27 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
     partial = all(spec.kernels == profiles[home].kernels and same_gpu(spec.device, profiles[home].device)
                   for spec in profiles.values())
     backends, held = {}, {}
+    if sizes is not None:  # home holds the whole model and every slot's cache
+        planned_slots(sizes[0], free_bytes(profiles[home].device), slots,
+                      f"under the free memory of GPU {profiles[home].device} on the home device {home}, which holds "
+                      "the whole model (prefill runs there)")
     model, held[home] = load_model(f"cuda:{profiles[home].device}", None)
     backends[home] = EagerBackend(model, slots, context_tokens, home)
-    captures = {size: captured(backends, profiles, [home], size) for size in sizes}
+    captures = {size: captured(backends, profiles, [home], size) for size in found}
     placement = checked(found, captures, home, memory) if partial else None
     regions = {size: (replicas[home].program, replicas[home].captured.raw.regions)
                for size, replicas in captures.items()} if partial else {}
     for name, spec in profiles.items():
         if name != home:
-            model, held[name] = load_model(f"cuda:{spec.device}", weights_read(found, regions, name, WEIGHTS_PREFIX)
-                                           if partial else None)
+            names = weights_read(found, regions, name, WEIGHTS_PREFIX) if partial else None
             # the caches the plans keep here; where they are not known yet (units), all
             kept = set(placement.away().get(name, [])) if placement else None
+            if sizes is not None:
+                share(name, spec.device, sizes, names, kept, backends[home].cache, slots)
+            model, held[name] = load_model(f"cuda:{spec.device}", names)
             backends[name] = EagerBackend(model, slots, context_tokens, name, kept)
     programs = []
-    for done, size in enumerate(sizes, 1):
+    for done, size in enumerate(found, 1):
         replicas = {**captures[size], **captured(backends, profiles, [n for n in profiles if n != home], size)}
         programs += [r.program for r in replicas.values()]
         captures[size] = aligned(replicas)
@@ -102,6 +113,25 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
         raise
     return PlacedBackend(backends, placement, graphs, monitor or Monitor(), launch, registry,
                          weights_held=held), entered
+
+
+def free_bytes(gpu: int) -> int:
+    """What GPU ``gpu`` can still give torch: the driver's free memory and what torch's allocator
+    holds unused."""
+    return torch.cuda.mem_get_info(gpu)[0] + torch.cuda.memory_reserved(gpu) - torch.cuda.memory_allocated(gpu)
+
+
+def share(name: str, gpu: int, sizes: tuple[Footprint, Callable[[set[str]], int]], names: set[str] | None,
+          kept: set[tuple[int, str]] | None, home: SlotCache, slots: int) -> None:
+    """Device ``name``'s share (``names``' weights, None: all; the ``kept`` caches, None: all, each
+    the size of ``home``'s, the others one scratch) checked against its GPU's free memory
+    (``memory.checked_share``) before it loads."""
+    footprint, reading = sizes
+    each = home.keys[0].numel() * home.keys[0].element_size()  # one layer's keys (or values) of every slot
+    caches = 2 * len(home.keys)
+    count = caches if kept is None else len(kept) + (len(kept) < caches)
+    checked_share(name, footprint.weights_bytes if names is None else reading(names), count * each,
+                  footprint.workspace_bytes(slots), free_bytes(gpu), f"under the free memory of GPU {gpu}")
 
 
 def checked(found: dict, captures: dict[int, dict[str, Any]], home: str, memory: dict[str, int]) -> Any:
@@ -183,8 +213,8 @@ def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int
     from kernelfleet.serve.api import serve_app
     from kernelfleet.serve.engine import Engine
     from kernelfleet.serve.metrics import ServeMetrics
-    from kernelfleet.serve.model import described, load
-    from kernelfleet.serve.parts import build_reading, weight_bytes
+    from kernelfleet.serve.model import described, footprint, load
+    from kernelfleet.serve.parts import build_reading, reading_bytes, weight_bytes
 
     specs = [parse_profile(text) for text in profiles]
     if len(specs) < 2 or len({s.name for s in specs}) != len(specs):
@@ -198,7 +228,8 @@ def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int
         model = load(target, device, seed, dtype).model
         return model, weight_bytes(model)
 
+    sizes = footprint(target, dtype, context_tokens), (lambda names: reading_bytes(target, names, dtype))
     backend, entered = placed_backend(load_model, plans_root, {s.name: s for s in specs}, slots, context_tokens,
-                                      metrics.registry, progress)
+                                      metrics.registry, progress, sizes=sizes)
     engine = Engine(backend, max_queue, metrics, prefill_chunk_tokens=prefill[0], prefill_batch=prefill[1]).start()
     return engine, serve_app(engine, described(target), token), entered

@@ -1,6 +1,7 @@
 """Sizing a served model against a device's cap: the footprint read from the config matches what
 the model and its cache really allocate; slots are sized from what is left; a plan past the cap
-is one line saying what it needs and what the cap allows."""
+is one line saying what it needs and what the cap allows; so is a device's share under ``serve
+--plans`` past its GPU's free memory."""
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from kernelfleet.serve.memory import (
     MAX_SIZED_SLOTS,
     DeviceCap,
     Footprint,
+    checked_share,
     parse_device,
     planned_slots,
 )
@@ -63,3 +65,13 @@ def test_weights_past_the_cap_leave_not_even_one_slot():
     assert model.slots_under(16 * GIB) == 0
     with pytest.raises(UsageError, match=r"1 slot need 22.00 GiB \(weights 20.00 GiB"):
         planned_slots(model, 16 * GIB, None, "here")
+
+
+def test_a_plans_share_past_the_free_memory_is_one_line_saying_what_it_needs():
+    checked_share("b", 3 * GIB, GIB, GIB, 5 * GIB, "under the free memory of GPU 0")  # exactly fits
+    with pytest.raises(UsageError) as refused:
+        checked_share("b", 3 * GIB, GIB, GIB, 5 * GIB - 1, "under the free memory of GPU 0")
+    line = str(refused.value)
+    assert "\n" not in line
+    assert line.startswith("device b does not fit under the free memory of GPU 0: its share of the plans needs "
+                           "5.00 GiB (weights 3.00 GiB, KV cache 1.00 GiB, workspace 1.00 GiB) and 5.00 GiB are free")

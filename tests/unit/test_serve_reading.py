@@ -2,14 +2,15 @@
 --plans`` loads on each device other than home): the whole model, only the named parameters
 allocated, each equal to the whole model's bit for bit (from safetensors or from the seed), every
 other parameter a view of one zeroed scratch tensor; the model still runs, and the layers whose
-weights it holds compute what the whole model's do. A name the model lacks is one line."""
+weights it holds compute what the whole model's do; what it allocates is known from the config
+before it loads (``reading_bytes``). A name the model lacks is one line."""
 
 import pytest
 import torch
 from recorded import tiny_causal_lm
 
 from kernelfleet.errors import UsageError
-from kernelfleet.serve.parts import build_reading
+from kernelfleet.serve.parts import build_reading, reading_bytes
 
 pytestmark = pytest.mark.unit
 
@@ -50,6 +51,7 @@ def test_only_the_named_parameters_are_held_and_equal_the_whole_models(saved, so
     assert all(not t.any() for t in others)
     largest = max(t.numel() for t in others) * 4
     assert sum(storages(built).values()) == held + largest < sum(storages(whole).values())
+    assert reading_bytes(f"hf:{folder}", names, torch.float32) == held + largest  # known before any allocation
     for name, buffer in whole.named_buffers():  # the rotary frequencies, computed, not left empty
         torch.testing.assert_close(dict(built.named_buffers())[name], buffer, rtol=0, atol=0)
     hidden = torch.randn(1, 3, model.config.hidden_size)
