@@ -21,7 +21,7 @@ import torch
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.serve.memory import Footprint, kv_bytes
-from kernelfleet.workloads.targets import WEIGHT_FILES, causal_lm, checked_folder
+from kernelfleet.workloads.targets import causal_lm, checked_folder
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,7 @@ class Served:
 def load(target: str, device: str = "cpu", seed: int = 0, dtype: torch.dtype = torch.float32) -> Served:
     """``hf:DIR`` loaded on ``device`` (UsageError for any other kind of target)."""
     folder = model_folder(target)
-    weights = any((folder / name).exists() for name in WEIGHT_FILES)
-    model = causal_lm(folder, device, seed, dtype) if weights or device == "cpu" else _on_device(folder, device, seed, dtype)
+    model = causal_lm(folder, device, seed, dtype)
     capturable_experts(model, device, dtype)
     return _served(folder, model, model.config, model.generation_config)
 
@@ -87,16 +86,6 @@ def model_folder(target: str) -> Path:
         raise UsageError(f"kernelfleet serve takes hf:DIR (a transformers causal LM directory), got {target!r}: "
                          "reference steps and MODULE:FACTORY targets are single steps, not generators")
     return checked_folder(Path(target[3:]))
-
-
-def _on_device(folder: Path, device: str, seed: int, dtype: torch.dtype) -> Any:
-    """The architecture of a config-only directory, built and drawn on ``device``."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)  # seeds the device's generator too: the same weights every start
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(model_config(folder), dtype=dtype)
-    return model.eval().requires_grad_(False)
 
 
 def footprint(target: str, dtype: torch.dtype, context_tokens: int) -> Footprint:

@@ -225,7 +225,8 @@ def checked_folder(folder: Path) -> Path:
 
 def causal_lm(folder: Path, device: str, seed: int, dtype: Any) -> Any:
     """The causal LM of a model directory on ``device``, in eval mode: its weights where it holds
-    them, else its architecture with weights drawn from ``seed``."""
+    them, else its architecture with weights drawn from ``seed`` on ``device`` itself (an 8B
+    Llama's draws take minutes on a CPU, seconds on a GPU; each device type draws its own)."""
     import torch
 
     try:
@@ -235,6 +236,7 @@ def causal_lm(folder: Path, device: str, seed: int, dtype: Any) -> Any:
     if any((folder / name).exists() for name in WEIGHT_FILES):
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     else:  # a config alone: the model's architecture with weights drawn from the seed
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=dtype)
+        torch.manual_seed(seed)  # seeds every device's generator: the same weights every build
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=dtype)
     return model.to(device).eval().requires_grad_(False)
