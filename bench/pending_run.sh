@@ -1,29 +1,35 @@
 #!/usr/bin/env bash
-# The GPU runs the serve and place issues still wait for, each part one device call of under
-# 10 minutes on one GPU (H200, or H100: the report names the card). Results under $OUT:
-#   bash bench/pending_run.sh serve   # both placed-server GPU tests, then `bench.serve_gpu --cases plans`
-#                                     # (the 8B's plans per bucket made by profile and plan, then served
-#                                     # three ways; the MILP held to 15 s a bucket so it all fits one call)
-#   bash bench/pending_run.sh place   # the link on this card; the Qwen2-MoE decode edge plans that
-#                                     # faulted before the sort-workspace fix; hf-mamba-decode's and
-#                                     # hf-qwen2moe-decode's same-kernel place rows again (the tail of
-#                                     # copies home; the plans that split aten.sort, now kept whole)
+# The GPU runs the serve issue still waits for, each part one device call of under 10 minutes on one
+# GPU (H200, or H100: the report names the card). Results under $OUT:
+#   bash bench/pending_run.sh serve         # `bench.serve_gpu --cases plans`: the 8B's plans per bucket made by
+#                                           # profile and plan (the MILP held to 15 s a bucket), then served three
+#                                           # ways. Resumable: the plans made so far come back in
+#                                           # $OUT/serve-plans.tgz; unpacked into .gpuwork/ (carried), the next
+#                                           # call starts from them (a bucket whose plans are there is not made again)
+#   bash bench/pending_run.sh serve-tests   # both placed-server GPU tests
+#   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans;
+#                                           # hf-mamba-decode's and hf-qwen2moe-decode's same-kernel place rows
+#                                           # (ran on an H100 on 2026-12-06: docs/validation/place-h200-pairs.md)
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
 # installs them first.
 set -u
-case "${1:-}" in serve|place) ;; *) echo "usage: bash bench/pending_run.sh serve|place" >&2; exit 2 ;; esac
+case "${1:-}" in serve|serve-tests|place) ;; *) echo "usage: bash bench/pending_run.sh serve|serve-tests|place" >&2; exit 2 ;; esac
 OUT=${OUT:-/tmp/kf-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,memory.total --format=csv > "$OUT/smi.txt"
 case "${1:-}" in
-serve)
-    timeout 170 python3 -m pytest -m gpu tests/gpu/test_serve_placed.py -s -p no:cacheprovider > "$OUT/serve_placed.txt" 2>&1
+serve-tests)
+    timeout 300 python3 -m pytest -m gpu tests/gpu/test_serve_placed.py -s -p no:cacheprovider > "$OUT/serve_placed.txt" 2>&1
     tail -5 "$OUT/serve_placed.txt"
-    timeout $((590 - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve --cases plans --plans-dir /tmp/serve-plans \
+    ;;
+serve)
+    [ -d .gpuwork/serve-plans ] && cp -r .gpuwork/serve-plans /tmp/serve-plans  # what an earlier call made
+    timeout $((580 - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve --cases plans --plans-dir /tmp/serve-plans \
         --requests 8 --plan-seconds 15 > "$OUT/serve_plans.txt" 2>&1
     cp /tmp/serve/serve_gpu.json "$OUT/" 2>/dev/null
-    tar czf "$OUT/serve-plans.tgz" -C /tmp serve-plans serve 2>/dev/null
+    # the profiles' programs are large; the plans, the log and the servers' logs come back
+    tar czf "$OUT/serve-plans.tgz" -C /tmp --exclude='prof-*' serve-plans serve 2>/dev/null
     grep -v '^{' "$OUT/serve_plans.txt" | tail -40
     ;;
 place)
