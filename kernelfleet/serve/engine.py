@@ -28,7 +28,8 @@ Which backend prefills and which decodes a request is the :class:`~kernelfleet.s
 (one device, request distribution, prefill/decode split, layer pipeline); a plain backend is the
 ``single`` one. Busy time is counted per device: a backend's forwards under its ``device``, or,
 for a backend with a ``busy`` attribute (the pipeline's, over several devices), by the backend
-itself through that callback.
+itself through that callback. A backend with a ``queued`` method (the placed backend, whose online
+monitor counts it) is told how long each request it admits waited in the queue.
 
 Tokens go to each request's ``sink`` (called on the engine's thread: the API hands them to its
 event loop) as ``sink(token_id, finish_reason)``, ``finish_reason`` None until the last token;
@@ -191,6 +192,7 @@ class Engine:
                     self._gauges()
                 if not admitted:
                     return ran
+                self._queued(admitted)
                 self.partial = admitted[0]
             slot, request = self.partial
             count = len(request.prompt) - request.prefilled
@@ -213,6 +215,7 @@ class Engine:
         with self._wake:
             admitted = self.scheduler.admit(most=self._batch_size())
             self._gauges()
+        self._queued(admitted)
         prefiller = self.strategy.prefill_on
         groups: dict[int | None, list[tuple[int, Request]]] = {}
         for slot, request in admitted:
@@ -233,6 +236,15 @@ class Engine:
                 if self._took(slot, request, len(request.prompt), row):  # staging slot ``row`` under split
                     self._next(slot, request, logits[row])
         return bool(admitted)
+
+    def _queued(self, admitted: list[tuple[int, Request]]) -> None:
+        """Each admitted request's wait in the queue, told to its backend where the backend takes it
+        (``queued``: the placed backend's online monitor counts it in the request's latency)."""
+        now = self.clock()
+        for slot, request in admitted:
+            index, local = self.strategy.locate(slot)
+            if hasattr(backend := self.strategy.backends[index], "queued"):
+                backend.queued(local, now - request.arrival_seconds)
 
     def _batch_size(self) -> int:
         """How many waiting requests the next batched prefill takes: at most ``prefill_batch``, oldest

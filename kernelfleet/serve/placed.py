@@ -20,9 +20,13 @@ graph backend's single-device decode graph:
   per layer and device.)
 
 The monitor gets one record per running request per step: latency = the time since that request's
-previous token (its prefill or last decode), execution = the step's own time; so the ratio rises
-when the loop spends its time elsewhere than the request's step (other requests' prefills, a batch
-grown past its bucket), Tessera's sign of load. ``/metrics`` gets the monitor's switches
+previous token (its prefill or last decode), and in its first step also the time it waited in the
+engine's queue before its slot (``queued``); execution = the step's own time. Summed over a
+request's steps these are Tessera's latency (arrival to completion, less the prefill) and execution
+time, so the ratio rises when requests queue for slots, or when the loop spends its time elsewhere
+than the request's step (other requests' prefills, a batch grown past its bucket): Tessera's signs
+of load. (Without the queue's wait it saw only the prefills between steps: 32 clients on 2 slots
+switched the plan on an H200 but not on an H100, 2026-12-06.) ``/metrics`` gets the monitor's switches
 (``kernelfleet_serve_plan_switches_total``) and the steps run under each policy
 (``kernelfleet_serve_plan_steps_total{policy}``).
 
@@ -92,6 +96,7 @@ class PlacedBackend:
         self.sizes = sorted(graphs)
         self.away = placement.away()  # device -> the caches it keeps
         self._last_token_seconds: dict[int, float] = {}
+        self._waited: dict[int, float] = {}  # slot -> its request's wait in the queue, until its first step
         self.switches, self.steps = plan_metrics(registry)
         self._switches_seen = monitor.switches
 
@@ -102,6 +107,11 @@ class PlacedBackend:
             for policy, graph in policies.items():
                 found.setdefault(graph.gate or "not gated", []).append(f"bucket {size} {policy}")
         return found
+
+    def queued(self, slot: int, seconds: float) -> None:
+        """The engine admitted the request now in ``slot`` after ``seconds`` in its queue: counted in
+        the latency of its first decode step (module docstring)."""
+        self._waited[slot] = seconds
 
     def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
         """A prompt, or its chunk at ``start``, on the home device (backend.py's ``prefill``)."""
@@ -142,7 +152,7 @@ class PlacedBackend:
         done = self.clock()
         for slot in slots:
             last = self._last_token_seconds.get(slot, started)  # its prefill's end, or its previous token's
-            self.monitor.finished(Finished(done, done - last, done - started))
+            self.monitor.finished(Finished(done, done - last + self._waited.pop(slot, 0.0), done - started))
             self._last_token_seconds[slot] = done
         self.steps.labels(policy).inc()
         self.switches.inc(self.monitor.switches - self._switches_seen)

@@ -164,3 +164,23 @@ def test_greedy_tokens_equal_generate_and_the_monitor_switches_only_between_step
     assert "kernelfleet_serve_plan_switches_total 1.0" in exposition
     assert f'kernelfleet_serve_plan_steps_total{{policy="latency"}} {float(used.count(LATENCY))}' in exposition
     assert f'kernelfleet_serve_plan_steps_total{{policy="throughput"}} {float(used.count(THROUGHPUT))}' in exposition
+
+
+@pytest.mark.parametrize("waited", [0.0, 30.0])
+def test_a_requests_wait_in_the_queue_counts_in_its_latency_and_switches_the_plan(placed, waited):
+    """Tessera's latency runs from arrival: requests that waited for a slot are load even when
+    nothing runs between the steps (the backend's clock advances a millisecond a read, so without a
+    wait each token's latency is two or three steps' reads and the ratio stays below beta)."""
+    backend, null, metrics, clock, model = placed
+    backend.monitor = Monitor(window_seconds=0.01, beta=10.0, patience=1)  # a decision every few steps
+    arrivals = Clock()
+    engine = Engine(backend, len(PROMPTS), metrics, clock=arrivals)
+    got: list[list[int]] = [[] for _ in PROMPTS[:SLOTS]]
+    for prompt, tokens in zip(PROMPTS, got):
+        engine.submit(prompt, 8, frozenset(), Sampling(temperature=0.0), lambda t, f, tokens=tokens: tokens.append(t))
+    arrivals.seconds += waited  # the requests wait this long before the loop admits them
+    while engine.step():
+        pass
+    assert got == [reference(model, p, 8, eos=False) for p in PROMPTS[:SLOTS]]
+    assert backend.monitor.switches == (1 if waited else 0)
+    assert backend.monitor.policy == (THROUGHPUT if waited else LATENCY)
