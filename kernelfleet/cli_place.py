@@ -177,18 +177,38 @@ def profile_command(
                                                flush_l2_mb << 20, out, measure_link)
         Console().print(done)
         return
+    said = _phases()
     captured, program = analysis.capture_step(target, record_ops=ops)
+    said(f"captured the step: {len(program.launches)} launches")
     whole = ProfileSpec("whole")
     with Progress(transient=True) as bar:
         task = bar.add_task("timing kernels", total=len(program.launches) * (len(specs) + 1))
         seconds = run.time_on(captured, specs + [whole], lambda n: bar.advance(task, n), trials, flush_l2_mb << 20)
+    said(f"timed each launch on {len(specs) + 1} profiles, {trials} trials")
     # the whole step as a graph on each device: alone, free, and with the other devices busy (the whole GPU
     # overlaps the partitions, so it runs on the first device's captures and is never timed together)
     chains = analysis.step_chains(target, specs, {(specs[0].device, specs[0].kernels): captured})
+    said(f"captured {sum(map(len, chains.values())) - 1} replicas of the step for the whole-step graphs")
     graphs = run.step_times({**chains, whole.name: chains[specs[0].name]}, specs + [whole],
                             together=[spec.name for spec in specs], measure_link=measure_link)
+    said("timed the whole-step graphs")
     done = analysis.write_profile(captured, program, seconds, out, graphs)
     Console().print(done)
+
+
+def _phases():
+    """``said(what)``: one line on stderr for each phase of a long command, with its seconds (a
+    progress bar shows nothing where the output is not a terminal, e.g. a batch job's log)."""
+    import time
+
+    last = [time.perf_counter()]
+
+    def said(what: str) -> None:
+        now = time.perf_counter()
+        err.print(f"  {what} ({now - last[0]:.1f} s)", markup=False, highlight=False)
+        last[0] = now
+
+    return said
 
 
 def profile_merge_command(
