@@ -70,9 +70,13 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
                   for spec in profiles.values())
     backends, held = {}, {}
     if sizes is not None:  # home holds the whole model and every slot's cache
-        planned_slots(sizes[0], free_bytes(profiles[home].device), slots,
-                      f"under the free memory of GPU {profiles[home].device} on the home device {home}, which holds "
-                      "the whole model (prefill runs there)")
+        try:
+            planned_slots(sizes[0], free_bytes(profiles[home].device), slots,
+                          f"under the free memory of GPU {profiles[home].device} on the home device {home}, which "
+                          "holds the whole model (prefill runs there)")
+        except UsageError as exc:
+            raise UsageError(f"{exc} (a model larger than one device is served by --strategy pipeline, each device "
+                             "holding its stage's layers)") from None
     model, held[home] = load_model(f"cuda:{profiles[home].device}", None)
     backends[home] = EagerBackend(model, slots, context_tokens, home)
     captures = {size: captured(backends, profiles, [home], size) for size in found}
