@@ -7,9 +7,11 @@
 #                                           # $OUT/serve-plans.tgz; unpacked into .gpuwork/ (carried), the next
 #                                           # call starts from them (a bucket whose plans are there is not made again)
 #   bash bench/pending_run.sh serve-tests   # both placed-server GPU tests
-#   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans;
-#                                           # hf-mamba-decode's and hf-qwen2moe-decode's same-kernel place rows
-#                                           # (ran on an H100 on 2026-12-06: docs/validation/place-h200-pairs.md)
+#   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
+#                                           # an H200; on an H100 on 2026-12-06 all ran); the two same-kernel rows
+#                                           # that missed on the H200: hf-mamba-decode (its pipeline's tail of
+#                                           # copies home) and hf-qwen2moe-prefill (request distribution's shared
+#                                           # factor); docs/validation/place-h200-pairs.md
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
 # installs them first.
 set -u
@@ -40,7 +42,7 @@ place)
         --link $link > "$OUT/edge_qwen2moe.txt" 2>&1
     tail -15 "$OUT/edge_qwen2moe.txt"
     timeout $((590 - SECONDS)) python3 -m bench.place_pairs --out /tmp/place/pairs --targets hf-mamba-decode \
-        hf-qwen2moe-decode --pairs same --budget-s $((480 - SECONDS)) > "$OUT/place_pairs.txt" 2>&1
+        hf-qwen2moe-prefill --pairs same --budget-s $((480 - SECONDS)) > "$OUT/place_pairs.txt" 2>&1
     tail -15 "$OUT/place_pairs.txt"
     tar czf "$OUT/place.tgz" -C /tmp place
     ;;
