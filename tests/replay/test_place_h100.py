@@ -47,7 +47,8 @@ def test_every_qwen2moe_decode_edge_plan_ran_and_passed_the_bit_exact_gate():
     # as the plan that faulted on the H200 did, plans here copied what a sort reads from the other device
     sorts = {launch.index for launch in program.launches if launch.op == "aten.sort.default"}
     assert len(sorts) == 10  # two calls of five launches each
-    fed = [name for name, _, assignment in made if any(t.reader in sorts for t in transfers(program, assignment, "a", True))]
+    fed = [name for name, _, assignment in made
+           if any(t.reader in sorts for t in transfers(program, assignment, "a", True))]
     assert len(fed) >= 4, fed  # 6 of the 14
 
 
