@@ -131,7 +131,8 @@ def share(name: str, gpu: int, sizes: tuple[Footprint, Callable[[set[str]], int]
     the size of ``home``'s, the others one scratch) checked against its GPU's free memory
     (``memory.checked_share``) before it loads."""
     footprint, reading = sizes
-    each = home.keys[0].numel() * home.keys[0].element_size()  # one layer's keys (or values) of every slot
+    one = next(iter(home.keys.values()))  # one layer's keys (or values) of every slot
+    each = one.numel() * one.element_size()
     caches = 2 * len(home.keys)
     count = caches if kept is None else len(kept) + (len(kept) < caches)
     checked_share(name, footprint.weights_bytes if names is None else reading(names), count * each,

@@ -226,7 +226,7 @@ def checked_folder(folder: Path) -> Path:
 def causal_lm(folder: Path, device: str, seed: int, dtype: Any) -> Any:
     """The causal LM of a model directory on ``device``, in eval mode: its weights where it holds
     them, else its architecture with weights drawn from ``seed`` on ``device`` itself (an 8B
-    Llama's draws take minutes on a CPU, seconds on a GPU; each device type draws its own)."""
+    Llama's draws take minutes on a CPU, seconds on a GPU; the CPU's draws differ from a GPU's)."""
     import torch
 
     try:
