@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU runs the serve issue still waits for, each part one device call of under 10 minutes on one
-# GPU (H200, or H100: the report names the card). Results under $OUT:
+# The GPU runs the serve and place issues still wait for, each part one device call of under 10 minutes on one
+# GPU (H200, or H100: the report names the card); several modes run in one call, in order (e.g.
+# `place serve-tests`, about 5 minutes). Results under $OUT:
 #   bash bench/pending_run.sh serve         # `bench.serve_gpu --cases plans`: the 8B's plans per bucket made by
 #                                           # profile and plan (the MILP held to 15 s a bucket), then served three
 #                                           # ways. Resumable: the plans made so far come back in
@@ -15,12 +16,16 @@
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
 # installs them first.
 set -u
-case "${1:-}" in serve|serve-tests|place) ;; *) echo "usage: bash bench/pending_run.sh serve|serve-tests|place" >&2; exit 2 ;; esac
+[ $# -gt 0 ] || set -- usage
+for mode in "$@"; do
+    case "$mode" in serve|serve-tests|place) ;; *) echo "usage: bash bench/pending_run.sh serve|serve-tests|place ..." >&2; exit 2 ;; esac
+done
 OUT=${OUT:-/tmp/kf-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,memory.total --format=csv > "$OUT/smi.txt"
-case "${1:-}" in
+for mode in "$@"; do  # several in one call share its 10 minutes (the timeouts count from the call's start)
+case "$mode" in
 serve-tests)
     timeout 300 python3 -m pytest -m gpu tests/gpu/test_serve_placed.py -s -p no:cacheprovider > "$OUT/serve_placed.txt" 2>&1
     tail -5 "$OUT/serve_placed.txt"
@@ -47,3 +52,4 @@ place)
     tar czf "$OUT/place.tgz" -C /tmp place
     ;;
 esac
+done
