@@ -286,7 +286,8 @@ def free_port() -> int:
 class ServeCommand:
     """``kernelfleet serve ARGS --listen 127.0.0.1:PORT`` in its own process, as a user runs it:
     ``url`` once ``/healthz`` answers; on the way out it gets Ctrl-C, and ``returncode`` and ``err``
-    (its stderr) are what it left."""
+    (its stderr) are what it left. One that has not exited a minute after Ctrl-C gets SIGABRT, whose
+    faulthandler dump of every thread's stack is in the AssertionError that follows."""
 
     def __init__(self, *args: str, startup_seconds: float = 300) -> None:
         self.args, self.startup_seconds = args, startup_seconds
@@ -301,8 +302,8 @@ class ServeCommand:
 
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.process = subprocess.Popen([sys.executable, "-m", "kernelfleet", "serve", *self.args, "--listen",
-                                         f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "kernelfleet", "serve", *self.args,
+                                         "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + self.startup_seconds
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.process.stderr.read()
@@ -316,9 +317,16 @@ class ServeCommand:
 
     def __exit__(self, *exc) -> None:
         import signal
+        import subprocess
 
         self.process.send_signal(signal.SIGINT)
-        _, self.err = self.process.communicate(timeout=60)
+        try:
+            _, self.err = self.process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack, then it ends
+            _, self.err = self.process.communicate(timeout=60)
+            raise AssertionError(f"kernelfleet serve did not exit within 60 s of Ctrl-C; its stderr:\n"
+                                 f"{self.err[-6000:]}") from None
         self.returncode = self.process.returncode
 
 
