@@ -6,7 +6,9 @@
 #                                           # profile and plan (the MILP held to 15 s a bucket), then served three
 #                                           # ways. Resumable: the plans made so far come back in
 #                                           # $OUT/serve-plans.tgz; unpacked into .gpuwork/ (carried), the next
-#                                           # call starts from them (a bucket whose plans are there is not made again)
+#                                           # call starts from them (a bucket whose plans are there is not made again).
+#                                           # An H200: profile holds the step four times (the capture and three
+#                                           # replicas for its whole-step graphs), ~72 GB for the 8B at 8 slots
 #   bash bench/pending_run.sh serve-tests   # both placed-server GPU tests
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
 #                                           # an H200; on an H100 on 2026-12-06 all ran); the two same-kernel rows
