@@ -47,14 +47,14 @@ from kernelfleet.serve.placed_step import WEIGHTS_PREFIX, decode_step
 
 def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]], plans_root: Path,
                    profiles: dict[str, Any], slots: int, context_tokens: int, registry: Any = None,
-                   progress: Callable[[int, int], None] | None = None, monitor: Monitor | None = None,
-                   sizes: tuple[Footprint, Callable[[set[str]], int]] | None = None) -> tuple[PlacedBackend, list[Any]]:
+                   progress: Callable[[int, int], None] | None = None, monitor: Monitor | None = None, *,
+                   sizes: tuple[Footprint, Callable[[set[str]], int]]) -> tuple[PlacedBackend, list[Any]]:
     """The placed backend (module docstring) and the entered ``profile.devices.DeviceProfile`` of each
     device (keep them entered while it serves). ``load_model(torch device, names)`` loads the model
     there, holding only the weights ``names`` (None: all), with the bytes of weights it holds;
     ``profiles``: ``profile.devices.ProfileSpec`` by the names the plans use; ``sizes``: the model's
     footprint and the bytes ``load_model`` allocates for ``names``, to check that each device's share
-    fits its GPU's free memory before it loads (None: not checked)."""
+    fits its GPU's free memory before it loads."""
     found = read(plans_root, buckets(slots))  # before any weight loads
     from kernelfleet.profile.devices import DeviceProfile
 
@@ -69,14 +69,13 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
     partial = all(spec.kernels == profiles[home].kernels and same_gpu(spec.device, profiles[home].device)
                   for spec in profiles.values())
     backends, held = {}, {}
-    if sizes is not None:  # home holds the whole model and every slot's cache
-        try:
-            planned_slots(sizes[0], free_bytes(profiles[home].device), slots,
-                          f"under the free memory of GPU {profiles[home].device} on the home device {home}, which "
-                          "holds the whole model (prefill runs there)")
-        except UsageError as exc:
-            raise UsageError(f"{exc} (a model larger than one device is served by --strategy pipeline, each device "
-                             "holding its stage's layers)") from None
+    try:  # home holds the whole model and every slot's cache
+        planned_slots(sizes[0], free_bytes(profiles[home].device), slots,
+                      f"under the free memory of GPU {profiles[home].device} on the home device {home}, which holds "
+                      "the whole model (prefill runs there)")
+    except UsageError as exc:
+        raise UsageError(f"{exc} (a model larger than one device is served by --strategy pipeline, each device "
+                         "holding its stage's layers)") from None
     model, held[home] = load_model(f"cuda:{profiles[home].device}", None)
     backends[home] = EagerBackend(model, slots, context_tokens, home)
     captures = {size: captured(backends, profiles, [home], size) for size in found}
@@ -88,8 +87,7 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
             names = weights_read(found, regions, name, WEIGHTS_PREFIX) if partial else None
             # the caches the plans keep here; where they are not known yet (units), all
             kept = set(placement.away().get(name, [])) if placement else None
-            if sizes is not None:
-                share(name, spec.device, sizes, names, kept, backends[home].cache, slots)
+            share(name, spec.device, sizes, names, kept, backends[home].cache, slots)
             model, held[name] = load_model(f"cuda:{spec.device}", names)
             backends[name] = EagerBackend(model, slots, context_tokens, name, kept)
     programs = []
