@@ -9,7 +9,7 @@
 #                                           # call starts from them (a bucket whose plans are there is not made again).
 #                                           # An H200: profile holds the step four times (the capture and three
 #                                           # replicas for its whole-step graphs), ~72 GB for the 8B at 8 slots
-#   bash bench/pending_run.sh serve-tests   # both placed-server GPU tests
+#   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (at most 7 minutes)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
 #                                           # an H200; on an H100 on 2026-12-06 all ran); the two same-kernel rows
 #                                           # that missed on the H200: hf-mamba-decode (its pipeline's tail of
@@ -29,7 +29,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,m
 for mode in "$@"; do  # several in one call share its 10 minutes (the timeouts count from the call's start)
 case "$mode" in
 serve-tests)
-    timeout 300 python3 -m pytest -m gpu tests/gpu/test_serve_placed.py -s -p no:cacheprovider > "$OUT/serve_placed.txt" 2>&1
+    timeout 420 python3 -m pytest -m gpu tests/gpu/test_serve_placed.py -s -p no:cacheprovider > "$OUT/serve_placed.txt" 2>&1
     tail -5 "$OUT/serve_placed.txt"
     ;;
 serve)

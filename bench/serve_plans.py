@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kernelfleet.plan.model import PLANNED_PROGRAM
 from kernelfleet.serve.graphs import buckets
 from kernelfleet.serve.placed_plans import POLICIES
 
@@ -52,7 +53,7 @@ def plan_commands(model: Path, out: Path, bucket: int, context: int, trials: int
 
 
 def made(folder: Path) -> bool:
-    return all((folder / f"{file}.json").is_file() for file in POLICIES.values())
+    return all((folder / name).is_file() for name in (*(f"{file}.json" for file in POLICIES.values()), PLANNED_PROGRAM))
 
 
 def kernelfleet(args: list[str], log: Path) -> None:
@@ -90,6 +91,7 @@ def prepare(model: Path, out: Path, context: int, trials: int,
         home.mkdir(parents=True, exist_ok=True)
         for file in POLICIES.values():
             shutil.copyfile(folder / "single-a.json", home / f"{file}.json")
+        shutil.copyfile(folder / PLANNED_PROGRAM, home / PLANNED_PROGRAM)
     return plans, alone
 
 

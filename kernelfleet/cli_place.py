@@ -298,7 +298,7 @@ def plan_command(
         console.print(f"with {in_flight} requests in flight the fastest is {best[1]} ({command.seconds(best[0])} per "
                       "request, predicted for the executor)", markup=False, highlight=False)
     if out is not None:
-        for path in command.write(plans, chosen, out):
+        for path in command.write(plans, chosen, out, done.problem.program):
             err.print(f"wrote {path}")
     if gantt is not None:
         from kernelfleet.plan.gantt import draw

@@ -25,10 +25,11 @@ DTYPES = ("bfloat16", "float16", "float32")
 CPU_SLOTS = 4  # the CPU's default: tiny models, a few requests at once
 DeviceOption = typer.Option(None, "--device", show_default=False, help="NAME:MEMORY_GB[@GPU]: a GPU (default 0), its "
                             "name in the metrics, and the memory the weights and the KV cache must fit; twice or more "
-                            "for --strategy replicas, split or pipeline (with --cpu: NAME:MEMORY_GB, CPU twins).")
+                            "for --strategy replicas, split or pipeline (with --cpu: NAME:MEMORY_GB, CPU twins); with --plans, "
+                            "NAME:MEMORY_GB caps the --profile NAME.")
 
 PlansOption = typer.Option(None, "--plans", help="Decode through kernelfleet's plans: DIR/batch-B/ per batch bucket, "
-                           "each with latency-greedy.json and throughput-milp.json (docs/serve.md; not yet shown on a GPU).")
+                           "each with latency-greedy.json, throughput-milp.json and program.json (docs/serve.md).")
 ProfileOption = typer.Option(None, "--profile", help="With --plans: NAME:SMS[+HOG]@GPU, each device the plans name "
                              "(twice or more).")
 
@@ -76,11 +77,12 @@ def serve(
     from kernelfleet.serve.memory import parse_device
     from kernelfleet.serve.strategies import checked_strategy
 
-    checked_strategy(strategy, [parse_device(spec).name for spec in devices])
-    if plans is not None or profile:
-        return _placed(target, plans, profile or [], cpu or bool(devices) or strategy != "single", listen,
+    names = [parse_device(spec).name for spec in devices]
+    if plans is not None or profile:  # its --device caps the profiles
+        return _placed(target, plans, profile or [], devices, cpu or strategy != "single", listen,
                        allow_remote, token, slots, max_queue, context, dtype, seed,
                        (prefill_chunk, checked_prefill(prefill_chunk, prefill_batch)))
+    checked_strategy(strategy, names)
     if cpu and devices and strategy == "single":
         raise UsageError("--device names a GPU; with --cpu the model runs on the CPU: pass one or the other")
     token = given_token(token)
@@ -163,15 +165,17 @@ def serve(
     run(engine, app, sock)
 
 
-def _placed(target: str, plans: Path | None, profiles: list[str], other: bool, listen: str, allow_remote: bool,
+def _placed(target: str, plans: Path | None, profiles: list[str], caps: list[str], other: bool, listen: str,
+            allow_remote: bool,
             token: str | None, slots: int | None, max_queue: int, context: int | None, dtype: str | None,
             seed: int, prefill: tuple[int | None, int]) -> None:
     """``--plans DIR --profile ...``: the placed backend (serve/placed_build.py) behind the same API;
-    ``prefill``: the engine's prompt tokens a step and whole prompts a forward (engine.py)."""
+    ``caps``: ``--device NAME:MEMORY_GB``, what a profile may hold; ``prefill``: the engine's prompt
+    tokens a step and whole prompts a forward (engine.py)."""
     from kernelfleet.fleet.listener import bind, given_token, listen_address
 
     if plans is None or other:
-        raise UsageError("--plans DIR and --profile go together, on GPUs, without --cpu, --device or --strategy")
+        raise UsageError("--plans DIR and --profile go together, on GPUs, without --cpu or --strategy")
     import torch
 
     from kernelfleet.serve.command import checked_sizes
@@ -187,7 +191,8 @@ def _placed(target: str, plans: Path | None, profiles: list[str], other: bool, l
     started = time.perf_counter()
     try:
         engine, app, entered = placed_server(target, plans, profiles, slots, max_queue, tokens_per_slot,
-                                             token, seed, getattr(torch, dtype or "bfloat16"), prefill=prefill)
+                                             token, seed, getattr(torch, dtype or "bfloat16"), prefill=prefill,
+                                             caps=caps)
     except BaseException:
         sock.close()
         raise
@@ -195,10 +200,15 @@ def _placed(target: str, plans: Path | None, profiles: list[str], other: bool, l
     err.print(f"kernelfleet serve: {target} through the plans of {plans} on {', '.join(profiles)} "
               f"(buckets {', '.join(map(str, engine.backend.sizes))}, captured and gated in "
               f"{time.perf_counter() - started:.1f} s) on http://{host}:{port}/v1", markup=False, highlight=False)
+    from kernelfleet.serve.parts import weight_bytes
+
     held, home = engine.backend.weights_held, engine.backend.placement.home
-    err.print("  weights held: " + ", ".join(f"{name} {size / 2**30:.2f} GiB ({size / max(held[home], 1):.0%})"
+    whole = weight_bytes(engine.backend.whole.model)
+    err.print("  weights held: " + ", ".join(f"{name} {size / 2**30:.2f} GiB ({size / whole:.0%})"
                                              for name, size in held.items())
-              + f" (the home device, {home}, holds them all: prefill runs there)", markup=False, highlight=False)
+              + (f" (the home device, {home}, holds them all: prefill runs there)" if held[home] >= whole else
+                 f" (prefill runs on the home device, {home}, over every device's share)"),
+              markup=False, highlight=False)
     for said, graphs in engine.backend.gates().items():
         err.print(f"  gate: {said}: {len(graphs)} plan graph{'s' if len(graphs) > 1 else ''} ({', '.join(graphs)})",
                   markup=False, highlight=False)

@@ -21,7 +21,7 @@ from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.baselines import baselines
 from kernelfleet.plan.links import check_link
-from kernelfleet.plan.model import STATE_HOME, Device, Link, Plan, Problem
+from kernelfleet.plan.model import PLANNED_PROGRAM, STATE_HOME, Device, Link, Plan, Problem
 from kernelfleet.plan.model import state_home as pin_state
 from kernelfleet.plan.policy import throughput
 from kernelfleet.plan.slots import fastest_mode
@@ -332,8 +332,9 @@ def seconds(value: float) -> str:
     )
 
 
-def write(plans: list[Plan], chosen: Plan | None, out: Path) -> list[Path]:
-    """The chosen plan to ``out``; with no chosen plan ("all"), every plan into the folder ``out``."""
+def write(plans: list[Plan], chosen: Plan | None, out: Path, program: Program) -> list[Path]:
+    """The chosen plan to ``out``; with no chosen plan ("all"), every plan into the folder ``out``,
+    with the ``program`` they place (as planned: pins included) as :data:`PLANNED_PROGRAM`."""
     try:
         if chosen is not None:
             out.write_text(chosen.to_json())
@@ -342,6 +343,7 @@ def write(plans: list[Plan], chosen: Plan | None, out: Path) -> list[Path]:
         paths = [out / (plan.policy.replace(":", "-") + ".json") for plan in plans]
         for plan, path in zip(plans, paths):
             path.write_text(plan.to_json())
-        return paths
+        program.save(out / PLANNED_PROGRAM)
+        return paths + [out / PLANNED_PROGRAM]
     except OSError as exc:
         raise UsageError(f"{out}: cannot write ({exc.strerror})") from exc

@@ -47,6 +47,9 @@ PLAN_FORMAT = 1
 # (``plan/slots.py``); a plan says which its policy predicted fastest. Plans written before the
 # field run as they did: sequential.
 SLOT_MODES = ("sequential", "free", "scheduled")
+# beside a folder of plans (``kernelfleet plan --policy all --out``): the program they place (``kernelfleet serve
+# --plans`` reads which weights each device's launches read from it before any weight loads)
+PLANNED_PROGRAM = "program.json"
 
 
 @dataclass(frozen=True, slots=True)

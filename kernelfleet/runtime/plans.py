@@ -23,7 +23,7 @@ from kernelfleet.costs.table import CostTable
 from kernelfleet.documents import read_text
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Program
-from kernelfleet.plan.model import Device, Link, Plan, Problem
+from kernelfleet.plan.model import PLANNED_PROGRAM, Device, Link, Plan, Problem
 from kernelfleet.plan.validate import check
 
 UNKNOWN_BYTES_PER_SECOND = math.inf  # a link the runtime has not measured
@@ -61,11 +61,12 @@ def checked(problem: Problem, plan: Plan, where: str) -> Plan:
 
 
 def load(path: Path, problem: Problem) -> dict[str, Plan]:
-    """The plans of ``path`` — a plan file, or a folder whose every ``*.json`` is one — by policy,
-    each checked against ``problem``. A folder's request-distribution plans (no assignment) are
-    left out: a benchmark measures request distribution as a strategy of its own."""
+    """The plans of ``path`` — a plan file, or a folder whose every ``*.json`` but the program they
+    place (``PLANNED_PROGRAM``) is one — by policy, each checked against ``problem``. A folder's
+    request-distribution plans (no assignment) are left out: a benchmark measures request
+    distribution as a strategy of its own."""
     if path.is_dir():
-        found = [(p, read(p)) for p in sorted(path.glob("*.json"))]
+        found = [(p, read(p)) for p in sorted(path.glob("*.json")) if p.name != PLANNED_PROGRAM]
         found = [(p, plan) for p, plan in found if plan.assignment]
     elif path.is_file():
         found = [(path, read(path))]

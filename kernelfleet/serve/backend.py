@@ -75,16 +75,16 @@ def call_arguments(model: torch.nn.Module) -> tuple[str, str]:
 
 class EagerBackend:
     """A transformers causal LM run eagerly, its KV cache a :class:`SlotCache` of ``slots`` slots
-    (``held``: the layers' caches it keeps, as SlotCache takes it); ``device_name`` names it in the
-    metrics (default: torch's name of its device)."""
+    (``held``: the layers' caches it keeps, as SlotCache takes it; ``cache``: another backend's to
+    share, in its place); ``device_name`` names it in the metrics (default: torch's name of its device)."""
 
     def __init__(self, model: torch.nn.Module, slots: int, context_tokens: int, device_name: str | None = None,
-                 held: set[tuple[int, str]] | None = None) -> None:
+                 held: set[tuple[int, str]] | None = None, cache: SlotCache | None = None) -> None:
         self.model, self.slots, self.context_tokens = model, slots, context_tokens
         parameter = next(model.parameters())
         self.torch_device, self.dtype = str(parameter.device), parameter.dtype
         self.device = device_name or self.torch_device
-        self.cache = SlotCache(slots, context_tokens, self.torch_device, held)
+        self.cache = cache if cache is not None else SlotCache(slots, context_tokens, self.torch_device, held)
         self.eager = model.config._attn_implementation == "eager"
         self.cache_argument, self.keep_argument = call_arguments(model)
 

@@ -25,7 +25,8 @@ no parameters). Only then is what is left allocated on the device, and filled:
 which only the named parameters are allocated and filled; every other parameter is a view of one
 zeroed scratch tensor (per dtype) as large as the largest of them, so the model still runs (and a
 CUDA graph of it captures) while the kernels that read those parameters are never the device's
-(``kernelfleet serve --plans``: each away device holds the weights its plans' launches read).
+(``kernelfleet serve --plans``: each device holds the weights its plans' launches read), and
+:func:`joined` makes the whole model of such shares again without allocating their weights.
 """
 
 from __future__ import annotations
@@ -114,6 +115,28 @@ def build_reading(target: str, names: set[str], device: str, seed: int, dtype: t
     tensors = {held[0]: made[key] for key, (_, held) in params.items() if key in kept}
     _fill(folder, config, module, tensors, device, seed, dtype)
     return module, sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def joined(models: list[tuple[Any, set[str] | None]]) -> Any:
+    """One model whose every parameter is the tensor of the first of ``models`` (each a model of
+    :func:`build_reading` and the names it holds, None: all) that holds it, nothing allocated but
+    copies of the first one's buffers: under ``serve --plans`` the home device's view of the whole
+    model where it holds only part (prefill and the gate's reference run on it). The models must be
+    on one torch device (the partitions of one GPU share it); UsageError where a parameter is held
+    by none of them."""
+    first = models[0][0]
+    device = next(first.parameters()).device
+    memo: dict[int, Any] = {}
+    for name, tensor in first.named_parameters(remove_duplicate=False):
+        holder = next((model for model, names in models if names is None or name in names), None)
+        if holder is None:
+            raise UsageError(f"no device holds the weight {name}: the plans never read it, yet the model needs it")
+        held = holder.get_parameter(name)
+        if held.device != device:
+            raise UsageError(f"{name} is held on {held.device}, the home device is {device}: joining a model across "
+                             "GPUs is not supported")
+        memo.setdefault(id(tensor), held)
+    return copy.deepcopy(first, memo)
 
 
 def reading_bytes(target: str, names: set[str], dtype: torch.dtype) -> int:

@@ -1,7 +1,8 @@
 """The placed backend: decode through kernelfleet's plans, one graph per batch bucket and policy.
 
-Every device holds the whole model and a :class:`~kernelfleet.serve.cache.SlotCache` of the
-server's slots (its own :class:`~kernelfleet.serve.backend.EagerBackend`); per batch bucket each
+Every device holds a model (its share of the weights, ``placed_build.py``) and a
+:class:`~kernelfleet.serve.cache.SlotCache` of the server's slots (its own
+:class:`~kernelfleet.serve.backend.EagerBackend`); per batch bucket each
 device captured the server's decode step (``placed_step.py``) and the executor built, from those
 captures, one graph per policy: the bucket's latency plan and its throughput plan
 (``placed_plans.py``, ``runtime/executor.build`` with ``resident_state``). That graph replaces the
@@ -13,7 +14,8 @@ graph backend's single-device decode graph:
   the two input rows into the home device's capture's input tensor in place, launches that graph,
   waits for it and returns the logits its home output holds. A switch therefore falls between two
   steps, never inside one, and every request of a step runs under one plan.
-* ``prefill`` runs eagerly on the home device into its cache, then copies each layer whose cache the
+* ``prefill`` runs eagerly on the home device into its cache (where home holds only its share, on the
+  devices' shares joined into one model: ``parts.joined``), then copies each layer whose cache the
   plans keep on another device (``Placement.away``) there: the request's rows, per layer,
   so each layer's decode finds them where its launches read them. (Prefilling through the plans'
   layer placement would need a prefill graph per prompt length; copying a prompt's rows is one copy
@@ -32,7 +34,7 @@ switched the plan on an H200 but not on an H100, 2026-12-06.) ``/metrics`` gets 
 
 ``launch(graph)`` runs a graph and returns when its outputs are ready (``placed_build.py`` gives the
 executor's run on the home stream and a wait); the CPU twin (``graph.twin``) then computes the
-logits with the home device's eager bucket forward, so CI runs this control flow over graphs the
+logits with the eager bucket forward of the backend prefill runs on, so CI runs this control flow over graphs the
 null driver built (tests/replay/test_serve_placed_twin.py).
 """
 
@@ -81,15 +83,19 @@ class PlacedBackend:
     prefill/decode split runs over it). ``devices``: each device's eager backend by its name in the
     plans; ``placement``: the plans' home and KV placement; ``graphs[bucket][policy]``; ``launch``
     runs a graph to completion; ``registry``: where the plan metrics go (the server's own);
-    ``weights_held``: the bytes of weights each device holds (for the server's start line)."""
+    ``weights_held``: the bytes of weights each device holds (for the server's start line);
+    ``whole``: the backend prefill runs on, over the home device's cache: home's own where it holds
+    the whole model (the default), else the devices' shares joined (``parts.joined``)."""
 
     def __init__(self, devices: dict[str, EagerBackend], placement: Placement, graphs: dict[int, dict[str, PlanGraph]],
                  monitor: Monitor, launch: Callable[[Any], None], registry: Any = None,
-                 clock: Callable[[], float] = time.perf_counter, weights_held: dict[str, int] | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, weights_held: dict[str, int] | None = None,
+                 whole: EagerBackend | None = None) -> None:
         self.devices, self.placement, self.graphs, self.monitor = devices, placement, graphs, monitor
         self.weights_held = weights_held or {}  # device -> bytes of weights it holds
         self.launch, self.clock = launch, clock
         self.home = devices[placement.home]
+        self.whole = whole or self.home
         self.slots, self.context_tokens = self.home.slots, self.home.context_tokens
         self.device = f"placed:{'+'.join(devices)}"  # its name in the busy metric
         self.rows = Rows(self.slots)
@@ -116,7 +122,7 @@ class PlacedBackend:
     def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
         """A prompt, or its chunk at ``start``, on the home device (backend.py's ``prefill``)."""
         row = self.rows.prefilled(slot, start + len(token_ids))
-        logits = self.home.prefill(row, token_ids, start)
+        logits = self.whole.prefill(row, token_ids, start)
         self._spread(row, range(start, start + len(token_ids)))
         self._last_token_seconds[slot] = self.clock()
         return logits
@@ -125,7 +131,7 @@ class PlacedBackend:
         """Whole prompts in one forward on the home device (backend.py's ``prefill_many``), each spread
         as :meth:`prefill` spreads one."""
         rows = [self.rows.prefilled(slot, len(prompt)) for slot, prompt in zip(slots, prompts)]
-        logits = self.home.prefill_many(rows, prompts)
+        logits = self.whole.prefill_many(rows, prompts)
         for row, prompt in zip(rows, prompts):
             self._spread(row, range(len(prompt)))
         done = self.clock()
@@ -148,7 +154,7 @@ class PlacedBackend:
         graph.inputs.copy_(inputs)
         self.launch(graph.built)
         if graph.twin:
-            graph.logits = Bucket(size, graph.inputs).forward(self.home)
+            graph.logits = Bucket(size, graph.inputs).forward(self.whole)
         done = self.clock()
         for slot in slots:
             last = self._last_token_seconds.get(slot, started)  # its prefill's end, or its previous token's

@@ -2,22 +2,28 @@
 backend's devices, captures, plan graphs and gate (``placed.py`` runs them).
 
 In order, each failure one line: the plan folder is read (``placed_plans.read``) before any weight
-loads; the home device (``--profile NAME:SMS[+HOG]@GPU``, a green-context partition as the place
-commands take it), once the model and the server's slots fit its GPU's free memory
-(``memory.planned_slots``), loads the whole model (prefill runs there) with a cache of those slots
-and captures every batch bucket's decode step (``placed_step.decode_step``,
-``runtime/replicas.capture_each``) on the whole GPU; every plan is checked against its bucket's
-capture and for one KV placement (``placed_plans.kv_placement``); then each other device, once its
-share fits what its GPU has left (``memory.checked_share``), loads the weights its launches read in
-some plan (``placed_plans.weights_read``, ``parts.build_reading``; all of them where it captures
-other kernels than home: its units are matched only after capture) and captures the buckets too; the
-state every capture writes (each device's cache) is saved once; the partitions are carved; then each
-(bucket, policy) graph is built with ``resident_state`` and gated: run from the saved state, its
-logits must equal the home device's own replay of that capture bit for bit, or, where the devices
-captured different kernels (a ``--profile`` with ``/KERNELS``, or another GPU type), agree with it
-within the place gate's tolerance (``runtime/gate.single_step_verdict``: logits cosine and
-near-ties, over this one decode step); otherwise the server does not start. Each graph keeps its
-verdict.
+loads. Where every device (``--profile NAME:SMS[+HOG]@GPU``, a green-context partition as the place
+commands take it) captures the home device's kernels, the plans are checked against the program
+beside them (``placed_plans.planned_programs``: launch count, pins, memory under each device's
+``--device NAME:MEMORY_GB`` cap, one KV placement: ``placed_plans.kv_placement``), and that program
+says which weights each device's launches read in some plan (``placed_plans.weights_read``). Each
+device, once its share fits its cap or what its GPU has left (``memory.checked_share``), loads only
+those (``parts.build_reading``), home first; home keeps every layer's cache (prefill writes them
+there), another device the caches the plans keep there. Where home holds only part of the model,
+prefill and the gate's reference run on the devices' shares joined into one model (``parts.joined``,
+no weight copied; the devices must share one GPU, so across GPUs home holds the whole model). Where
+a device captures other kernels than home (a ``--profile`` with ``/KERNELS``), the plans place
+units matched only after capture, so every device holds the whole model.
+
+Then every device captures every batch bucket's decode step (``placed_step.decode_step``,
+``runtime/replicas.capture_each``) on the whole GPU, and every plan is checked against home's
+capture (a plan folder of another model fails here); the state every capture writes (each device's
+cache) is saved once; the partitions are carved; then each (bucket, policy) graph is built with
+``resident_state`` and gated: run from the saved state, its logits must equal the home device's own
+replay of that capture bit for bit, or, where the devices captured different kernels or home holds
+only part (the reference then runs eagerly), agree with it within the place gate's tolerance
+(``runtime/gate.single_step_verdict``: logits cosine and near-ties, over this one decode step);
+otherwise the server does not start. Each graph keeps its verdict.
 """
 
 from __future__ import annotations
@@ -37,69 +43,77 @@ from kernelfleet.runtime.gate import passed, single_step_verdict
 from kernelfleet.runtime.monitor import Monitor
 from kernelfleet.runtime.replicas import aligned, capture_each, restore_all
 from kernelfleet.serve.backend import EagerBackend
-from kernelfleet.serve.cache import SlotCache
-from kernelfleet.serve.graphs import buckets
-from kernelfleet.serve.memory import Footprint, checked_share, planned_slots
+from kernelfleet.serve.graphs import Bucket, buckets
+from kernelfleet.serve.memory import Footprint, checked_share
+from kernelfleet.serve.parts import joined
 from kernelfleet.serve.placed import PlacedBackend, PlanGraph
-from kernelfleet.serve.placed_plans import kv_placement, plans_home, read, weights_read
+from kernelfleet.serve.placed_plans import kv_placement, planned_programs, plans_home, read, weights_read
 from kernelfleet.serve.placed_step import WEIGHTS_PREFIX, decode_step
 
 
 def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]], plans_root: Path,
                    profiles: dict[str, Any], slots: int, context_tokens: int, registry: Any = None,
                    progress: Callable[[int, int], None] | None = None, monitor: Monitor | None = None, *,
-                   sizes: tuple[Footprint, Callable[[set[str]], int]]) -> tuple[PlacedBackend, list[Any]]:
+                   sizes: tuple[Footprint, Callable[[set[str]], int]],
+                   caps: dict[str, int] | None = None) -> tuple[PlacedBackend, list[Any]]:
     """The placed backend (module docstring) and the entered ``profile.devices.DeviceProfile`` of each
     device (keep them entered while it serves). ``load_model(torch device, names)`` loads the model
     there, holding only the weights ``names`` (None: all), with the bytes of weights it holds;
     ``profiles``: ``profile.devices.ProfileSpec`` by the names the plans use; ``sizes``: the model's
     footprint and the bytes ``load_model`` allocates for ``names``, to check that each device's share
-    fits its GPU's free memory before it loads."""
+    fits before it loads; ``caps``: the bytes a device may hold (``--device NAME:MEMORY_GB``), by
+    name (others: what its GPU has free)."""
     found = read(plans_root, buckets(slots))  # before any weight loads
     from kernelfleet.profile.devices import DeviceProfile
 
+    caps = caps or {}
     home = plans_home(found, next(iter(profiles)))
     if home not in profiles:
         raise UsageError(f"--plans {plans_root}: the plans' home is {home}, which no --profile names "
                          f"({', '.join(profiles)})")
-    memory = {name: torch.cuda.get_device_properties(spec.device).total_memory for name, spec in profiles.items()}
-    # where every device captures the home's kernels, the plans are checked on home's capture alone and each
-    # other device then holds only the weights its launches read in some plan; with other kernels the plans
-    # place units, matched only once every device has captured, so each device holds them all
+    memory = {name: caps.get(name, torch.cuda.get_device_properties(spec.device).total_memory)
+              for name, spec in profiles.items()}
+    # where every device captures the home's kernels, the plans' program says before anything loads which weights
+    # each device's launches read, and each device holds only those (home too, where every device shares its GPU:
+    # prefill and the gate's reference then run on the shares joined); with other kernels the plans place units,
+    # matched only once every device has captured, so each device holds them all
     partial = all(spec.kernels == profiles[home].kernels and same_gpu(spec.device, profiles[home].device)
                   for spec in profiles.values())
+    names: dict[str, set[str] | None] = dict.fromkeys(profiles)
+    placement = None
+    if partial:
+        programs = planned_programs(plans_root, found)
+        placement = checked(found, programs, memory)
+        names = {name: weights_read(found, programs, name, WEIGHTS_PREFIX) for name in profiles}
+        if any(spec.device != profiles[home].device for spec in profiles.values()):
+            names[home] = None  # the shares cannot be joined across GPUs: home holds the whole model
     backends, held = {}, {}
-    try:  # home holds the whole model and every slot's cache
-        planned_slots(sizes[0], free_bytes(profiles[home].device), slots,
-                      f"under the free memory of GPU {profiles[home].device} on the home device {home}, which holds "
-                      "the whole model (prefill runs there)")
-    except UsageError as exc:
-        raise UsageError(f"{exc} (a model larger than one device is served by --strategy pipeline, each device "
-                         "holding its stage's layers)") from None
-    model, held[home] = load_model(f"cuda:{profiles[home].device}", None)
-    backends[home] = EagerBackend(model, slots, context_tokens, home)
-    captures = {size: captured(backends, profiles, [home], size) for size in found}
-    placement = checked(found, captures, home, memory) if partial else None
-    regions = {size: (replicas[home].program, replicas[home].captured.raw.regions)
-               for size, replicas in captures.items()} if partial else {}
-    for name, spec in profiles.items():
-        if name != home:
-            names = weights_read(found, regions, name, WEIGHTS_PREFIX) if partial else None
-            # the caches the plans keep here; where they are not known yet (units), all
-            kept = set(placement.away().get(name, [])) if placement else None
-            share(name, spec.device, sizes, names, kept, backends[home].cache, slots)
-            model, held[name] = load_model(f"cuda:{spec.device}", names)
-            backends[name] = EagerBackend(model, slots, context_tokens, name, kept)
-    programs = []
+    for name in [home, *(n for n in profiles if n != home)]:
+        gpu = profiles[name].device
+        # home keeps every cache (prefill writes them all there); another device the caches the plans keep
+        # there, where they are known (not yet with units: all)
+        kept = None if placement is None or name == home else set(placement.away().get(name, []))
+        where = (f"under its cap of {caps[name] / 1e9:.2f} GB (--device {name})" if name in caps
+                 else f"under the free memory of GPU {gpu}")
+        share(name, sizes, names[name], kept, len(placement.kv) if placement else 0, slots,
+              caps.get(name, free_bytes(gpu)), where)
+        model, held[name] = load_model(f"cuda:{gpu}", names[name])
+        backends[name] = EagerBackend(model, slots, context_tokens, name, kept)
+    whole = backends[home]
+    if names[home] is not None and not holds_all(whole.model, names[home]):
+        whole = EagerBackend(joined([(backends[n].model, names[n]) for n in backends]), slots, context_tokens, home,
+                             cache=backends[home].cache)
+    captures, programs = {}, []
     for done, size in enumerate(found, 1):
-        replicas = {**captures[size], **captured(backends, profiles, [n for n in profiles if n != home], size)}
+        replicas = captured(backends, profiles, list(backends), size)
         programs += [r.program for r in replicas.values()]
         captures[size] = aligned(replicas)
         if partial and captures[size][home].units is not None:
             raise EnvironmentProblem(f"batch bucket {size}: the devices captured different kernels although their "
                                      "profiles ask for the same ones; give the other device its /KERNELS")
         (progress or (lambda done, size: None))(done, size)
-    placement = placement or checked(found, captures, home, memory)
+    # every plan checked against the step this server captured (a plan folder of another model fails here)
+    placement = checked(found, {size: replicas[home].program for size, replicas in captures.items()}, memory)
     # every bucket's capture on a device writes the same cache: the state is saved once, not once a capture
     restores = [saved_state(programs)]
     # the partitions are carved once every capture is made, on the whole GPU, as runtime/gate.py does
@@ -108,13 +122,22 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
         for name, profile in zip(profiles, entered):
             replicas[name].context = profile.context
     try:
-        graphs, launch = gated_graphs(captures, found, placement.home, profiles[placement.home].device, restores)
+        graphs, launch = gated_graphs(captures, found, placement.home, profiles[placement.home].device, restores,
+                                      None if whole is backends[home] else whole)
     except BaseException:
         for profile in entered:
             profile.__exit__(None, None, None)
         raise
     return PlacedBackend(backends, placement, graphs, monitor or Monitor(), launch, registry,
-                         weights_held=held), entered
+                         weights_held=held, whole=whole), entered
+
+
+def holds_all(model: Any, names: set[str]) -> bool:
+    """Whether ``names`` holds every parameter of ``model`` (a tied one under any of its names)."""
+    owners: dict[int, set[str]] = {}
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(tensor), set()).add(name)
+    return all(found & names for found in owners.values())
 
 
 def free_bytes(gpu: int) -> int:
@@ -123,26 +146,31 @@ def free_bytes(gpu: int) -> int:
     return torch.cuda.mem_get_info(gpu)[0] + torch.cuda.memory_reserved(gpu) - torch.cuda.memory_allocated(gpu)
 
 
-def share(name: str, gpu: int, sizes: tuple[Footprint, Callable[[set[str]], int]], names: set[str] | None,
-          kept: set[tuple[int, str]] | None, home: SlotCache, slots: int) -> None:
-    """Device ``name``'s share (``names``' weights, None: all; the ``kept`` caches, None: all, each
-    the size of ``home``'s, the others one scratch) checked against its GPU's free memory
-    (``memory.checked_share``) before it loads."""
+def share(name: str, sizes: tuple[Footprint, Callable[[set[str]], int]], names: set[str] | None,
+          kept: set[tuple[int, str]] | None, caches: int, slots: int, limit: int, where: str) -> None:
+    """Device ``name``'s share (``names``' weights, None: all; the ``kept`` caches of the ``caches``,
+    None: all, the others one scratch as large as one) checked against the ``limit`` bytes it may
+    hold (``memory.checked_share``) before it loads."""
     footprint, reading = sizes
-    one = next(iter(home.keys.values()))  # one layer's keys (or values) of every slot
-    each = one.numel() * one.element_size()
-    caches = 2 * len(home.keys)
-    count = caches if kept is None else len(kept) + (len(kept) < caches)
-    checked_share(name, footprint.weights_bytes if names is None else reading(names), count * each,
-                  footprint.workspace_bytes(slots), free_bytes(gpu), f"under the free memory of GPU {gpu}")
+    every = slots * footprint.kv_bytes_per_slot
+    cache = every if kept is None else every * (len(kept) + (len(kept) < caches)) // caches
+    try:
+        checked_share(name, footprint.weights_bytes if names is None else reading(names), cache,
+                      footprint.workspace_bytes(slots), limit, where)
+    except UsageError as exc:
+        if names is not None:
+            raise
+        raise UsageError(f"{exc} (it holds the whole model: a model larger than one device is served by --strategy "
+                         "pipeline, or by plans made with kernelfleet plan --device NAME:MEMORY_GB on devices of one "
+                         "GPU)") from None
 
 
-def checked(found: dict, captures: dict[int, dict[str, Any]], home: str, memory: dict[str, int]) -> Any:
-    """Every plan of ``found`` checked against its bucket's capture on ``home``, and their one KV
-    placement (``placed_plans.kv_placement``)."""
+def checked(found: dict, programs: dict[int, Any], memory: dict[str, int]) -> Any:
+    """Every plan of ``found`` checked against its bucket's program (the plans' own, or the home
+    device's capture) on devices of ``memory`` bytes, and their one KV placement
+    (``placed_plans.kv_placement``)."""
     devices = [Device(d, size) for d, size in memory.items()]
-    return kv_placement(found, {size: runtime_plans.problem(replicas[home].program, devices)
-                                for size, replicas in captures.items()})
+    return kv_placement(found, {size: runtime_plans.problem(program, devices) for size, program in programs.items()})
 
 
 def captured(backends: dict[str, EagerBackend], profiles: dict[str, Any], names: list[str], size: int) -> dict[str, Any]:
@@ -156,11 +184,14 @@ def same_gpu(one: int, other: int) -> bool:
 
 
 def gated_graphs(captures: dict[int, dict[str, Any]], found: dict, home_name: str, gpu: int,
-                 restores: list[Callable[[], None]]) -> tuple[dict[int, dict[str, PlanGraph]], Callable[[Any], None]]:
+                 restores: list[Callable[[], None]], whole: EagerBackend | None = None
+                 ) -> tuple[dict[int, dict[str, PlanGraph]], Callable[[Any], None]]:
     """Each (bucket, policy) plan's graph, built with resident state and gated (from the captured
     state, with the logits zeroed, it must give the home capture's own replay: bit for bit, or within
     the tolerance where the devices run different kernels), and the backend's ``launch``: a graph run
-    on a stream of the home GPU, waited for."""
+    on a stream of the home GPU, waited for. ``whole``: where home holds only part of the model, the
+    reference is the same decode run eagerly on the shares joined (bit for bit, else within the
+    tolerance: eager kernels against captured ones)."""
     stream = torch.cuda.Stream(device=gpu)
 
     def launch(built: Any) -> None:
@@ -177,16 +208,20 @@ def gated_graphs(captures: dict[int, dict[str, Any]], found: dict, home_name: st
             units = home.units is not None
             built = build([Slot(replicas, plan.assignment, home_name)], resident_state=True, overlap=not units)
             restore_all(restores)
-            with torch.cuda.device(gpu):
-                home.captured.replay()
+            if whole is None:
+                with torch.cuda.device(gpu):
+                    home.captured.replay()
+                reference = home.captured.output_tensors()
+            else:
+                reference = [Bucket(size, home.captured.args[0]).forward(whole)]
             torch.cuda.synchronize()
-            reference = [t.clone() for t in home.captured.output_tensors()]
+            reference = [t.clone() for t in reference]
             restore_all(restores)
             with torch.inference_mode():  # the logits are an inference tensor; zeroed, only a run that writes them matches
                 for tensor in home.captured.output_tensors():
                     tensor.zero_()
             launch(built)
-            said = single_step_verdict(reference, home.captured.output_tensors(), units)
+            said = single_step_verdict(reference, home.captured.output_tensors(), units or whole is not None)
             restore_all(restores)
             if not passed(said):
                 raise EnvironmentProblem(f"{path}: the plan's graph for batch bucket {size} does not give the home "
@@ -207,10 +242,12 @@ def stepper(backends: list[EagerBackend], size: int) -> Callable[[str, int], Any
 def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int, max_queue: int,
                   context_tokens: int, token: str | None, seed: int, dtype: torch.dtype,
                   progress: Callable[[int, int], None] | None = None,
-                  prefill: tuple[int | None, int | None] = (None, None)) -> tuple[Any, Any, list[Any]]:
-    """``kernelfleet serve TARGET --plans DIR --profile ... --profile ...``: the started engine, its
-    app and the entered device profiles (module docstring); ``prefill``: the engine's
-    ``prefill_chunk_tokens`` and ``prefill_batch``."""
+                  prefill: tuple[int | None, int | None] = (None, None),
+                  caps: list[str] | None = None) -> tuple[Any, Any, list[Any]]:
+    """``kernelfleet serve TARGET --plans DIR --profile ... --profile ... [--device NAME:MEMORY_GB
+    ...]``: the started engine, its app and the entered device profiles (module docstring);
+    ``prefill``: the engine's ``prefill_chunk_tokens`` and ``prefill_batch``; ``caps``: the
+    ``--device`` caps of profiles, enforced on their GPUs (``device.enforce``)."""
     from kernelfleet.errors import UsageError
     from kernelfleet.profile.run import parse_profile
     from kernelfleet.serve.api import serve_app
@@ -223,6 +260,7 @@ def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int
     if len(specs) < 2 or len({s.name for s in specs}) != len(specs):
         raise UsageError(f"--plans runs on two or more --profile NAME:SMS[+HOG]@GPU with the plans' device names, "
                          f"got {', '.join(profiles) or 'none'}")
+    limits = capped({s.name: s.device for s in specs}, caps or [])
     metrics = ServeMetrics(max_queue)
 
     def load_model(device: str, names: set[str] | None) -> tuple[Any, int]:
@@ -233,6 +271,28 @@ def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int
 
     sizes = footprint(target, dtype, context_tokens), (lambda names: reading_bytes(target, names, dtype))
     backend, entered = placed_backend(load_model, plans_root, {s.name: s for s in specs}, slots, context_tokens,
-                                      metrics.registry, progress, sizes=sizes)
+                                      metrics.registry, progress, sizes=sizes, caps=limits)
     engine = Engine(backend, max_queue, metrics, prefill_chunk_tokens=prefill[0], prefill_batch=prefill[1]).start()
     return engine, serve_app(engine, described(target), token), entered
+
+
+def capped(gpus: dict[str, int], caps: list[str]) -> dict[str, int]:
+    """``--device NAME:MEMORY_GB[@GPU]`` under ``--plans``: the bytes each named profile (``gpus``:
+    its GPU by name) may hold, held to on its GPU (``device.enforce``: the caps of the profiles on
+    one GPU add up); UsageError for a name no profile has, another GPU than its profile's, or a
+    device capped twice."""
+    from kernelfleet.serve.device import enforce, gpu_for
+    from kernelfleet.serve.memory import DeviceCap, parse_device
+
+    found: dict[str, DeviceCap] = {}
+    for spec in caps:
+        cap = parse_device(spec)
+        if cap.name not in gpus:
+            raise UsageError(f"--device {spec}: no --profile is named {cap.name} (profiles: {', '.join(gpus)})")
+        if "@" in spec and cap.gpu != gpus[cap.name]:
+            raise UsageError(f"--device {spec}: the profile {cap.name} is on GPU {gpus[cap.name]}")
+        if cap.name in found:
+            raise UsageError(f"--device {spec}: {cap.name} is capped twice")
+        found[cap.name] = DeviceCap(cap.name, cap.memory_bytes, gpus[cap.name])
+    enforce([gpu_for(cap) for cap in found.values()])
+    return {name: cap.memory_bytes for name, cap in found.items()}

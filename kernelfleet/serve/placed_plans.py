@@ -34,8 +34,7 @@ from pathlib import Path
 
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Program
-from kernelfleet.kernels.raw import Region
-from kernelfleet.plan.model import Plan, Problem
+from kernelfleet.plan.model import PLANNED_PROGRAM, Plan, Problem
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT
 
@@ -154,19 +153,30 @@ def kv_placement(found: dict[int, dict[str, tuple[Path, Plan]]], problems: dict[
     return first[1]
 
 
-def weights_read(found: dict[int, dict[str, tuple[Path, Plan]]], captures: dict[int, tuple[Program, list[Region]]],
-                 device: str, prefix: str) -> set[str]:
+def planned_programs(root: Path, found: dict[int, dict[str, tuple[Path, Plan]]]) -> dict[int, Program]:
+    """Each bucket's program, as ``kernelfleet plan --policy all --out`` writes it beside its plans
+    (``program.json``: the step the plans place); UsageError naming the file."""
+    programs = {}
+    for bucket in found:
+        path = bucket_folder(root, bucket) / PLANNED_PROGRAM
+        if not path.is_file():
+            raise UsageError(f"{path.parent}: no {PLANNED_PROGRAM}, the program its plans place (`kernelfleet plan "
+                             f"PROGRAM COSTS --policy all --out {path.parent}` writes it beside them)")
+        programs[bucket] = Program.load(path)
+    return programs
+
+
+def weights_read(found: dict[int, dict[str, tuple[Path, Plan]]], programs: dict[int, Program], device: str,
+                 prefix: str) -> set[str]:
     """The names of the weights the launches ``device`` runs under any plan of ``found`` read: every
-    weight region (of ``captures``, each bucket's program and the named regions of its raw capture)
-    that a read of such a launch overlaps, by its name less ``prefix``."""
+    named weight buffer of its bucket's program (``programs``) such a launch reads, by its name less
+    ``prefix``."""
     names: set[str] = set()
     for bucket, policies in found.items():
-        program, regions = captures[bucket]
-        at = {b.id: b.address for b in program.buffers}
-        weights = [(r.address, r.address + r.size_bytes, r.name.removeprefix(prefix)) for r in regions
-                   if r.role == "weight" and r.name and r.name.startswith(prefix)]
-        spans = {(at[a.buffer] + a.offset_bytes, at[a.buffer] + a.end) for _, plan in policies.values()
-                 for launch in program.launches if plan.assignment[launch.index] == device
-                 for a in launch.accesses if a.reads}
-        names.update(name for start, end, name in weights if any(s < end and start < e for s, e in spans))
+        program = programs[bucket]
+        weights = {b.id: b.name.removeprefix(prefix) for b in program.buffers
+                   if b.role == "weight" and b.name and b.name.startswith(prefix)}
+        names.update(weights[a.buffer] for _, plan in policies.values() for launch in program.launches
+                     if plan.assignment[launch.index] == device for a in launch.accesses
+                     if a.reads and a.buffer in weights)
     return names

@@ -11,7 +11,10 @@ The flow, for a tiny random-weight Llama (bf16, what the server serves), 2 slots
     kernelfleet serve hf:DIR --plans plans --profile a:64@0 --profile b:32@0 --slots 2 --context 64
 
 The second test serves with device b on SDPA's math attention (other kernels, plans over units):
-its plan graphs pass the tolerance gate at start.
+its plan graphs pass the tolerance gate at start. The third serves a larger Llama (16 layers, 2.28 GB
+of weights) on two devices each capped below what the whole model needs (``--device NAME:GB`` to
+the planner and to the server): each holds only the weights its plans read, prefill runs on the
+shares joined, and the tokens equal the single-device server's.
 
 Run alone: ``pytest -m gpu tests/gpu/test_serve_placed.py -s`` (about 5 minutes on an H200).
 """
@@ -41,16 +44,24 @@ def kernelfleet(*args: str) -> str:
     return done.stdout
 
 
-def test_the_placed_server_gives_the_single_device_servers_greedy_tokens(tmp_path):
-    folder = tmp_path / "llama"
-    tiny_causal_lm("llama").config.save_pretrained(folder)  # config only: seeded weights, alike on every device
+def planned(tmp_path, folder, b: str = "b:32", devices: tuple[str, str] = ("a", "b")) -> list[str]:
+    """Each bucket's step profiled on a:64 and ``b``, then planned on ``devices`` (``NAME[:GB]``) into
+    ``tmp_path/plans/batch-B``, as the module docstring's commands; what each plan printed."""
+    said = []
     for bucket in (1, 2):
         profile = tmp_path / f"prof-{bucket}"
         kernelfleet("profile", f"hf:{folder},serve-decode,batch={bucket},slots={SLOTS},context={CONTEXT}",
-                    "--profile", "a:64", "--profile", "b:32", "--trials", "3", "--out", str(profile))
-        said = kernelfleet("plan", str(profile / "program.json"), str(profile / "costs.json"), "--device", "a",
-                           "--device", "b", "--policy", "all", "--state-home", "--out",
-                           str(tmp_path / "plans" / f"batch-{bucket}"))
+                    "--profile", "a:64", "--profile", b, "--trials", "3", "--out", str(profile))
+        said.append(kernelfleet("plan", str(profile / "program.json"), str(profile / "costs.json"),
+                                *(f"--device={d}" for d in devices), "--policy", "all", "--state-home", "--out",
+                                str(tmp_path / "plans" / f"batch-{bucket}")))
+    return said
+
+
+def test_the_placed_server_gives_the_single_device_servers_greedy_tokens(tmp_path):
+    folder = tmp_path / "llama"
+    tiny_causal_lm("llama").config.save_pretrained(folder)  # config only: seeded weights, alike on every device
+    for said in planned(tmp_path, folder):
         assert "launches that touch the step's state are pinned to the home device" in said
     prompts = PROMPTS[:4]  # four requests on two slots: both buckets, slots reused
     with ServeCommand(f"hf:{folder}", "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as single:
@@ -90,12 +101,7 @@ def test_the_placed_server_with_other_kernels_on_one_device_passes_the_tolerance
     tokens match the single-device server's is printed (random weights: near-ties may flip)."""
     folder = tmp_path / "llama"
     tiny_causal_lm("llama").config.save_pretrained(folder)
-    for bucket in (1, 2):
-        profile = tmp_path / f"prof-{bucket}"
-        kernelfleet("profile", f"hf:{folder},serve-decode,batch={bucket},slots={SLOTS},context={CONTEXT}",
-                    "--profile", "a:64", "--profile", "b:32/math-attention", "--trials", "3", "--out", str(profile))
-        kernelfleet("plan", str(profile / "program.json"), str(profile / "costs.json"), "--device", "a", "--device",
-                    "b", "--policy", "all", "--state-home", "--out", str(tmp_path / "plans" / f"batch-{bucket}"))
+    planned(tmp_path, folder, b="b:32/math-attention")
     prompts = PROMPTS[:4]
     with ServeCommand(f"hf:{folder}", "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as single:
         want = asyncio.run(whole_and_streamed(single.url, prompts, 12))
@@ -110,3 +116,33 @@ def test_the_placed_server_with_other_kernels_on_one_device_passes_the_tolerance
     assert [len(tokens) for tokens in got] == [len(tokens) for tokens in want]
     same = sum(a == b for x, y in zip(got, want) for a, b in zip(x, y))
     print(f"greedy tokens equal to the single-device server's: {same} of {sum(map(len, want))}")
+
+
+def test_a_model_larger_than_either_capped_device_is_served_through_the_plans(tmp_path):
+    """Neither device may hold the whole model: planned with each capped at 1.3 GB (of the step's
+    2.28 GB of weights) and served with each capped at 3.2 GB, where the whole model, its cache and
+    the server's 1 GiB workspace need 3.36 (each device holds what its launches read in any of the
+    four plans, two buckets' two policies, so more than one plan's share). Both hold part, every
+    graph is gated, the tokens equal the single-device server's (greedy, whole and streamed)."""
+    from transformers import LlamaConfig
+
+    folder = tmp_path / "llama"
+    LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=256).save_pretrained(folder)
+    for said in planned(tmp_path, folder, devices=("a:1.3", "b:1.3")):
+        assert "single:a" not in said and "single:b" not in said  # neither holds the step
+    prompts = PROMPTS[:4]
+    with ServeCommand(f"hf:{folder}", "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as single:
+        want = asyncio.run(whole_and_streamed(single.url, prompts, 12))
+    with ServeCommand(f"hf:{folder}", "--plans", str(tmp_path / "plans"), "--profile", "a:64@0", "--profile", "b:32@0",
+                      "--device", "a:3.2", "--device", "b:3.2", "--slots", str(SLOTS), "--context", str(CONTEXT),
+                      startup_seconds=300) as placed:
+        got = asyncio.run(whole_and_streamed(placed.url, prompts, 12))
+    print(placed.err)
+    assert placed.returncode == 0, placed.err
+    held = {name: int(share) for name, share in re.findall(r"\b([ab]) [0-9.]+ GiB \((\d+)%\)", placed.err)}
+    assert held["a"] < 100 and held["b"] < 100 and held["a"] + held["b"] >= 100, placed.err
+    assert "over every device's share" in placed.err
+    gates = [line for line in placed.err.splitlines() if line.strip().startswith("gate: ")]
+    assert gates and all(line.strip().startswith(("gate: identical", "gate: within tolerance")) for line in gates)
+    assert got == want

@@ -18,7 +18,8 @@ from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.model import STATE_HOME, Device, state_home
 from kernelfleet.runtime import plans as runtime_plans
-from kernelfleet.serve.placed_plans import Placement, kv_devices, kv_placement, read
+from kernelfleet.serve.placed_plans import Placement, kv_devices, kv_placement, planned_programs, read, weights_read
+from kernelfleet.serve.placed_step import WEIGHTS_PREFIX
 
 pytestmark = pytest.mark.replay
 
@@ -116,12 +117,44 @@ def test_the_planner_with_the_state_home_writes_plans_the_server_accepts(program
         assert done.returncode == 0, done.stderr
         assert f"state home: the {len(moved)} launches that touch the step's state are pinned" in done.stdout
     found = read(tmp_path / "plans", [1, 2])
+    # beside the plans, the program they place, as planned (its state pinned): the server reads it before loading
+    assert all(planned.launches == pinned.launches for planned in planned_programs(tmp_path / "plans", found).values())
     placement = kv_placement(found, {b: runtime_plans.problem(program, DEVICES) for b in (1, 2)})
     assert placement == Placement("a", {f"cache_{layer}_{kind}": "a" for layer in (0, 1) for kind in ("keys", "values")})
     assert placement.away() == {}
     plans = [plan for policies in found.values() for _, plan in policies.values()]
     assert any(set(plan.assignment) == {"a", "b"} for plan in plans)  # the rest still moves: a placement, not one device
     assert all((plan.details.home or "a") == "a" for plan in plans)  # --state-home keeps home: no plan re-homed on b
+
+
+def test_plans_under_caps_smaller_than_the_model_split_its_weights_and_the_folder_says_who_reads_which(program,
+                                                                                                   tmp_path):
+    """``kernelfleet plan --device a:GB --device b:GB --state-home`` with caps under what the whole
+    step touches (4.5 MB: its cache 0.5 MB, weights 3.4 MB): single devices are left out, and the
+    weights each device's launches read, by the program written beside the plans, fit neither
+    alone; between them they are every weight the step reads (what ``serve --plans`` loads where)."""
+    from kernelfleet.plan.validate import _memory
+
+    state_home(program).save(tmp_path / "program.json")
+    caps = {"a": 0.0025, "b": 0.0035}
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", "plan", str(tmp_path / "program.json"),
+                           str(RECORDED / "profile.costs.json"), *(f"--device={d}:{gb}" for d, gb in caps.items()),
+                           "--policy", "all", "--state-home", "--time-limit", "20", "--out",
+                           str(tmp_path / "plans" / "batch-1")], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "single:a" not in done.stdout and "single:b" not in done.stdout  # neither holds the step
+    found = read(tmp_path / "plans", [1])
+    programs = planned_programs(tmp_path / "plans", found)
+    problem = runtime_plans.problem(programs[1], [Device(d, int(gb * 1e9)) for d, gb in caps.items()])
+    for _, plan in found[1].values():
+        assert all(used <= caps[d] * 1e9 for d, used in _memory(problem, plan.assignment).items())
+    read_by = {d: weights_read(found, programs, d, WEIGHTS_PREFIX) for d in caps}
+    weights = {b.name.removeprefix(WEIGHTS_PREFIX) for b in program.buffers if b.role == "weight"}
+    assert read_by["a"] and read_by["b"] and read_by["a"] | read_by["b"] == weights
+    assert read_by["a"] != weights and read_by["b"] != weights
+    (tmp_path / "plans" / "batch-1" / "program.json").unlink()
+    with pytest.raises(UsageError, match=r"batch-1: no program.json, the program its plans place \(`kernelfleet plan"):
+        planned_programs(tmp_path / "plans", found)
 
 
 def test_state_home_on_a_step_without_state_is_one_line(tmp_path):
@@ -154,8 +187,6 @@ def test_the_weights_a_device_reads_are_those_its_launches_read_in_any_plan(tmp_
     from kernelfleet.kernels.assemble import assemble
     from kernelfleet.kernels.raw import RawCapture
     from kernelfleet.plan.model import Plan
-    from kernelfleet.serve.placed_plans import weights_read
-    from kernelfleet.serve.placed_step import WEIGHTS_PREFIX
 
     raw = RawCapture.load(RECORDED / "disagg.a.capture.json.gz")
     program = assemble(raw)
@@ -172,7 +203,7 @@ def test_the_weights_a_device_reads_are_those_its_launches_read_in_any_plan(tmp_
     mlp, o_proj = reading("mlp."), reading("self_attn.o_proj")
     assert mlp and o_proj
     found = {1: {"latency": (Path("l.json"), plan(mlp)), "throughput": (Path("t.json"), plan(o_proj))}}
-    captures = {1: (program, raw.regions)}
+    captures = {1: program}
     want = {f"model.layers.1.{p}.weight" for p in ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
                                                    "self_attn.o_proj")}
     assert weights_read(found, captures, "b", WEIGHTS_PREFIX) == want

@@ -28,14 +28,17 @@ from kernelfleet.serve.engine import Engine
 from kernelfleet.serve.graphs import bucket_for, buckets
 from kernelfleet.serve.metrics import ServeMetrics
 from kernelfleet.serve.placed import PlacedBackend, PlanGraph
-from kernelfleet.serve.placed_plans import POLICIES, kv_placement, read
-from kernelfleet.serve.placed_step import decode_step
+from kernelfleet.serve.parts import build_reading, joined
+from kernelfleet.serve.placed_build import holds_all
+from kernelfleet.serve.placed_plans import POLICIES, kv_placement, read, weights_read
+from kernelfleet.serve.placed_step import WEIGHTS_PREFIX, decode_step
 from kernelfleet.serve.sampling import Sampling
 
 pytestmark = pytest.mark.replay
 
 CAPTURE = Path(__file__).parents[1] / "data" / "h200-kernel-pair" / "hf-llama-decode" / "disagg.a.capture.json.gz"
 SLOTS, CONTEXT = 4, 64
+LAYER_1 = "model.model.layers.1."  # the recorded step's names of layer 1's weights
 
 
 class Clock:
@@ -56,10 +59,12 @@ def replicas(bucket: int) -> dict[str, Replica]:
                                 context=f"{d}-{bucket}"), program) for d in ("a", "b")}
 
 
-def plans(tmp_path: Path, program) -> Path:
+def plans(tmp_path: Path, program, prefix: str = "cache_1") -> Path:
     """Both policies' plans of every bucket: layer 1's cache and attention on b (its rows must be
-    copied there after prefill), layer 0's on home a; the throughput plan moves some of layer 0's MLP too."""
-    touching = {b.id: b.name for b in program.buffers if b.name and b.name.startswith("cache_1")}
+    copied there after prefill), layer 0's on home a; the throughput plan moves some of layer 0's MLP
+    too. ``prefix``: b's span runs from the first to the last launch touching a buffer so named (by
+    default layer 1's cache; ``model.model.layers.1.``: every launch reading a layer-1 weight too)."""
+    touching = {b.id: b.name for b in program.buffers if b.name and b.name.startswith(prefix)}
     layer1 = [launch.index for launch in program.launches if any(a.buffer in touching for a in launch.accesses)]
     latency = ["b" if layer1[0] <= k <= layer1[-1] else "a" for k in range(len(program.launches))]
     throughput = ["b" if 60 <= k < 80 else d for k, d in enumerate(latency)]
@@ -76,10 +81,32 @@ def plans(tmp_path: Path, program) -> Path:
 def placed(tmp_path):
     """The backend as placed_build.placed_backend assembles it, the null driver building the graphs."""
     model = tiny_causal_lm()
-    devices = {d: EagerBackend(model, SLOTS, CONTEXT, d) for d in ("a", "b")}
+    return assembled(tmp_path, {d: EagerBackend(model, SLOTS, CONTEXT, d) for d in ("a", "b")}) + (model,)
+
+
+@pytest.fixture
+def shares(tmp_path):
+    """As ``placed``, each device holding only the weights its launches read in some plan (the plans'
+    program says which: ``placed_plans.weights_read``; ``parts.build_reading`` from the model's
+    safetensors), home's prefill and twin logits on the shares joined (``parts.joined``)."""
+    model = tiny_causal_lm()
+    model.save_pretrained(tmp_path / "model")
+    program = assemble(RawCapture.load(CAPTURE))
+    found = read(plans(tmp_path / "read", program, LAYER_1), buckets(SLOTS))  # as assembled() writes them again
+    names = {d: weights_read(found, dict.fromkeys(found, program), d, WEIGHTS_PREFIX) for d in ("a", "b")}
+    held = {d: build_reading(f"hf:{tmp_path / 'model'}", names[d], "cpu", 0, torch.float32)[0] for d in names}
+    devices = {d: EagerBackend(held[d], SLOTS, CONTEXT, d) for d in names}
+    whole = EagerBackend(joined([(held[d], names[d]) for d in names]), SLOTS, CONTEXT, "a", cache=devices["a"].cache)
+    return assembled(tmp_path / "plans", devices, whole, LAYER_1) + (model, names)
+
+
+def assembled(tmp_path: Path, devices: dict[str, EagerBackend], whole: EagerBackend | None = None,
+              prefix: str = "cache_1") -> tuple:
+    """The placed backend over ``devices`` (``whole``: where prefill runs, as PlacedBackend takes it;
+    ``prefix``: b's span, as :func:`plans` takes it), its null driver, metrics and clock."""
     captured = {size: replicas(size) for size in buckets(SLOTS)}
     problems = {size: runtime_plans.problem(r["a"].program, [Device("a"), Device("b")]) for size, r in captured.items()}
-    found = read(plans(tmp_path, problems[1].program), buckets(SLOTS))
+    found = read(plans(tmp_path, problems[1].program, prefix), buckets(SLOTS))
     placement = kv_placement(found, problems)
     null = NullDriver()
     # every device makes each bucket's step, as each captures it on a GPU (which allocates its cache)
@@ -92,8 +119,9 @@ def placed(tmp_path):
     metrics = ServeMetrics(len(PROMPTS))
     clock = Clock()
     monitor = Monitor(window_seconds=5.0, beta=3.0, patience=1)
-    backend = PlacedBackend(devices, placement, graphs, monitor, lambda built: run(built, 1), metrics.registry, clock)
-    return backend, null, metrics, clock, model
+    backend = PlacedBackend(devices, placement, graphs, monitor, lambda built: run(built, 1), metrics.registry, clock,
+                            whole=whole)
+    return backend, null, metrics, clock
 
 
 def test_a_graph_per_bucket_and_policy_each_placing_every_launch(placed):
@@ -184,3 +212,30 @@ def test_a_requests_wait_in_the_queue_counts_in_its_latency_and_switches_the_pla
     assert got == [reference(model, p, 8, eos=False) for p in PROMPTS[:SLOTS]]
     assert backend.monitor.switches == (1 if waited else 0)
     assert backend.monitor.policy == (THROUGHPUT if waited else LATENCY)
+
+
+def test_devices_holding_only_what_they_read_serve_generates_tokens_through_the_shares_joined(shares):
+    """Neither device holds the whole model (home a reads none of layer 1's weights, b only those and
+    some of layer 0's MLP and its norm); prefill and the twin's logits run on the two shares joined, no
+    weight copied, and greedy tokens still equal transformers' own ``generate``."""
+    backend, _, metrics, _, model, names = shares
+    every = {name for name, _ in model.named_parameters()}
+    assert names["a"] < every and names["b"] < every and names["a"] | names["b"] == every
+    assert not holds_all(backend.home.model, names["a"]) and backend.whole is not backend.home
+    assert not any(name.startswith("model.layers.1.") for name in names["a"])
+    assert {name for name in names["b"] if not name.startswith("model.layers.1.")} <= {
+        "model.layers.0.post_attention_layernorm.weight",
+        *(f"model.layers.0.mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj"))}
+    own = {d: dict(backend.devices[d].model.named_parameters()) for d in names}
+    for name, tensor in backend.whole.model.named_parameters():  # each the holder's own tensor, home's first
+        assert tensor is own["a" if name in names["a"] else "b"][name]
+    engine = Engine(backend, len(PROMPTS), metrics)
+    got: list[list[int]] = [[] for _ in PROMPTS]
+    for prompt, tokens in zip(PROMPTS, got):
+        engine.submit(prompt, 6, frozenset(), Sampling(temperature=0.0), lambda t, f, tokens=tokens: tokens.append(t))
+    while engine.step():
+        pass
+    assert got == [reference(model, p, 6, eos=False) for p in PROMPTS]
+    # the home model alone (its unread weights zero) does not give them: the join is what makes them right
+    alone = backend.home.forward(torch.tensor([[5]]), torch.tensor([0]), torch.tensor([[0]]), 1)
+    assert not torch.allclose(alone, backend.whole.forward(torch.tensor([[5]]), torch.tensor([0]), torch.tensor([[0]]), 1))

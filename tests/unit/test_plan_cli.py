@@ -19,6 +19,7 @@ from kernelfleet.plan.model import Device, Link, Plan, Problem
 from kernelfleet.plan.slots import per_request_modes
 from kernelfleet.plan.synthetic import layered
 from kernelfleet.plan.validate import check, evaluate
+from kernelfleet.runtime import plans as runtime_plans
 
 pytestmark = pytest.mark.unit
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -117,11 +118,14 @@ def test_all_policies_write_every_plan_into_a_folder(files):
             "pipeline.json",
             "latency-greedy.json",
             "attention-ffn.json",
+            "program.json",  # the program the plans place
         ]
     )
     problem = problem_from(files, gbps=50.0)
+    assert Program.load(folder / "program.json").launches == problem.program.launches
     for path in folder.iterdir():
-        check(problem, Plan.from_json(path.read_text()))
+        if path.name != "program.json":
+            check(problem, Plan.from_json(path.read_text()))
 
 
 def test_memory_limits_force_a_split_and_rule_out_replicas(files):
@@ -269,9 +273,12 @@ def test_plans_made_for_requests_in_flight_carry_the_slot_mode_predicted_fastest
     plan_cli(files / "program.json", files / "costs.json", "--policy", "all", "--time-limit", 2, "--in-flight", 3,
              "--out", files / "plans")
     problem = problem_from(files)
-    for path in sorted((files / "plans").glob("*.json")):
-        plan = Plan.load(path)
+    # the folder's plans as the executor's benchmarks load them: every file but the program written beside them
+    assert Program.load(files / "plans" / "program.json").launches == problem.program.launches
+    plans = runtime_plans.load(files / "plans", problem)
+    assert {"throughput-milp", "latency-greedy", "pipeline"} <= set(plans)
+    for policy, plan in plans.items():
         modes = per_request_modes(problem, plan, 3)
-        assert plan.slot_mode == min(modes, key=modes.get), path.name
+        assert plan.slot_mode == min(modes, key=modes.get), policy
     plan_cli(files / "program.json", files / "costs.json", "--policy", "pipeline", "--out", files / "one.json")
     assert Plan.load(files / "one.json").slot_mode == "sequential"  # made for no requests in flight

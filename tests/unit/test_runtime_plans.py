@@ -82,10 +82,11 @@ def test_memory_and_device_names_are_checked(tmp_path):
         load(elsewhere, small)
 
 
-def test_a_folder_loads_every_plan_by_policy_less_request_distribution(tmp_path):
+def test_a_folder_loads_every_plan_by_policy_less_request_distribution_and_the_program(tmp_path):
     write(tmp_path / "a.json", Plan("pipeline", ["compute", "compute", "bandwidth"], 0.1))
     write(tmp_path / "replicas.json", Plan("replicas", [], 0.1, details={"replicas": DEVICES}))
     (tmp_path / "notes.txt").write_text("not a plan")
+    program().save(tmp_path / "program.json")  # kernelfleet plan --policy all writes the program beside its plans
     assert list(load(tmp_path, problem(program(), [Device(d) for d in DEVICES]))) == ["pipeline"]
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(UsageError, match="broken.json: not a plan"):

@@ -80,7 +80,8 @@ def test_a_bad_trace_file_is_one_line(tmp_path):
 def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_next_run(tmp_path):
     """``bench.serve_plans.prepare`` with the commands recorded instead of run (they need a GPU):
     profile then plan --state-home per bucket of the server's slots, each writing what kernelfleet
-    writes; a second run makes nothing again; the home-alone folder serves single-a for both policies."""
+    writes; a second run makes nothing again; the home-alone folder serves single-a for both policies,
+    beside the plans' program."""
     from bench import serve_plans
 
     ran: list[list[str]] = []
@@ -89,7 +90,8 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
         ran.append(args)
         out = Path(args[args.index("--out") + 1])
         out.mkdir(parents=True, exist_ok=True)
-        names = ["program", "costs"] if args[0] == "profile" else ["latency-greedy", "throughput-milp", "single-a"]
+        names = ["program", "costs"] if args[0] == "profile" else ["latency-greedy", "throughput-milp", "single-a",
+                                                                   "program"]
         for name in names:
             (out / f"{name}.json").write_text(f'{{"made by": "{args[0]}", "name": "{name}"}}')
 
@@ -106,6 +108,7 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
     for bucket in (1, 2, 4, 8):
         for policy in ("latency-greedy", "throughput-milp"):
             assert '"name": "single-a"' in (alone / f"batch-{bucket}" / f"{policy}.json").read_text()
+        assert '"made by": "plan"' in (alone / f"batch-{bucket}" / "program.json").read_text()  # the plans' program
     ran.clear()
     serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet)
     assert ran == []  # kept

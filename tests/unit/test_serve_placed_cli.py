@@ -1,6 +1,7 @@
 """``kernelfleet serve hf:DIR --plans DIR --profile ...`` refuses, in one line and before any weight
 loads or any GPU is touched, what cannot be served: a missing plan folder, bucket or plan, a plan
-file that is not a plan, and flags that do not go together (the first case as a user runs it, in
+file that is not a plan, a ``--device`` cap that names no profile or another GPU, and flags that do
+not go together (the first case as a user runs it, in
 its own process; the others through the same entry point in this one)."""
 
 import shutil
@@ -78,7 +79,11 @@ def test_a_missing_folder_a_missing_plan_and_a_broken_plan_file_are_one_line(mon
 @pytest.mark.parametrize("extra, says", [
     ([], "--plans runs on two or more --profile NAME:SMS[+HOG]@GPU"),
     (["--cpu", *PROFILES], "--plans DIR and --profile go together, on GPUs, without --cpu"),
-    (["--strategy", "replicas", "--device", "a:1", "--device", "b:1", *PROFILES], "without --cpu, --device or --strategy"),
+    (["--strategy", "replicas", "--device", "a:1", "--device", "b:1", *PROFILES], "without --cpu or --strategy"),
+    ([*PROFILES, "--device", "c:1"], "--device c:1: no --profile is named c (profiles: a, b)"),
+    ([*PROFILES, "--device", "b:1@1"], "--device b:1@1: the profile b is on GPU 0"),
+    ([*PROFILES, "--device", "a:1", "--device", "a:2"], "--device a:2: a is capped twice"),
+    ([*PROFILES, "--device", "a"], "--device takes NAME:MEMORY_GB[@GPU]"),
     (["--profile", "a:64@0", "--profile", "a:32@0"], "--plans runs on two or more --profile"),
 ])
 def test_flags_that_do_not_go_with_plans_are_one_line(monkeypatch, capsys, model_dir, plans, extra, says):
