@@ -15,7 +15,9 @@ Per (target, pair), from its ``disagg.json`` (every strategy behind its gate, ti
 * **prediction**: every chained plan row's measured time against its prediction (target: within
   10 %); the worst is named;
 * **latency**: the latency plan's measured time per request against the fastest single device's
-  (target: at or below it), chained slots (for a single device, one request after another); and
+  (target: at or below it), chained slots (for a single device, one request after another; where
+  the plan places every launch on one device, that device's own run: the run times the same graph
+  twice, and the two differ by repeat noise alone); and
   the latency plan today's planner makes from the same program and cost table: its measured time,
   where it is one of the placements the run timed (else "-");
 * **placement**: the best kernel placement (pipeline, attention/FFN, latency or throughput plan)
@@ -78,7 +80,8 @@ class Row:
     worst_prediction_error: float  # measured / predicted - 1, largest in magnitude
     predictions_within: int  # chained plan rows within PREDICTED_WITHIN of their prediction
     predictions: int
-    latency_over_single: float  # the latency plan's measured time per request / the fastest single's
+    latency_over_single: float  # the latency plan's measured time per request / the fastest single's (where it
+    # places every launch on one device, that device's own run: the same graph timed twice differs by noise only)
     replanned_latency: str  # the placement today's latency policy picks, as a timed strategy's name ("-": untimed)
     replanned_over_single: float  # its measured time / the fastest single's (nan where untimed)
     placement_over_replicas: float  # the best placement's rate / request distribution's (> 1: placement wins)
@@ -109,9 +112,10 @@ def row_of(folder: Path, found: dict | None = None) -> Row:
     replicas = fastest("replicas")
     gates = sorted({found[n]["gate"].split(":")[0] for n in timed})
     replanned = replanned_latency(folder)
+    latency = timed.get(timed_as(folder, "latency-greedy")) or float("nan")
     return Row(target, pair, best, timed[best] * 1e6, chosen, timed[chosen] * 1e6, timed[chosen] / timed[best],
                worst, errors[worst], sum(abs(e) <= PREDICTED_WITHIN for e in errors.values()), len(errors),
-               (timed.get("latency-greedy") or float("nan")) / single, replanned,
+               latency / single, replanned,
                (timed.get(replanned) or float("nan")) / single,
                (replicas / min(placements)) if placements and replicas else float("nan"), ", ".join(gates),
                sum(p in timed and "refused" in found[p] for p in PLANS))
@@ -142,9 +146,23 @@ def replanned_latency(folder: Path) -> str:
     problem = command.setup(folder / "program.json.gz", folder / "costs.json", ["a", "b"], [], links.LINK_GBPS,
                             [], [], None, links.COPY_US).problem
     chosen, _ = command.make_plans(problem, "latency", 10.0)
+    return placed_as(folder, chosen.assignment)
+
+
+def timed_as(folder: Path, policy: str) -> str:
+    """The run's strategy timed for the plan ``policy`` of the folder: a single device's own where
+    the plan places every launch there, else the plan's."""
+    path = folder / f"plan.{policy}.json"
+    found = placed_as(folder, Plan.from_json(path.read_text(), str(path)).assignment) if path.is_file() else "-"
+    return found if found.startswith("single:") else policy
+
+
+def placed_as(folder: Path, assignment: list[str]) -> str:
+    """The first of the folder's plans (single devices first) that places launches as ``assignment``
+    does ("-": none)."""
     files = sorted(folder.glob("plan.*.json"), key=lambda p: (not p.name.startswith("plan.single"), p.name))
-    timed = (Plan.from_json(p.read_text(), str(p)) for p in files)  # a single device by its own name
-    return next((p.policy for p in timed if p.assignment and p.assignment == chosen.assignment), "-")
+    plans = (Plan.from_json(p.read_text(), str(p)) for p in files)  # a single device by its own name
+    return next((p.policy for p in plans if p.assignment and p.assignment == assignment), "-")
 
 
 def markdown(rows: list[Row]) -> str:
