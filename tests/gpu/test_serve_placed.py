@@ -13,16 +13,19 @@ The flow, for a tiny random-weight Llama (bf16, what the server serves), 2 slots
 The second test serves with device b on SDPA's math attention (other kernels, plans over units):
 its plan graphs pass the tolerance gate at start. The third serves a larger Llama (16 layers, 2.28 GB
 of weights) on two devices each capped below what the whole model needs (``--device NAME:GB`` to
-the planner and to the server): each holds only the weights its plans read, prefill runs on the
-shares joined, and the tokens equal the single-device server's.
+the planner and to the server), each bucket through its layer pipeline: each device holds only
+the weights its plans read, prefill runs on the shares joined, and the tokens equal the
+single-device server's. The fourth builds the plan graphs of a decode step with the 8B's attention
+shape at its 2,048-token context (where the 8B's failed on the H200, 2026-12-06).
 
-Run alone: ``pytest -m gpu tests/gpu/test_serve_placed.py -s`` (about 5 minutes on an H200).
+Run alone: ``pytest -m gpu tests/gpu/test_serve_placed.py -s`` (about 8 minutes on an H200).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -30,6 +33,8 @@ import time
 import httpx
 import pytest
 from recorded import PROMPTS, ServeCommand, interleaved, tiny_causal_lm, whole_and_streamed
+
+from kernelfleet.serve.graphs import buckets
 
 pytestmark = pytest.mark.gpu
 SLOTS, CONTEXT = 2, 64
@@ -44,13 +49,15 @@ def kernelfleet(*args: str) -> str:
     return done.stdout
 
 
-def planned(tmp_path, folder, b: str = "b:32", devices: tuple[str, str] = ("a", "b")) -> list[str]:
-    """Each bucket's step profiled on a:64 and ``b``, then planned on ``devices`` (``NAME[:GB]``) into
-    ``tmp_path/plans/batch-B``, as the module docstring's commands; what each plan printed."""
+def planned(tmp_path, folder, b: str = "b:32", devices: tuple[str, str] = ("a", "b"), slots: int = SLOTS,
+            context: int = CONTEXT) -> list[str]:
+    """Each bucket's step (of ``slots`` slots of ``context`` tokens) profiled on a:64 and ``b``, then
+    planned on ``devices`` (``NAME[:GB]``) into ``tmp_path/plans/batch-B``, as the module docstring's
+    commands; what each plan printed."""
     said = []
-    for bucket in (1, 2):
+    for bucket in buckets(slots):
         profile = tmp_path / f"prof-{bucket}"
-        kernelfleet("profile", f"hf:{folder},serve-decode,batch={bucket},slots={SLOTS},context={CONTEXT}",
+        kernelfleet("profile", f"hf:{folder},serve-decode,batch={bucket},slots={slots},context={context}",
                     "--profile", "a:64", "--profile", b, "--trials", "3", "--out", str(profile))
         said.append(kernelfleet("plan", str(profile / "program.json"), str(profile / "costs.json"),
                                 *(f"--device={d}" for d in devices), "--policy", "all", "--state-home", "--out",
@@ -119,23 +126,30 @@ def test_the_placed_server_with_other_kernels_on_one_device_passes_the_tolerance
 
 
 def test_a_model_larger_than_either_capped_device_is_served_through_the_plans(tmp_path):
-    """Neither device may hold the whole model: planned with each capped at 1.3 GB (of the step's
-    2.28 GB of weights) and served with each capped at 3.2 GB, where the whole model, its cache and
-    the server's 1 GiB workspace need 3.36 (each device holds what its launches read in any of the
-    four plans, two buckets' two policies, so more than one plan's share). Both hold part, every
-    graph is gated, the tokens equal the single-device server's (greedy, whole and streamed)."""
+    """Neither device may hold the whole model: planned with each capped at 1.6 GB (of the step's
+    2.28 GB of weights) and served with each capped at 3.0 GB, where the whole model, its cache and
+    the server's 1 GiB workspace need 3.36. A device holds what its launches read in every plan it
+    may switch to (two buckets' two policies), and plans made one by one need not agree on where the
+    weights live (on an H200, 2026-12-06, the four plans of this test had b read 2.08 of the 2.12
+    GiB between them): so both policies serve each bucket's layer pipeline, whose cut splits the
+    layers. Both devices hold part, every graph is gated, and the tokens equal the single-device
+    server's (greedy, whole and streamed)."""
     from transformers import LlamaConfig
 
     folder = tmp_path / "llama"
     LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                 num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=256).save_pretrained(folder)
-    for said in planned(tmp_path, folder, devices=("a:1.3", "b:1.3")):
+    for said in planned(tmp_path, folder, devices=("a:1.6", "b:1.6")):
         assert "single:a" not in said and "single:b" not in said  # neither holds the step
+    for bucket in (1, 2):
+        plans = tmp_path / "plans" / f"batch-{bucket}"
+        for policy in ("latency-greedy", "throughput-milp"):
+            shutil.copyfile(plans / "pipeline.json", plans / f"{policy}.json")
     prompts = PROMPTS[:4]
     with ServeCommand(f"hf:{folder}", "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as single:
         want = asyncio.run(whole_and_streamed(single.url, prompts, 12))
     with ServeCommand(f"hf:{folder}", "--plans", str(tmp_path / "plans"), "--profile", "a:64@0", "--profile", "b:32@0",
-                      "--device", "a:3.2", "--device", "b:3.2", "--slots", str(SLOTS), "--context", str(CONTEXT),
+                      "--device", "a:3.0", "--device", "b:3.0", "--slots", str(SLOTS), "--context", str(CONTEXT),
                       startup_seconds=300) as placed:
         got = asyncio.run(whole_and_streamed(placed.url, prompts, 12))
     print(placed.err)
@@ -145,4 +159,27 @@ def test_a_model_larger_than_either_capped_device_is_served_through_the_plans(tm
     assert "over every device's share" in placed.err
     gates = [line for line in placed.err.splitlines() if line.strip().startswith("gate: ")]
     assert gates and all(line.strip().startswith(("gate: identical", "gate: within tolerance")) for line in gates)
+    assert got == want
+
+
+def test_a_long_context_decode_with_the_8bs_head_shape_builds_into_plan_graphs(tmp_path):
+    """The 8B's attention shape (head dim 128, 4 query heads a KV head) at its 2,048-token context
+    and 8 slots, in a 2-layer model: on the H200 (2026-12-06) the 8B's plan graphs could not be
+    built, the driver refusing a copy of cuDNN's split-KV reduction kernel
+    (``lean_reduction_kernel``), which the tiny models' short contexts never launch. Every bucket's
+    plans must build, pass their gate and serve the single-device server's tokens."""
+    from transformers import LlamaConfig
+
+    folder = tmp_path / "llama"
+    LlamaConfig(vocab_size=1024, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
+                num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096).save_pretrained(folder)
+    planned(tmp_path, folder, slots=8, context=2048)
+    prompts = PROMPTS[:4]
+    with ServeCommand(f"hf:{folder}", "--slots", "8", "--context", "2048", startup_seconds=300) as single:
+        want = asyncio.run(whole_and_streamed(single.url, prompts, 12))
+    with ServeCommand(f"hf:{folder}", "--plans", str(tmp_path / "plans"), "--profile", "a:64@0", "--profile", "b:32@0",
+                      "--slots", "8", "--context", "2048", startup_seconds=300) as placed:
+        got = asyncio.run(whole_and_streamed(placed.url, prompts, 12))
+    print(placed.err)
+    assert placed.returncode == 0, placed.err
     assert got == want

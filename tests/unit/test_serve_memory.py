@@ -75,3 +75,20 @@ def test_a_plans_share_past_the_free_memory_is_one_line_saying_what_it_needs():
     assert "\n" not in line
     assert line.startswith("device b does not fit under the free memory of GPU 0: its share of the plans needs "
                            "5.00 GiB (weights 3.00 GiB, KV cache 1.00 GiB, workspace 1.00 GiB) and 5.00 GiB are free")
+
+
+def test_a_devices_share_under_plans_counts_the_caches_it_keeps_and_says_how_to_shrink_it():
+    """``placed_build.share``: a device holding the whole model (names None) with every cache, or
+    only what its plans read with the caches they keep there (one scratch for the rest), checked
+    against its limit before it loads; each refusal one line with what would make it fit."""
+    from kernelfleet.serve.placed_build import share
+
+    footprint = Footprint(weights_bytes=8 * GIB, kv_bytes_per_slot=GIB, workspace_bytes_per_slot=0)
+    sizes = footprint, lambda names: len(names) * GIB  # a GiB a weight read
+    share("a", sizes, None, None, 0, 2, 8 * GIB + 2 * GIB + GIB, "under its cap")  # the model, 2 slots, workspace
+    with pytest.raises(UsageError, match=r"KV cache 2.00 GiB.*served by --strategy pipeline"):
+        share("a", sizes, None, None, 0, 2, 11 * GIB - 1, "under its cap")
+    # 3 weights, 1 of 4 caches kept (and one scratch for the other 3): 2 slots' caches are 2 GiB, so 1 GiB here
+    share("b", sizes, {"x", "y", "z"}, {(0, "keys")}, 4, 2, 3 * GIB + GIB + GIB, "under its cap")
+    with pytest.raises(UsageError, match=r"weights 3.00 GiB, KV cache 1.00 GiB.*pipeline.json served as both"):
+        share("b", sizes, {"x", "y", "z"}, {(0, "keys")}, 4, 2, 5 * GIB - 1, "under its cap")
