@@ -264,6 +264,10 @@ def plan_command(
     catalog: Path | None = CatalogOption,
     edge_fit: Path | None = typer.Option(None, "--edge-fit", help="A per-edge fit (python -m bench.place_table "
                                          "--edges --fit-out): every prediction in a slot mode charges it."),
+    weights_like: Path | None = typer.Option(None, "--weights-like", help="A plan (with the program.json "
+                                             "kernelfleet plan --out wrote beside it): every launch that reads "
+                                             "weights it placed runs where it keeps them, so each device holds the "
+                                             "same weights under every plan made so (kernelfleet serve --plans)."),
 ) -> None:
     """Place a kernel program on devices: the chosen policy's plan beside every baseline."""
     from rich.table import Table
@@ -271,7 +275,7 @@ def plan_command(
     from kernelfleet.plan import command
 
     done = command.setup(program, costs, device or [], link or [], link_gbps, predict or [], profile or [],
-                         catalog, copy_us, keep_home, edge_fit, state_home)
+                         catalog, copy_us, keep_home, edge_fit, state_home, weights_like)
     chosen, plans = command.make_plans(done.problem, policy, time_limit, in_flight=in_flight)
     console = out_console()
     for note in done.notes:

@@ -21,7 +21,7 @@ from kernelfleet.graph.deps import kernel_kind
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.baselines import baselines
 from kernelfleet.plan.links import check_link
-from kernelfleet.plan.model import PLANNED_PROGRAM, STATE_HOME, Device, Link, Plan, Problem
+from kernelfleet.plan.model import PLANNED_PROGRAM, STATE_HOME, Device, Link, Plan, Problem, weights_kept
 from kernelfleet.plan.model import state_home as pin_state
 from kernelfleet.plan.policy import throughput
 from kernelfleet.plan.slots import fastest_mode
@@ -92,12 +92,14 @@ def setup(
     keep_home: bool = False,
     edge_fit_path: Path | None = None,
     state_home: bool = False,
+    weights_like: Path | None = None,
 ) -> Setup:
     """The problem the CLI plans: devices from ``--device`` (default: every measured device) plus
     ``--predict`` SKUs, links from ``--link`` with ``link_gbps`` for every pair left out, each copy
     over any of them ``copy_us`` microseconds beyond its bytes; ``keep_home``: as Problem's;
     ``edge_fit_path``: a per-edge fit (``kernelfleet_edges``) the slot-mode predictions charge;
-    ``state_home``: the step's state pinned home (``model.state_home``), and ``keep_home``."""
+    ``state_home``: the step's state pinned home (``model.state_home``), and ``keep_home``;
+    ``weights_like``: a plan whose weight placement every plan keeps (``model.weights_kept``)."""
     from kernelfleet.plan.edges import EdgeFit
 
     edge_fit = None if edge_fit_path is None else EdgeFit.load(edge_fit_path)
@@ -116,6 +118,10 @@ def setup(
                              "(profile hf:DIR,serve-decode,...)")
         notes.append(f"state home: the {pinned} launches that touch the step's state are pinned to the home device, "
                      "and every plan keeps its home")
+    if weights_like is not None:
+        costs = _weights_like(weights_like, program, costs)
+        notes.append(f"weights like {weights_like}: each launch that reads weights runs only where that plan keeps "
+                     "them")
     if predict:
         costs, predicted, note = _predict(program, costs, measured, predict, profiles, catalog_path)
         notes.append(note)
@@ -182,6 +188,20 @@ def implausible_note(costs: CostTable, catalog_path: Path | None) -> list[str]:
     return [(f"warning: {launches} launches take less time than any GPU of the catalog could (launch {k} on {device}: "
              f"{rate / 1e12:,.0f} TFLOP/s {costs.precision[k]}); those times are wrong, and plans made on them are not "
              "to be trusted (a stream-K GEMM or cuDNN attention timed without its memset skips its work)")]
+
+
+def _weights_like(path: Path, program: Program, costs: CostTable) -> CostTable:
+    """``costs`` kept to the weight placement of the plan ``path`` (``model.weights_kept``), whose
+    program is the ``PLANNED_PROGRAM`` beside it; UsageError naming what is missing or wrong."""
+    beside = path.parent / PLANNED_PROGRAM
+    if not beside.is_file():
+        raise UsageError(f"--weights-like {path}: no {PLANNED_PROGRAM} beside it (kernelfleet plan --policy all "
+                         "--out writes the plans with their program)")
+    reference, plan = Program.load(beside), Plan.load(path)
+    if len(plan.assignment) != len(reference.launches):
+        raise UsageError(f"--weights-like {path}: a plan of {len(plan.assignment)} launches, {beside} has "
+                         f"{len(reference.launches)}: not its plan")
+    return weights_kept(costs, program, reference, plan, f"--weights-like {path}")
 
 
 def _predict(

@@ -196,6 +196,35 @@ def state_home(program: Program) -> Program:
                    units=program.units)
 
 
+def weights_read(program: Program, assignment: list[str], device: str) -> set[str]:
+    """The names of ``program``'s weight buffers that the launches ``assignment`` puts on ``device``
+    read: the weights that device must hold under the plan."""
+    named = {b.id: b.name for b in program.buffers if b.role == "weight" and b.name}
+    return {named[a.buffer] for launch in program.launches if assignment[launch.index] == device
+            for a in launch.accesses if a.reads and a.buffer in named}
+
+
+def weights_kept(costs: CostTable, program: Program, reference: Program, plan: Plan, where: str) -> CostTable:
+    """``costs`` with every launch of ``program`` that reads weights ``plan`` placed (a plan of
+    ``reference``; weights matched by name) runnable only on the devices that hold all of them
+    under ``plan``: each device's launches, in every plan made from the table, read only the
+    weights ``plan`` put there (``kernelfleet plan --weights-like``: a server switching plans holds
+    each device's weights once). UsageError naming ``where`` and the launch where no device holds
+    all the weights it reads."""
+    held = {d: weights_read(reference, plan.assignment, d) for d in dict.fromkeys(plan.assignment)}
+    placed = set().union(*held.values())
+    named = {b.id: b.name for b in program.buffers if b.role == "weight" and b.name in placed}
+    rows = []
+    for launch, row in zip(program.launches, costs.seconds):
+        reads = {named[a.buffer] for a in launch.accesses if a.reads and a.buffer in named}
+        devices = {d for d, names in held.items() if reads <= names}
+        if not devices:
+            raise UsageError(f"{where}: launch {launch.index} ({launch.name}) reads {', '.join(sorted(reads))}, "
+                             "which the plan keeps on different devices: no device may run it")
+        rows.append(row if not reads else {d: (v if d in devices else None) for d, v in row.items()})
+    return replace(costs, seconds=rows)
+
+
 class Problem:
     """Everything a planner reads, checked once so planners can trust it.
 

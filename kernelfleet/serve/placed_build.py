@@ -160,8 +160,7 @@ def share(name: str, sizes: tuple[Footprint, Callable[[set[str]], int]], names: 
     except UsageError as exc:
         if names is not None:
             raise UsageError(f"{exc} (a device holds the weights its launches read in every bucket's and policy's "
-                             "plan; plans that agree on where the weights live hold less, e.g. each bucket's "
-                             "pipeline.json served as both policies)") from None
+                             "plan: make them agree with kernelfleet plan --weights-like ONE_PLAN.json)") from None
         raise UsageError(f"{exc} (it holds the whole model: a model larger than one device is served by --strategy "
                          "pipeline, or by plans made with kernelfleet plan --device NAME:MEMORY_GB on devices of one "
                          "GPU)") from None

@@ -35,6 +35,7 @@ from pathlib import Path
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.model import PLANNED_PROGRAM, Plan, Problem
+from kernelfleet.plan.model import weights_read as plan_weights
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT
 
@@ -169,14 +170,7 @@ def planned_programs(root: Path, found: dict[int, dict[str, tuple[Path, Plan]]])
 def weights_read(found: dict[int, dict[str, tuple[Path, Plan]]], programs: dict[int, Program], device: str,
                  prefix: str) -> set[str]:
     """The names of the weights the launches ``device`` runs under any plan of ``found`` read: every
-    named weight buffer of its bucket's program (``programs``) such a launch reads, by its name less
-    ``prefix``."""
-    names: set[str] = set()
-    for bucket, policies in found.items():
-        program = programs[bucket]
-        weights = {b.id: b.name.removeprefix(prefix) for b in program.buffers
-                   if b.role == "weight" and b.name and b.name.startswith(prefix)}
-        names.update(weights[a.buffer] for _, plan in policies.values() for launch in program.launches
-                     if plan.assignment[launch.index] == device for a in launch.accesses
-                     if a.reads and a.buffer in weights)
-    return names
+    named weight buffer of its bucket's program (``programs``) such a launch reads
+    (``plan.model.weights_read``), by its name less ``prefix``."""
+    return {name.removeprefix(prefix) for bucket, policies in found.items() for _, plan in policies.values()
+            for name in plan_weights(programs[bucket], plan.assignment, device) if name.startswith(prefix)}

@@ -16,7 +16,8 @@ import pytest
 
 from kernelfleet.errors import UsageError
 from kernelfleet.kernels.ir import Program
-from kernelfleet.plan.model import STATE_HOME, Device, state_home
+from kernelfleet.plan.model import STATE_HOME, Device, Plan, state_home
+from kernelfleet.plan.model import weights_read as plan_weights
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.serve.placed_plans import Placement, kv_devices, kv_placement, planned_programs, read, weights_read
 from kernelfleet.serve.placed_step import WEIGHTS_PREFIX
@@ -155,6 +156,77 @@ def test_plans_under_caps_smaller_than_the_model_split_its_weights_and_the_folde
     (tmp_path / "plans" / "batch-1" / "program.json").unlink()
     with pytest.raises(UsageError, match=r"batch-1: no program.json, the program its plans place \(`kernelfleet plan"):
         planned_programs(tmp_path / "plans", found)
+
+
+def test_plans_made_weights_like_one_plan_keep_its_weights_on_each_device_whatever_their_policy(program, tmp_path):
+    """``kernelfleet plan --weights-like PLAN``: every launch that reads a weight PLAN placed runs
+    where PLAN keeps it, so under each of the plans (every policy, here of the same recorded step
+    as a second bucket's) each device reads the very weights PLAN gave it: a server switching
+    between them holds one plan's share a device, not the union of several."""
+    state_home(program).save(tmp_path / "program.json")
+    caps = ["--device=a:0.0025", "--device=b:0.0035"]
+
+    def plan(out: Path, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kernelfleet", "plan", str(tmp_path / "program.json"),
+                               str(RECORDED / "profile.costs.json"), *caps, "--policy", "all", "--state-home",
+                               "--time-limit", "20", "--out", str(out), *extra],
+                              capture_output=True, text=True, timeout=600, check=False)
+
+    assert plan(tmp_path / "reference").returncode == 0
+    reference = Plan.load(tmp_path / "reference" / "throughput-milp.json")
+    done = plan(tmp_path / "plans" / "batch-1", "--weights-like", str(tmp_path / "reference" / "throughput-milp.json"))
+    assert done.returncode == 0, done.stderr
+    assert "weights like" in done.stdout
+    found = read(tmp_path / "plans", [1])
+    programs = planned_programs(tmp_path / "plans", found)
+    unguided = {1: {policy: (path, Plan.load(path)) for policy, path in
+                    (("throughput", tmp_path / "reference" / "throughput-milp.json"),
+                     ("latency", tmp_path / "reference" / "latency-greedy.json"))}}
+    grew = []
+    for device in ("a", "b"):
+        share = {name.removeprefix(WEIGHTS_PREFIX) for name in plan_weights(program, reference.assignment, device)}
+        assert share and weights_read(found, programs, device, WEIGHTS_PREFIX) == share
+        grew.append(weights_read(unguided, {1: program}, device, WEIGHTS_PREFIX) > share)
+    assert any(grew)  # the reference folder's own two plans, made without it, need more on some device
+
+
+def test_weights_like_refuses_a_launch_whose_weights_it_keeps_apart_and_a_plan_without_its_program(program, tmp_path):
+    """A launch reading two weights the reference plan put on two devices can run nowhere: one line
+    naming it. A reference plan without the program beside it, or made for another program: one line."""
+    from dataclasses import replace
+
+    from kernelfleet.costs.table import CostTable
+    from kernelfleet.plan.model import weights_kept
+
+    costs = CostTable.from_json((RECORDED / "profile.costs.json").read_text())
+    named = {b.name: b.id for b in program.buffers if b.role == "weight"}
+    k = named["model.model.layers.0.self_attn.k_proj.weight"]
+    readers = {name: next(x.index for x in program.launches if any(a.buffer == named[name] for a in x.accesses))
+               for name in ("model.model.layers.0.self_attn.q_proj.weight", "model.model.layers.0.self_attn.k_proj.weight")}
+    first, second = readers.values()
+    split = Plan("split", ["b" if i == second else "a" for i in range(len(program.launches))], 1.0)
+    kept = weights_kept(costs, program, program, split, "ref.json")
+    assert kept.seconds[second] == {"a": None, "b": costs.seconds[second]["b"]}  # k_proj's reader only where k is
+    assert kept.seconds[first]["b"] is None and kept.seconds[first]["a"] == costs.seconds[first]["a"]
+    reads_both = replace(program.launches[first], accesses=(*program.launches[first].accesses,
+                                                           *(a for a in program.launches[second].accesses
+                                                             if a.buffer == k)))
+    fused = replace(program, launches=[reads_both if x.index == first else x for x in program.launches])
+    with pytest.raises(UsageError, match=rf"ref.json: launch {first} \(.*\) reads .*k_proj.*q_proj.*, which the plan "
+                                         "keeps on different devices"):
+        weights_kept(costs, fused, program, split, "ref.json")
+    split.save(tmp_path / "split.json")
+    program.save(tmp_path / "program.json")
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", "plan", str(tmp_path / "program.json"),
+                           str(RECORDED / "profile.costs.json"), "--weights-like", str(tmp_path / "nowhere" / "p.json")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2 and done.stderr.strip().endswith("no program.json beside it (kernelfleet plan --policy "
+                                                                 "all --out writes the plans with their program)")
+    Plan("short", ["a"], 1.0).save(tmp_path / "short.json")
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", "plan", str(tmp_path / "program.json"),
+                           str(RECORDED / "profile.costs.json"), "--weights-like", str(tmp_path / "short.json")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2 and "a plan of 1 launches" in done.stderr and "not its plan" in done.stderr
 
 
 def test_state_home_on_a_step_without_state_is_one_line(tmp_path):

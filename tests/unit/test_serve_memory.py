@@ -90,5 +90,5 @@ def test_a_devices_share_under_plans_counts_the_caches_it_keeps_and_says_how_to_
         share("a", sizes, None, None, 0, 2, 11 * GIB - 1, "under its cap")
     # 3 weights, 1 of 4 caches kept (and one scratch for the other 3): 2 slots' caches are 2 GiB, so 1 GiB here
     share("b", sizes, {"x", "y", "z"}, {(0, "keys")}, 4, 2, 3 * GIB + GIB + GIB, "under its cap")
-    with pytest.raises(UsageError, match=r"weights 3.00 GiB, KV cache 1.00 GiB.*pipeline.json served as both"):
+    with pytest.raises(UsageError, match=r"weights 3.00 GiB, KV cache 1.00 GiB.*make them agree with kernelfleet plan --weights-like"):
         share("b", sizes, {"x", "y", "z"}, {(0, "keys")}, 4, 2, 5 * GIB - 1, "under its cap")
