@@ -192,7 +192,12 @@ def add_launch(graph: Any, replica: Replica, chains: list[list[int]], launch: in
     waits for)."""
     with driver.in_context(replica.run_context):
         for node in chains[launch]:
-            after = [driver.add_copy_of(graph, replica.captured.nodes[node], after, replica.run_context)]
+            try:
+                after = [driver.add_copy_of(graph, replica.captured.nodes[node], after, replica.run_context)]
+            except DriverError as exc:  # which kernel the driver would not place: the one thing to look at
+                step = replica.program.launches[launch]
+                raise DriverError(f"launch {launch} ({step.op or 'no ATen op'}, kernel {step.name[:120]}): {exc}",
+                                  exc.name) from None
             if priority is not None and driver.node_kind(after[0]) == "kernel":
                 driver.set_priority(after[0], priority)
     return after[0]
@@ -210,8 +215,11 @@ class _Builder:
             priority: int | None) -> list[Any]:
         if n.launch is not None:
             device = n.devices[0]
-            return [add_launch(self.graph, slot.replicas[device], launch_nodes[device], n.launch, after, self.driver,
-                               priority)]
+            try:
+                return [add_launch(self.graph, slot.replicas[device], launch_nodes[device], n.launch, after,
+                                   self.driver, priority)]
+            except DriverError as exc:
+                raise DriverError(f"device {device}: {exc}", exc.name) from None
         t = n.copy
         return self.copy(after, t, slot.replicas[t.src], slot.replicas[t.dst],
                          places.where(t.dst, t, [t.reader, t.writer]), places.where(t.src, t, [t.writer, t.reader]))

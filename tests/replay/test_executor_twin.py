@@ -10,6 +10,7 @@ import pytest
 from recorded import twin_replicas
 
 from kernelfleet.errors import UsageError
+from kernelfleet.kernels.cuda.doorway import DriverError
 from kernelfleet.kernels.cuda.null import NullDriver
 from kernelfleet.plan.schedule import schedule
 from kernelfleet.plan.slots import pipeline
@@ -189,3 +190,18 @@ def test_a_ranks_graph_is_predicted_as_the_one_process_executors_is():
         ranked = prediction(rank.combined, strategy, seconds, contention)
         assert ranked == prediction(one.combined, strategy, seconds, contention) and ranked > 0
         assert prediction(rank.combined, strategy, None, contention) is None  # no cost table: no prediction
+
+
+def test_a_kernel_the_driver_will_not_copy_is_named_with_its_device_and_launch():
+    """On the H200 (2026-12-06) the driver refused to copy one cuDNN kernel into a plan graph; the
+    error now says which launch, op and kernel, and on which device, in its one line."""
+    mine = replicas()
+    n = len(mine["bandwidth"].program.launches)
+    with pytest.raises(DriverError) as refused:
+        build([Slot(mine, ["compute"] * n, "bandwidth")], resident_state=True,
+              driver=NullDriver(refuse=("add_copy_of",)))
+    first = mine["compute"].program.launches[0]
+    line = str(refused.value)
+    assert line.startswith(f"device compute: launch 0 ({first.op or 'no ATen op'}, kernel {first.name[:120]}): "
+                           "add_copy_of failed: CUDA_ERROR_INVALID_VALUE")
+    assert "\n" not in line and refused.value.name == "CUDA_ERROR_INVALID_VALUE"
