@@ -166,9 +166,8 @@ def serve(
 
 
 def _placed(target: str, plans: Path | None, profiles: list[str], caps: list[str], other: bool, listen: str,
-            allow_remote: bool,
-            token: str | None, slots: int | None, max_queue: int, context: int | None, dtype: str | None,
-            seed: int, prefill: tuple[int | None, int]) -> None:
+            allow_remote: bool, token: str | None, slots: int | None, max_queue: int, context: int | None,
+            dtype: str | None, seed: int, prefill: tuple[int | None, int]) -> None:
     """``--plans DIR --profile ...``: the placed backend (serve/placed_build.py) behind the same API;
     ``caps``: ``--device NAME:MEMORY_GB``, what a profile may hold; ``prefill``: the engine's prompt
     tokens a step and whole prompts a forward (engine.py)."""
