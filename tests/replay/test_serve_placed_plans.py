@@ -4,7 +4,9 @@ device b with math attention, so a program of units). Checked: every missing pie
 recorded planners' plans do not keep the KV cache in one place (the latency plan splits each layer's
 keys from its values, and on other devices than the throughput plan), which the server refuses; the
 same planner run through ``kernelfleet plan --state-home`` (every launch that touches the cache pinned)
-writes plans the server accepts, the cache at home; a step without state is refused in one line."""
+writes plans the server accepts, the cache at home, with the program they place beside them; a step
+without state is refused in one line. Under memory caps below the step the planner splits the
+weights, and ``--weights-like`` one plan keeps every plan's weights where that plan put them."""
 
 import shutil
 import subprocess
@@ -215,7 +217,6 @@ def test_weights_like_refuses_a_launch_whose_weights_it_keeps_apart_and_a_plan_w
     with pytest.raises(UsageError, match=rf"ref.json: launch {first} \(.*\) reads .*k_proj.*q_proj.*, which the plan "
                                          "keeps on different devices"):
         weights_kept(costs, fused, program, split, "ref.json")
-    split.save(tmp_path / "split.json")
     program.save(tmp_path / "program.json")
     done = subprocess.run([sys.executable, "-m", "kernelfleet", "plan", str(tmp_path / "program.json"),
                            str(RECORDED / "profile.costs.json"), "--weights-like", str(tmp_path / "nowhere" / "p.json")],
