@@ -93,10 +93,9 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
         # home keeps every cache (prefill writes them all there); another device the caches the plans keep
         # there, where they are known (not yet with units: all)
         kept = None if placement is None or name == home else set(placement.away().get(name, []))
-        where = (f"under its cap of {caps[name] / 1e9:.2f} GB (--device {name})" if name in caps
-                 else f"under the free memory of GPU {gpu}")
-        share(name, sizes, names[name], kept, len(placement.kv) if placement else 0, slots,
-              caps.get(name, free_bytes(gpu)), where)
+        limit, where = ((caps[name], f"under its cap of {caps[name] / 1e9:.2f} GB (--device {name})") if name in caps
+                        else (free_bytes(gpu), f"under the free memory of GPU {gpu}"))
+        share(name, sizes, names[name], kept, len(placement.kv) if placement else 0, slots, limit, where)
         model, held[name] = load_model(f"cuda:{gpu}", names[name])
         backends[name] = EagerBackend(model, slots, context_tokens, name, kept)
     whole = backends[home]

@@ -50,7 +50,7 @@ def kernelfleet(*args: str) -> str:
 
 
 def planned(tmp_path, folder, b: str = "b:32", devices: tuple[str, str] = ("a", "b"), slots: int = SLOTS,
-            context: int = CONTEXT, *extra: str) -> list[str]:
+            context: int = CONTEXT, extra: tuple[str, ...] = ()) -> list[str]:
     """Each bucket's step (of ``slots`` slots of ``context`` tokens) profiled on a:64 and ``b`` (once:
     a profile already in ``tmp_path`` is kept), then planned on ``devices`` (``NAME[:GB]``, and
     ``extra`` flags) into ``tmp_path/plans/batch-B``, as the module docstring's commands; what each
@@ -142,12 +142,12 @@ def test_a_model_larger_than_either_capped_device_is_served_through_the_plans(tm
     LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                 num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=256).save_pretrained(folder)
     caps = ("a:1.3", "b:1.3")
-    for said in planned(tmp_path, folder, "b:32", caps):
+    for said in planned(tmp_path, folder, devices=caps):
         assert "single:a" not in said and "single:b" not in said  # neither holds the step
     (tmp_path / "plans" / "batch-1").rename(tmp_path / "reference")
     shutil.rmtree(tmp_path / "plans")
-    for said in planned(tmp_path, folder, "b:32", caps, SLOTS, CONTEXT, "--weights-like",
-                        str(tmp_path / "reference" / "throughput-milp.json")):
+    for said in planned(tmp_path, folder, devices=caps,
+                        extra=("--weights-like", str(tmp_path / "reference" / "throughput-milp.json"))):
         assert "weights like" in said
     prompts = PROMPTS[:4]
     with ServeCommand(f"hf:{folder}", "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as single:
