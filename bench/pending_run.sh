@@ -5,8 +5,8 @@
 #   bash bench/pending_run.sh serve         # `bench.serve_gpu --cases plans`: the 8B's plans per bucket made by
 #                                           # profile and plan (the MILP held to 15 s a bucket), then served three
 #                                           # ways. Resumable: the plans made so far come back in
-#                                           # $OUT/serve-plans.tgz; unpacked into .gpuwork/ (carried), the next
-#                                           # call starts from them (a bucket whose plans are there is not made again).
+#                                           # $OUT/serve-plans.tgz; put in .gpuwork/ (carried), the next call
+#                                           # starts from them (a bucket whose plans are there is not made again).
 #                                           # An H200: profile holds the step four times (the capture and three
 #                                           # replicas for its whole-step graphs), ~72 GB for the 8B at 8 slots.
 #                                           # On an H200 (2026-12-06) its plans were made (kept in
@@ -20,25 +20,31 @@
 #                                           # copies home) and hf-qwen2moe-prefill (request distribution's shared
 #                                           # factor); docs/validation/place-h200-pairs.md
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
-# installs them first.
+# installs them first. PENDING_SECONDS: the seconds the modes share (default 580; less when the call
+# runs something else first); PENDING_TESTS: serve-tests runs only the tests it matches (pytest -k).
 set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
     case "$mode" in serve|serve-tests|place) ;; *) echo "usage: bash bench/pending_run.sh serve|serve-tests|place ..." >&2; exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
+END=${PENDING_SECONDS:-580}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,memory.total --format=csv > "$OUT/smi.txt"
 for mode in "$@"; do  # several in one call share its 10 minutes (the timeouts count from the call's start)
 case "$mode" in
 serve-tests)
-    timeout 570 python3 -m pytest -m gpu tests/gpu/test_serve_placed.py -s -p no:cacheprovider > "$OUT/serve_placed.txt" 2>&1
+    timeout $((END - 10 - SECONDS)) python3 -m pytest -m gpu tests/gpu/test_serve_placed.py -s -p no:cacheprovider \
+        ${PENDING_TESTS:+-k "$PENDING_TESTS"} > "$OUT/serve_placed.txt" 2>&1
     tail -5 "$OUT/serve_placed.txt"
     ;;
 serve)
-    [ -d .gpuwork/serve-plans ] && cp -r .gpuwork/serve-plans /tmp/serve-plans  # what an earlier call made
-    timeout $((580 - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve --cases plans --plans-dir /tmp/serve-plans \
+    # what an earlier call made: its serve-plans.tgz (carried: the plans' programs fill a call's 64 MiB
+    # unpacked), or the folder it holds
+    if [ -f .gpuwork/serve-plans.tgz ]; then tar xzf .gpuwork/serve-plans.tgz -C /tmp
+    elif [ -d .gpuwork/serve-plans ]; then cp -r .gpuwork/serve-plans /tmp/serve-plans; fi
+    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve --cases plans --plans-dir /tmp/serve-plans \
         --requests 8 --plan-seconds 15 > "$OUT/serve_plans.txt" 2>&1
     cp /tmp/serve/serve_gpu.json "$OUT/" 2>/dev/null
     # the profiles' programs are large; the plans, the log and the servers' logs come back
@@ -52,8 +58,8 @@ place)
     timeout 150 python3 -m bench.edge_cost --out /tmp/place/edges --targets hf-qwen2moe-decode --repeats 10 \
         --link $link > "$OUT/edge_qwen2moe.txt" 2>&1
     tail -15 "$OUT/edge_qwen2moe.txt"
-    timeout $((590 - SECONDS)) python3 -m bench.place_pairs --out /tmp/place/pairs --targets hf-mamba-decode \
-        hf-qwen2moe-prefill --pairs same --budget-s $((480 - SECONDS)) > "$OUT/place_pairs.txt" 2>&1
+    timeout $((END + 10 - SECONDS)) python3 -m bench.place_pairs --out /tmp/place/pairs --targets hf-mamba-decode \
+        hf-qwen2moe-prefill --pairs same --budget-s $((END - 100 - SECONDS)) > "$OUT/place_pairs.txt" 2>&1
     tail -15 "$OUT/place_pairs.txt"
     tar czf "$OUT/place.tgz" -C /tmp place
     ;;

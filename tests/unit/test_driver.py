@@ -148,3 +148,56 @@ def test_open_profiles_take_the_lowest_sm_groups_no_other_holds():
     assert _first_free({0: 8}, 4) == 8  # b beside an open a:64
     assert _first_free({8: 4}, 8) == 0 and _first_free({8: 4}, 9) == 12  # a gap that fits, and one that does not
     assert _first_free({0: 4, 6: 2}, 2) == 4
+
+
+class _KernelNodeBindings:
+    """Fake ``cuda.bindings.driver`` holding one captured kernel node of ``shared`` bytes of dynamic
+    shared memory whose function's limit is ``limit``; it refuses a node past the limit, as the
+    driver did (CUDA_ERROR_INVALID_VALUE), and records every call."""
+
+    CUresult = enum.IntEnum("CUresult", {"CUDA_SUCCESS": 0, "CUDA_ERROR_INVALID_VALUE": 1})
+    CUgraphNodeType = enum.IntEnum("CUgraphNodeType", {"CU_GRAPH_NODE_TYPE_KERNEL": 0, "CU_GRAPH_NODE_TYPE_MEMCPY": 1,
+                                                       "CU_GRAPH_NODE_TYPE_MEMSET": 2})
+    CUfunction_attribute = enum.IntEnum("CUfunction_attribute", {"CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES": 8})
+    CUlaunchAttributeID = SimpleNamespace(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION=4)
+
+    def __init__(self, shared: int, limit: int) -> None:
+        self.shared, self.limit, self.calls = shared, limit, []
+
+    def _ok(self, *rest):
+        return (self.CUresult.CUDA_SUCCESS, *rest)
+
+    def cuGraphNodeGetType(self, node):
+        return self._ok(self.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL)
+
+    def cuGraphKernelNodeGetParams(self, node):
+        return self._ok(SimpleNamespace(func=7, ctx=None, sharedMemBytes=self.shared))
+
+    def cuFuncGetAttribute(self, attribute, function):
+        return self._ok(self.limit)
+
+    def cuFuncSetAttribute(self, function, attribute, value):
+        self.calls.append(("cuFuncSetAttribute", function, int(attribute), value))
+        self.limit = value
+        return self._ok()
+
+    def cuGraphAddKernelNode(self, graph, after, count, params):
+        self.calls.append(("cuGraphAddKernelNode", params.sharedMemBytes))
+        if params.sharedMemBytes > self.limit:
+            return (self.CUresult.CUDA_ERROR_INVALID_VALUE, None)
+        return self._ok("node")
+
+    def cuGraphKernelNodeGetAttribute(self, node, attribute):
+        return (self.CUresult.CUDA_ERROR_INVALID_VALUE, None)  # no cluster shape
+
+
+@pytest.mark.parametrize("shared, limit, raised", [(4160, 2080, True), (2080, 2080, False), (0, 0, False)])
+def test_a_copied_kernel_may_use_the_shared_memory_it_was_captured_with(shared, limit, raised):
+    """On an H100 (2026-12-06) the driver refused every copy of cuDNN's lean_reduction_kernel
+    captured for batch 1 (4,160 bytes) once batch 8's launch had left the kernel's limit at 2,080:
+    the copy raises the limit to the node's own first, and only where it is lower."""
+    fake = _KernelNodeBindings(shared, limit)
+    assert CudaDriver(bindings=fake).add_copy_of("graph", "captured", [], "green") == "node"
+    sets = [c for c in fake.calls if c[0] == "cuFuncSetAttribute"]
+    assert sets == ([("cuFuncSetAttribute", 7, 8, shared)] if raised else [])
+    assert fake.calls[-1] == ("cuGraphAddKernelNode", shared)

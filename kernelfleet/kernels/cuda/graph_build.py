@@ -31,6 +31,7 @@ class GraphBuilding(Doorways):
             raise DriverError(f"cannot replay a graph node of type {kind}: capture the step without it")
         params = self.call("cuGraphKernelNodeGetParams", node)
         params.ctx = ctx
+        self._allow_shared_bytes(params.func, int(params.sharedMemBytes))
         new = self.call("cuGraphAddKernelNode", graph, after, len(after), params)
         cluster_id = self.cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
         try:
@@ -40,6 +41,16 @@ class GraphBuilding(Doorways):
         if int(cluster.clusterDim.x) > 0:
             self.call("cuGraphKernelNodeSetAttribute", new, cluster_id, cluster)
         return new
+
+    def _allow_shared_bytes(self, function: Any, need: int) -> None:
+        """Let ``function`` launch with ``need`` bytes of dynamic shared memory where its limit is
+        lower: the driver refuses a node asking more (CUDA_ERROR_INVALID_VALUE). A library may set
+        a kernel's limit before each launch to what that launch needs: on an H100 (2026-12-06)
+        cuDNN's ``lean_reduction_kernel``, captured for batch 1 with 4,160 bytes, had the limit at
+        2,080 (what batch 8's launch needs) when the server built its plan graphs."""
+        limit = self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        if need and int(function) and int(self.call("cuFuncGetAttribute", limit, function)) < need:
+            self.call("cuFuncSetAttribute", function, limit, need)
 
     def add_copy(self, graph: Any, after: list[Any], dst: int, src: int, length: int, ctx: Any) -> Any:
         """Add a device-to-device memcpy node of ``length`` bytes (a peer copy when the devices differ)."""
