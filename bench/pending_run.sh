@@ -9,10 +9,9 @@
 #                                           # starts from them (a bucket whose plans are there is not made again).
 #                                           # An H200: profile holds the step four times (the capture and three
 #                                           # replicas for its whole-step graphs), ~72 GB for the 8B at 8 slots.
-#                                           # On an H200 (2026-12-06) its plans were made (kept in
-#                                           # .gpuwork/serve-plans) and the placed servers failed to build
-#                                           # their graphs (cuDNN's lean_reduction_kernel): serve-tests' fourth
-#                                           # test first
+#                                           # Its plans were made on an H200 (2026-12-06; kept as
+#                                           # .gpuwork/serve-plans.tgz) and served on an H100 that day
+#                                           # (docs/validation/serve-gpu.md, sixth run): still to do on an H200
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 8 minutes: a call of its own)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
 #                                           # an H200; on an H100 on 2026-12-06 all ran); the two same-kernel rows
