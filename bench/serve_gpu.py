@@ -72,11 +72,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from bench import command_line
@@ -170,6 +172,7 @@ class Load(BaseModel):
     ttft_p99_ms: float
     tpot_p50_ms: float
     tpot_p99_ms: float
+    plan_steps: dict[str, float] | None = None  # a server over plans: its decode steps under each plan in this load
 
 
 class Overhead(BaseModel):
@@ -415,6 +418,25 @@ def overhead(folder: Path, url: str, case: Case, tokens: int, repeats: int) -> O
                     server_vs_bare_percent=100 * (ms["server"] / ms["bare"] - 1))
 
 
+def plan_steps(url: str) -> dict[str, float] | None:
+    """The server's decode steps so far under each plan (``kernelfleet_serve_plan_steps_total``); None
+    for a server that runs no plans."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = {sample.labels["policy"]: sample.value for family in text_string_to_metric_families(text)
+             for sample in family.samples if sample.name == "kernelfleet_serve_plan_steps_total"}
+    return found or None
+
+
+def with_plan_steps(url: str, run: Callable[[], Load]) -> Load:
+    """``run()``'s load with the steps the server ran under each plan during it (``plan_steps``)."""
+    before = plan_steps(url)
+    load = run()
+    after = plan_steps(url)
+    if before is None or after is None:
+        return load
+    return load.model_copy(update={"plan_steps": {policy: after[policy] - before.get(policy, 0.0) for policy in after}})
+
+
 def run_case(case: Case, args: argparse.Namespace, trace: list[Arrival], shape: Shape, out: Path,
              setting: tuple[int, int]) -> CaseResult:
     """``case``'s server with ``--prefill-chunk`` and ``--prefill-batch`` of ``setting``, its tables
@@ -444,17 +466,20 @@ def run_case(case: Case, args: argparse.Namespace, trace: list[Arrival], shape: 
                     print(f"{name:<36} {ms:>8.3f}   {pct:+7.1f} %")
             vocab = case.config["vocab_size"]
             requests = max(args.requests, case.least_requests)
-            loads = [asyncio.run(offered(url, poisson(rate, requests, shape, seed=int(rate * 10)), vocab,
-                                         case.context_tokens, f"poisson {rate:g}/s"))
+            loads = [with_plan_steps(url, lambda rate=rate: asyncio.run(offered(
+                         url, poisson(rate, requests, shape, seed=int(rate * 10)), vocab, case.context_tokens,
+                         f"poisson {rate:g}/s")))
                      for rate in case.rates_per_second]
-            replayed = asyncio.run(offered(url, trace, vocab, case.context_tokens, "trace"))
+            replayed = with_plan_steps(url, lambda: asyncio.run(offered(url, trace, vocab, case.context_tokens, "trace")))
         finally:
             stop(server)
     held = [rate for rate, load in zip(case.rates_per_second, loads) if load.tpot_p99_ms <= TPOT_SLO_SECONDS * 1e3]
     print(f"{'load':<16} {'requests':>8} {'tokens/s':>9} {'TTFT p50 ms':>11} {'p99':>8} {'TPOT p50 ms':>11} {'p99':>7}")
     for load in [*loads, replayed]:
+        split = "" if load.plan_steps is None else "   steps " + ", ".join(
+            f"{policy} {steps:g}" for policy, steps in sorted(load.plan_steps.items()))
         print(f"{load.load:<16} {load.requests:>8} {load.tokens_per_second:>9.1f} {load.ttft_p50_ms:>11.1f} "
-              f"{load.ttft_p99_ms:>8.1f} {load.tpot_p50_ms:>11.2f} {load.tpot_p99_ms:>7.2f}")
+              f"{load.ttft_p99_ms:>8.1f} {load.tpot_p50_ms:>11.2f} {load.tpot_p99_ms:>7.2f}{split}")
     best = max(held) if held else None
     print(f"highest rate held at p99 TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms: "
           f"{'none of those measured' if best is None else f'{best:g} requests/s'}")

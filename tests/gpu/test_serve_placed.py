@@ -16,9 +16,10 @@ of weights) on two devices each capped below what the whole model needs (``--dev
 the planner and to the server), every plan made ``--weights-like`` one: each device holds only
 the weights its plans read, prefill runs on the shares joined, and the tokens equal the
 single-device server's. The fourth builds the plan graphs of a decode step with the 8B's attention
-shape at its 2,048-token context (where the 8B's failed on the H200, 2026-12-06).
+shape at its 2,048-token context (where the driver refused the 8B's until a copied kernel's
+shared-memory limit was raised to its node's, 2026-12-06).
 
-Run alone: ``pytest -m gpu tests/gpu/test_serve_placed.py -s`` (about 8 minutes on an H200).
+Run alone: ``pytest -m gpu tests/gpu/test_serve_placed.py -s`` (about 7 minutes on an H100).
 """
 
 from __future__ import annotations

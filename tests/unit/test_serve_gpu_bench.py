@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from recorded import bench_quick
+from recorded import bench_quick, free_port
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).parents[2]
@@ -39,6 +39,7 @@ def test_the_dry_run_serves_every_load_and_reports_it(tmp_path):
     for case in report["cases"]:
         assert [load["requests"] for load in case["poisson"]] == [3] * len(case["poisson"])
         assert all(load["output_tokens"] >= 3 and load["tokens_per_second"] > 0 for load in case["poisson"])
+        assert all(load["plan_steps"] is None for load in [*case["poisson"], case["trace"]])  # no plans served
     with (tmp_path / "trace.csv").open() as file:
         written = list(csv.DictReader(file))
     assert report["cases"][0]["trace"]["requests"] == len(written) == 6
@@ -131,3 +132,32 @@ def test_the_plans_rows_compare_each_server_at_its_best_held_load():
     (row,) = plans_rows(results, [(0, 8), (0, 1)])  # the second setting did not run
     assert row.tokens_per_second == {"plans-whole": 800, "plans-a": 250, "plans": 350}  # held: p99 TPOT <= 50 ms
     assert row.plans_vs_home_alone == pytest.approx(1.4) and row.plans_vs_whole_gpu == pytest.approx(350 / 800)
+
+
+def test_a_load_on_a_server_over_plans_says_how_many_steps_ran_under_each_plan():
+    """The steps counter a placed server exports (``placed.plan_metrics``), served over real HTTP:
+    a load records the steps it added under each plan, not the server's totals."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from bench.serve_gpu import Load, plan_steps, with_plan_steps
+    from kernelfleet.serve.placed import plan_metrics
+
+    registry = CollectorRegistry()
+    _, steps = plan_metrics(registry)
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        steps.labels(policy="latency").inc(5)  # an earlier load's
+
+        def load() -> Load:
+            steps.labels(policy="latency").inc(2)
+            steps.labels(policy="throughput").inc(7)
+            return Load(load="poisson 4/s", requests=1, output_tokens=9, seconds=1.0, tokens_per_second=9.0,
+                        ttft_p50_ms=1, ttft_p99_ms=1, tpot_p50_ms=1, tpot_p99_ms=1)
+
+        assert plan_steps(url) == {"latency": 5.0, "throughput": 0.0}
+        assert with_plan_steps(url, load).plan_steps == {"latency": 2.0, "throughput": 7.0}
+    finally:
+        server.shutdown()
+        thread.join()
