@@ -181,7 +181,7 @@ def _placed(target: str, plans: Path | None, profiles: list[str], caps: list[str
     from kernelfleet.serve.command import serve as run
     from kernelfleet.serve.model import max_context_tokens
     from kernelfleet.serve.placed_build import placed_server
-    from kernelfleet.serve.placed_plans import planned_slots
+    from kernelfleet.serve.placed_plans import planned_slots, read, slower_under_load
 
     tokens_per_slot = checked_sizes(slots, max_queue, context, max_context_tokens(target))
     slots = slots or planned_slots(plans)
@@ -211,6 +211,12 @@ def _placed(target: str, plans: Path | None, profiles: list[str], caps: list[str
     for said, graphs in engine.backend.gates().items():
         err.print(f"  gate: {said}: {len(graphs)} plan graph{'s' if len(graphs) > 1 else ''} ({', '.join(graphs)})",
                   markup=False, highlight=False)
+    slower = slower_under_load(read(plans, engine.backend.sizes))
+    if slower:
+        err.print("  under load slower: " + ", ".join(f"bucket {size} (the throughput plan's step {wide * 1e3:.2f} ms, "
+                                                      f"the latency plan's {fast * 1e3:.2f})" for size, wide, fast in slower)
+                  + "; this server runs one batch a step, so the throughput plan's steps cost their latency: plans made "
+                  "with kernelfleet plan --in-flight 1 do not", markup=False, highlight=False)
     try:
         run(engine, app, sock)
     finally:

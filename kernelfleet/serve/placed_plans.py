@@ -104,6 +104,20 @@ class Placement:
         return found
 
 
+def slower_under_load(found: dict[int, dict[str, tuple[Path, Plan]]]) -> list[tuple[int, float, float]]:
+    """(bucket, its throughput plan's step, its latency plan's step), in seconds, for every bucket
+    whose throughput plan's one-request latency (``details.latency_seconds``) is predicted over 1 %
+    above its latency plan's. The server runs one batch a step, so a step costs its plan's latency
+    and such a throughput plan only slows the steps the monitor gives it under load (docs/serve.md,
+    "What the throughput plan is worth here")."""
+    out = []
+    for size, plans in sorted(found.items()):
+        wide, fast = (plans[policy][1].details.latency_seconds for policy in (THROUGHPUT, LATENCY))
+        if wide is not None and fast is not None and wide > 1.01 * fast:
+            out.append((size, wide, fast))
+    return out
+
+
 def kv_devices(program: Program, assignment: list[str], where: str) -> dict[str, str]:
     """The device of each layer's cache under ``assignment``; UsageError where launches on two
     devices touch one cache."""

@@ -21,7 +21,8 @@ from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.model import STATE_HOME, Device, Plan, state_home
 from kernelfleet.plan.model import weights_read as plan_weights
 from kernelfleet.runtime import plans as runtime_plans
-from kernelfleet.serve.placed_plans import Placement, kv_devices, kv_placement, planned_programs, read, weights_read
+from kernelfleet.serve.placed_plans import (Placement, kv_devices, kv_placement, planned_programs, read,
+                                            slower_under_load, weights_read)
 from kernelfleet.serve.placed_step import WEIGHTS_PREFIX
 
 pytestmark = pytest.mark.replay
@@ -319,3 +320,14 @@ def test_captures_over_one_cache_save_its_bytes_once():
                      for b in program.buffers], program.launches)
     both = written_spans([program, moved])
     assert len(both) == 2 * len(once) and sum(e - s for s, e in both) == 2 * sum(e - s for s, e in once)
+
+
+def test_a_throughput_plan_whose_step_is_slower_than_the_latency_plans_is_named(tmp_path):
+    """The server runs one batch a step, so a step costs its plan's latency. On the recorded H200
+    step the planner's throughput plan is predicted at 287 µs a step against the latency plan's 257:
+    the server names the bucket at start. Two copies of the latency plan are not named."""
+    slower = slower_under_load(read(recorded(tmp_path / "as-planned"), [1, 2]))
+    assert [(size, round(wide * 1e6), round(fast * 1e6)) for size, wide, fast in slower] == [(1, 287, 257),
+                                                                                              (2, 287, 257)]
+    same = recorded(tmp_path / "same", throughput="latency-greedy")
+    assert slower_under_load(read(same, [1, 2])) == []
