@@ -470,7 +470,8 @@ def run_case(case: Case, args: argparse.Namespace, trace: list[Arrival], shape: 
                          url, poisson(rate, requests, shape, seed=int(rate * 10)), vocab, case.context_tokens,
                          f"poisson {rate:g}/s")))
                      for rate in case.rates_per_second]
-            replayed = with_plan_steps(url, lambda: asyncio.run(offered(url, trace, vocab, case.context_tokens, "trace")))
+            replayed = with_plan_steps(url, lambda: asyncio.run(offered(url, trace, vocab, case.context_tokens,
+                                                                        "trace")))
         finally:
             stop(server)
     held = [rate for rate, load in zip(case.rates_per_second, loads) if load.tpot_p99_ms <= TPOT_SLO_SECONDS * 1e3]

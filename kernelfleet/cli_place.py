@@ -299,8 +299,9 @@ def plan_command(
     if (line := command.verdict(plans)) is not None:
         console.print(line, markup=False, highlight=False)
     if in_flight is not None:
-        console.print(f"with {in_flight} request{'s' if in_flight > 1 else ''} in flight the fastest is {best[1]} ({command.seconds(best[0])} per "
-                      "request, predicted for the executor)", markup=False, highlight=False)
+        console.print(f"with {in_flight} request{'s' if in_flight > 1 else ''} in flight the fastest is {best[1]} "
+                      f"({command.seconds(best[0])} per request, predicted for the executor)",
+                      markup=False, highlight=False)
     if out is not None:
         for path in command.write(plans, chosen, out, done.problem.program):
             err.print(f"wrote {path}")

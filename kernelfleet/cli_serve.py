@@ -211,12 +211,12 @@ def _placed(target: str, plans: Path | None, profiles: list[str], caps: list[str
     for said, graphs in engine.backend.gates().items():
         err.print(f"  gate: {said}: {len(graphs)} plan graph{'s' if len(graphs) > 1 else ''} ({', '.join(graphs)})",
                   markup=False, highlight=False)
-    slower = slower_under_load(read(plans, engine.backend.sizes))
+    slower = [f"bucket {size} (the throughput plan's step {wide * 1e3:.2f} ms, the latency plan's {fast * 1e3:.2f})"
+              for size, wide, fast in slower_under_load(read(plans, engine.backend.sizes))]
     if slower:
-        err.print("  under load slower: " + ", ".join(f"bucket {size} (the throughput plan's step {wide * 1e3:.2f} ms, "
-                                                      f"the latency plan's {fast * 1e3:.2f})" for size, wide, fast in slower)
-                  + "; this server runs one batch a step, so the throughput plan's steps cost their latency: plans made "
-                  "with kernelfleet plan --in-flight 1 do not", markup=False, highlight=False)
+        err.print(f"  under load slower: {', '.join(slower)}; this server runs one batch a step, so the throughput "
+                  "plan's steps cost their latency: plans made with kernelfleet plan --in-flight 1 do not",
+                  markup=False, highlight=False)
     try:
         run(engine, app, sock)
     finally:

@@ -194,8 +194,8 @@ class _KernelNodeBindings:
 @pytest.mark.parametrize("shared, limit, raised", [(4160, 2080, True), (2080, 2080, False), (0, 0, False)])
 def test_a_copied_kernel_may_use_the_shared_memory_it_was_captured_with(shared, limit, raised):
     """On an H100 (2026-12-06) the driver refused every copy of cuDNN's lean_reduction_kernel
-    captured for batch 1 (4,160 bytes) once batch 8's launch had left the kernel's limit at 2,080:
-    the copy raises the limit to the node's own first, and only where it is lower."""
+    captured for batch 1 (4,160 bytes) with the kernel's limit at 2,080, what batch 8's launch
+    needs: the copy raises the limit to the node's own first, and only where it is lower."""
     fake = _KernelNodeBindings(shared, limit)
     assert CudaDriver(bindings=fake).add_copy_of("graph", "captured", [], "green") == "node"
     sets = [c for c in fake.calls if c[0] == "cuFuncSetAttribute"]
