@@ -11,7 +11,9 @@
 #                                           # replicas for its whole-step graphs), ~72 GB for the 8B at 8 slots.
 #                                           # Its plans were made on an H200 (2026-12-06; kept as
 #                                           # .gpuwork/serve-plans.tgz) and served on an H100 that day
-#                                           # (docs/validation/serve-gpu.md, sixth run): still to do on an H200
+#                                           # (docs/validation/serve-gpu.md, sixth run); made for many in
+#                                           # flight, they are made again for one (--plan-in-flight 1, the
+#                                           # default now): on an H200, about 3 minutes more
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 8 minutes: a call of its own)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
 #                                           # an H200; on an H100 on 2026-12-06 all ran); the two same-kernel rows

@@ -3,7 +3,7 @@ graph loop, then Poisson arrivals and a trace of requests against the real HTTP 
 
     python -m bench.serve_gpu --out DIR [--quick] [--cpu] [--trace FILE] \
         [--cases llama8b,moe,capped,replicas,split,pipeline,plans] [--prefill-chunk N[,N...]] \
-        [--prefill-batch N[,N...]] [--plans-dir DIR]
+        [--prefill-batch N[,N...]] [--plans-dir DIR] [--plan-in-flight K]
 
 Cases (each a config-only model directory, so the server draws seeded random bf16 weights on the
 GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
@@ -28,8 +28,9 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
   of GPU 0 (``serve --plans``, the monitor switching between the latency and the throughput plan),
   beside the same server over plans that keep everything on the home partition (``plans-a``) and
   the single-device server on the whole GPU (``plans-whole``), all with the same slots; the plans
-  are made first by ``kernelfleet profile`` and ``kernelfleet plan --state-home`` per batch bucket
-  (``bench/serve_plans.py``; ``--plans-dir`` keeps them for the next run). GPU only.
+  are made first by ``kernelfleet profile`` and ``kernelfleet plan --state-home --in-flight 1`` per
+  batch bucket (``bench/serve_plans.py``; ``--plan-in-flight`` sets the number in flight;
+  ``--plans-dir`` keeps them for the next run). GPU only.
 
 Tables, for each case:
 
@@ -83,6 +84,8 @@ from pydantic import BaseModel
 
 from bench import command_line
 from bench.serve_cpu import gaps, percentile
+from bench.serve_plans import IN_FLIGHT
+from kernelfleet.plan.command import MAX_IN_FLIGHT
 from kernelfleet.serve.scheduler import DEFAULT_PREFILL_BATCH, DEFAULT_PREFILL_CHUNK_TOKENS, checked_prefill
 
 TPOT_SLO_SECONDS = 0.050
@@ -624,6 +627,8 @@ def main() -> None:
                         "cases (default 3)")
     parser.add_argument("--plan-seconds", type=float, default=60.0, help="kernelfleet plan's --time-limit (the MILP) "
                         "for each bucket of the plans cases (default 60)")
+    parser.add_argument("--plan-in-flight", type=int, default=IN_FLIGHT, help="kernelfleet plan's --in-flight for "
+                        f"the plans cases (default {IN_FLIGHT}: the server runs one batch a step; 0 leaves it out)")
     args = parser.parse_args()
     settings = prefill_settings(args.prefill_chunk, args.prefill_batch)
     args.requests = args.requests or (6 if args.quick else 32)
@@ -632,9 +637,10 @@ def main() -> None:
     groups = {"capped": CAPPED, "plans": PLANNED}
     chosen = [name for given in args.cases.split(",") for name in groups.get(given, [given])]
     planned = any(name in PLANNED for name in chosen)
-    if args.plan_trials < 1 or not 0 < args.plan_seconds < 3600:
-        raise SystemExit(f"bench.serve_gpu: --plan-trials must be at least 1 and --plan-seconds within (0, 3600), got "
-                         f"{args.plan_trials} and {args.plan_seconds:g}")
+    if args.plan_trials < 1 or not 0 < args.plan_seconds < 3600 or not 0 <= args.plan_in_flight <= MAX_IN_FLIGHT:
+        raise SystemExit(f"bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600) and "
+                         f"--plan-in-flight within 0 to {MAX_IN_FLIGHT}, got {args.plan_trials}, "
+                         f"{args.plan_seconds:g} and {args.plan_in_flight}")
     if planned and args.cpu:
         raise SystemExit("bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
                          "CUDA graphs); --cpu runs the other cases")
@@ -659,9 +665,11 @@ def main() -> None:
         work = args.plans_dir or args.out / "plans-work"
         (work / "model").mkdir(parents=True, exist_ok=True)
         (work / "model" / "config.json").write_text(config_json(LLAMA8B))  # seeded weights, as each server draws
-        print(f"\nthe plans, per batch bucket, in {work} (kernelfleet profile, then plan --state-home):", flush=True)
+        print(f"\nthe plans, per batch bucket, in {work} (kernelfleet profile, then plan --state-home"
+              f"{f' --in-flight {args.plan_in_flight}' if args.plan_in_flight else ''}):", flush=True)
         cases.update((case.name, case) for case in plans_cases(*prepare(work / "model", work, 2048, args.plan_trials,
-                                                                            milp_seconds=args.plan_seconds)))
+                                                                            milp_seconds=args.plan_seconds,
+                                                                            in_flight=args.plan_in_flight or None)))
     results = [run_case(cases[name], args, trace, shape, args.out, setting) for setting in settings for name in chosen]
     report = Report(command=command_line(), device=device, torch=torch.__version__, cases=results,
                     capped_pairs=capped_pairs(results, settings), plans=plans_rows(results, settings))

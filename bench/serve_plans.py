@@ -7,7 +7,12 @@ whose two plans are there is not made again)::
 
     kernelfleet profile hf:MODEL,serve-decode,batch=B,slots=S,context=C --profile a:64 --profile b:56 --out DIR/prof-B
     kernelfleet plan DIR/prof-B/program.json DIR/prof-B/costs.json --device a --device b --policy all \\
-        --state-home --time-limit 60 --out DIR/plans/batch-B
+        --state-home --in-flight 1 --time-limit 60 --out DIR/plans/batch-B
+
+``--in-flight 1`` (``IN_FLIGHT``, ``--plan-in-flight`` of the benchmark; 0 leaves it out): the server
+runs one batch a step, so a throughput plan made for many requests in flight only slows the steps
+the monitor gives it (docs/serve.md, "What the throughput plan is worth here"). Kept plans made for
+another number in flight are made again (from the kept profile, where there is one).
 
 Three servers then take the same load, all with ``SLOTS`` slots:
 
@@ -24,6 +29,7 @@ mechanism at full size and what the plans cost against their home partition, not
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -33,27 +39,37 @@ from pathlib import Path
 
 from kernelfleet.plan.model import PLANNED_PROGRAM
 from kernelfleet.serve.graphs import buckets
+from kernelfleet.runtime.monitor import THROUGHPUT
 from kernelfleet.serve.placed_plans import POLICIES
 
 SLOTS = 8
 PROFILES = ("a:64", "b:56")  # 120 SMs, what an H200 carves; the device names the plans use
 MILP_SECONDS = 60
+IN_FLIGHT = 1  # requests in flight the throughput plan is made for (module docstring)
 
 
 def plan_commands(model: Path, out: Path, bucket: int, context: int, trials: int,
-                  milp_seconds: float = MILP_SECONDS) -> list[list[str]]:
-    """The two commands that make one bucket's plans (module docstring), as argument lists."""
+                  milp_seconds: float = MILP_SECONDS, in_flight: int | None = IN_FLIGHT) -> list[list[str]]:
+    """The two commands that make one bucket's plans (module docstring), as argument lists; the
+    profile's is left out where ``out/prof-B`` holds one."""
     profile, plans = out / f"prof-{bucket}", out / "plans" / f"batch-{bucket}"
     profiles = [x for spec in PROFILES for x in ("--profile", spec)]
     devices = [x for spec in PROFILES for x in ("--device", spec.split(":")[0])]
-    return [["profile", f"hf:{model},serve-decode,batch={bucket},slots={SLOTS},context={context}", *profiles,
-             "--trials", str(trials), "--out", str(profile)],
+    flight = ["--in-flight", str(in_flight)] if in_flight else []
+    kept = all((profile / name).is_file() for name in ("program.json", "costs.json"))
+    return [*([] if kept else [["profile", f"hf:{model},serve-decode,batch={bucket},slots={SLOTS},context={context}",
+                                *profiles, "--trials", str(trials), "--out", str(profile)]]),
             ["plan", str(profile / "program.json"), str(profile / "costs.json"), *devices, "--policy", "all",
-             "--state-home", "--time-limit", f"{milp_seconds:g}", "--out", str(plans)]]
+             "--state-home", *flight, "--time-limit", f"{milp_seconds:g}", "--out", str(plans)]]
 
 
-def made(folder: Path) -> bool:
-    return all((folder / name).is_file() for name in (*(f"{file}.json" for file in POLICIES.values()), PLANNED_PROGRAM))
+def made(folder: Path, in_flight: int | None = IN_FLIGHT) -> bool:
+    """Both plans and their program are in ``folder``, the throughput plan made for ``in_flight``."""
+    if not all((folder / name).is_file() for name in (*(f"{file}.json" for file in POLICIES.values()),
+                                                      PLANNED_PROGRAM)):
+        return False
+    details = json.loads((folder / f"{POLICIES[THROUGHPUT]}.json").read_text()).get("details") or {}
+    return (details.get("in_flight") or {}).get("requests") == (in_flight or None)
 
 
 def kernelfleet(args: list[str], log: Path) -> None:
@@ -73,16 +89,16 @@ def kernelfleet(args: list[str], log: Path) -> None:
 
 def prepare(model: Path, out: Path, context: int, trials: int,
             run: Callable[[list[str], Path], None] = kernelfleet,
-            milp_seconds: float = MILP_SECONDS) -> tuple[Path, Path]:
-    """Every bucket's plans in ``out/plans`` (made where missing) and their home-alone twins in
-    ``out/plans-a`` (module docstring); the two folders."""
+            milp_seconds: float = MILP_SECONDS, in_flight: int | None = IN_FLIGHT) -> tuple[Path, Path]:
+    """Every bucket's plans in ``out/plans`` (made where missing, or made for another number in
+    flight) and their home-alone twins in ``out/plans-a`` (module docstring); the two folders."""
     plans, alone = out / "plans", out / "plans-a"
     for bucket in buckets(SLOTS):
         folder = plans / f"batch-{bucket}"
-        if made(folder):
+        if made(folder, in_flight):
             print(f"  bucket {bucket}: plans kept from {folder}", flush=True)
         else:
-            for args in plan_commands(model, out, bucket, context, trials, milp_seconds):
+            for args in plan_commands(model, out, bucket, context, trials, milp_seconds, in_flight):
                 run(args, out / "plans.log")
         if not (folder / "single-a.json").is_file():
             raise SystemExit(f"bench.serve_gpu: {folder}: no single-a.json beside the plans (kernelfleet plan "

@@ -64,8 +64,10 @@ def refused(tmp_path: Path, *flags: str) -> str:
      "no setting the server takes (a chunk goes with a batch of 1)")),
     (["--cases", "plans"], ("bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
      "CUDA graphs); --cpu runs the other cases")),
-    (["--plan-seconds", "0"], ("bench.serve_gpu: --plan-trials must be at least 1 and --plan-seconds within (0, 3600), "
-     "got 3 and 0"))])
+    (["--plan-seconds", "0"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600) and "
+     "--plan-in-flight within 0 to 256, got 3, 0 and 1")),
+    (["--plan-in-flight", "-1"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600) "
+     "and --plan-in-flight within 0 to 256, got 3, 60 and -1"))])
 def test_a_bad_flag_or_a_gpu_only_case_is_one_line(tmp_path, flags, said):
     assert refused(tmp_path, *flags) == said
 
@@ -93,8 +95,10 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
         out.mkdir(parents=True, exist_ok=True)
         names = ["program", "costs"] if args[0] == "profile" else ["latency-greedy", "throughput-milp", "single-a",
                                                                    "program"]
+        flight = int(args[args.index("--in-flight") + 1]) if "--in-flight" in args else None
         for name in names:
-            (out / f"{name}.json").write_text(f'{{"made by": "{args[0]}", "name": "{name}"}}')
+            details = f', "details": {{"in_flight": {{"requests": {flight}}}}}' if flight and name == "throughput-milp" else ""
+            (out / f"{name}.json").write_text(f'{{"made by": "{args[0]}", "name": "{name}"{details}}}')
 
     model = tmp_path / "model"
     plans, alone = serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet, milp_seconds=15)
@@ -105,6 +109,7 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
     planned = [args for args in ran if args[0] == "plan"]
     assert [args[args.index("--out") + 1] for args in planned] == [str(plans / f"batch-{b}") for b in (1, 2, 4, 8)]
     assert all("--state-home" in args and args[args.index("--time-limit") + 1] == "15" for args in planned)
+    assert all(args[args.index("--in-flight") + 1] == "1" for args in planned)  # the server runs one batch a step
     assert ran[0][2:] == ["--profile", "a:64", "--profile", "b:56", "--trials", "3", "--out", str(tmp_path / "prof-1")]
     for bucket in (1, 2, 4, 8):
         for policy in ("latency-greedy", "throughput-milp"):
@@ -113,6 +118,12 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
     ran.clear()
     serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet)
     assert ran == []  # kept
+    serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet, in_flight=None)  # plans for many in flight
+    assert [args[0] for args in ran] == ["plan"] * 4  # made again, each from its kept profile
+    assert not any("--in-flight" in args for args in ran)
+    ran.clear()
+    serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet, in_flight=None)
+    assert ran == []
     assert serve_plans.served_flags(plans) == ["--plans", str(plans), "--profile", "a:64@0", "--profile", "b:56@0",
                                                "--slots", "8"]
 
