@@ -38,8 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernelfleet.plan.model import PLANNED_PROGRAM
-from kernelfleet.serve.graphs import buckets
 from kernelfleet.runtime.monitor import THROUGHPUT
+from kernelfleet.serve.graphs import buckets
 from kernelfleet.serve.placed_plans import POLICIES
 
 SLOTS = 8
@@ -64,12 +64,16 @@ def plan_commands(model: Path, out: Path, bucket: int, context: int, trials: int
 
 
 def made(folder: Path, in_flight: int | None = IN_FLIGHT) -> bool:
-    """Both plans and their program are in ``folder``, the throughput plan made for ``in_flight``."""
+    """Both plans and their program are in ``folder``, the throughput plan made for ``in_flight`` (a
+    plan that does not read as one is made again)."""
     if not all((folder / name).is_file() for name in (*(f"{file}.json" for file in POLICIES.values()),
                                                       PLANNED_PROGRAM)):
         return False
-    details = json.loads((folder / f"{POLICIES[THROUGHPUT]}.json").read_text()).get("details") or {}
-    return (details.get("in_flight") or {}).get("requests") == (in_flight or None)
+    try:
+        details = json.loads((folder / f"{POLICIES[THROUGHPUT]}.json").read_text()).get("details") or {}
+        return (details.get("in_flight") or {}).get("requests") == (in_flight or None)
+    except (ValueError, AttributeError):
+        return False
 
 
 def kernelfleet(args: list[str], log: Path) -> None:

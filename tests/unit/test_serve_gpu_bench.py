@@ -124,6 +124,9 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
     ran.clear()
     serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet, in_flight=None)
     assert ran == []
+    (plans / "batch-2" / "throughput-milp.json").write_text("{cut short")  # a call killed mid-write
+    serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet, in_flight=None)
+    assert [(args[0], args[-1]) for args in ran] == [("plan", str(plans / "batch-2"))]
     assert serve_plans.served_flags(plans) == ["--plans", str(plans), "--profile", "a:64@0", "--profile", "b:56@0",
                                                "--slots", "8"]
 
