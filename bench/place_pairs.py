@@ -40,7 +40,7 @@ from pathlib import Path
 
 from bench import command_line
 from kernelfleet.costs.table import GRAPHS
-from kernelfleet.plan.model import PLANNED_PROGRAM
+from kernelfleet.runtime.plans import plan_files
 
 REFERENCE = ("llama-decode", "llama-prefill", "moe-decode", "mamba-decode", "vlm-prefill", "dit-denoise")
 TRANSFORMERS = ("hf-llama-prefill", "hf-llama-decode", "hf-qwen2moe-prefill", "hf-qwen2moe-decode", "hf-mamba-decode")
@@ -113,9 +113,8 @@ def run_row(name: str, pair: str, out: Path, work: Path, slots: int, repeats: in
         with gzip.open(out / "program.json.gz", "wt") as program:
             program.write((profile / "program.json").read_text())
     if "plan" in phases:
-        for plan in plans.glob("*.json"):
-            if plan.name != PLANNED_PROGRAM:  # the program is kept once, above
-                shutil.copy(plan, out / f"plan.{plan.name}")
+        for plan in plan_files(plans):  # the program they place is kept once, above
+            shutil.copy(plan, out / f"plan.{plan.name}")
     if "disagg" in phases:
         shutil.copy(runs / "disagg.json", out / "disagg.json")
     costs = json.loads((profile / "costs.json").read_text())

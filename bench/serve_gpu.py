@@ -84,7 +84,7 @@ from pydantic import BaseModel
 
 from bench import command_line
 from bench.serve_cpu import gaps, percentile
-from bench.serve_plans import IN_FLIGHT
+from bench.serve_plans import IN_FLIGHT, SLOTS, prepare, served_flags
 from kernelfleet.plan.command import MAX_IN_FLIGHT
 from kernelfleet.serve.scheduler import DEFAULT_PREFILL_BATCH, DEFAULT_PREFILL_CHUNK_TOKENS, checked_prefill
 
@@ -539,8 +539,6 @@ def capped_pair(results: list[CaseResult], setting: tuple[int, int]) -> CappedPa
 
 def plans_cases(plans: Path, home_alone: Path) -> list[Case]:
     """The ``plans`` cases (module docstring) over the plan folders ``bench.serve_plans.prepare`` made."""
-    from bench.serve_plans import SLOTS, served_flags
-
     rates = (4.0, 16.0, 64.0)
     return [Case("plans-whole", LLAMA8B, 2048, ("--slots", str(SLOTS)), rates),
             Case("plans-a", LLAMA8B, 2048, tuple(served_flags(home_alone)), rates),
@@ -660,8 +658,6 @@ def main() -> None:
     print(f"{device}, torch {torch.__version__}; {args.requests} requests per rate, trace of {len(trace)} "
           f"({args.trace or args.out / 'trace.csv'})")
     if planned:
-        from bench.serve_plans import prepare
-
         work = args.plans_dir or args.out / "plans-work"
         (work / "model").mkdir(parents=True, exist_ok=True)
         (work / "model" / "config.json").write_text(config_json(LLAMA8B))  # seeded weights, as each server draws

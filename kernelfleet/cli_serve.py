@@ -181,7 +181,7 @@ def _placed(target: str, plans: Path | None, profiles: list[str], caps: list[str
     from kernelfleet.serve.command import serve as run
     from kernelfleet.serve.model import max_context_tokens
     from kernelfleet.serve.placed_build import placed_server
-    from kernelfleet.serve.placed_plans import planned_slots, read, slower_under_load
+    from kernelfleet.serve.placed_plans import planned_slots
 
     tokens_per_slot = checked_sizes(slots, max_queue, context, max_context_tokens(target))
     slots = slots or planned_slots(plans)
@@ -212,7 +212,7 @@ def _placed(target: str, plans: Path | None, profiles: list[str], caps: list[str
         err.print(f"  gate: {said}: {len(graphs)} plan graph{'s' if len(graphs) > 1 else ''} ({', '.join(graphs)})",
                   markup=False, highlight=False)
     slower = [f"bucket {size} (the throughput plan's step {wide * 1e3:.2f} ms, the latency plan's {fast * 1e3:.2f})"
-              for size, wide, fast in slower_under_load(read(plans, engine.backend.sizes))]
+              for size, wide, fast in engine.backend.slower]
     if slower:
         err.print(f"  under load slower: {', '.join(slower)}; this server runs one batch a step, so the throughput "
                   "plan's steps cost their latency: plans made with kernelfleet plan --in-flight 1 do not",

@@ -60,13 +60,19 @@ def checked(problem: Problem, plan: Plan, where: str) -> Plan:
     return plan
 
 
+def plan_files(folder: Path) -> list[Path]:
+    """A plan folder's plan files: every ``*.json`` but the program they place (``PLANNED_PROGRAM``,
+    which ``kernelfleet plan --policy all --out`` writes beside them), sorted."""
+    return [p for p in sorted(folder.glob("*.json")) if p.name != PLANNED_PROGRAM]
+
+
 def load(path: Path, problem: Problem) -> dict[str, Plan]:
     """The plans of ``path`` — a plan file, or a folder whose every ``*.json`` but the program they
     place (``PLANNED_PROGRAM``) is one — by policy, each checked against ``problem``. A folder's
     request-distribution plans (no assignment) are left out: a benchmark measures request
     distribution as a strategy of its own."""
     if path.is_dir():
-        found = [(p, read(p)) for p in sorted(path.glob("*.json")) if p.name != PLANNED_PROGRAM]
+        found = [(p, read(p)) for p in plan_files(path)]
         found = [(p, plan) for p, plan in found if plan.assignment]
     elif path.is_file():
         found = [(path, read(path))]

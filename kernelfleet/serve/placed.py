@@ -85,17 +85,20 @@ class PlacedBackend:
     runs a graph to completion; ``registry``: where the plan metrics go (the server's own);
     ``weights_held``: the bytes of weights each device holds (for the server's start line);
     ``whole``: the backend prefill runs on, over the home device's cache: home's own where it holds
-    the whole model (the default), else the devices' shares joined (``parts.joined``)."""
+    the whole model (the default), else the devices' shares joined (``parts.joined``); ``slower``:
+    the buckets whose throughput plan's step is predicted slower than their latency plan's
+    (``placed_plans.slower_under_load``, for the server's start line)."""
 
     def __init__(self, devices: dict[str, EagerBackend], placement: Placement, graphs: dict[int, dict[str, PlanGraph]],
                  monitor: Monitor, launch: Callable[[Any], None], registry: Any = None,
                  clock: Callable[[], float] = time.perf_counter, weights_held: dict[str, int] | None = None,
-                 whole: EagerBackend | None = None) -> None:
+                 whole: EagerBackend | None = None, slower: list[tuple[int, float, float]] | None = None) -> None:
         self.devices, self.placement, self.graphs, self.monitor = devices, placement, graphs, monitor
         self.weights_held = weights_held or {}  # device -> bytes of weights it holds
         self.launch, self.clock = launch, clock
         self.home = devices[placement.home]
         self.whole = whole or self.home
+        self.slower = slower or []  # (bucket, throughput plan's step, latency plan's step) in seconds
         self.slots, self.context_tokens = self.home.slots, self.home.context_tokens
         self.device = f"placed:{'+'.join(devices)}"  # its name in the busy metric
         self.rows = Rows(self.slots)

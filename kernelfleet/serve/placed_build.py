@@ -47,7 +47,14 @@ from kernelfleet.serve.graphs import Bucket, buckets
 from kernelfleet.serve.memory import Footprint, checked_share
 from kernelfleet.serve.parts import joined
 from kernelfleet.serve.placed import PlacedBackend, PlanGraph
-from kernelfleet.serve.placed_plans import kv_placement, planned_programs, plans_home, read, weights_read
+from kernelfleet.serve.placed_plans import (
+    kv_placement,
+    planned_programs,
+    plans_home,
+    read,
+    slower_under_load,
+    weights_read,
+)
 from kernelfleet.serve.placed_step import WEIGHTS_PREFIX, decode_step
 
 
@@ -128,7 +135,7 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
             profile.__exit__(None, None, None)
         raise
     return PlacedBackend(backends, placement, graphs, monitor or Monitor(), launch, registry,
-                         weights_held=held, whole=whole), entered
+                         weights_held=held, whole=whole, slower=slower_under_load(found)), entered
 
 
 def holds_all(model: Any, names: set[str]) -> bool:
