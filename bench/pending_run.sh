@@ -7,13 +7,14 @@
 #                                           # ways. Resumable: the plans made so far come back in
 #                                           # $OUT/serve-plans.tgz; put in .gpuwork/ (carried), the next call
 #                                           # starts from them (a bucket whose plans are there is not made again).
-#                                           # An H200: profile holds the step four times (the capture and three
-#                                           # replicas for its whole-step graphs), ~72 GB for the 8B at 8 slots.
-#                                           # Its plans were made on an H200 (2026-12-06; kept as
-#                                           # .gpuwork/serve-plans.tgz) and served on an H100 that day
-#                                           # (docs/validation/serve-gpu.md, sixth run); made for many in
-#                                           # flight, they are made again for one (--plan-in-flight 1, the
-#                                           # default now): on an H200, about 3 minutes more
+#                                           # Profile holds the step four times (the capture and three replicas
+#                                           # for its whole-step graphs), ~72 GB for the 8B at 8 slots: it fits
+#                                           # an H100. The plans made on one for one batch a step (2026-12-06,
+#                                           # about 4 minutes) are kept as .gpuwork/serve-plans.tgz
+#                                           # (docs/validation/serve-gpu.md, seventh run); on an H200 they are
+#                                           # served as they are (make them again there: leave the file out)
+#   bash bench/pending_run.sh serve-moe     # the same for the MoE (--plans-model moe); kept plans travel as
+#                                           # .gpuwork/serve-plans-moe.tgz (made on an H100, 2026-12-06); *-moe
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 8 minutes: a call of its own)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
 #                                           # an H200; on an H100 on 2026-12-06 all ran); the two same-kernel rows
@@ -22,14 +23,17 @@
 #                                           # factor); docs/validation/place-h200-pairs.md
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
 # installs them first. PENDING_SECONDS: the seconds the modes share (default 580; less when the call
-# runs something else first); PENDING_TESTS: serve-tests runs only the tests it matches (pytest -k).
+# runs something else first); PENDING_TESTS: serve-tests runs only the tests it matches (pytest -k);
+# PENDING_REQUESTS: requests a Poisson rate in serve and serve-moe (default 8).
 set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
-    case "$mode" in serve|serve-tests|place) ;; *) echo "usage: bash bench/pending_run.sh serve|serve-tests|place ..." >&2; exit 2 ;; esac
+    case "$mode" in serve|serve-moe|serve-tests|place) ;;
+    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-tests|place ..." >&2; exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
 END=${PENDING_SECONDS:-580}
+REQUESTS=${PENDING_REQUESTS:-8}  # a Poisson rate's requests in serve and serve-moe
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,memory.total --format=csv > "$OUT/smi.txt"
@@ -46,11 +50,19 @@ serve)
     if [ -f .gpuwork/serve-plans.tgz ]; then tar xzf .gpuwork/serve-plans.tgz -C /tmp
     elif [ -d .gpuwork/serve-plans ]; then cp -r .gpuwork/serve-plans /tmp/serve-plans; fi
     timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve --cases plans --plans-dir /tmp/serve-plans \
-        --requests 8 --plan-seconds 15 > "$OUT/serve_plans.txt" 2>&1
+        --requests "$REQUESTS" --plan-seconds 15 > "$OUT/serve_plans.txt" 2>&1
     cp /tmp/serve/serve_gpu.json "$OUT/" 2>/dev/null
     # the profiles' programs are large; the plans, the log and the servers' logs come back
     tar czf "$OUT/serve-plans.tgz" -C /tmp --exclude='prof-*' serve-plans serve 2>/dev/null
     grep -v '^{' "$OUT/serve_plans.txt" | tail -40
+    ;;
+serve-moe)
+    [ -f .gpuwork/serve-plans-moe.tgz ] && tar xzf .gpuwork/serve-plans-moe.tgz -C /tmp serve-plans-moe
+    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-moe --cases plans --plans-model moe \
+        --plans-dir /tmp/serve-plans-moe --requests "$REQUESTS" --plan-seconds 15 > "$OUT/serve_plans_moe.txt" 2>&1
+    cp /tmp/serve-moe/serve_gpu.json "$OUT/serve_gpu_moe.json" 2>/dev/null
+    tar czf "$OUT/serve-plans-moe.tgz" -C /tmp --exclude='prof-*' serve-plans-moe serve-moe 2>/dev/null
+    grep -v '^{' "$OUT/serve_plans_moe.txt" | tail -40
     ;;
 place)
     timeout 45 python3 -m bench.link_cost --out /tmp/place/link --profile a:64 --profile b:32 > "$OUT/link.txt" 2>&1

@@ -3,7 +3,7 @@ graph loop, then Poisson arrivals and a trace of requests against the real HTTP 
 
     python -m bench.serve_gpu --out DIR [--quick] [--cpu] [--trace FILE] \
         [--cases llama8b,moe,capped,replicas,split,pipeline,plans] [--prefill-chunk N[,N...]] \
-        [--prefill-batch N[,N...]] [--plans-dir DIR] [--plan-in-flight K]
+        [--prefill-batch N[,N...]] [--plans-dir DIR] [--plans-model llama8b|moe] [--plan-in-flight K]
 
 Cases (each a config-only model directory, so the server draws seeded random bf16 weights on the
 GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
@@ -24,8 +24,8 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
   100 GB) and ``--strategy pipeline`` (two 60 GB stages), both devices on GPU 0: the strategies'
   control flow and hand-over on one GPU, whose two devices share its SMs (no speed-up to expect;
   ``@1`` in their flags puts the second on another GPU);
-* ``plans`` (not in the default ``--cases``): kernelfleet's own plans for the 8B on two partitions
-  of GPU 0 (``serve --plans``, the monitor switching between the latency and the throughput plan),
+* ``plans`` (not in the default ``--cases``): kernelfleet's own plans for the 8B (``--plans-model
+  moe``: the MoE's shapes above) on two partitions of GPU 0 (``serve --plans``, the monitor switching between the latency and the throughput plan),
   beside the same server over plans that keep everything on the home partition (``plans-a``) and
   the single-device server on the whole GPU (``plans-whole``), all with the same slots; the plans
   are made first by ``kernelfleet profile`` and ``kernelfleet plan --state-home --in-flight 1`` per
@@ -119,6 +119,7 @@ TINY_MOE = {**TINY, "model_type": "qwen2_moe", "moe_intermediate_size": 32, "sha
 
 CAPPED = ("capped-replicas", "capped-pipeline")  # --cases capped: the pair, both ways
 PLANNED = ("plans-whole", "plans-a", "plans")  # --cases plans: made at run time, once the plans are (plans_cases)
+PLANS_MODELS = {"llama8b": LLAMA8B, "moe": MOE}  # --plans-model: what the plans cases are made and served for
 GPU_CASES = [Case("llama8b", LLAMA8B, 2048, (), (4.0, 16.0, 64.0), overhead=True),
              Case("moe", MOE, 2048, (), (4.0, 16.0, 64.0)),
              Case("capped-replicas", LLAMA8B, 2048, ("--strategy", "replicas", "--device", "r0:20@0", "--device",
@@ -219,6 +220,7 @@ class CappedPair(BaseModel):
 class PlansRow(BaseModel):
     """The plans cases at one prefill setting: each server's best tokens/s held at p99 TPOT <= 50 ms."""
 
+    model: str = "llama8b"  # PLANS_MODELS' key the plans were made and served for
     prefill_chunk_tokens: int
     prefill_batch: int
     tokens_per_second: dict[str, float | None]  # by case name (PLANNED)
@@ -537,16 +539,31 @@ def capped_pair(results: list[CaseResult], setting: tuple[int, int]) -> CappedPa
                       pipeline_tokens_per_second=ours, pipeline_vs_replicas=ratio)
 
 
-def plans_cases(plans: Path, home_alone: Path) -> list[Case]:
-    """The ``plans`` cases (module docstring) over the plan folders ``bench.serve_plans.prepare`` made."""
-    rates = (4.0, 16.0, 64.0)
-    return [Case("plans-whole", LLAMA8B, 2048, ("--slots", str(SLOTS)), rates),
-            Case("plans-a", LLAMA8B, 2048, tuple(served_flags(home_alone)), rates),
-            Case("plans", LLAMA8B, 2048, tuple(served_flags(plans)), rates)]
+def plans_cases(plans: Path, home_alone: Path, model: str = "llama8b") -> list[Case]:
+    """The ``plans`` cases (module docstring) of ``model`` (``PLANS_MODELS``) over the plan folders
+    ``bench.serve_plans.prepare`` made."""
+    rates, config = (4.0, 16.0, 64.0), PLANS_MODELS[model]
+    return [Case("plans-whole", config, 2048, ("--slots", str(SLOTS)), rates),
+            Case("plans-a", config, 2048, tuple(served_flags(home_alone)), rates),
+            Case("plans", config, 2048, tuple(served_flags(plans)), rates)]
 
 
-def plans_rows(results: list[CaseResult], settings: list[tuple[int, int]]) -> list[PlansRow]:
-    """The plans cases side by side at each prefill setting where all three ran, printed."""
+def plans_model_dir(work: Path, model: str) -> Path:
+    """``work/model``, the config-only directory the plans of ``work`` are made for, written for
+    ``model``; SystemExit where ``work`` holds another model's (its kept plans are that model's)."""
+    folder, wanted = work / "model", config_json(PLANS_MODELS[model])
+    config = folder / "config.json"
+    if config.is_file() and config.read_text() != wanted:
+        raise SystemExit(f"bench.serve_gpu: {work} holds plans for another model than --plans-model {model} "
+                         f"({config}); give another --plans-dir")
+    folder.mkdir(parents=True, exist_ok=True)
+    config.write_text(wanted)  # seeded weights, as each server draws
+    return folder
+
+
+def plans_rows(results: list[CaseResult], settings: list[tuple[int, int]],
+               model: str = "llama8b") -> list[PlansRow]:
+    """The plans cases (of ``model``) side by side at each prefill setting where all three ran, printed."""
     out = []
     for chunk, batch in settings:
         found = {r.name: r for r in results if (r.prefill_chunk_tokens, r.prefill_batch) == (chunk, batch)}
@@ -555,14 +572,14 @@ def plans_rows(results: list[CaseResult], settings: list[tuple[int, int]]) -> li
         held = {name: held_tokens_per_second(found[name]) for name in PLANNED}
         ratio = {other: held["plans"] / held[other] if held["plans"] and held[other] else None
                  for other in ("plans-a", "plans-whole")}
-        print(f"\nkernelfleet's plans at --prefill-chunk {chunk} --prefill-batch {batch}, best tokens/s held at p99 "
+        print(f"\nkernelfleet's plans for {model} at --prefill-chunk {chunk} --prefill-batch {batch}, best tokens/s held at p99 "
               f"TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms ({found['plans'].slots} slots each)")
         for name in PLANNED:
             print(f"{name:<12} {'none held' if held[name] is None else f'{held[name]:.1f}':>9}")
         print("plans / home partition alone: " + ("n/a" if ratio["plans-a"] is None else f"{ratio['plans-a']:.2f}x")
               + "; plans / the whole GPU: " + ("n/a" if ratio["plans-whole"] is None else f"{ratio['plans-whole']:.2f}x")
               + " (two partitions of one GPU: not a speed-up to expect, DESIGN)")
-        out.append(PlansRow(prefill_chunk_tokens=chunk, prefill_batch=batch, tokens_per_second=held,
+        out.append(PlansRow(model=model, prefill_chunk_tokens=chunk, prefill_batch=batch, tokens_per_second=held,
                             plans_vs_home_alone=ratio["plans-a"], plans_vs_whole_gpu=ratio["plans-whole"]))
     return out
 
@@ -613,7 +630,7 @@ def main() -> None:
                         help="comma-separated, of llama8b, moe, capped (capped-replicas and capped-pipeline), "
                         "replicas, split, pipeline, plans (plans-whole, plans-a and plans; GPU only)")
     parser.add_argument("--plans-dir", type=Path, help="where the plans cases' profiles and plans are made, and kept "
-                        "for the next run (default DIR/plans-work)")
+                        "for the next run (default DIR/plans-work-MODEL)")
     parser.add_argument("--requests", type=int, help="requests per Poisson rate (default 32; --quick 6)")
     parser.add_argument("--prefill-chunk", default=str(DEFAULT_PREFILL_CHUNK_TOKENS),
                         help="the server's --prefill-chunk, or a comma list: every case once per value "
@@ -621,6 +638,8 @@ def main() -> None:
     parser.add_argument("--prefill-batch",
                         help="the server's --prefill-batch, or a comma list, swept with --prefill-chunk's "
                         f"(default the server's: {DEFAULT_PREFILL_BATCH} for whole prompts, 1 with chunks)")
+    parser.add_argument("--plans-model", choices=sorted(PLANS_MODELS), default="llama8b",
+                        help="the model of the plans cases (default llama8b; moe: the moe case's shapes)")
     parser.add_argument("--plan-trials", type=int, default=3, help="kernelfleet profile's --trials for the plans "
                         "cases (default 3)")
     parser.add_argument("--plan-seconds", type=float, default=60.0, help="kernelfleet plan's --time-limit (the MILP) "
@@ -658,17 +677,16 @@ def main() -> None:
     print(f"{device}, torch {torch.__version__}; {args.requests} requests per rate, trace of {len(trace)} "
           f"({args.trace or args.out / 'trace.csv'})")
     if planned:
-        work = args.plans_dir or args.out / "plans-work"
-        (work / "model").mkdir(parents=True, exist_ok=True)
-        (work / "model" / "config.json").write_text(config_json(LLAMA8B))  # seeded weights, as each server draws
-        print(f"\nthe plans, per batch bucket, in {work} (kernelfleet profile, then plan --state-home"
+        work = args.plans_dir or args.out / f"plans-work-{args.plans_model}"
+        model = plans_model_dir(work, args.plans_model)
+        print(f"\nthe plans for {args.plans_model}, per batch bucket, in {work} (kernelfleet profile, then plan --state-home"
               f"{f' --in-flight {args.plan_in_flight}' if args.plan_in_flight else ''}):", flush=True)
-        cases.update((case.name, case) for case in plans_cases(*prepare(work / "model", work, 2048, args.plan_trials,
-                                                                            milp_seconds=args.plan_seconds,
-                                                                            in_flight=args.plan_in_flight or None)))
+        made = prepare(model, work, 2048, args.plan_trials, milp_seconds=args.plan_seconds,
+                       in_flight=args.plan_in_flight or None)
+        cases.update((case.name, case) for case in plans_cases(*made, args.plans_model))
     results = [run_case(cases[name], args, trace, shape, args.out, setting) for setting in settings for name in chosen]
     report = Report(command=command_line(), device=device, torch=torch.__version__, cases=results,
-                    capped_pairs=capped_pairs(results, settings), plans=plans_rows(results, settings))
+                    capped_pairs=capped_pairs(results, settings), plans=plans_rows(results, settings, args.plans_model))
     (args.out / "serve_gpu.json").write_text(report.model_dump_json(indent=1))
     print(report.model_dump_json())
 

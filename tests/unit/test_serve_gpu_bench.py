@@ -131,6 +131,24 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
                                                "--slots", "8"]
 
 
+def test_the_plans_cases_serve_the_model_their_plans_were_made_for(tmp_path):
+    """``--plans-model``: each case's config is the model's, and a plans folder made for one model is
+    refused for another (its kept plans are the first model's), in one line naming the folder."""
+    import json
+
+    from bench.serve_gpu import LLAMA8B, MOE, plans_cases, plans_model_dir
+
+    plans, alone = tmp_path / "plans", tmp_path / "plans-a"
+    assert [c.config for c in plans_cases(plans, alone, "moe")] == [MOE] * 3
+    assert [c.config for c in plans_cases(plans, alone)] == [LLAMA8B] * 3
+    model = plans_model_dir(tmp_path, "moe")
+    assert json.loads((model / "config.json").read_text())["model_type"] == "qwen2_moe"
+    assert plans_model_dir(tmp_path, "moe") == model  # the same model again: kept
+    with pytest.raises(SystemExit, match=f"^bench.serve_gpu: {tmp_path} holds plans for another model than "
+                                         "--plans-model llama8b"):
+        plans_model_dir(tmp_path, "llama8b")
+
+
 def test_the_plans_rows_compare_each_server_at_its_best_held_load():
     from bench.serve_gpu import CaseResult, Load, plans_rows
 
@@ -144,6 +162,7 @@ def test_the_plans_rows_compare_each_server_at_its_best_held_load():
     results = [case("plans-whole", [400, 800, 500], [20, 40, 30]), case("plans-a", [200, 300, 250], [30, 80, 40]),
                case("plans", [300, 600, 350], [25, 60, 45])]
     (row,) = plans_rows(results, [(0, 8), (0, 1)])  # the second setting did not run
+    assert row.model == "llama8b" and plans_rows(results, [(0, 8)], "moe")[0].model == "moe"
     assert row.tokens_per_second == {"plans-whole": 800, "plans-a": 250, "plans": 350}  # held: p99 TPOT <= 50 ms
     assert row.plans_vs_home_alone == pytest.approx(1.4) and row.plans_vs_whole_gpu == pytest.approx(350 / 800)
 
