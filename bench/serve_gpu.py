@@ -84,8 +84,9 @@ from pydantic import BaseModel
 
 from bench import command_line
 from bench.serve_cpu import gaps, percentile
-from bench.serve_plans import IN_FLIGHT, SLOTS, prepare, served_flags
+from bench.serve_plans import SLOTS, prepare, served_flags
 from kernelfleet.plan.command import MAX_IN_FLIGHT
+from kernelfleet.serve.plan_buckets import IN_FLIGHT
 from kernelfleet.serve.scheduler import DEFAULT_PREFILL_BATCH, DEFAULT_PREFILL_CHUNK_TOKENS, checked_prefill
 
 TPOT_SLO_SECONDS = 0.050

@@ -1,5 +1,5 @@
-"""The place half's commands: ``ptx``, ``analyze``, ``calibrate``, ``profile``, ``plan``, ``census``,
-``run``, ``bench disagg`` and ``bench serve``.
+"""The place half's commands: ``ptx``, ``analyze``, ``calibrate``, ``profile``, ``plan``,
+``plan-serve``, ``census``, ``run``, ``bench disagg`` and ``bench serve``.
 
 Plain functions; ``cli.py`` registers them on the one ``kernelfleet`` command (see ``COMMANDS``).
 They parse and print only: the work is in ``ptx/``, ``kernels/``, ``profile/``, ``plan/`` and
@@ -311,6 +311,62 @@ def plan_command(
         err.print(f"wrote {draw(done.problem, chosen or plans[0], gantt)}")
 
 
+def plan_serve_command(
+    target: str = typer.Argument(..., help="hf:DIR, the model kernelfleet serve will serve (a transformers causal "
+                                 "LM directory)."),
+    profile: list[str] = typer.Option(..., "--profile", help="NAME:SMS[+HOG]\\[/KERNELS]\\[@GPU], each device, twice "
+                                      "or more, as kernelfleet profile takes them."),
+    device: list[str] | None = typer.Option(None, "--device", help="NAME[:MEMORY_GB] for kernelfleet plan, "
+                                            "repeatable (default: the profiles' names)."),
+    slots: int = typer.Option(8, "--slots", help="The server's KV-cache slots: plans for every bucket 1, 2, 4, ... up "
+                              "to it."),
+    context: int = typer.Option(2048, "--context", help="Tokens per slot, as kernelfleet serve --context."),
+    out: Path = typer.Option(Path("kernelfleet-plans"), "--out", help="The plans folder for kernelfleet serve --plans "
+                             "(a batch-B folder a bucket)."),
+    work: Path | None = typer.Option(None, "--work", help="Where the profiles and the commands' log are kept "
+                                     "(default OUT/work)."),
+    trials: int = typer.Option(3, "--trials", help="kernelfleet profile's --trials."),
+    time_limit: float = typer.Option(60.0, "--time-limit", help="kernelfleet plan's --time-limit a bucket (seconds)."),
+    in_flight: int = typer.Option(1, "--in-flight", help="kernelfleet plan's --in-flight (default 1: the server runs "
+                                  "one batch a step)."),
+    one_share: bool = typer.Option(False, "--one-share", help="Every plan keeps bucket 1's weight placement "
+                                   "(--weights-like), so each device holds one share whichever plan runs: for a "
+                                   "model larger than either device (give --device NAME:MEMORY_GB)."),
+) -> None:
+    """Make the plans kernelfleet serve --plans runs: per batch bucket, kernelfleet profile then plan."""
+    from rich.progress import Progress
+
+    from kernelfleet.plan.command import MAX_IN_FLIGHT
+    from kernelfleet.serve.graphs import buckets
+    from kernelfleet.serve.plan_buckets import Buckets, make
+
+    model = Path(target.removeprefix("hf:"))
+    if not target.startswith("hf:") or "," in target or not (model / "config.json").is_file():
+        raise UsageError(f"TARGET must be hf:DIR, a model directory with a config.json (no options: the buckets' "
+                         f"steps are made from it), got {target!r}")
+    names = [spec.split(":")[0] for spec in profile]
+    planned = [spec.split(":")[0] for spec in device] if device else names
+    if len(set(names)) < 2 or len(set(names)) != len(names) or sorted(planned) != sorted(names):
+        raise UsageError(f"--profile must name two or more devices once each, and --device the same ones; got "
+                         f"profiles {', '.join(names)} and devices {', '.join(planned)}")
+    if not 1 <= in_flight <= MAX_IN_FLIGHT:
+        raise UsageError(f"--in-flight must be within 1 to {MAX_IN_FLIGHT}, got {in_flight}")
+    spec = Buckets(model.resolve(), slots, context, list(profile), list(device or names), out, work or out / "work",
+                   trials, time_limit, in_flight, one_share)
+    spec.check()
+    _need_gpu("making serve plans", "make them on the GPU that will serve (kernelfleet profile captures the step "
+              "there)")
+    err.print(f"plans for {target}, {slots} slots of {context} tokens, into {out} (profiles and log in {spec.work}):",
+              markup=False, highlight=False)
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("profiling and planning, bucket by bucket", total=len(buckets(slots)) + one_share)
+        make(spec, lambda line: bar.console.print(line, markup=False, highlight=False), lambda: bar.advance(task))
+    served = [x for p in profile for x in ("--profile", p if "@" in p else f"{p}@0")]
+    caps = [x for d in device or [] if ":" in d for x in ("--device", d)]
+    print("serve them: kernelfleet serve " + " ".join([target, "--plans", str(out), *served, *caps, "--context",
+                                                       str(context)]))
+
+
 def census_command(
     costs: Path = typer.Argument(..., help="Per-launch seconds on two device profiles: a cost table (costs.json) or "
                                  "a bench/capture_run.py <step>.profile.json."),
@@ -399,7 +455,7 @@ def _classes(counters: Path, groups: Path | None, program: Path | None, class_on
 # (command name, function), in the order `kernelfleet --help` lists them
 COMMANDS = [("ptx", "ptx"), ("analyze", "analyze"), ("calibrate", "calibrate_command"),
             ("profile", "profile_command"), ("profile-merge", "profile_merge_command"), ("plan", "plan_command"),
-            ("census", "census_command"), ("run", "run_command")]
+            ("plan-serve", "plan_serve_command"), ("census", "census_command"), ("run", "run_command")]
 
 
 def _maker(step: str):

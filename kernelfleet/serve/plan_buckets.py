@@ -1,0 +1,182 @@
+"""The plans ``kernelfleet serve --plans DIR`` serves, made in one command: ``kernelfleet plan-serve``.
+
+Per batch bucket of the server's slots (``graphs.buckets``: 1, 2, 4, ... S), the two commands
+docs/serve.md gives, each in a process of its own (a profile holds the step four times, so one
+bucket at a time keeps the GPU's memory to one)::
+
+    kernelfleet profile hf:DIR,serve-decode,batch=B,slots=S,context=C --profile ... --out WORK/prof-B
+    kernelfleet plan WORK/prof-B/program.json WORK/prof-B/costs.json --device ... --policy all \\
+        --state-home --in-flight 1 --out DIR/batch-B
+
+``--in-flight 1``: the server runs one batch a step, so the throughput plan is made for one
+(docs/serve.md, "What the throughput plan is worth here"). With ``one_share`` (a model larger than
+either device), bucket 1's plans are made first into ``WORK/first`` and every bucket's plans keep
+its throughput plan's weight placement (``--weights-like``), so each device holds one share
+whichever plan runs.
+
+Resumable: a bucket whose profile is in WORK is not profiled again, and one whose plans are in DIR,
+made for as many in flight, is not planned again (a plan cut short mid-write is made again). What
+the folders were made for (the model, slots, context, profiles, devices, one share or not) is
+written to ``plan-serve.json`` in each; made for anything else they are refused, in one line naming
+what differs, before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernelfleet.errors import EnvironmentProblem, UsageError
+from kernelfleet.plan.model import PLANNED_PROGRAM
+from kernelfleet.runtime.monitor import THROUGHPUT
+from kernelfleet.serve.graphs import buckets
+from kernelfleet.serve.placed_plans import POLICIES, bucket_folder
+
+IN_FLIGHT = 1  # requests in flight the throughput plan is made for (module docstring)
+FIRST = "first"  # WORK/first: bucket 1's plans, the weight placement every plan keeps with one_share
+LOG = "plan-serve.log"  # in WORK: every command's output
+MANIFEST = "plan-serve.json"  # in DIR and WORK: what they were made for (Buckets.identity)
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """What the plans are made for and with: the model directory, the server's slots and tokens per
+    slot, the device profiles (``profile --profile``) and plan's devices (``plan --device``: NAME or
+    NAME:GB), the folders, and the commands' settings."""
+
+    model: Path
+    slots: int
+    context: int
+    profiles: list[str]
+    devices: list[str]
+    plans: Path
+    work: Path
+    trials: int = 3
+    time_limit: float = 60.0
+    in_flight: int | None = IN_FLIGHT
+    one_share: bool = False
+
+    def target(self, bucket: int) -> str:
+        return f"hf:{self.model},serve-decode,batch={bucket},slots={self.slots},context={self.context}"
+
+    def profile(self, bucket: int) -> Path:
+        return self.work / f"prof-{bucket}"
+
+    def check(self) -> None:
+        """UsageError, before anything runs, for settings no command takes or folders made for others."""
+        if self.slots < 1 or self.context < 2 or self.trials < 1 or not 0 < self.time_limit < 86400:
+            raise UsageError(f"--slots must be at least 1, --context at least 2, --trials at least 1 and --time-limit "
+                             f"within (0, 86400) s; got {self.slots}, {self.context}, {self.trials} and "
+                             f"{self.time_limit:g}")
+        for folder in (self.plans, self.work):
+            _same_as_kept(folder, self.identity())
+
+    def identity(self) -> dict:
+        """What the folders' profiles and plans are for (module docstring): kept ones must match."""
+        return {"model": str(self.model), "slots": self.slots, "context": self.context, "profiles": self.profiles,
+                "devices": self.devices, "one_share": self.one_share}
+
+
+def commands(spec: Buckets, bucket: int, out: Path, weights_like: Path | None = None) -> list[list[str]]:
+    """The commands that make bucket ``bucket``'s plans into ``out`` (module docstring), as argument
+    lists; the profile's is left out where ``spec.work`` holds it."""
+    profile = spec.profile(bucket)
+    kept = all((profile / name).is_file() for name in ("program.json", "costs.json"))
+    flight = ["--in-flight", str(spec.in_flight)] if spec.in_flight else []
+    like = ["--weights-like", str(weights_like)] if weights_like else []
+    return [*([] if kept else [["profile", spec.target(bucket), *_each("--profile", spec.profiles), "--trials",
+                                str(spec.trials), "--out", str(profile)]]),
+            ["plan", str(profile / "program.json"), str(profile / "costs.json"), *_each("--device", spec.devices),
+             "--policy", "all", "--state-home", *flight, *like, "--time-limit", f"{spec.time_limit:g}",
+             "--out", str(out)]]
+
+
+def _each(flag: str, values: list[str]) -> list[str]:
+    return [x for value in values for x in (flag, value)]
+
+
+def made(folder: Path, in_flight: int | None = IN_FLIGHT) -> bool:
+    """Both plans and their program are in ``folder``, the throughput plan made for ``in_flight``
+    (None: for plan's default); a plan that does not read as one is made again."""
+    if not all((folder / name).is_file() for name in (*(f"{file}.json" for file in POLICIES.values()),
+                                                      PLANNED_PROGRAM)):
+        return False
+    try:
+        details = json.loads((folder / f"{POLICIES[THROUGHPUT]}.json").read_text()).get("details") or {}
+        return (details.get("in_flight") or {}).get("requests") == (in_flight or None)
+    except (ValueError, AttributeError):
+        return False
+
+
+def kernelfleet(args: list[str], log: Path) -> None:
+    """``kernelfleet ARGS`` in its own process, its output appended to ``log``; EnvironmentProblem
+    with its last line when it fails."""
+    with log.open("a") as sink:
+        sink.write(f"$ kernelfleet {' '.join(args)}\n")
+        sink.flush()
+        done = subprocess.run([sys.executable, "-m", "kernelfleet", *args], stdout=sink, stderr=subprocess.STDOUT,
+                              check=False)
+    if done.returncode:
+        said = (log.read_text().strip().splitlines() or ["(nothing)"])[-1]
+        raise EnvironmentProblem(f"kernelfleet {args[0]} {args[1]} failed: {said} ({log} has its output)")
+
+
+Runner = Callable[[list[str], Path], None]
+
+
+def make(spec: Buckets, said: Callable[[str], None] = print, advance: Callable[[], None] = lambda: None,
+         run: Runner = kernelfleet) -> list[int]:
+    """Every bucket's plans in ``spec.plans`` (module docstring): made where missing or made for
+    another number in flight, each command's line said with its seconds, ``advance`` called once a
+    bucket (and once for the first plans with ``one_share``); the buckets."""
+    spec.check()
+    for folder in (spec.plans, spec.work):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / MANIFEST).write_text(json.dumps(spec.identity(), indent=1))
+    log = spec.work / LOG
+
+    def ran(args: list[str]) -> None:
+        began = time.perf_counter()
+        run(args, log)
+        said(f"  kernelfleet {args[0]} {args[1]}: {time.perf_counter() - began:.0f} s")
+
+    like = None
+    if spec.one_share:
+        first = spec.work / FIRST
+        if not made(first, spec.in_flight):
+            for args in commands(spec, 1, first):
+                ran(args)
+        like = first / f"{POLICIES[THROUGHPUT]}.json"
+        advance()
+    found = buckets(spec.slots)
+    for bucket in found:
+        folder = bucket_folder(spec.plans, bucket)
+        if made(folder, spec.in_flight):
+            said(f"  bucket {bucket}: plans kept from {folder}")
+        else:
+            for args in commands(spec, bucket, folder, like):
+                ran(args)
+        advance()
+    return found
+
+
+def _same_as_kept(folder: Path, wanted: dict) -> None:
+    """UsageError where ``folder`` was made by plan-serve for anything but ``wanted``."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        return
+    try:
+        kept = json.loads(path.read_text())
+    except ValueError:
+        kept = None
+    if not isinstance(kept, dict):
+        raise UsageError(f"{path}: not what kernelfleet plan-serve writes; give another --out or remove it")
+    differ = [f"{key} {kept.get(key)!r} (now {value!r})" for key, value in wanted.items() if kept.get(key) != value]
+    if differ:
+        raise UsageError(f"{folder} holds plans made for other settings: {', '.join(differ)}; give another --out "
+                         "(--work) or remove it")

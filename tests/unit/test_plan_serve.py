@@ -1,0 +1,145 @@
+"""``kernelfleet plan-serve`` (``serve/plan_buckets.py``): per batch bucket, the profile and plan
+commands docs/serve.md gives, resumable, one share on request, kept folders made for other settings
+refused; a failing command is one line naming its log, and every bad flag is one line before
+anything runs. The commands need a GPU: here a recorder stands in for them (what each writes, as
+kernelfleet writes it), and the real command runs on the CPU to its one-line refusal."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelfleet.errors import EnvironmentProblem, UsageError
+from kernelfleet.serve import plan_buckets
+from kernelfleet.serve.plan_buckets import Buckets
+
+pytestmark = pytest.mark.unit
+
+
+def recorder(ran: list[list[str]]):
+    """A runner that records each command and writes what kernelfleet's would: the profile's program
+    and costs, the plans (the throughput plan saying what it was made for) and their program."""
+
+    def run(args: list[str], log: Path) -> None:
+        ran.append(args)
+        out = Path(args[args.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        if args[0] == "profile":
+            names = ["program", "costs"]
+        else:
+            names = ["latency-greedy", "throughput-milp", "single-a", "program"]
+        flight = int(args[args.index("--in-flight") + 1]) if "--in-flight" in args else None
+        for name in names:
+            details = {"in_flight": {"requests": flight}} if flight and name == "throughput-milp" else {}
+            (out / f"{name}.json").write_text(json.dumps({"made by": args[0], "details": details}))
+
+    return run
+
+
+def spec(tmp_path: Path, **changes) -> Buckets:
+    settings = dict(model=tmp_path / "model", slots=8, context=2048, profiles=["a:64", "b:32"],
+                    devices=["a", "b"], plans=tmp_path / "plans", work=tmp_path / "work", trials=3, time_limit=20.0)
+    return Buckets(**{**settings, **changes})
+
+
+def test_each_bucket_is_profiled_then_planned_for_one_batch_a_step_and_kept(tmp_path):
+    ran: list[list[str]] = []
+    steps: list[int] = []
+    made = plan_buckets.make(spec(tmp_path), said=lambda line: None, advance=lambda: steps.append(1),
+                             run=recorder(ran))
+    assert made == [1, 2, 4, 8] and len(steps) == 4
+    model, work, plans = tmp_path / "model", tmp_path / "work", tmp_path / "plans"
+    assert [args[:2] for args in ran] == [
+        pair for b in (1, 2, 4, 8) for pair in
+        [["profile", f"hf:{model},serve-decode,batch={b},slots=8,context=2048"],
+         ["plan", str(work / f"prof-{b}" / "program.json")]]]
+    assert ran[0][2:] == ["--profile", "a:64", "--profile", "b:32", "--trials", "3", "--out", str(work / "prof-1")]
+    assert ran[1][2:] == [str(work / "prof-1" / "costs.json"), "--device", "a", "--device", "b", "--policy", "all",
+                          "--state-home", "--in-flight", "1", "--time-limit", "20", "--out", str(plans / "batch-1")]
+    ran.clear()
+    lines: list[str] = []
+    plan_buckets.make(spec(tmp_path), said=lines.append, run=recorder(ran))
+    assert ran == [] and lines == [f"  bucket {b}: plans kept from {plans / f'batch-{b}'}" for b in (1, 2, 4, 8)]
+    (plans / "batch-4" / "throughput-milp.json").write_text("{cut short")  # a plan killed mid-write
+    plan_buckets.make(spec(tmp_path, time_limit=30.0), said=lambda line: None, run=recorder(ran))
+    assert [(args[0], args[-1]) for args in ran] == [("plan", str(plans / "batch-4"))]  # from its kept profile
+    ran.clear()
+    plan_buckets.make(spec(tmp_path, in_flight=2), said=lambda line: None, run=recorder(ran))
+    assert [args[0] for args in ran] == ["plan"] * 4  # made for another number in flight: planned again
+
+
+def test_one_share_plans_every_bucket_like_bucket_ones_first_plan(tmp_path):
+    ran: list[list[str]] = []
+    plan_buckets.make(spec(tmp_path, slots=2, one_share=True, devices=["a:20", "b:20"]), said=lambda line: None,
+                      run=recorder(ran))
+    work, plans = tmp_path / "work", tmp_path / "plans"
+    assert [(args[0], args[-1]) for args in ran] == [
+        ("profile", str(work / "prof-1")), ("plan", str(work / "first")), ("plan", str(plans / "batch-1")),
+        ("profile", str(work / "prof-2")), ("plan", str(plans / "batch-2"))]
+    assert "--weights-like" not in ran[1]
+    like = str(work / "first" / "throughput-milp.json")
+    for args in (ran[2], ran[4]):
+        assert args[args.index("--weights-like") + 1] == like
+        assert args[args.index("--device") + 1] == "a:20"
+
+
+def test_folders_made_for_other_settings_are_refused_before_anything_runs(tmp_path):
+    ran: list[list[str]] = []
+    plan_buckets.make(spec(tmp_path, slots=1), said=lambda line: None, run=recorder(ran))
+    ran.clear()
+    with pytest.raises(UsageError) as found:
+        plan_buckets.make(spec(tmp_path, slots=1, context=4096, profiles=["a:64", "b:56"]), run=recorder(ran))
+    assert str(found.value) == (f"{tmp_path / 'plans'} holds plans made for other settings: context 2048 (now 4096), "
+                                "profiles ['a:64', 'b:32'] (now ['a:64', 'b:56']); give another --out (--work) or "
+                                "remove it")
+    (tmp_path / "work" / "plan-serve.json").write_text("[1, 2")
+    with pytest.raises(UsageError, match="plan-serve.json: not what kernelfleet plan-serve writes"):
+        plan_buckets.make(spec(tmp_path, slots=1, plans=tmp_path / "other"), run=recorder(ran))
+    assert ran == []
+    for bad in (dict(slots=0), dict(context=1), dict(trials=0), dict(time_limit=float("nan"))):
+        with pytest.raises(UsageError, match="^--slots must be at least 1"):
+            plan_buckets.make(spec(tmp_path / "fresh", **bad), run=recorder(ran))
+
+
+def test_a_command_that_fails_is_one_line_naming_its_log(tmp_path):
+    """The real runner on the CPU: kernelfleet profile refuses to profile without a GPU, and
+    plan-serve stops with that line and where the whole output is."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    with pytest.raises(EnvironmentProblem) as found:
+        plan_buckets.make(spec(tmp_path, slots=1), said=lambda line: None)
+    log = tmp_path / "work" / "plan-serve.log"
+    assert str(found.value).startswith(f"kernelfleet profile hf:{tmp_path / 'model'},serve-decode,batch=1")
+    assert "runs on an NVIDIA GPU and none is visible here" in str(found.value) and f"({log} has its output)" in str(
+        found.value)
+    assert log.read_text().startswith("$ kernelfleet profile hf:")
+
+
+def kf(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kernelfleet", "plan-serve", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["mymodel:make", "--profile", "a:64", "--profile", "b:32"], "TARGET must be hf:DIR"),
+    (["hf:{model},decode", "--profile", "a:64", "--profile", "b:32"], "TARGET must be hf:DIR"),
+    (["hf:{model}/none", "--profile", "a:64", "--profile", "b:32"], "TARGET must be hf:DIR"),
+    (["hf:{model}", "--profile", "a:64"], "--profile must name two or more devices"),
+    (["hf:{model}", "--profile", "a:64", "--profile", "a:32"], "--profile must name two or more devices"),
+    (["hf:{model}", "--profile", "a:64", "--profile", "b:32", "--device", "a", "--device", "c"],
+     "got profiles a, b and devices a, c"),
+    (["hf:{model}", "--profile", "a:64", "--profile", "b:32", "--in-flight", "0"], "--in-flight must be within 1"),
+    (["hf:{model}", "--profile", "a:64", "--profile", "b:32", "--slots", "0"], "--slots must be at least 1"),
+    (["hf:{model}", "--profile", "a:64", "--profile", "b:32"], "making serve plans runs on an NVIDIA GPU"),
+])
+def test_every_mistake_is_one_line_and_nothing_is_made(tmp_path, args, needle):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    done = kf(*[a.format(model=model) for a in args], "--out", str(tmp_path / "plans"))
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kernelfleet: error: ") and needle in lines[0], done.stderr
+    assert not (tmp_path / "plans").exists()
