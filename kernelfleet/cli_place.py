@@ -337,14 +337,15 @@ def plan_serve_command(
     from rich.progress import Progress
 
     from kernelfleet.plan.command import MAX_IN_FLIGHT
+    from kernelfleet.profile.run import parse_profile
     from kernelfleet.serve.graphs import buckets
-    from kernelfleet.serve.plan_buckets import Buckets, make
+    from kernelfleet.serve.plan_buckets import Buckets, make, on_gpu
 
     model = Path(target.removeprefix("hf:"))
     if not target.startswith("hf:") or "," in target or not (model / "config.json").is_file():
         raise UsageError(f"TARGET must be hf:DIR, a model directory with a config.json (no options: the buckets' "
                          f"steps are made from it), got {target!r}")
-    names = [spec.split(":")[0] for spec in profile]
+    names = [parse_profile(spec).name for spec in profile]  # one line for a malformed one
     planned = [spec.split(":")[0] for spec in device] if device else names
     if len(set(names)) < 2 or len(set(names)) != len(names) or sorted(planned) != sorted(names):
         raise UsageError(f"--profile must name two or more devices once each, and --device the same ones; got "
@@ -361,10 +362,10 @@ def plan_serve_command(
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("profiling and planning, bucket by bucket", total=len(buckets(slots)) + one_share)
         make(spec, lambda line: bar.console.print(line, markup=False, highlight=False), lambda: bar.advance(task))
-    served = [x for p in profile for x in ("--profile", p if "@" in p else f"{p}@0")]
-    caps = [x for d in device or [] if ":" in d for x in ("--device", d)]
-    print("serve them: kernelfleet serve " + " ".join([target, "--plans", str(out), *served, *caps, "--context",
-                                                       str(context)]))
+    served = [x for p in profile for x in ("--profile", on_gpu(p))]
+    caps = " (add --device NAME:MEMORY_GB caps of their own: the server's hold the KV cache and its workspace too)"
+    print("serve them: kernelfleet serve " + " ".join([target, "--plans", str(out), *served, "--context", str(context)])
+          + (caps if any(":" in d for d in device or []) else ""))
 
 
 def census_command(

@@ -180,3 +180,10 @@ def _same_as_kept(folder: Path, wanted: dict) -> None:
     if differ:
         raise UsageError(f"{folder} holds plans made for other settings: {', '.join(differ)}; give another --out "
                          "(--work) or remove it")
+
+
+def on_gpu(profile: str) -> str:
+    """``profile`` (``NAME:SMS[+HOG][@GPU][/KERNELS]``) as ``kernelfleet serve --profile`` takes it: on
+    GPU 0 where it names none."""
+    spec, slash, kernels = profile.partition("/")
+    return profile if "@" in spec else f"{spec}@0{slash}{kernels}"

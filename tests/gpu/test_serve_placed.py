@@ -6,9 +6,11 @@ online monitor must switch to the throughput plan, and every request still gets 
 
 The flow, for a tiny random-weight Llama (bf16, what the server serves), 2 slots (buckets 1 and 2):
 
-    kernelfleet profile hf:DIR,serve-decode,batch=B,slots=2,context=64 --profile a:64 --profile b:32 --out prof-B
-    kernelfleet plan prof-B/program.json prof-B/costs.json --device a --device b --policy all --state-home --out plans/batch-B
-    kernelfleet serve hf:DIR --plans plans --profile a:64@0 --profile b:32@0 --slots 2 --context 64
+    kernelfleet plan-serve hf:DIR --profile a:64 --profile b:32 --slots 2 --context 64 --out plans
+    kernelfleet serve hf:DIR --plans plans --profile a:64@0 --profile b:32@0 --context 64   # as plan-serve prints it
+
+plan-serve runs, per bucket B, ``kernelfleet profile hf:DIR,serve-decode,batch=B,slots=2,context=64
+--profile a:64 --profile b:32`` and ``kernelfleet plan ... --policy all --state-home --in-flight 1``.
 
 The second test serves with device b on SDPA's math attention (other kernels, plans over units):
 its plan graphs pass the tolerance gate at start. The third serves a larger Llama (16 layers, 2.28 GB
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -43,41 +44,40 @@ SLOTS, CONTEXT = 2, 64
 
 def kernelfleet(*args: str) -> str:
     began = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "kernelfleet", *args], capture_output=True, text=True, timeout=400,
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", *args], capture_output=True, text=True, timeout=500,
                           check=False)
-    print(f"$ kernelfleet {' '.join(args)}  ({time.monotonic() - began:.1f} s)\n{done.stdout[-1500:]}")
+    print(f"$ kernelfleet {' '.join(args)}  ({time.monotonic() - began:.1f} s)\n{done.stderr[-1500:]}{done.stdout}")
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
 
 def planned(tmp_path, folder, b: str = "b:32", devices: tuple[str, str] = ("a", "b"), slots: int = SLOTS,
-            context: int = CONTEXT, extra: tuple[str, ...] = ()) -> list[str]:
-    """Each bucket's step (of ``slots`` slots of ``context`` tokens) profiled on a:64 and ``b`` (once:
-    a profile already in ``tmp_path`` is kept), then planned on ``devices`` (``NAME[:GB]``, and
-    ``extra`` flags) into ``tmp_path/plans/batch-B``, as the module docstring's commands; what each
-    plan printed."""
-    said = []
-    for bucket in buckets(slots):
-        profile = tmp_path / f"prof-{bucket}"
-        if not (profile / "costs.json").is_file():
-            kernelfleet("profile", f"hf:{folder},serve-decode,batch={bucket},slots={slots},context={context}",
-                        "--profile", "a:64", "--profile", b, "--trials", "3", "--out", str(profile))
-        said.append(kernelfleet("plan", str(profile / "program.json"), str(profile / "costs.json"),
-                                *(f"--device={d}" for d in devices), "--policy", "all", "--state-home", "--out",
-                                str(tmp_path / "plans" / f"batch-{bucket}"), *extra))
-    return said
+            context: int = CONTEXT, extra: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """Each bucket's step (of ``slots`` slots of ``context`` tokens) profiled on a:64 and ``b``, then
+    planned on ``devices`` (``NAME[:GB]``, and ``extra`` flags of plan-serve) into ``tmp_path/plans``
+    by ``kernelfleet plan-serve`` (the module docstring's commands); what each plan printed (its
+    log, cut at each command) and the serve command plan-serve printed, as arguments."""
+    printed = kernelfleet("plan-serve", f"hf:{folder}", "--profile", "a:64", "--profile", b,
+                          *(f"--device={d}" for d in devices), "--slots", str(slots), "--context", str(context),
+                          "--out", str(tmp_path / "plans"), "--work", str(tmp_path / "work"), *extra)
+    serve = printed.strip().splitlines()[-1].removeprefix("serve them: kernelfleet ").split()
+    log = (tmp_path / "work" / "plan-serve.log").read_text().split("$ kernelfleet ")
+    return [said for said in log if said.startswith("plan ")], serve
 
 
 def test_the_placed_server_gives_the_single_device_servers_greedy_tokens(tmp_path):
     folder = tmp_path / "llama"
     tiny_causal_lm("llama").config.save_pretrained(folder)  # config only: seeded weights, alike on every device
-    for said in planned(tmp_path, folder):
-        assert "launches that touch the step's state are pinned to the home device" in said
+    said, serve = planned(tmp_path, folder)
+    assert len(said) == len(buckets(SLOTS))
+    for plan in said:
+        assert "launches that touch the step's state are pinned to the home device" in plan
+    assert serve == ["serve", f"hf:{folder}", "--plans", str(tmp_path / "plans"), "--profile", "a:64@0", "--profile",
+                     "b:32@0", "--context", str(CONTEXT)]
     prompts = PROMPTS[:4]  # four requests on two slots: both buckets, slots reused
     with ServeCommand(f"hf:{folder}", "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as single:
         want = asyncio.run(whole_and_streamed(single.url, prompts, 12))
-    with ServeCommand(f"hf:{folder}", "--plans", str(tmp_path / "plans"), "--profile", "a:64@0", "--profile", "b:32@0",
-                      "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as placed:
+    with ServeCommand(*serve[1:], startup_seconds=300) as placed:  # as plan-serve said, its slots the folder's
         got = asyncio.run(whole_and_streamed(placed.url, prompts, 12))
         metrics = httpx.get(f"{placed.url}/metrics").text
         # the load: 96 requests, 32 clients at once, on 2 slots; the monitor's windows are 300 ms
@@ -134,7 +134,7 @@ def test_a_model_larger_than_either_capped_device_is_served_through_the_plans(tm
     the server's 1 GiB workspace need 3.36. A device holds what its launches read in every plan it
     may switch to (two buckets' two policies); plans made one by one need not agree on where the
     weights live (on an H200, 2026-12-06, four such plans had b read 2.08 of the 2.12 GiB between
-    them), so every plan is made ``--weights-like`` bucket 1's throughput plan. Both devices hold
+    them), so every plan is made ``--weights-like`` bucket 1's throughput plan (``plan-serve --one-share``). Both devices hold
     part, every graph is gated, and the tokens equal the single-device server's (greedy, whole and
     streamed)."""
     from transformers import LlamaConfig
@@ -142,14 +142,10 @@ def test_a_model_larger_than_either_capped_device_is_served_through_the_plans(tm
     folder = tmp_path / "llama"
     LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                 num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=256).save_pretrained(folder)
-    caps = ("a:1.3", "b:1.3")
-    for said in planned(tmp_path, folder, devices=caps):
-        assert "single:a" not in said and "single:b" not in said  # neither holds the step
-    (tmp_path / "plans" / "batch-1").rename(tmp_path / "reference")
-    shutil.rmtree(tmp_path / "plans")
-    for said in planned(tmp_path, folder, devices=caps,
-                        extra=("--weights-like", str(tmp_path / "reference" / "throughput-milp.json"))):
-        assert "weights like" in said
+    said, _ = planned(tmp_path, folder, devices=("a:1.3", "b:1.3"), extra=("--one-share",))
+    first, *served = said  # bucket 1's first plans, then every bucket's like its throughput plan
+    assert "single:a" not in first and "single:b" not in first  # neither holds the step
+    assert len(served) == len(buckets(SLOTS)) and all("weights like" in plan for plan in served)
     prompts = PROMPTS[:4]
     with ServeCommand(f"hf:{folder}", "--slots", str(SLOTS), "--context", str(CONTEXT), startup_seconds=300) as single:
         want = asyncio.run(whole_and_streamed(single.url, prompts, 12))

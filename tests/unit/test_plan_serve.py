@@ -127,6 +127,7 @@ def kf(*args: str) -> subprocess.CompletedProcess:
     (["hf:{model},decode", "--profile", "a:64", "--profile", "b:32"], "TARGET must be hf:DIR"),
     (["hf:{model}/none", "--profile", "a:64", "--profile", "b:32"], "TARGET must be hf:DIR"),
     (["hf:{model}", "--profile", "a:64"], "--profile must name two or more devices"),
+    (["hf:{model}", "--profile", "a:64", "--profile", "b:x"], "expected NAME[:SMS[+HOG]][@GPU]"),
     (["hf:{model}", "--profile", "a:64", "--profile", "a:32"], "--profile must name two or more devices"),
     (["hf:{model}", "--profile", "a:64", "--profile", "b:32", "--device", "a", "--device", "c"],
      "got profiles a, b and devices a, c"),
@@ -143,3 +144,8 @@ def test_every_mistake_is_one_line_and_nothing_is_made(tmp_path, args, needle):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kernelfleet: error: ") and needle in lines[0], done.stderr
     assert not (tmp_path / "plans").exists()
+
+
+def test_the_serve_command_names_each_profile_on_its_gpu():
+    assert [plan_buckets.on_gpu(p) for p in ("a:64", "b:32/math-attention", "b:56@1", "c:32+64@1/math-attention")] == [
+        "a:64@0", "b:32@0/math-attention", "b:56@1", "c:32+64@1/math-attention"]
