@@ -15,6 +15,9 @@
 #                                           # served as they are (make them again there: leave the file out)
 #   bash bench/pending_run.sh serve-moe     # the same for the MoE (--plans-model moe); kept plans travel as
 #                                           # .gpuwork/serve-plans-moe.tgz (made on an H100, 2026-12-06); *-moe
+#   bash bench/pending_run.sh moe-strategies  # the MoE under request distribution, the split and the pipeline
+#                                           # (bench.serve_gpu --cases moe-strategies, 12 requests a rate; the
+#                                           # 8B's were run on an H200 on 2026-12-01/02): about 4 minutes
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 8 minutes: a call of its own)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
 #                                           # an H200; on an H100 on 2026-12-06 all ran); the two same-kernel rows
@@ -28,8 +31,8 @@
 set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
-    case "$mode" in serve|serve-moe|serve-tests|place) ;;
-    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-tests|place ..." >&2; exit 2 ;; esac
+    case "$mode" in serve|serve-moe|moe-strategies|serve-tests|place) ;;
+    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|moe-strategies|serve-tests|place ..." >&2; exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
 END=${PENDING_SECONDS:-580}
@@ -55,6 +58,12 @@ serve)
     # the profiles' programs are large; the plans, the log and the servers' logs come back
     tar czf "$OUT/serve-plans.tgz" -C /tmp --exclude='prof-*' serve-plans serve 2>/dev/null
     grep -v '^{' "$OUT/serve_plans.txt" | tail -40
+    ;;
+moe-strategies)
+    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-moe-strategies --cases moe-strategies \
+        --requests 12 > "$OUT/serve_moe_strategies.txt" 2>&1
+    cp /tmp/serve-moe-strategies/serve_gpu.json "$OUT/serve_gpu_moe_strategies.json" 2>/dev/null
+    grep -v '^{' "$OUT/serve_moe_strategies.txt" | tail -30
     ;;
 serve-moe)
     [ -f .gpuwork/serve-plans-moe.tgz ] && tar xzf .gpuwork/serve-plans-moe.tgz -C /tmp serve-plans-moe

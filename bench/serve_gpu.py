@@ -2,7 +2,7 @@
 graph loop, then Poisson arrivals and a trace of requests against the real HTTP server.
 
     python -m bench.serve_gpu --out DIR [--quick] [--cpu] [--trace FILE] \
-        [--cases llama8b,moe,capped,replicas,split,pipeline,plans] [--prefill-chunk N[,N...]] \
+        [--cases llama8b,moe,capped,replicas,split,pipeline,moe-strategies,plans] [--prefill-chunk N[,N...]] \
         [--prefill-batch N[,N...]] [--plans-dir DIR] [--plans-model llama8b|moe] [--plan-in-flight K]
 
 Cases (each a config-only model directory, so the server draws seeded random bf16 weights on the
@@ -19,6 +19,8 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
   at least 48 requests a rate even with ``--quick`` (fewer would not fill the replicas' slots), at
   16 and 64 requests/s: the second H200 run's 4/s (12 s of arrivals each) never gave either its
   best held tokens/s, and without it a sweep of three ``--prefill-chunk`` values fits 6 minutes;
+* ``moe-strategies`` (not in the default ``--cases``): ``moe-replicas``, ``moe-split`` and
+  ``moe-pipeline``, the three below with the MoE;
 * ``replicas``, ``split`` and ``pipeline`` (not in the default ``--cases``): the 8B under
   ``--strategy replicas`` (two 60 GB devices), ``--strategy split`` (prefill in 30 GB, decode in
   100 GB) and ``--strategy pipeline`` (two 60 GB stages), both devices on GPU 0: the strategies'
@@ -152,6 +154,17 @@ CPU_CASES = [Case("llama8b", {**TINY, "model_type": "llama"}, 256, ("--cpu",), (
              Case("pipeline", {**TINY, "model_type": "llama"}, 256, ("--cpu", "--strategy", "pipeline", "--device",
                                                                       "p0:2", "--device", "p1:2", "--slots", "4"),
                   (4.0,))]
+STRATEGIES = ("replicas", "split", "pipeline")
+
+
+def on_moe(cases: list[Case], config: dict) -> list[Case]:
+    """The strategies' cases again with the MoE (``moe-replicas``, ...): the same devices and flags."""
+    return [replace(case, name=f"moe-{case.name}", config=config) for case in cases if case.name in STRATEGIES]
+
+
+GPU_CASES += on_moe(GPU_CASES, MOE)
+CPU_CASES += on_moe(CPU_CASES, TINY_MOE)
+GROUPS = {"capped": CAPPED, "plans": PLANNED, "moe-strategies": tuple(f"moe-{name}" for name in STRATEGIES)}
 
 
 @dataclass(frozen=True)
@@ -629,7 +642,8 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, help="CSV arrival_seconds,prompt_tokens,output_tokens to replay")
     parser.add_argument("--cases", default="llama8b,moe,capped",
                         help="comma-separated, of llama8b, moe, capped (capped-replicas and capped-pipeline), "
-                        "replicas, split, pipeline, plans (plans-whole, plans-a and plans; GPU only)")
+                        "replicas, split, pipeline, moe-strategies (moe-replicas, moe-split and moe-pipeline), "
+                        "plans (plans-whole, plans-a and plans; GPU only)")
     parser.add_argument("--plans-dir", type=Path, help="where the plans cases' profiles and plans are made, and kept "
                         "for the next run (default DIR/plans-work-MODEL)")
     parser.add_argument("--requests", type=int, help="requests per Poisson rate (default 32; --quick 6)")
@@ -652,8 +666,7 @@ def main() -> None:
     args.requests = args.requests or (6 if args.quick else 32)
     args.tokens, args.repeats = (16, 1) if args.quick else (64, 3)
     cases = {case.name: case for case in (CPU_CASES if args.cpu else GPU_CASES)}
-    groups = {"capped": CAPPED, "plans": PLANNED}
-    chosen = [name for given in args.cases.split(",") for name in groups.get(given, [given])]
+    chosen = [name for given in args.cases.split(",") for name in GROUPS.get(given, [given])]
     planned = any(name in PLANNED for name in chosen)
     if args.plan_trials < 1 or not 0 < args.plan_seconds < 3600 or not 0 <= args.plan_in_flight <= MAX_IN_FLIGHT:
         raise SystemExit(f"bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600) and "

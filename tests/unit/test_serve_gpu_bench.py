@@ -131,6 +131,23 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
                                                "--slots", "8"]
 
 
+def test_the_moe_runs_every_strategy_with_the_8bs_devices_and_flags(tmp_path):
+    """``--cases moe-strategies``: request distribution, the split and the pipeline with the MoE, on
+    the devices and flags of the 8B's cases; the pipeline's (layers cut over two devices, each with
+    its experts) served for real on the CPU."""
+    from bench.serve_gpu import CPU_CASES, GPU_CASES, GROUPS, MOE, TINY_MOE
+
+    for cases, config in ((GPU_CASES, MOE), (CPU_CASES, TINY_MOE)):
+        found = {case.name: case for case in cases}
+        for name in GROUPS["moe-strategies"]:
+            moe, dense = found[name], found[name.removeprefix("moe-")]
+            assert moe.config == config and moe.flags == dense.flags and moe.rates_per_second == dense.rates_per_second
+    _, report = bench_quick("serve_gpu", args=("--cpu", "--out", str(tmp_path), "--cases", "moe-pipeline",
+                                               "--requests", "2"))
+    (case,) = report["cases"]
+    assert case["name"] == "moe-pipeline" and all(load["requests"] == 2 for load in case["poisson"])
+
+
 def test_the_plans_cases_serve_the_model_their_plans_were_made_for(tmp_path):
     """``--plans-model``: each case's config is the model's, and a plans folder made for one model is
     refused for another (its kept plans are the first model's), in one line naming the folder."""
