@@ -31,7 +31,7 @@ DeviceOption = typer.Option(None, "--device", show_default=False, help="NAME:MEM
 PlansOption = typer.Option(None, "--plans", help="Decode through kernelfleet's plans: DIR/batch-B/ per batch bucket, "
                            "each with latency-greedy.json, throughput-milp.json and program.json (docs/serve.md).")
 ProfileOption = typer.Option(None, "--profile", help="With --plans: NAME:SMS[+HOG]@GPU, each device the plans name "
-                             "(twice or more).")
+                             "(twice or more; default, and --context's, what kernelfleet plan-serve made them for).")
 
 
 def serve(
@@ -175,6 +175,18 @@ def _placed(target: str, plans: Path | None, profiles: list[str], caps: list[str
 
     if plans is None or other:
         raise UsageError("--plans DIR and --profile go together, on GPUs, without --cpu or --strategy")
+    from kernelfleet.serve.plan_buckets import made_for, on_gpu
+
+    made = made_for(plans) if plans.is_dir() else None
+    if made is not None:  # made by plan-serve: its profiles and context unless given, and no others
+        profiles = profiles or [on_gpu(spec) for spec in made["profiles"]]
+        context = context or made["context"]
+        wrong = [f"--{flag} {given}" for flag, given in (("slots", slots), ("context", context))
+                 if given is not None and given != made[flag]]
+        if wrong:
+            raise UsageError(f"--plans {plans} was made for {made['slots']} slots of {made['context']} tokens "
+                             f"(kernelfleet plan-serve), not {' and '.join(wrong)}: serve it with those, or make "
+                             "plans for these")
     import torch
 
     from kernelfleet.serve.command import checked_sizes

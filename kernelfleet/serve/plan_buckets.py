@@ -165,17 +165,28 @@ def make(spec: Buckets, said: Callable[[str], None] = print, advance: Callable[[
     return found
 
 
-def _same_as_kept(folder: Path, wanted: dict) -> None:
-    """UsageError where ``folder`` was made by plan-serve for anything but ``wanted``."""
+def made_for(folder: Path) -> dict | None:
+    """What plan-serve made ``folder`` for (``Buckets.identity``), or None where it did not make it;
+    UsageError, naming the file, where that file is not what plan-serve writes."""
     path = folder / MANIFEST
     if not path.is_file():
-        return
+        return None
     try:
-        kept = json.loads(path.read_text())
-    except ValueError:
-        kept = None
-    if not isinstance(kept, dict):
+        found = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        found = None
+    shapes = {"model": str, "slots": int, "context": int, "profiles": list, "devices": list, "one_share": bool}
+    if (not isinstance(found, dict) or any(type(found.get(key)) is not kind for key, kind in shapes.items())
+            or not all(isinstance(x, str) for key in ("profiles", "devices") for x in found[key])):
         raise UsageError(f"{path}: not what kernelfleet plan-serve writes; give another --out or remove it")
+    return found
+
+
+def _same_as_kept(folder: Path, wanted: dict) -> None:
+    """UsageError where ``folder`` was made by plan-serve for anything but ``wanted``."""
+    kept = made_for(folder)
+    if kept is None:
+        return
     differ = [f"{key} {kept.get(key)!r} (now {value!r})" for key, value in wanted.items() if kept.get(key) != value]
     if differ:
         raise UsageError(f"{folder} holds plans made for other settings: {', '.join(differ)}; give another --out "

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from recorded import free_port
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.serve import plan_buckets
@@ -149,3 +150,45 @@ def test_every_mistake_is_one_line_and_nothing_is_made(tmp_path, args, needle):
 def test_the_serve_command_names_each_profile_on_its_gpu():
     assert [plan_buckets.on_gpu(p) for p in ("a:64", "b:32/math-attention", "b:56@1", "c:32+64@1/math-attention")] == [
         "a:64@0", "b:32@0/math-attention", "b:56@1", "c:32+64@1/math-attention"]
+
+
+MANIFEST_CORPUS = [b"[1", b"[]", b"{}", b'"x"', b"\xff\xfe{", *(
+    b'{"model": "/m", "slots": %s, "context": %s, "profiles": %s, "devices": [], "one_share": %s}' % fields
+    for fields in [(b'"2"', b"64", b"[]", b"false"), (b"2", b"64", b"[1]", b"false"), (b"2", b"64.0", b"[]", b"false"),
+                   (b"true", b"64", b"[]", b"false"), (b"2", b"64", b"[]", b"0")])]
+
+
+@pytest.mark.parametrize("text", MANIFEST_CORPUS)
+def test_a_hostile_manifest_is_one_line_naming_it(tmp_path, text):
+    (tmp_path / "plan-serve.json").write_bytes(text)
+    with pytest.raises(UsageError, match=r"plan-serve.json: not what kernelfleet plan-serve writes"):
+        plan_buckets.made_for(tmp_path)
+
+
+def serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kernelfleet", "serve", *args, "--listen", f"127.0.0.1:{free_port()}"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_serve_takes_a_plan_serve_folders_profiles_and_context_and_refuses_other_sizes(tmp_path):
+    """What plan-serve made a folder for: serve takes its profiles and context where not given, and
+    refuses other slots or context in one line before anything loads (the buckets' captures would
+    differ from the plans' programs)."""
+    model, plans = tmp_path / "model", tmp_path / "plans"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+                                                   "intermediate_size": 128, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                   "max_position_embeddings": 256}))
+    plan_buckets.make(spec(tmp_path, model=model, slots=2, context=64), said=lambda line: None, run=recorder([]))
+    for flags, needle in ((["--context", "128"], "not --context 128"), (["--slots", "4"], "not --slots 4"),
+                          (["--slots", "4", "--context", "32"], "not --slots 4 and --context 32")):
+        done = serve(f"hf:{model}", "--plans", str(plans), *flags)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert lines[0] == (f"kernelfleet: error: --plans {plans} was made for 2 slots of 64 tokens (kernelfleet "
+                            f"plan-serve), {needle}: serve it with those, or make plans for these")
+    # without --profile: the folder's, so the server gets as far as reading the plans (the recorder's are not plans)
+    done = serve(f"hf:{model}", "--plans", str(plans))
+    assert done.returncode != 0 and "Traceback" not in done.stderr and "--profile go together" not in done.stderr
+    assert str(plans / "batch-1") in done.stderr, done.stderr
