@@ -339,7 +339,7 @@ def plan_serve_command(
     from kernelfleet.plan.command import MAX_IN_FLIGHT
     from kernelfleet.profile.run import parse_profile
     from kernelfleet.serve.graphs import buckets
-    from kernelfleet.serve.plan_buckets import Buckets, make, on_gpu
+    from kernelfleet.serve.plan_buckets import Buckets, checked_room, make, on_gpu, profile_bytes
 
     model = Path(target.removeprefix("hf:"))
     if not target.startswith("hf:") or "," in target or not (model / "config.json").is_file():
@@ -357,6 +357,13 @@ def plan_serve_command(
     spec.check()
     _need_gpu("making serve plans", "make them on the GPU that will serve (kernelfleet profile captures the step "
               "there)")
+    import torch
+
+    from kernelfleet.profile.steptime import COPIES
+    from kernelfleet.serve.model import footprint
+
+    needs = profile_bytes(spec, footprint(f"hf:{model}", torch.bfloat16, context), COPIES)
+    checked_room(spec, needs, {gpu: torch.cuda.mem_get_info(gpu)[0] for gpu in needs})
     err.print(f"plans for {target}, {slots} slots of {context} tokens, into {out} (profiles and log in {spec.work}):",
               markup=False, highlight=False)
     with Progress(console=err, transient=True) as bar:

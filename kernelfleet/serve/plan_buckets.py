@@ -35,6 +35,7 @@ from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.plan.model import PLANNED_PROGRAM
 from kernelfleet.runtime.monitor import THROUGHPUT
 from kernelfleet.serve.graphs import buckets
+from kernelfleet.serve.memory import Footprint
 from kernelfleet.serve.placed_plans import POLICIES, bucket_folder
 
 IN_FLIGHT = 1  # requests in flight the throughput plan is made for (module docstring)
@@ -198,3 +199,26 @@ def on_gpu(profile: str) -> str:
     GPU 0 where it names none."""
     spec, slash, kernels = profile.partition("/")
     return profile if "@" in spec else f"{spec}@0{slash}{kernels}"
+
+
+def profile_bytes(spec: Buckets, footprint: Footprint, copies: int) -> dict[int, int]:
+    """Per GPU, about what one bucket's profile holds there: ``copies`` steps a profile on it (the
+    capture and its replicas for the whole-step graphs, ``profile/steptime.py``), each with the
+    model's weights and its slots' cache and rows of logits (activations come on top; the server's
+    fixed workspace does not)."""
+    from kernelfleet.profile.run import parse_profile
+
+    gpus = [parse_profile(text).device for text in spec.profiles]
+    step = footprint.weights_bytes + spec.slots * (footprint.kv_bytes_per_slot + footprint.workspace_bytes_per_slot)
+    return {gpu: gpus.count(gpu) * copies * step for gpu in sorted(set(gpus))}
+
+
+def checked_room(spec: Buckets, needs: dict[int, int], free: dict[int, int]) -> None:
+    """UsageError, before anything runs, where a GPU has less free memory than a profile holds there."""
+    short = [gpu for gpu, need in needs.items() if need > free[gpu]]
+    if short:
+        gpu = short[0]
+        raise UsageError(f"each bucket's profile holds the step several times (the capture and replicas for its "
+                         f"whole-step graphs): about {needs[gpu] / 1e9:.1f} GB on GPU {gpu} for {spec.slots} slots "
+                         f"of {spec.context} tokens, which has {free[gpu] / 1e9:.1f} GB free; give fewer --slots or "
+                         "a shorter --context")

@@ -192,3 +192,26 @@ def test_serve_takes_a_plan_serve_folders_profiles_and_context_and_refuses_other
     done = serve(f"hf:{model}", "--plans", str(plans))
     assert done.returncode != 0 and "Traceback" not in done.stderr and "--profile go together" not in done.stderr
     assert str(plans / "batch-1") in done.stderr, done.stderr
+
+
+def test_a_profile_that_cannot_fit_its_gpu_is_refused_before_anything_runs(tmp_path):
+    """The 8B at 64 slots of 2,048 tokens: each profile holds the step twice (the capture and a
+    replica, or two replicas), so two profiles on one GPU hold it four times, about 133 GB, more than
+    an H100 or H200 has; at 8 slots, the seventh run's, about 73 GB, which an H100 held."""
+    from kernelfleet.serve.memory import Footprint, kv_bytes
+
+    eight_b = Footprint(weights_bytes=16_060_522_496, kv_bytes_per_slot=kv_bytes(32, 8, 128, 2048, 2),
+                        workspace_bytes_per_slot=128256 * 6 + 2048)
+    wide = spec(tmp_path, slots=64)
+    needs = plan_buckets.profile_bytes(wide, eight_b, 2)
+    assert list(needs) == [0] and needs[0] / 1e9 == pytest.approx(133.2, abs=0.1)
+    with pytest.raises(UsageError) as found:
+        plan_buckets.checked_room(wide, needs, {0: 84_000_000_000})
+    assert str(found.value) == ("each bucket's profile holds the step several times (the capture and replicas for "
+                                "its whole-step graphs): about 133.2 GB on GPU 0 for 64 slots of 2048 tokens, which "
+                                "has 84.0 GB free; give fewer --slots or a shorter --context")
+    eight = plan_buckets.profile_bytes(spec(tmp_path), eight_b, 2)
+    assert eight[0] / 1e9 == pytest.approx(72.9, abs=0.1)
+    plan_buckets.checked_room(spec(tmp_path), eight, {0: 84_000_000_000})
+    apart = plan_buckets.profile_bytes(spec(tmp_path, profiles=["a:64", "b:56@1"]), eight_b, 2)  # a GPU each
+    assert apart == {0: eight[0] // 2, 1: eight[0] // 2}
