@@ -1,15 +1,21 @@
-"""The place runs left waiting for a GPU, made on one H100 on 2026-12-06 (``bash bench/pending_run.sh
-place``; the card's ``nvidia-smi`` line in tests/data/h100-place-pairs/smi.txt): the link on its two
-partitions (tests/data/h100-link), Qwen2-MoE decode's edge plans (tests/data/h100-edges) and the
-two same-kernel rows that had missed their prediction on the H200 (tests/data/h100-place-pairs).
+"""The place runs left waiting for a GPU, made on one H100 in two calls on 2026-12-06 (``bash
+bench/pending_run.sh place``; each call's ``nvidia-smi`` line in its pairs folder's smi.txt).
 
-* Every edge plan of Qwen2-MoE decode ran and passed the bit-exact gate. On the H200 (2026-12-02)
-  those plans faulted the GPU: an ``aten.sort`` split across the devices read its workspace's
+The first call: the link on the H100's two partitions (tests/data/h100-link), Qwen2-MoE decode's edge
+plans (tests/data/h100-edges) and the two same-kernel rows that had missed their prediction on the H200
+(tests/data/h100-place-pairs). The later call: the same link and edge plans again
+(tests/data/h100-link-2, tests/data/h100-edges-2), hf-mamba-decode's same-kernel row again, and
+hf-qwen2moe-prefill's, the H200's last row off its prediction (tests/data/h100-place-pairs-2).
+
+* Every edge plan of Qwen2-MoE decode ran and passed the bit-exact gate, in both calls. On the H200
+  (2026-12-02) those plans faulted the GPU: an ``aten.sort`` split across the devices read its workspace's
   pointer words stale. Since 2026-12-05 such op calls stay whole (tests/replay/test_sort_workspace_h200.py),
   and here plans that put the sorts on b and their inputs' writers on a ran right.
-* Both rows meet the targets: every chained plan within 10 % of its prediction and the choice
-  within 3 % of the best. hf-mamba-decode's pipeline, 15.6 % faster than predicted on the H200, is
-  within 3 % here (docs/validation/place-h200-pairs.md says what that does and does not settle).
+* Every row's chained plans are within 10 % of their prediction, and all but one row choose within 3 %
+  of the best. hf-mamba-decode's pipeline, 15.6 % faster than predicted on the H200, is within 3 % here
+  in both calls (docs/validation/place-h200-pairs.md says what that does and does not settle).
+* Qwen2-MoE prefill misses the choice target on the H100: the model chose one device with free slots,
+  which ran 11.6 % slower than predicted, over request distribution, which ran 7.1 % faster.
 """
 
 import json
@@ -18,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from bench import place_table
+from kernelfleet.costs.table import CostTable
 from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.edgerun import EdgeRun, edge_plans
 from kernelfleet.plan.transfers import transfers
@@ -25,22 +32,39 @@ from kernelfleet.plan.transfers import transfers
 pytestmark = pytest.mark.replay
 
 DATA = Path(__file__).parents[1] / "data"
-PAIRS = DATA / "h100-place-pairs"
+PAIRS, LATER = DATA / "h100-place-pairs", DATA / "h100-place-pairs-2"
 EDGES = DATA / "h100-edges"
-FOLDERS = sorted(p.parent for p in PAIRS.glob("*/disagg.json"))
+# per call: its pairs, edge plans and link
+CALLS = {"first": (PAIRS, EDGES, DATA / "h100-link"), "later": (LATER, DATA / "h100-edges-2", DATA / "h100-link-2")}
+FOLDERS = sorted(p.parent for pairs in (PAIRS, LATER) for p in pairs.glob("*/disagg.json"))
+PREFILL = LATER / "hf-qwen2moe-prefill.same"  # the row whose choice misses (test below)
 
 
-def test_the_runs_were_made_on_an_h100():
-    assert (PAIRS / "smi.txt").read_text().splitlines()[1].startswith("NVIDIA H100 80GB HBM3")
-    run = EdgeRun.load(EDGES / "edges.json")
+def row_id(folder: Path) -> str:
+    return f"{folder.parent.name}/{folder.name}"
+
+
+def strategies(folder: Path) -> dict:
+    return json.loads((folder / "disagg.json").read_text())["strategies"]
+
+
+def off(strategy: dict) -> float:
+    """Measured over predicted, less 1."""
+    return strategy["seconds"] / strategy["predicted_seconds"] - 1
+
+
+@pytest.mark.parametrize("pairs, edges, link", CALLS.values(), ids=CALLS)
+def test_the_runs_were_made_on_an_h100(pairs, edges, link):
+    assert (pairs / "smi.txt").read_text().splitlines()[1].startswith("NVIDIA H100 80GB HBM3")
+    run = EdgeRun.load(edges / "edges.json")
     assert "NVIDIA H100 80GB HBM3" in run.source and not run.derived
-    link = json.loads((DATA / "h100-link" / "links.json").read_text())
-    assert "NVIDIA H100 80GB HBM3" in json.dumps(link)
+    assert "NVIDIA H100 80GB HBM3" in json.dumps(json.loads((link / "links.json").read_text()))
 
 
-def test_every_qwen2moe_decode_edge_plan_ran_and_passed_the_bit_exact_gate():
-    run = EdgeRun.load(EDGES / "edges.json")
-    program = Program.load(EDGES / "hf-qwen2moe-decode" / "program.json.gz")
+@pytest.mark.parametrize("edges", [edges for _, edges, _ in CALLS.values()], ids=CALLS)
+def test_every_qwen2moe_decode_edge_plan_ran_and_passed_the_bit_exact_gate(edges):
+    run = EdgeRun.load(edges / "edges.json")
+    program = Program.load(edges / "hf-qwen2moe-decode" / "program.json.gz")
     made = edge_plans(program, "a", "b")
     assert run.refused == [] and sorted(p.name for p in run.plans) == sorted(name for name, _, _ in made)
     assert all(p.gate == "identical" and p.measured_seconds for p in run.plans)
@@ -52,29 +76,65 @@ def test_every_qwen2moe_decode_edge_plan_ran_and_passed_the_bit_exact_gate():
     assert len(fed) >= 4, fed  # 6 of the 14
 
 
-@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
-def test_both_rows_meet_the_placement_targets(folder):
+def test_the_edge_plans_ran_as_far_off_their_prediction_in_both_calls():
+    """The 12 plans with copies, against today's model (4 µs + bytes at 25 GB/s a copy): -0.4 % to
+    +8.7 % in the first call, -0.5 % to +9.6 % in the later one; the worst is cut 5 both times."""
+    for edges, low, high in ((EDGES, -0.004, 0.088), (CALLS["later"][1], -0.005, 0.096)):
+        plans = [p for p in EdgeRun.load(edges / "edges.json").plans if p.counts.copies]
+        found = {p.name: p.measured_seconds / p.predicted_seconds - 1 for p in plans}
+        assert len(found) == 12 and low < min(found.values()) and max(found.values()) < high
+        assert max(found, key=found.get) == "cut 5"
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=row_id)
+def test_every_row_passed_its_gates_and_is_within_its_predictions(folder):
     row = place_table.row_of(folder)
-    assert row.chosen_over_best <= 1 + place_table.CHOSEN_WITHIN
     assert row.predictions_within == row.predictions >= 6
     assert row.gates == "identical"
 
 
+@pytest.mark.parametrize("folder", [f for f in FOLDERS if f != PREFILL], ids=row_id)
+def test_the_other_rows_choose_within_3_percent_of_the_best(folder):
+    assert place_table.row_of(folder).chosen_over_best <= 1 + place_table.CHOSEN_WITHIN
+
+
+def test_qwen2moe_prefill_misses_the_choice_target_on_the_h100():
+    """The model chose single:a with free slots: predicted 662.9 µs for the 2 slots (profile's free
+    graph on a), measured 739.6 (+11.6 %). Request distribution was predicted 749.4 µs (b's graph
+    alone, 628.7 µs, stretched by its shared factor, 1.212, measured with a looping its graph) and ran
+    695.9 (-7.1 %; 695.6 with free slots, the best): 1.107x b alone. Either error alone keeps the choice."""
+    row, found = place_table.row_of(PREFILL), strategies(PREFILL)
+    assert (row.best, row.chosen) == ("replicas, slots free", "single:a, slots free")
+    assert 1.06 < row.chosen_over_best < 1.07 and row.chosen_over_best > 1 + place_table.CHOSEN_WITHIN
+    replicas, chosen = found["replicas"], found[row.chosen]
+    assert -0.072 < off(replicas) < -0.071 and 0.115 < off(chosen) < 0.116
+    costs = CostTable.from_json((PREFILL / "costs.json").read_text(), str(PREFILL / "costs.json"))
+    shared = {device: round(factor, 3) for device, factor in costs.shared_factors().items()}
+    assert shared == {"a": 1.234, "b": 1.212}
+    assert round(replicas["seconds"] / costs.graph_seconds["b"], 3) == 1.107  # one slot a device, run at once
+    # with request distribution predicted as it ran, the model still ranks single:a with free slots first;
+    # with single:a's free slots predicted as they ran, it still ranks them above request distribution
+    assert chosen["predicted_seconds"] < replicas["seconds"] and chosen["seconds"] < replicas["predicted_seconds"]
+
+
 def test_a_latency_plan_on_one_device_is_read_as_that_devices_own_run():
-    """Both rows' latency plan places every launch on a: the table reads single:a's own run (the
-    same graph, timed twice, differs by noise), so Qwen2-MoE, where a was the faster device alone,
-    meets the target exactly, and Mamba, where b was (by 0.16 %, against the profile's ranking),
-    misses it by that much."""
-    for name in ("hf-mamba-decode.same", "hf-qwen2moe-decode.same"):
-        assert place_table.timed_as(PAIRS / name, "latency-greedy") == "single:a"
-    found = {name: json.loads((PAIRS / f"{name}.same" / "disagg.json").read_text())["strategies"]
-             for name in ("hf-mamba-decode", "hf-qwen2moe-decode")}
-    assert place_table.row_of(PAIRS / "hf-qwen2moe-decode.same").latency_over_single == 1.0
-    mamba = found["hf-mamba-decode"]
-    ratio = mamba["single:a"]["seconds"] / mamba["single:b"]["seconds"]
-    assert ratio > 1.001 and place_table.row_of(PAIRS / "hf-mamba-decode.same").latency_over_single == ratio
+    """Every row's latency plan places every launch on a: the table reads single:a's own run (the same
+    graph, timed twice, differs by noise), so Qwen2-MoE, where a was the faster device alone, meets the
+    target exactly, and Mamba, where b was (by 0.16 % in the first call, 1.0 % in the later one, against
+    the profile's ranking both times), misses it by that much."""
+    for folder in FOLDERS:
+        assert place_table.timed_as(folder, "latency-greedy") == "single:a", folder
+    for folder in (PAIRS / "hf-qwen2moe-decode.same", PREFILL):
+        assert place_table.row_of(folder).latency_over_single == 1.0
+    for folder, low in ((PAIRS, 1.001), (LATER, 1.009)):
+        mamba = strategies(folder / "hf-mamba-decode.same")
+        ratio = mamba["single:a"]["seconds"] / mamba["single:b"]["seconds"]
+        assert low < ratio < 1.011 and place_table.row_of(folder / "hf-mamba-decode.same").latency_over_single == ratio
 
 
-def test_mamba_decodes_pipeline_is_within_its_prediction_on_the_h100():
-    found = json.loads((PAIRS / "hf-mamba-decode.same" / "disagg.json").read_text())["strategies"]["pipeline"]
-    assert abs(found["seconds"] / found["predicted_seconds"] - 1) < 0.03
+@pytest.mark.parametrize("pairs", [PAIRS, LATER], ids=CALLS)
+def test_mamba_decodes_pipeline_is_within_its_prediction_on_the_h100(pairs):
+    """6 copies a slot both times, not the H200's 21 (most of them the tail of copies home)."""
+    found = strategies(pairs / "hf-mamba-decode.same")
+    assert found["pipeline"]["copies"] == 12 and found["pipeline, 1 slot"]["copies"] == 6
+    assert abs(off(found["pipeline"])) < 0.03 and abs(off(found["pipeline, 1 slot"])) < 0.03
