@@ -20,10 +20,11 @@
 #                                           # 8B's were run on an H200 on 2026-12-01/02): about 4 minutes
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 8 minutes: a call of its own)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
-#                                           # an H200; on an H100 on 2026-12-06 all ran); the two same-kernel rows
-#                                           # that missed on the H200: hf-mamba-decode (its pipeline's tail of
-#                                           # copies home) and hf-qwen2moe-prefill (request distribution's shared
-#                                           # factor); docs/validation/place-h200-pairs.md
+#                                           # an H200; on an H100 all ran, twice); the two same-kernel rows that
+#                                           # missed on the H200: hf-mamba-decode (its pipeline's tail of copies
+#                                           # home) and hf-qwen2moe-prefill (request distribution's shared factor).
+#                                           # Run on an H100 on 2026-12-06 (twice), not yet again on an H200;
+#                                           # docs/validation/place-h200-pairs.md
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
 # installs them first. PENDING_SECONDS: the seconds the modes share (default 580; less when the call
 # runs something else first); PENDING_TESTS: serve-tests runs only the tests it matches (pytest -k);
