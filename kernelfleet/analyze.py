@@ -121,7 +121,7 @@ def analyze_step(target: str, out: Path, *, check: bool = True, record_ops: bool
 
 
 def profile_per_device(target: str, specs: list[Any], progress: Any, trials: int, flush_l2_bytes: int,
-                       out: Path, measure_link: bool = False) -> str:
+                       out: Path, measure_link: bool = False, copies: int = 2) -> str:
     """Devices that may launch other kernels — other kernel choices (``ProfileSpec.kernels``) or
     other GPUs: capture the step once per (GPU, kernels), on that GPU, time each device on its own
     capture's launches, and write under ``out`` each device's capture and launch costs
@@ -144,7 +144,7 @@ def profile_per_device(target: str, specs: list[Any], progress: Any, trials: int
     out.mkdir(parents=True, exist_ok=True)
     seconds = {spec.name: time_on(captures[spec.device, spec.kernels], [spec], progress, trials,
                                   flush_l2_bytes)[spec.name] for spec in specs}
-    graphs = step_times(step_chains(target, specs, captures), specs, measure_link=measure_link)
+    graphs = step_times(step_chains(target, specs, captures, copies), specs, measure_link=measure_link)
     for spec in specs:
         captured = captures[spec.device, spec.kernels]
         about, mine = captured.raw.about, graphs.of(spec.name)

@@ -154,6 +154,10 @@ def profile_command(
                                       "the executor's graph makes it, into the cost table: plan then prices copies "
                                       "with it instead of --copy-us/--link-gbps (on an H200's partitions it predicted "
                                       "copies cheaper and chose worse: docs/place.md)."),
+    graph_copies: int = typer.Option(2, "--graph-copies", help="Copies of the step in each profile's whole-step "
+                                     "graph (its own captures: the memory of the step that many times a profile). "
+                                     "1 halves that and leaves out the free-slot speedup, which plans for one "
+                                     "request in flight (--in-flight 1) never use."),
 ) -> None:
     """Time every kernel of a captured step on each device profile: a cost table for `kernelfleet plan`."""
     from rich.progress import Progress
@@ -162,8 +166,9 @@ def profile_command(
     from kernelfleet.profile import run
     from kernelfleet.profile.devices import ProfileSpec
 
-    if trials < 1 or flush_l2_mb < 0:
-        raise UsageError(f"--trials must be >= 1 and --flush-l2-mb >= 0, got {trials} and {flush_l2_mb}")
+    if trials < 1 or flush_l2_mb < 0 or graph_copies not in (1, 2):
+        raise UsageError(f"--trials must be >= 1, --flush-l2-mb >= 0 and --graph-copies 1 or 2, got {trials}, "
+                         f"{flush_l2_mb} and {graph_copies}")
     _maker(target)
     _need_gpu("profiling", "plan from a recorded cost table instead (kernelfleet plan)")
     specs = [run.parse_profile(p) for p in profile] if profile else list(run.pair_specs(
@@ -174,7 +179,7 @@ def profile_command(
         with Progress(transient=True) as bar:
             task = bar.add_task("capturing and timing on each device", total=None)
             done = analysis.profile_per_device(target, specs, lambda n: bar.advance(task, n), trials,
-                                               flush_l2_mb << 20, out, measure_link)
+                                               flush_l2_mb << 20, out, measure_link, graph_copies)
         Console().print(done)
         return
     said = _phases()
@@ -187,7 +192,7 @@ def profile_command(
     said(f"timed each launch on {len(specs) + 1} profiles, {trials} trials")
     # the whole step as a graph on each device: alone, free, and with the other devices busy (the whole GPU
     # overlaps the partitions, so it runs on the first device's captures and is never timed together)
-    chains = analysis.step_chains(target, specs, {(specs[0].device, specs[0].kernels): captured})
+    chains = analysis.step_chains(target, specs, {(specs[0].device, specs[0].kernels): captured}, graph_copies)
     said(f"captured {sum(map(len, chains.values())) - 1} replicas of the step for the whole-step graphs")
     graphs = run.step_times({**chains, whole.name: chains[specs[0].name]}, specs + [whole],
                             together=[spec.name for spec in specs], measure_link=measure_link)
@@ -339,7 +344,7 @@ def plan_serve_command(
     from kernelfleet.plan.command import MAX_IN_FLIGHT
     from kernelfleet.profile.run import parse_profile
     from kernelfleet.serve.graphs import buckets
-    from kernelfleet.serve.plan_buckets import Buckets, checked_room, make, on_gpu, profile_bytes
+    from kernelfleet.serve.plan_buckets import Buckets, graph_copies, make, on_gpu
 
     model = Path(target.removeprefix("hf:"))
     if not target.startswith("hf:") or "," in target or not (model / "config.json").is_file():
@@ -357,13 +362,19 @@ def plan_serve_command(
     spec.check()
     _need_gpu("making serve plans", "make them on the GPU that will serve (kernelfleet profile captures the step "
               "there)")
+    from dataclasses import replace
+
     import torch
 
     from kernelfleet.profile.steptime import COPIES
     from kernelfleet.serve.model import footprint
 
-    needs = profile_bytes(spec, footprint(f"hf:{model}", torch.bfloat16, context), COPIES)
-    checked_room(spec, needs, {gpu: torch.cuda.mem_get_info(gpu)[0] for gpu in needs})
+    copies = graph_copies(spec, footprint(f"hf:{model}", torch.bfloat16, context),
+                          lambda gpu: torch.cuda.mem_get_info(gpu)[0])
+    if copies < COPIES:
+        spec = replace(spec, graph_copies=copies)
+        err.print(f"  profiles take the step once each (--graph-copies {copies}): twice does not fit the GPU at "
+                  f"{slots} slots of {context} tokens", markup=False, highlight=False)
     err.print(f"plans for {target}, {slots} slots of {context} tokens, into {out} (profiles and log in {spec.work}):",
               markup=False, highlight=False)
     with Progress(console=err, transient=True) as bar:

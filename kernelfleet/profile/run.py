@@ -89,7 +89,8 @@ def time_on(captured: Any, specs: list[ProfileSpec], progress: Callable[[int], N
 def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, together: list[str] | None = None,
                trials: int = 10, measure_link: bool = False) -> StepTimes:
     """The step as one graph on each profile of ``specs``, ``chains[name]`` its chains (captures of
-    the step, replicas of their own where there is more than one): alone and free on each, and
+    the step, replicas of their own where there is more than one): alone on each, free on each
+    with two chains or more (one chain has no other to run beside), and
     shared among the profiles named in ``together`` (default: all of them) when they are two or
     more, and with ``measure_link`` the link between every two of them (:func:`link_times`; off by
     default: the planners then price copies with it, and on the H200 pair that chose worse, docs/place.md). Partitions of one GPU that overlap (the whole GPU and a part of it) cannot run at once:
@@ -100,7 +101,8 @@ def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, togeth
     for spec in specs:
         with DeviceProfile(spec) as device, device.active() as stream:
             alone[spec.name] = graph_seconds(chains[spec.name], stream, device.context, trials=trials)
-            free[spec.name] = graph_seconds(chains[spec.name], stream, device.context, trials=trials, free=True)
+            if len(chains[spec.name]) > 1:
+                free[spec.name] = graph_seconds(chains[spec.name], stream, device.context, trials=trials, free=True)
     names = [spec.name for spec in specs] if together is None else together
     shared: dict[str, float] = {}
     links: list[MeasuredLink] = []

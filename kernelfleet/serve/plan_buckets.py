@@ -61,6 +61,7 @@ class Buckets:
     time_limit: float = 60.0
     in_flight: int | None = IN_FLIGHT
     one_share: bool = False
+    graph_copies: int = 2  # profile --graph-copies (graph_copies below)
 
     def target(self, bucket: int) -> str:
         return f"hf:{self.model},serve-decode,batch={bucket},slots={self.slots},context={self.context}"
@@ -90,8 +91,9 @@ def commands(spec: Buckets, bucket: int, out: Path, weights_like: Path | None = 
     kept = all((profile / name).is_file() for name in ("program.json", "costs.json"))
     flight = ["--in-flight", str(spec.in_flight)] if spec.in_flight else []
     like = ["--weights-like", str(weights_like)] if weights_like else []
+    copies = [] if spec.graph_copies == 2 else ["--graph-copies", str(spec.graph_copies)]
     return [*([] if kept else [["profile", spec.target(bucket), *_each("--profile", spec.profiles), "--trials",
-                                str(spec.trials), "--out", str(profile)]]),
+                                str(spec.trials), *copies, "--out", str(profile)]]),
             ["plan", str(profile / "program.json"), str(profile / "costs.json"), *_each("--device", spec.devices),
              "--policy", "all", "--state-home", *flight, *like, "--time-limit", f"{spec.time_limit:g}",
              "--out", str(out)]]
@@ -213,12 +215,19 @@ def profile_bytes(spec: Buckets, footprint: Footprint, copies: int) -> dict[int,
     return {gpu: gpus.count(gpu) * copies * step for gpu in sorted(set(gpus))}
 
 
-def checked_room(spec: Buckets, needs: dict[int, int], free: dict[int, int]) -> None:
-    """UsageError, before anything runs, where a GPU has less free memory than a profile holds there."""
-    short = [gpu for gpu, need in needs.items() if need > free[gpu]]
-    if short:
-        gpu = short[0]
-        raise UsageError(f"each bucket's profile holds the step several times (the capture and replicas for its "
-                         f"whole-step graphs): about {needs[gpu] / 1e9:.1f} GB on GPU {gpu} for {spec.slots} slots "
-                         f"of {spec.context} tokens, which has {free[gpu] / 1e9:.1f} GB free; give fewer --slots or "
-                         "a shorter --context")
+def graph_copies(spec: Buckets, footprint: Footprint, free: Callable[[int], int]) -> int:
+    """Copies of the step each profile's whole-step graphs take (``profile --graph-copies``): 2, as
+    ``profile`` does, where every GPU holds them (``free(gpu)``: its free bytes); else 1 for plans of
+    one request in flight, which never use what the second copy measures (the free-slot speedup).
+    UsageError, before anything runs, where not even that fits."""
+    fewest = 1 if spec.in_flight == 1 else 2
+    for copies in range(2, fewest - 1, -1):
+        needs = profile_bytes(spec, footprint, copies)
+        short = [gpu for gpu, need in needs.items() if need > free(gpu)]
+        if not short:
+            return copies
+    gpu = short[0]
+    raise UsageError(f"each bucket's profile holds the step {'once' if copies == 1 else 'twice'} a profile (for "
+                     f"its whole-step graphs): about {needs[gpu] / 1e9:.1f} GB on GPU {gpu} for {spec.slots} slots "
+                     f"of {spec.context} tokens, which has {free(gpu) / 1e9:.1f} GB free; give fewer --slots or a "
+                     "shorter --context")

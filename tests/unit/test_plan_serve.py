@@ -194,24 +194,40 @@ def test_serve_takes_a_plan_serve_folders_profiles_and_context_and_refuses_other
     assert str(plans / "batch-1") in done.stderr, done.stderr
 
 
-def test_a_profile_that_cannot_fit_its_gpu_is_refused_before_anything_runs(tmp_path):
-    """The 8B at 64 slots of 2,048 tokens: each profile holds the step twice (the capture and a
-    replica, or two replicas), so two profiles on one GPU hold it four times, about 133 GB, more than
-    an H100 or H200 has; at 8 slots, the seventh run's, about 73 GB, which an H100 held."""
+def test_profiles_take_the_step_once_where_twice_cannot_fit_and_are_refused_where_once_cannot(tmp_path):
+    """The 8B's sizes: each profile holds the step twice (for its whole-step graphs), so two profiles
+    on one GPU hold it four times: about 73 GB at 8 slots of 2,048 tokens (the seventh run's, which an
+    H100 held), about 133 GB at 64. Plans for one request in flight never use the second copy (the
+    free-slot speedup), so at 64 slots they are profiled with one (about 67 GB); plans for two in
+    flight need both, and 128 slots do not fit even once; each refused in one line before anything runs."""
     from kernelfleet.serve.memory import Footprint, kv_bytes
 
     eight_b = Footprint(weights_bytes=16_060_522_496, kv_bytes_per_slot=kv_bytes(32, 8, 128, 2048, 2),
                         workspace_bytes_per_slot=128256 * 6 + 2048)
+    h100 = lambda gpu: 84_000_000_000  # noqa: E731 -- free bytes on every GPU
+    assert plan_buckets.profile_bytes(spec(tmp_path), eight_b, 2)[0] / 1e9 == pytest.approx(72.9, abs=0.1)
+    assert plan_buckets.graph_copies(spec(tmp_path), eight_b, h100) == 2
     wide = spec(tmp_path, slots=64)
-    needs = plan_buckets.profile_bytes(wide, eight_b, 2)
-    assert list(needs) == [0] and needs[0] / 1e9 == pytest.approx(133.2, abs=0.1)
+    assert plan_buckets.profile_bytes(wide, eight_b, 1)[0] / 1e9 == pytest.approx(66.6, abs=0.1)
+    assert plan_buckets.graph_copies(wide, eight_b, h100) == 1
     with pytest.raises(UsageError) as found:
-        plan_buckets.checked_room(wide, needs, {0: 84_000_000_000})
-    assert str(found.value) == ("each bucket's profile holds the step several times (the capture and replicas for "
-                                "its whole-step graphs): about 133.2 GB on GPU 0 for 64 slots of 2048 tokens, which "
-                                "has 84.0 GB free; give fewer --slots or a shorter --context")
-    eight = plan_buckets.profile_bytes(spec(tmp_path), eight_b, 2)
-    assert eight[0] / 1e9 == pytest.approx(72.9, abs=0.1)
-    plan_buckets.checked_room(spec(tmp_path), eight, {0: 84_000_000_000})
+        plan_buckets.graph_copies(spec(tmp_path, slots=64, in_flight=2), eight_b, h100)
+    assert str(found.value) == ("each bucket's profile holds the step twice a profile (for its whole-step graphs): "
+                                "about 133.2 GB on GPU 0 for 64 slots of 2048 tokens, which has 84.0 GB free; give "
+                                "fewer --slots or a shorter --context")
+    with pytest.raises(UsageError, match="^each bucket's profile holds the step once a profile .* about 101.0 GB on "
+                                         "GPU 0 for 128 slots"):
+        plan_buckets.graph_copies(spec(tmp_path, slots=128), eight_b, h100)
     apart = plan_buckets.profile_bytes(spec(tmp_path, profiles=["a:64", "b:56@1"]), eight_b, 2)  # a GPU each
-    assert apart == {0: eight[0] // 2, 1: eight[0] // 2}
+    together = plan_buckets.profile_bytes(spec(tmp_path), eight_b, 2)[0]
+    assert apart == {0: together // 2, 1: together // 2}
+    ran: list[list[str]] = []
+    plan_buckets.make(spec(tmp_path, slots=1, graph_copies=1), said=lambda line: None, run=recorder(ran))
+    assert ran[0][ran[0].index("--graph-copies") + 1] == "1" and "--graph-copies" not in ran[1]
+
+
+def test_profile_takes_one_or_two_graph_copies():
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", "profile", "llama8b-decode", "--graph-copies", "3"],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "--graph-copies 1 or 2, got 5, 0 and 3" in lines[0], done.stderr
