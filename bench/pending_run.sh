@@ -15,6 +15,11 @@
 #                                           # served as they are (make them again there: leave the file out)
 #   bash bench/pending_run.sh serve-moe     # the same for the MoE (--plans-model moe); kept plans travel as
 #                                           # .gpuwork/serve-plans-moe.tgz (made on an H100, 2026-12-06); *-moe
+#   bash bench/pending_run.sh serve-64      # the 8B's plans at 64 slots, the one-device case's (bench.serve_gpu
+#                                           # --plan-slots 64: profiled with the step once a profile, about 67 GB),
+#                                           # 32 requests a rate; resumable as serve is, its plans back in
+#                                           # $OUT/serve-plans-64.tgz (carry it as .gpuwork/serve-plans-64.tgz):
+#                                           # making them (7 buckets) likely takes a call of its own
 #   bash bench/pending_run.sh moe-strategies  # the MoE under request distribution, the split and the pipeline
 #                                           # (bench.serve_gpu --cases moe-strategies, 12 requests a rate; the
 #                                           # 8B's were run on an H200 on 2026-12-01/02): about 4 minutes
@@ -32,8 +37,9 @@
 set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
-    case "$mode" in serve|serve-moe|moe-strategies|serve-tests|place) ;;
-    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|moe-strategies|serve-tests|place ..." >&2; exit 2 ;; esac
+    case "$mode" in serve|serve-moe|serve-64|moe-strategies|serve-tests|place) ;;
+    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-64|moe-strategies|serve-tests|place ..." >&2
+       exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
 END=${PENDING_SECONDS:-580}
@@ -59,6 +65,14 @@ serve)
     # the profiles' programs are large; the plans, the log and the servers' logs come back
     tar czf "$OUT/serve-plans.tgz" -C /tmp --exclude='prof-*' serve-plans serve 2>/dev/null
     grep -v '^{' "$OUT/serve_plans.txt" | tail -40
+    ;;
+serve-64)
+    [ -f .gpuwork/serve-plans-64.tgz ] && tar xzf .gpuwork/serve-plans-64.tgz -C /tmp serve-plans-64
+    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-64 --cases plans --plan-slots 64 \
+        --plans-dir /tmp/serve-plans-64 --requests 32 --plan-seconds 15 > "$OUT/serve_plans_64.txt" 2>&1
+    cp /tmp/serve-64/serve_gpu.json "$OUT/serve_gpu_64.json" 2>/dev/null
+    tar czf "$OUT/serve-plans-64.tgz" -C /tmp --exclude='prof-*' serve-plans-64 serve-64 2>/dev/null
+    grep -v '^{' "$OUT/serve_plans_64.txt" | tail -40
     ;;
 moe-strategies)
     timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-moe-strategies --cases moe-strategies \

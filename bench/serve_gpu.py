@@ -3,7 +3,7 @@ graph loop, then Poisson arrivals and a trace of requests against the real HTTP 
 
     python -m bench.serve_gpu --out DIR [--quick] [--cpu] [--trace FILE] \
         [--cases llama8b,moe,capped,replicas,split,pipeline,moe-strategies,plans] [--prefill-chunk N[,N...]] \
-        [--prefill-batch N[,N...]] [--plans-dir DIR] [--plans-model llama8b|moe] [--plan-in-flight K]
+        [--prefill-batch N[,N...]] [--plans-dir DIR] [--plans-model llama8b|moe] [--plan-slots S] [--plan-in-flight K]
 
 Cases (each a config-only model directory, so the server draws seeded random bf16 weights on the
 GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
@@ -88,7 +88,7 @@ from bench import command_line
 from bench.serve_cpu import gaps, percentile
 from bench.serve_plans import SLOTS, prepare, served_flags
 from kernelfleet.plan.command import MAX_IN_FLIGHT
-from kernelfleet.serve.plan_buckets import IN_FLIGHT
+from kernelfleet.serve.plan_buckets import IN_FLIGHT, on_this_gpu
 from kernelfleet.serve.scheduler import DEFAULT_PREFILL_BATCH, DEFAULT_PREFILL_CHUNK_TOKENS, checked_prefill
 
 TPOT_SLO_SECONDS = 0.050
@@ -553,13 +553,13 @@ def capped_pair(results: list[CaseResult], setting: tuple[int, int]) -> CappedPa
                       pipeline_tokens_per_second=ours, pipeline_vs_replicas=ratio)
 
 
-def plans_cases(plans: Path, home_alone: Path, model: str = "llama8b") -> list[Case]:
-    """The ``plans`` cases (module docstring) of ``model`` (``PLANS_MODELS``) over the plan folders
-    ``bench.serve_plans.prepare`` made."""
+def plans_cases(plans: Path, home_alone: Path, model: str = "llama8b", slots: int = SLOTS) -> list[Case]:
+    """The ``plans`` cases (module docstring) of ``model`` (``PLANS_MODELS``) at ``slots`` slots over
+    the plan folders ``bench.serve_plans.prepare`` made."""
     rates, config = (4.0, 16.0, 64.0), PLANS_MODELS[model]
-    return [Case("plans-whole", config, 2048, ("--slots", str(SLOTS)), rates),
-            Case("plans-a", config, 2048, tuple(served_flags(home_alone)), rates),
-            Case("plans", config, 2048, tuple(served_flags(plans)), rates)]
+    return [Case("plans-whole", config, 2048, ("--slots", str(slots)), rates),
+            Case("plans-a", config, 2048, tuple(served_flags(home_alone, slots)), rates),
+            Case("plans", config, 2048, tuple(served_flags(plans, slots)), rates)]
 
 
 def plans_model_dir(work: Path, model: str) -> Path:
@@ -645,7 +645,7 @@ def main() -> None:
                         "replicas, split, pipeline, moe-strategies (moe-replicas, moe-split and moe-pipeline), "
                         "plans (plans-whole, plans-a and plans; GPU only)")
     parser.add_argument("--plans-dir", type=Path, help="where the plans cases' profiles and plans are made, and kept "
-                        "for the next run (default DIR/plans-work-MODEL)")
+                        "for the next run (default DIR/plans-work-MODEL-SLOTS)")
     parser.add_argument("--requests", type=int, help="requests per Poisson rate (default 32; --quick 6)")
     parser.add_argument("--prefill-chunk", default=str(DEFAULT_PREFILL_CHUNK_TOKENS),
                         help="the server's --prefill-chunk, or a comma list: every case once per value "
@@ -655,6 +655,9 @@ def main() -> None:
                         f"(default the server's: {DEFAULT_PREFILL_BATCH} for whole prompts, 1 with chunks)")
     parser.add_argument("--plans-model", choices=sorted(PLANS_MODELS), default="llama8b",
                         help="the model of the plans cases (default llama8b; moe: the moe case's shapes)")
+    parser.add_argument("--plan-slots", type=int, default=SLOTS, help=f"the plans cases' slots (default {SLOTS}; "
+                        "plans for one request in flight are profiled with the step once a profile where twice does "
+                        "not fit the GPU)")
     parser.add_argument("--plan-trials", type=int, default=3, help="kernelfleet profile's --trials for the plans "
                         "cases (default 3)")
     parser.add_argument("--plan-seconds", type=float, default=60.0, help="kernelfleet plan's --time-limit (the MILP) "
@@ -668,10 +671,11 @@ def main() -> None:
     cases = {case.name: case for case in (CPU_CASES if args.cpu else GPU_CASES)}
     chosen = [name for given in args.cases.split(",") for name in GROUPS.get(given, [given])]
     planned = any(name in PLANNED for name in chosen)
-    if args.plan_trials < 1 or not 0 < args.plan_seconds < 3600 or not 0 <= args.plan_in_flight <= MAX_IN_FLIGHT:
-        raise SystemExit(f"bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600) and "
-                         f"--plan-in-flight within 0 to {MAX_IN_FLIGHT}, got {args.plan_trials}, "
-                         f"{args.plan_seconds:g} and {args.plan_in_flight}")
+    if (args.plan_trials < 1 or not 0 < args.plan_seconds < 3600 or not 0 <= args.plan_in_flight <= MAX_IN_FLIGHT
+            or not 1 <= args.plan_slots <= 64):
+        raise SystemExit(f"bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600), "
+                         f"--plan-in-flight within 0 to {MAX_IN_FLIGHT} and --plan-slots within 1 to 64, got "
+                         f"{args.plan_trials}, {args.plan_seconds:g}, {args.plan_in_flight} and {args.plan_slots}")
     if planned and args.cpu:
         raise SystemExit("bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
                          "CUDA graphs); --cpu runs the other cases")
@@ -691,13 +695,14 @@ def main() -> None:
     print(f"{device}, torch {torch.__version__}; {args.requests} requests per rate, trace of {len(trace)} "
           f"({args.trace or args.out / 'trace.csv'})")
     if planned:
-        work = args.plans_dir or args.out / f"plans-work-{args.plans_model}"
+        work = args.plans_dir or args.out / f"plans-work-{args.plans_model}-{args.plan_slots}"
         model = plans_model_dir(work, args.plans_model)
         print(f"\nthe plans for {args.plans_model}, per batch bucket, in {work} (kernelfleet profile, then plan --state-home"
               f"{f' --in-flight {args.plan_in_flight}' if args.plan_in_flight else ''}):", flush=True)
         made = prepare(model, work, 2048, args.plan_trials, milp_seconds=args.plan_seconds,
-                       in_flight=args.plan_in_flight or None)
-        cases.update((case.name, case) for case in plans_cases(*made, args.plans_model))
+                       in_flight=args.plan_in_flight or None, slots=args.plan_slots,
+                       room=lambda spec: on_this_gpu(spec, print))
+        cases.update((case.name, case) for case in plans_cases(*made, args.plans_model, args.plan_slots))
     results = [run_case(cases[name], args, trace, shape, args.out, setting) for setting in settings for name in chosen]
     report = Report(command=command_line(), device=device, torch=torch.__version__, cases=results,
                     capped_pairs=capped_pairs(results, settings), plans=plans_rows(results, settings, args.plans_model))

@@ -8,7 +8,7 @@ plans in ``DIR/plans`` (``--plans-dir`` keeps them across runs: a bucket whose p
 for as many in flight, is not made again). ``--plan-in-flight`` of the benchmark sets the number in
 flight (0 leaves it out: plan's default, many).
 
-Three servers then take the same load, all with ``SLOTS`` slots:
+Three servers then take the same load, all with ``SLOTS`` slots (``--plan-slots``):
 
 * ``plans``: ``kernelfleet serve --plans DIR/plans --profile a:64@0 --profile b:56@0``: the latency
   plan and the MILP's throughput plan, the online monitor switching between them;
@@ -24,6 +24,7 @@ mechanism at full size and what the plans cost against their home partition, not
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from kernelfleet.errors import KernelfleetError
@@ -38,14 +39,16 @@ MILP_SECONDS = 60
 
 
 def prepare(model: Path, out: Path, context: int, trials: int, run: Runner = plan_buckets.kernelfleet,
-            milp_seconds: float = MILP_SECONDS, in_flight: int | None = IN_FLIGHT) -> tuple[Path, Path]:
-    """Every bucket's plans in ``out/plans`` (made where missing, or made for another number in
-    flight) and their home-alone twins in ``out/plans-a`` (module docstring); the two folders."""
+            milp_seconds: float = MILP_SECONDS, in_flight: int | None = IN_FLIGHT, slots: int = SLOTS,
+            room: Callable[[Buckets], Buckets] | None = None) -> tuple[Path, Path]:
+    """Every bucket's plans for ``slots`` slots in ``out/plans`` (made where missing, or made for
+    another number in flight) and their home-alone twins in ``out/plans-a`` (module docstring); the
+    two folders. ``room``: the spec as the GPU's memory allows it (``plan_buckets.on_this_gpu``)."""
     plans, alone = out / "plans", out / "plans-a"
-    spec = Buckets(model, SLOTS, context, list(PROFILES), [spec.split(":")[0] for spec in PROFILES], plans, out,
+    spec = Buckets(model, slots, context, list(PROFILES), [spec.split(":")[0] for spec in PROFILES], plans, out,
                    trials, milp_seconds, in_flight)
     try:
-        made = plan_buckets.make(spec, lambda line: print(line, flush=True), run=run)
+        made = plan_buckets.make(room(spec) if room else spec, lambda line: print(line, flush=True), run=run)
     except KernelfleetError as exc:
         raise SystemExit(f"bench.serve_gpu: {exc}") from None
     for bucket in made:
@@ -61,6 +64,6 @@ def prepare(model: Path, out: Path, context: int, trials: int, run: Runner = pla
     return plans, alone
 
 
-def served_flags(plans: Path) -> list[str]:
+def served_flags(plans: Path, slots: int = SLOTS) -> list[str]:
     """``kernelfleet serve``'s flags for a plan folder on the profiles of the plans, on GPU 0."""
-    return ["--plans", str(plans), *[x for spec in PROFILES for x in ("--profile", f"{spec}@0")], "--slots", str(SLOTS)]
+    return ["--plans", str(plans), *[x for spec in PROFILES for x in ("--profile", f"{spec}@0")], "--slots", str(slots)]

@@ -344,7 +344,7 @@ def plan_serve_command(
     from kernelfleet.plan.command import MAX_IN_FLIGHT
     from kernelfleet.profile.run import parse_profile
     from kernelfleet.serve.graphs import buckets
-    from kernelfleet.serve.plan_buckets import Buckets, graph_copies, make, on_gpu
+    from kernelfleet.serve.plan_buckets import Buckets, make, on_gpu, on_this_gpu
 
     model = Path(target.removeprefix("hf:"))
     if not target.startswith("hf:") or "," in target or not (model / "config.json").is_file():
@@ -362,19 +362,7 @@ def plan_serve_command(
     spec.check()
     _need_gpu("making serve plans", "make them on the GPU that will serve (kernelfleet profile captures the step "
               "there)")
-    from dataclasses import replace
-
-    import torch
-
-    from kernelfleet.profile.steptime import COPIES
-    from kernelfleet.serve.model import footprint
-
-    copies = graph_copies(spec, footprint(f"hf:{model}", torch.bfloat16, context),
-                          lambda gpu: torch.cuda.mem_get_info(gpu)[0])
-    if copies < COPIES:
-        spec = replace(spec, graph_copies=copies)
-        err.print(f"  profiles take the step once each (--graph-copies {copies}): twice does not fit the GPU at "
-                  f"{slots} slots of {context} tokens", markup=False, highlight=False)
+    spec = on_this_gpu(spec, lambda line: err.print(line, markup=False, highlight=False))
     err.print(f"plans for {target}, {slots} slots of {context} tokens, into {out} (profiles and log in {spec.work}):",
               markup=False, highlight=False)
     with Progress(console=err, transient=True) as bar:

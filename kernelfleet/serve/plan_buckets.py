@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
@@ -231,3 +231,20 @@ def graph_copies(spec: Buckets, footprint: Footprint, free: Callable[[int], int]
                      f"its whole-step graphs): about {needs[gpu] / 1e9:.1f} GB on GPU {gpu} for {spec.slots} slots "
                      f"of {spec.context} tokens, which has {free(gpu) / 1e9:.1f} GB free; give fewer --slots or a "
                      "shorter --context")
+
+
+def on_this_gpu(spec: Buckets, said: Callable[[str], None]) -> Buckets:
+    """``spec`` with the graph copies its GPUs' free memory allows (:func:`graph_copies`, from the
+    model's config), said where fewer than profile's default; UsageError where none fits."""
+    import torch
+
+    from kernelfleet.profile.steptime import COPIES
+    from kernelfleet.serve.model import footprint
+
+    copies = graph_copies(spec, footprint(f"hf:{spec.model}", torch.bfloat16, spec.context),
+                          lambda gpu: torch.cuda.mem_get_info(gpu)[0])
+    if copies == COPIES:
+        return spec
+    said(f"  profiles take the step once each (--graph-copies {copies}): twice does not fit the GPU at "
+         f"{spec.slots} slots of {spec.context} tokens")
+    return replace(spec, graph_copies=copies)

@@ -5,6 +5,7 @@ prefill setting (``--prefill-chunk`` and ``--prefill-batch`` values that combine
 the trace it wrote replays; a bad trace file, chunk or batch list is one line."""
 
 import csv
+import dataclasses
 import os
 import subprocess
 import sys
@@ -64,10 +65,12 @@ def refused(tmp_path: Path, *flags: str) -> str:
      "no setting the server takes (a chunk goes with a batch of 1)")),
     (["--cases", "plans"], ("bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
      "CUDA graphs); --cpu runs the other cases")),
-    (["--plan-seconds", "0"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600) and "
-     "--plan-in-flight within 0 to 256, got 3, 0 and 1")),
-    (["--plan-in-flight", "-1"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600) "
-     "and --plan-in-flight within 0 to 256, got 3, 60 and -1"))])
+    (["--plan-seconds", "0"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600), "
+     "--plan-in-flight within 0 to 256 and --plan-slots within 1 to 64, got 3, 0, 1 and 8")),
+    (["--plan-in-flight", "-1"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600), "
+     "--plan-in-flight within 0 to 256 and --plan-slots within 1 to 64, got 3, 60, -1 and 8")),
+    (["--plan-slots", "65"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600), "
+     "--plan-in-flight within 0 to 256 and --plan-slots within 1 to 64, got 3, 60, 1 and 65"))])
 def test_a_bad_flag_or_a_gpu_only_case_is_one_line(tmp_path, flags, said):
     assert refused(tmp_path, *flags) == said
 
@@ -129,6 +132,16 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
     assert [(args[0], args[-1]) for args in ran] == [("plan", str(plans / "batch-2"))]
     assert serve_plans.served_flags(plans) == ["--plans", str(plans), "--profile", "a:64@0", "--profile", "b:56@0",
                                                "--slots", "8"]
+    # --plan-slots, with the GPU's room (here: one copy a profile) deciding how profile runs
+    ran.clear()
+    wide = tmp_path / "wide"
+    serve_plans.prepare(model, wide, 2048, 3, run=kernelfleet, slots=16,
+                        room=lambda spec: dataclasses.replace(spec, graph_copies=1))
+    profiled = [args for args in ran if args[0] == "profile"]
+    assert [args[1] for args in profiled] == [f"hf:{model},serve-decode,batch={b},slots=16,context=2048"
+                                              for b in (1, 2, 4, 8, 16)]
+    assert all(args[args.index("--graph-copies") + 1] == "1" for args in profiled)
+    assert serve_plans.served_flags(wide / "plans", 16)[-2:] == ["--slots", "16"]
 
 
 def test_the_moe_runs_every_strategy_with_the_8bs_devices_and_flags(tmp_path):
