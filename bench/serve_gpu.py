@@ -27,7 +27,8 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
   control flow and hand-over on one GPU, whose two devices share its SMs (no speed-up to expect;
   ``@1`` in their flags puts the second on another GPU);
 * ``plans`` (not in the default ``--cases``): kernelfleet's own plans for the 8B (``--plans-model
-  moe``: the MoE's shapes above) on two partitions of GPU 0 (``serve --plans``, the monitor switching between the latency and the throughput plan),
+  moe``: the MoE's shapes above) on two partitions of GPU 0 (``serve --plans``, the monitor
+  switching between the latency and the throughput plan),
   beside the same server over plans that keep everything on the home partition (``plans-a``) and
   the single-device server on the whole GPU (``plans-whole``), all with the same slots; the plans
   are made first by ``kernelfleet profile`` and ``kernelfleet plan --state-home --in-flight 1`` per
@@ -586,8 +587,8 @@ def plans_rows(results: list[CaseResult], settings: list[tuple[int, int]],
         held = {name: held_tokens_per_second(found[name]) for name in PLANNED}
         ratio = {other: held["plans"] / held[other] if held["plans"] and held[other] else None
                  for other in ("plans-a", "plans-whole")}
-        print(f"\nkernelfleet's plans for {model} at --prefill-chunk {chunk} --prefill-batch {batch}, best tokens/s held at p99 "
-              f"TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms ({found['plans'].slots} slots each)")
+        print(f"\nkernelfleet's plans for {model} at --prefill-chunk {chunk} --prefill-batch {batch}, best tokens/s "
+              f"held at p99 TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms ({found['plans'].slots} slots each)")
         for name in PLANNED:
             print(f"{name:<12} {'none held' if held[name] is None else f'{held[name]:.1f}':>9}")
         print("plans / home partition alone: " + ("n/a" if ratio["plans-a"] is None else f"{ratio['plans-a']:.2f}x")
@@ -697,8 +698,8 @@ def main() -> None:
     if planned:
         work = args.plans_dir or args.out / f"plans-work-{args.plans_model}-{args.plan_slots}"
         model = plans_model_dir(work, args.plans_model)
-        print(f"\nthe plans for {args.plans_model}, per batch bucket, in {work} (kernelfleet profile, then plan --state-home"
-              f"{f' --in-flight {args.plan_in_flight}' if args.plan_in_flight else ''}):", flush=True)
+        print(f"\nthe plans for {args.plans_model}, per batch bucket, in {work} (kernelfleet profile, then plan "
+              f"--state-home{f' --in-flight {args.plan_in_flight}' if args.plan_in_flight else ''}):", flush=True)
         made = prepare(model, work, 2048, args.plan_trials, milp_seconds=args.plan_seconds,
                        in_flight=args.plan_in_flight or None, slots=args.plan_slots,
                        room=lambda spec: on_this_gpu(spec, print))

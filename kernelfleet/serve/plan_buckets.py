@@ -1,8 +1,8 @@
 """The plans ``kernelfleet serve --plans DIR`` serves, made in one command: ``kernelfleet plan-serve``.
 
 Per batch bucket of the server's slots (``graphs.buckets``: 1, 2, 4, ... S), the two commands
-docs/serve.md gives, each in a process of its own (a profile holds the step four times, so one
-bucket at a time keeps the GPU's memory to one)::
+docs/serve.md gives, each in a process of its own (a profile of two devices on one GPU holds the
+step up to four times: one bucket at a time keeps the GPU's memory to one)::
 
     kernelfleet profile hf:DIR,serve-decode,batch=B,slots=S,context=C --profile ... --out WORK/prof-B
     kernelfleet plan WORK/prof-B/program.json WORK/prof-B/costs.json --device ... --policy all \\
@@ -176,7 +176,7 @@ def made_for(folder: Path) -> dict | None:
         return None
     try:
         found = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError):
+    except (OSError, ValueError):  # unreadable, not UTF-8 (a ValueError too) or not JSON
         found = None
     shapes = {"model": str, "slots": int, "context": int, "profiles": list, "devices": list, "one_share": bool}
     if (not isinstance(found, dict) or any(type(found.get(key)) is not kind for key, kind in shapes.items())
