@@ -15,7 +15,8 @@ its throughput plan's weight placement (``--weights-like``), so each device hold
 whichever plan runs.
 
 Resumable: a bucket whose profile is in WORK is not profiled again, and one whose plans are in DIR,
-made for as many in flight, is not planned again (a plan cut short mid-write is made again). What
+made for as many in flight, is not planned again (a profile or plan cut short mid-write is made
+again). What
 the folders were made for (the model, slots, context, profiles, devices, one share or not) is
 written to ``plan-serve.json`` in each; made for anything else they are refused, in one line naming
 what differs, before anything runs.
@@ -88,7 +89,7 @@ def commands(spec: Buckets, bucket: int, out: Path, weights_like: Path | None = 
     """The commands that make bucket ``bucket``'s plans into ``out`` (module docstring), as argument
     lists; the profile's is left out where ``spec.work`` holds it."""
     profile = spec.profile(bucket)
-    kept = all((profile / name).is_file() for name in ("program.json", "costs.json"))
+    kept = all(_reads(profile / name) for name in ("program.json", "costs.json"))
     flight = ["--in-flight", str(spec.in_flight)] if spec.in_flight else []
     like = ["--weights-like", str(weights_like)] if weights_like else []
     copies = [] if spec.graph_copies == 2 else ["--graph-copies", str(spec.graph_copies)]
@@ -97,6 +98,15 @@ def commands(spec: Buckets, bucket: int, out: Path, weights_like: Path | None = 
             ["plan", str(profile / "program.json"), str(profile / "costs.json"), *_each("--device", spec.devices),
              "--policy", "all", "--state-home", *flight, *like, "--time-limit", f"{spec.time_limit:g}",
              "--out", str(out)]]
+
+
+def _reads(path: Path) -> bool:
+    """``path`` holds JSON (a profile killed mid-write leaves a file that does not: made again)."""
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _each(flag: str, values: list[str]) -> list[str]:

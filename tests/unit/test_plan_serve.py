@@ -69,6 +69,12 @@ def test_each_bucket_is_profiled_then_planned_for_one_batch_a_step_and_kept(tmp_
     ran.clear()
     plan_buckets.make(spec(tmp_path, in_flight=2), said=lambda line: None, run=recorder(ran))
     assert [args[0] for args in ran] == ["plan"] * 4  # made for another number in flight: planned again
+    ran.clear()
+    (work / "prof-8" / "costs.json").write_text('{"seconds": [')  # a profile killed mid-write
+    (plans / "batch-8" / "throughput-milp.json").unlink()
+    plan_buckets.make(spec(tmp_path, in_flight=2), said=lambda line: None, run=recorder(ran))
+    assert [(args[0], args[-1]) for args in ran] == [("profile", str(work / "prof-8")),
+                                                     ("plan", str(plans / "batch-8"))]
 
 
 def test_one_share_plans_every_bucket_like_bucket_ones_first_plan(tmp_path):
