@@ -20,6 +20,10 @@
 #                                           # 32 requests a rate; resumable as serve is, its plans back in
 #                                           # $OUT/serve-plans-64.tgz (carry it as .gpuwork/serve-plans-64.tgz):
 #                                           # making them (7 buckets) likely takes a call of its own
+#   bash bench/pending_run.sh serve-two     # what two batches in flight would give the placed server, before it
+#                                           # is built: the 8B's bucket-4 step (of 8 slots) planned --in-flight 2,
+#                                           # then bench disagg --slots 2 (two half batches in one graph, chained
+#                                           # and free) beside each device alone; about 3 minutes
 #   bash bench/pending_run.sh moe-strategies  # the MoE under request distribution, the split and the pipeline
 #                                           # (bench.serve_gpu --cases moe-strategies, 12 requests a rate; the
 #                                           # 8B's were run on an H200 on 2026-12-01/02): about 4 minutes
@@ -37,8 +41,8 @@
 set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
-    case "$mode" in serve|serve-moe|serve-64|moe-strategies|serve-tests|place) ;;
-    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-64|moe-strategies|serve-tests|place ..." >&2
+    case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|serve-tests|place) ;;
+    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-64|serve-two|moe-strategies|serve-tests|place ..." >&2
        exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
@@ -73,6 +77,19 @@ serve-64)
     cp /tmp/serve-64/serve_gpu.json "$OUT/serve_gpu_64.json" 2>/dev/null
     tar czf "$OUT/serve-plans-64.tgz" -C /tmp --exclude='prof-*' serve-plans-64 serve-64 2>/dev/null
     grep -v '^{' "$OUT/serve_plans_64.txt" | tail -40
+    ;;
+serve-two)
+    mkdir -p /tmp/two/model
+    python3 -c "from bench.serve_gpu import LLAMA8B, config_json; print(config_json(LLAMA8B))" > /tmp/two/model/config.json
+    step=hf:/tmp/two/model,serve-decode,batch=4,slots=8,context=2048
+    { timeout 150 python3 -m kernelfleet profile $step --profile a:64 --profile b:56 --out /tmp/two/prof &&
+      timeout 60 python3 -m kernelfleet plan /tmp/two/prof/program.json /tmp/two/prof/costs.json --device a \
+          --device b --policy all --state-home --in-flight 2 --time-limit 15 --out /tmp/two/plans &&
+      timeout $((END - SECONDS)) python3 -m kernelfleet bench disagg $step --plans /tmp/two/plans --device a:64@0 \
+          --device b:56@0 --slots 2 --costs /tmp/two/prof/costs.json --out /tmp/two/runs; } > "$OUT/serve_two.txt" 2>&1
+    cp /tmp/two/runs/disagg.json "$OUT/serve_two_disagg.json" 2>/dev/null
+    tar czf "$OUT/serve-two.tgz" -C /tmp --exclude='*.gz' two 2>/dev/null
+    tail -40 "$OUT/serve_two.txt"
     ;;
 moe-strategies)
     timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-moe-strategies --cases moe-strategies \
