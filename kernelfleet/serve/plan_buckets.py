@@ -70,6 +70,10 @@ class Buckets:
     def profile(self, bucket: int) -> Path:
         return self.work / f"prof-{bucket}"
 
+    def profiled(self, bucket: int) -> bool:
+        """Bucket ``bucket``'s profile is in WORK, whole (a profile killed mid-write is made again)."""
+        return all(_reads(self.profile(bucket) / name) for name in ("program.json", "costs.json"))
+
     def check(self) -> None:
         """UsageError, before anything runs, for settings no command takes or folders made for others."""
         if self.slots < 1 or self.context < 2 or self.trials < 1 or not 0 < self.time_limit < 86400:
@@ -89,19 +93,19 @@ def commands(spec: Buckets, bucket: int, out: Path, weights_like: Path | None = 
     """The commands that make bucket ``bucket``'s plans into ``out`` (module docstring), as argument
     lists; the profile's is left out where ``spec.work`` holds it."""
     profile = spec.profile(bucket)
-    kept = all(_reads(profile / name) for name in ("program.json", "costs.json"))
     flight = ["--in-flight", str(spec.in_flight)] if spec.in_flight else []
     like = ["--weights-like", str(weights_like)] if weights_like else []
     copies = [] if spec.graph_copies == 2 else ["--graph-copies", str(spec.graph_copies)]
-    return [*([] if kept else [["profile", spec.target(bucket), *_each("--profile", spec.profiles), "--trials",
-                                str(spec.trials), *copies, "--out", str(profile)]]),
+    profiling = ["profile", spec.target(bucket), *_each("--profile", spec.profiles), "--trials", str(spec.trials),
+                 *copies, "--out", str(profile)]
+    return [*([] if spec.profiled(bucket) else [profiling]),
             ["plan", str(profile / "program.json"), str(profile / "costs.json"), *_each("--device", spec.devices),
              "--policy", "all", "--state-home", *flight, *like, "--time-limit", f"{spec.time_limit:g}",
              "--out", str(out)]]
 
 
 def _reads(path: Path) -> bool:
-    """``path`` holds JSON (a profile killed mid-write leaves a file that does not: made again)."""
+    """``path`` holds JSON."""
     try:
         json.loads(path.read_text())
     except (OSError, ValueError):
@@ -245,7 +249,10 @@ def graph_copies(spec: Buckets, footprint: Footprint, free: Callable[[int], int]
 
 def on_this_gpu(spec: Buckets, said: Callable[[str], None]) -> Buckets:
     """``spec`` with the graph copies its GPUs' free memory allows (:func:`graph_copies`, from the
-    model's config), said where fewer than profile's default; UsageError where none fits."""
+    model's config), said where fewer than profile's default; UsageError where none fits. Where
+    every bucket's profile is kept, nothing is profiled: ``spec`` as it is."""
+    if all(spec.profiled(bucket) for bucket in buckets(spec.slots)):
+        return spec
     import torch
 
     from kernelfleet.profile.steptime import COPIES

@@ -230,6 +230,8 @@ def test_profiles_take_the_step_once_where_twice_cannot_fit_and_are_refused_wher
     ran: list[list[str]] = []
     plan_buckets.make(spec(tmp_path, slots=1, graph_copies=1), said=lambda line: None, run=recorder(ran))
     assert ran[0][ran[0].index("--graph-copies") + 1] == "1" and "--graph-copies" not in ran[1]
+    # every profile kept: nothing is profiled, so no GPU is asked (there is none here)
+    assert plan_buckets.on_this_gpu(spec(tmp_path, slots=1), print) == spec(tmp_path, slots=1)
 
 
 def test_profile_takes_one_or_two_graph_copies():
