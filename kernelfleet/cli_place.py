@@ -329,7 +329,7 @@ def plan_serve_command(
     out: Path = typer.Option(Path("kernelfleet-plans"), "--out", help="The plans folder for kernelfleet serve --plans "
                              "(a batch-B folder a bucket)."),
     work: Path | None = typer.Option(None, "--work", help="Where the profiles and the commands' log are kept "
-                                     "(default OUT/work)."),
+                                     "(default OUT/profiles)."),
     trials: int = typer.Option(3, "--trials", help="kernelfleet profile's --trials."),
     time_limit: float = typer.Option(60.0, "--time-limit", help="kernelfleet plan's --time-limit a bucket (seconds)."),
     in_flight: int = typer.Option(1, "--in-flight", help="kernelfleet plan's --in-flight (default 1: the server runs "
@@ -357,7 +357,7 @@ def plan_serve_command(
                          f"profiles {', '.join(names)} and devices {', '.join(planned)}")
     if not 1 <= in_flight <= MAX_IN_FLIGHT:
         raise UsageError(f"--in-flight must be within 1 to {MAX_IN_FLIGHT}, got {in_flight}")
-    spec = Buckets(model.resolve(), slots, context, list(profile), list(device or names), out, work or out / "work",
+    spec = Buckets(model.resolve(), slots, context, list(profile), list(device or names), out, work or out / "profiles",
                    trials, time_limit, in_flight, one_share)
     spec.check()
     _need_gpu("making serve plans", "make them on the GPU that will serve (kernelfleet profile captures the step "

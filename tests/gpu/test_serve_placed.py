@@ -59,9 +59,9 @@ def planned(tmp_path, folder, b: str = "b:32", devices: tuple[str, str] = ("a", 
     log, cut at each command) and the serve command plan-serve printed, as arguments."""
     printed = kernelfleet("plan-serve", f"hf:{folder}", "--profile", "a:64", "--profile", b,
                           *(f"--device={d}" for d in devices), "--slots", str(slots), "--context", str(context),
-                          "--out", str(tmp_path / "plans"), "--work", str(tmp_path / "work"), *extra)
+                          "--out", str(tmp_path / "plans"), "--work", str(tmp_path / "profiles"), *extra)
     serve = printed.strip().splitlines()[-1].removeprefix("serve them: kernelfleet ").split()
-    log = (tmp_path / "work" / "plan-serve.log").read_text().split("$ kernelfleet ")
+    log = (tmp_path / "profiles" / "plan-serve.log").read_text().split("$ kernelfleet ")
     return [said for said in log if said.startswith("plan ")], serve
 
 
