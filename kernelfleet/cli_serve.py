@@ -177,7 +177,7 @@ def _placed(target: str, plans: Path | None, profiles: list[str], caps: list[str
         raise UsageError("--plans DIR and --profile go together, on GPUs, without --cpu or --strategy")
     from kernelfleet.serve.plan_buckets import made_for, on_gpu
 
-    made = made_for(plans) if plans.is_dir() else None
+    made = made_for(plans)
     if made is not None:  # made by plan-serve: its profiles and context unless given, and no others
         profiles = profiles or [on_gpu(spec) for spec in made["profiles"]]
         context = context or made["context"]

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.plan.model import PLANNED_PROGRAM
+from kernelfleet.profile.steptime import COPIES
 from kernelfleet.runtime.monitor import THROUGHPUT
 from kernelfleet.serve.graphs import buckets
 from kernelfleet.serve.memory import Footprint
@@ -62,7 +63,7 @@ class Buckets:
     time_limit: float = 60.0
     in_flight: int | None = IN_FLIGHT
     one_share: bool = False
-    graph_copies: int = 2  # profile --graph-copies (graph_copies below)
+    graph_copies: int = COPIES  # profile --graph-copies (graph_copies below)
 
     def target(self, bucket: int) -> str:
         return f"hf:{self.model},serve-decode,batch={bucket},slots={self.slots},context={self.context}"
@@ -95,7 +96,7 @@ def commands(spec: Buckets, bucket: int, out: Path, weights_like: Path | None = 
     profile = spec.profile(bucket)
     flight = ["--in-flight", str(spec.in_flight)] if spec.in_flight else []
     like = ["--weights-like", str(weights_like)] if weights_like else []
-    copies = [] if spec.graph_copies == 2 else ["--graph-copies", str(spec.graph_copies)]
+    copies = [] if spec.graph_copies == COPIES else ["--graph-copies", str(spec.graph_copies)]
     profiling = ["profile", spec.target(bucket), *_each("--profile", spec.profiles), "--trials", str(spec.trials),
                  *copies, "--out", str(profile)]
     return [*([] if spec.profiled(bucket) else [profiling]),
@@ -230,12 +231,12 @@ def profile_bytes(spec: Buckets, footprint: Footprint, copies: int) -> dict[int,
 
 
 def graph_copies(spec: Buckets, footprint: Footprint, free: Callable[[int], int]) -> int:
-    """Copies of the step each profile's whole-step graphs take (``profile --graph-copies``): 2, as
-    ``profile`` does, where every GPU holds them (``free(gpu)``: its free bytes); else 1 for plans of
-    one request in flight, which never use what the second copy measures (the free-slot speedup).
-    UsageError, before anything runs, where not even that fits."""
+    """Copies of the step each profile's whole-step graphs take (``profile --graph-copies``):
+    ``COPIES`` (2), as ``profile`` does, where every GPU holds them (``free(gpu)``: its free bytes);
+    else 1 for plans of one request in flight, which never use what the second copy measures (the
+    free-slot speedup). UsageError, before anything runs, where not even that fits."""
     fewest = 1 if spec.in_flight == 1 else 2
-    for copies in range(2, fewest - 1, -1):
+    for copies in range(COPIES, fewest - 1, -1):
         needs = profile_bytes(spec, footprint, copies)
         short = [gpu for gpu, need in needs.items() if need > free(gpu)]
         if not short:
@@ -255,7 +256,6 @@ def on_this_gpu(spec: Buckets, said: Callable[[str], None]) -> Buckets:
         return spec
     import torch
 
-    from kernelfleet.profile.steptime import COPIES
     from kernelfleet.serve.model import footprint
 
     copies = graph_copies(spec, footprint(f"hf:{spec.model}", torch.bfloat16, spec.context),
