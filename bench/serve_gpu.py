@@ -25,7 +25,9 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
   ``--strategy replicas`` (two 60 GB devices), ``--strategy split`` (prefill in 30 GB, decode in
   100 GB) and ``--strategy pipeline`` (two 60 GB stages), both devices on GPU 0: the strategies'
   control flow and hand-over on one GPU, whose two devices share its SMs (no speed-up to expect;
-  ``@1`` in their flags puts the second on another GPU);
+  ``@1`` in their flags puts the second on another GPU). Their caps are an H200's: on a smaller card
+  (an H100's 85 GB) those on GPU 0 shrink in proportion to 94 % of it (``on_card``; the flags printed
+  and kept in the JSON are the ones that ran);
 * ``plans`` (not in the default ``--cases``): kernelfleet's own plans for the 8B (``--plans-model
   moe``: the MoE's shapes above) on two partitions of GPU 0 (``serve --plans``, the monitor
   switching between the latency and the throughput plan),
@@ -166,6 +168,27 @@ def on_moe(cases: list[Case], config: dict) -> list[Case]:
 GPU_CASES += on_moe(GPU_CASES, MOE)
 CPU_CASES += on_moe(CPU_CASES, TINY_MOE)
 GROUPS = {"capped": CAPPED, "plans": PLANNED, "moe-strategies": tuple(f"moe-{name}" for name in STRATEGIES)}
+
+
+CARD_SHARE = 0.94  # of a GPU's memory its devices' caps may take together (on_card); the rest is the CUDA context's
+
+
+def on_card(case: Case, total_bytes: int) -> Case:
+    """``case`` with its caps on GPU 0 (``--device NAME:GB@0``, written for an H200) scaled down, in
+    proportion, to fit ``CARD_SHARE`` of a GPU of ``total_bytes`` (an H100's 85 GB): unchanged where they
+    fit. Caps are rounded down to half a GB."""
+    flags, caps = list(case.flags), {}
+    for k, flag in enumerate(flags):
+        name, _, rest = flag.partition(":")
+        if k and flags[k - 1] == "--device" and rest.endswith("@0"):
+            caps[k] = (name, float(rest.removesuffix("@0")))
+    room = CARD_SHARE * total_bytes / 1e9
+    held = sum(gb for _, gb in caps.values())
+    if held <= room:
+        return case
+    for k, (name, gb) in caps.items():
+        flags[k] = f"{name}:{int(gb * room / held * 2) / 2:g}@0"
+    return replace(case, flags=tuple(flags))
 
 
 @dataclass(frozen=True)
@@ -692,6 +715,8 @@ def main() -> None:
     if not args.trace:
         write_trace(args.out / "trace.csv", trace)
     device = "the CPU" if args.cpu else torch.cuda.get_device_name(0)
+    if not args.cpu:  # the strategies' caps are an H200's
+        cases = {name: on_card(case, torch.cuda.get_device_properties(0).total_memory) for name, case in cases.items()}
     print(f"command: {command_line()}")
     print(f"{device}, torch {torch.__version__}; {args.requests} requests per rate, trace of {len(trace)} "
           f"({args.trace or args.out / 'trace.csv'})")

@@ -176,8 +176,7 @@ class Gate:
     def clear_outputs(self, homes: list[str]) -> None:
         """Zero the outputs of slot k at ``homes[k]``, so only a run that writes them can match."""
         for replicas, home in zip(self.slots, homes):
-            for t in replicas[home].captured.output_tensors():
-                t.fill_(0)
+            zero(replicas[home].captured.output_tensors())
 
     def differing(self, homes: list[str]) -> dict[int, int]:
         """Elements of slot k's outputs at ``homes[k]`` that differ from its reference, for the
@@ -250,6 +249,14 @@ def replays_differ(step: str, device: str, elements: int) -> str:
     return (f"{step}: two replays on {device} from the same saved state differ in {elements} output elements: the "
             "step reads something a replay does not put back (dropout or sampling in the step, a random generator, "
             "an input changed outside it); build it in eval mode with its inputs fixed")
+
+
+def zero(outputs: Iterable[torch.Tensor]) -> None:
+    """Zero a capture's ``outputs``, inference tensors too (a step made under ``torch.inference_mode``,
+    as the server's decode step is, returns them; outside that mode they refuse an in-place write)."""
+    with torch.inference_mode():
+        for tensor in outputs:
+            tensor.zero_()
 
 
 def decode_steps(step: Callable[[], None], args: tuple, decode: Any, output: Callable[[], torch.Tensor], forced: bool,

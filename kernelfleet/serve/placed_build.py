@@ -39,7 +39,7 @@ from kernelfleet.kernels.cuda.replay import saved_state
 from kernelfleet.plan.model import Device
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.executor import Slot, build, run
-from kernelfleet.runtime.gate import passed, single_step_verdict
+from kernelfleet.runtime.gate import passed, single_step_verdict, zero
 from kernelfleet.runtime.monitor import Monitor
 from kernelfleet.runtime.replicas import aligned, capture_each, restore_all
 from kernelfleet.serve.backend import EagerBackend
@@ -224,9 +224,7 @@ def gated_graphs(captures: dict[int, dict[str, Any]], found: dict, home_name: st
             torch.cuda.synchronize()
             reference = [t.clone() for t in reference]
             restore_all(restores)
-            with torch.inference_mode():  # the logits are an inference tensor; zeroed, only a run that writes them matches
-                for tensor in home.captured.output_tensors():
-                    tensor.zero_()
+            zero(home.captured.output_tensors())  # only a run that writes them matches
             launch(built)
             said = single_step_verdict(reference, home.captured.output_tensors(), units or whole is not None)
             restore_all(restores)

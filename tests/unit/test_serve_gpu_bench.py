@@ -161,6 +161,25 @@ def test_the_moe_runs_every_strategy_with_the_8bs_devices_and_flags(tmp_path):
     assert case["name"] == "moe-pipeline" and all(load["requests"] == 2 for load in case["poisson"])
 
 
+def test_the_strategies_caps_shrink_in_proportion_to_a_card_smaller_than_an_h200():
+    """The strategies' caps on GPU 0 are an H200's (60 + 60 GB): on an H100's 85 GB they add up to
+    more than it holds, and the server refuses them; ``on_card`` scales them to 94 % of the card, in
+    proportion, and leaves caps that fit, and those on another GPU, as they are."""
+    from bench.serve_gpu import GPU_CASES, Case, on_card
+
+    found = {case.name: case for case in GPU_CASES}
+    h100, h200 = 85_000_000_000, 150_000_000_000
+    assert on_card(found["moe-replicas"], h100).flags == ("--strategy", "replicas", "--device", "r0:39.5@0",
+                                                          "--device", "r1:39.5@0")
+    assert on_card(found["split"], h100).flags == ("--strategy", "split", "--device", "pre:18@0", "--device",
+                                                   "dec:61@0")
+    for name in ("replicas", "split", "pipeline", "capped-replicas", "llama8b"):
+        assert on_card(found[name], h200) == found[name]
+    assert on_card(found["capped-pipeline"], h100) == found["capped-pipeline"]  # 40 GB fit
+    apart = Case("apart", {}, 8, ("--device", "a:60@0", "--device", "b:60@1"), (1.0,))
+    assert on_card(apart, h100) == apart
+
+
 def test_the_plans_cases_serve_the_model_their_plans_were_made_for(tmp_path):
     """``--plans-model``: each case's config is the model's, and a plans folder made for one model is
     refused for another (its kept plans are the first model's), in one line naming the folder."""

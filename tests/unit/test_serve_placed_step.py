@@ -72,3 +72,18 @@ def test_bad_serve_decode_options_are_one_line_errors(folder, options, said):
 def test_a_serve_decode_target_without_a_model_directory_says_so(tmp_path):
     with pytest.raises(UsageError, match="no config.json there"):
         step_maker(f"hf:{tmp_path / 'nowhere'},serve-decode")
+
+
+def test_the_gate_zeroes_the_steps_logits_though_they_are_inference_tensors(folder):
+    """The step's logits come from inference mode; the gate zeroes a capture's outputs before a plan's
+    run (only a run that writes them matches), which outside that mode raises (bench disagg refused
+    every strategy of this step on an H100 so): ``runtime.gate.zero`` writes them in it."""
+    from kernelfleet.runtime.gate import zero
+
+    step = step_maker(f"hf:{folder},serve-decode,batch=2,slots=4,context=16")("cpu", 0)
+    logits = step.fn(*step.args)
+    assert logits.is_inference() and logits.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+        logits.fill_(0)
+    zero([logits])
+    assert not logits.any()
