@@ -32,7 +32,7 @@
 #                                           # an H200; on an H100 all ran, twice); the two same-kernel rows that
 #                                           # missed on the H200: hf-mamba-decode (its pipeline's tail of copies
 #                                           # home) and hf-qwen2moe-prefill (request distribution's shared factor).
-#                                           # Run on an H100 on 2026-12-06 (twice), not yet again on an H200;
+#                                           # Run on an H100 on 2026-12-06 (three calls), not yet again on an H200;
 #                                           # docs/validation/place-h200-pairs.md
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
 # installs them first. PENDING_SECONDS: the seconds the modes share (default 580; less when the call
