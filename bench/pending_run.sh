@@ -20,14 +20,18 @@
 #                                           # 32 requests a rate; resumable as serve is, its plans back in
 #                                           # $OUT/serve-plans-64.tgz (carry it as .gpuwork/serve-plans-64.tgz):
 #                                           # making them (7 buckets) likely takes a call of its own
-#   bash bench/pending_run.sh serve-two     # what two batches in flight would give the placed server, before it
-#                                           # is built: the 8B's bucket-4 step (of 8 slots) planned --in-flight 2,
-#                                           # then bench disagg --slots 2 (two half batches in one graph, chained
-#                                           # and free) beside each device alone; about 3 minutes
+#   bash bench/pending_run.sh serve-two     # what two batches in flight would give the placed server: the 8B's
+#                                           # bucket-4 step (of 8 slots) planned --in-flight 2, then bench disagg
+#                                           # --slots 2 (two half batches in one graph, chained and free) beside
+#                                           # each device alone; about 2 minutes. Run on an H100 on 2026-12-06
+#                                           # (twice; tests/data/h100-serve-two): request distribution of the
+#                                           # halves is the best, so the server does not build it (docs/serve.md)
 #   bash bench/pending_run.sh moe-strategies  # the MoE under request distribution, the split and the pipeline
 #                                           # (bench.serve_gpu --cases moe-strategies, 12 requests a rate; the
-#                                           # 8B's were run on an H200 on 2026-12-01/02): about 4 minutes
-#   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 8 minutes: a call of its own)
+#                                           # 8B's were run on an H200 on 2026-12-01/02): about 2 minutes; run on
+#                                           # an H100 on 2026-12-06 (serve-gpu.md, eighth run)
+#   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 9 minutes: a call of its own;
+#                                           # all four passed on an H100 on 2026-12-06)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
 #                                           # an H200; on an H100 all ran, twice); the two same-kernel rows that
 #                                           # missed on the H200: hf-mamba-decode (its pipeline's tail of copies
