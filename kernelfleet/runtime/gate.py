@@ -33,7 +33,7 @@ from kernelfleet.plan.model import Device
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec
 from kernelfleet.runtime import plans
 from kernelfleet.runtime.executor import Built, Replica, Slot, build, run
-from kernelfleet.runtime.replicas import capture_replicas, differing_elements, restore_all
+from kernelfleet.runtime.replicas import aligned, capture_each, differing_elements, restore_all
 
 if TYPE_CHECKING:
     from kernelfleet.workloads.steps import Step
@@ -98,19 +98,25 @@ class Gate:
 
     ``make_step(torch device, seed)``: the step, slot k seeded k; ``profiles``: the devices by the
     names the plans use, the first the default home; ``costs``: the table the plans were made from,
-    or None; ``progress``: wraps the slots' loop (e.g. a progress bar)."""
+    or None; ``progress``: wraps the loop of captures, every slot of one device, then the next's (e.g. a
+    progress bar)."""
 
     def __init__(self, make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], slots: int,
                  costs: CostTable | None = None,
                  progress: Callable[[Iterable[int]], Iterable[int]] = lambda each: each) -> None:
         self.devices = list(profiles)
-        self.slots: list[dict[str, Replica]] = []
         self.restores: list[Callable[[], None]] = []
-        for k in progress(range(slots)):
-            replicas, restores = capture_replicas(make_step, {name: spec.device for name, spec in profiles.items()}, k,
-                                                  {name: spec.kernels for name, spec in profiles.items()})
-            self.slots.append(replicas)
+        captured: list[dict[str, Replica]] = [{} for _ in range(slots)]
+        # each device's slots captured one after another, so its memory is allocated together, as on a
+        # GPU of its own: with the partitions' captures interleaved, a's graphs ran 3-6 % slower on an
+        # H100 than over captures of a alone (docs/validation/place-h200-pairs.md, the third H100 call)
+        for k in progress(range(len(profiles) * slots)):
+            name, slot = self.devices[k // slots], k % slots
+            replicas, restores = capture_each(make_step, {name: profiles[name].device}, slot,
+                                              {name: profiles[name].kernels})
+            captured[slot].update(replicas)
             self.restores += restores
+        self.slots: list[dict[str, Replica]] = [aligned(replicas) for replicas in captured]
         self.reset()
         self.references = []
         for replicas in self.slots:  # each capture's own graph replay, whole GPU, from the captured state
