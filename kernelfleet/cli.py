@@ -410,7 +410,18 @@ def main() -> None:
     """Entry point: a user's mistake or a broken environment is one line, not a traceback."""
     logging.basicConfig(level=logging.WARNING, format="kernelfleet: %(message)s")
     try:
-        app()
+        code = app(prog_name="kernelfleet", standalone_mode=False)  # a refused flag reaches the handler below
+        sys.exit(code if isinstance(code, int) else 0)  # --help and typer.Exit give a code; a command, None
+    except typer.TyperException as exc:  # an unknown, missing or malformed flag or argument: one line, not a box
+        message = " ".join(exc.format_message().split())
+        if message:  # else a command given no arguments, whose help typer has printed
+            context = getattr(exc, "ctx", None)
+            where = context.command_path if context is not None else "kernelfleet"
+            err.print(f"kernelfleet: error: {where}: {message} ({where} --help says what it takes)", markup=False,
+                      highlight=False, emoji=False)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except typer.Abort:  # end of input at a prompt
+        sys.exit(1)
     except KernelfleetError as exc:
         err.print(f"kernelfleet: error: {exc}", markup=False, highlight=False, emoji=False)
         sys.exit(exc.exit_code)

@@ -181,7 +181,7 @@ def test_a_gpu_out_of_memory_is_one_line_saying_what_to_do(monkeypatch, capsys):
 
     import kernelfleet.cli as cli
 
-    def out_of_memory() -> None:
+    def out_of_memory(**_) -> None:  # as typer's app is called: prog_name, standalone_mode
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1024.00 MiB.\nIncluding non-PyTorch memory")
 
     monkeypatch.setattr(cli, "app", out_of_memory)
@@ -224,3 +224,47 @@ def test_an_unknown_pod_owners_mode_is_one_line(tmp_path):
 def test_the_dashboard_reads_its_catalog_first_and_a_missing_one_is_one_line(tmp_path):
     done = kf("dashboard", "--prometheus", "http://127.0.0.1:1", "--catalog", str(tmp_path / "none.toml"))
     one_line_error(done, 2, "none.toml")
+
+
+# A flag or argument typer itself refuses (unknown, missing, malformed) in every part of the command
+# line: one line on stderr naming the command, nothing on stdout, exit code 2 (typer's own report
+# is a box of five lines or more).
+USAGE_CORPUS = [
+    (("watch", "--bogus"), "kernelfleet watch: No such option: --bogus"),
+    (("watch", "--interval", "fast"), "kernelfleet watch: Invalid value for '--interval'"),
+    (("record", "--clock-poll", "1e"), "kernelfleet record: Invalid value for '--clock-poll'"),
+    (("agent", "--interval"), "Option '--interval' requires an argument"),
+    (("dashboard", "extra"), "kernelfleet dashboard: Missing option '--prometheus'"),
+    (("dashboard", "--prometheus", "http://x", "extra"), "kernelfleet dashboard: Got unexpected extra argument(s) (extra)"),
+    (("job", "a", "b"), "kernelfleet job: Got unexpected extra argument(s) (b)"),
+    (("ptx",), "kernelfleet ptx: Missing argument 'path'"),
+    (("profile", "llama-decode", "--trials", "three"), "kernelfleet profile: Invalid value for '--trials'"),
+    (("profile", "llama-decode", "--graph-copies", "2.5"), "kernelfleet profile: Invalid value for '--graph-copies'"),
+    (("profile-merge",), "kernelfleet profile-merge: Missing argument 'folders"),
+    (("plan", "program.json"), "kernelfleet plan: Missing argument 'costs'"),
+    (("plan", "p.json", "c.json", "--copy-us", "NaNx"), "kernelfleet plan: Invalid value for '--copy-us'"),
+    (("census",), "kernelfleet census: Missing argument 'costs'"),
+    (("run", "llama-decode", "--slots", "[2]"), "kernelfleet run: Invalid value for '--slots'"),
+    (("plan-serve",), "kernelfleet plan-serve: Missing argument 'target'"),
+    (("serve", "hf:x", "--slots", "abc"), "kernelfleet serve: Invalid value for '--slots'"),
+    (("serve", "hf:x", "--listen"), "Option '--listen' requires an argument"),
+    (("bench", "disagg"), "kernelfleet bench disagg: Missing argument 'step'"),
+    (("bench", "nope"), "kernelfleet bench: No such command 'nope'"),
+    (("nonsense",), "kernelfleet: No such command 'nonsense'"),
+    (("serve", "--\udcff"), "kernelfleet serve: No such option"),
+]
+
+
+@pytest.mark.parametrize("args, said", USAGE_CORPUS, ids=[" ".join(a)[:40] for a, _ in USAGE_CORPUS])
+def test_a_flag_typer_refuses_is_one_line_naming_the_command(args, said):
+    done = subprocess.run([sys.executable, "-m", "kernelfleet", *args], capture_output=True, timeout=60)
+    stderr = done.stderr.decode(errors="replace")
+    one_line_error(subprocess.CompletedProcess(done.args, done.returncode, "", stderr), 2, said)
+    assert "--help says what it takes" in stderr and "╭" not in stderr and done.stdout == b""
+
+
+@pytest.mark.parametrize("args", [(), ("bench",)], ids=["kernelfleet", "bench"])
+def test_no_arguments_still_show_the_help_and_help_is_still_help(args):
+    bare, helped = kf(*args), kf(*args, "--help")
+    assert bare.returncode == 2 and bare.stderr == "" and "Usage: kernelfleet" in bare.stdout
+    assert helped.returncode == 0 and helped.stderr == "" and "Usage: kernelfleet" in helped.stdout
