@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Annotated, Any, ClassVar
 
@@ -51,6 +52,12 @@ class CostTable(Document):
       :meth:`free_speedups` is ``graph_seconds`` over it: how much more work per second the device
       does with ``copies`` chains in flight than with one.
 
+    ``graph_seconds_together`` (optional, one figure): the two devices of ``graph_seconds_shared``
+    running one copy each in one graph, launched together: request distribution's own graph. Looping
+    the other's graph overstates what two such copies meet: on the H100 they ran 1.09-1.12x the
+    slower device alone where the shared factors said 1.19-1.25 (docs/validation/place-h200-pairs.md).
+    :meth:`contention_factors` scales the shared factors to it.
+
     ``links`` (optional): each pair of devices' link as measured on them (``costs/links.py``); the
     predictions take copies between a pair from it where it is there, else from the plan's
     ``--copy-us`` and ``--link-gbps``.
@@ -64,6 +71,7 @@ class CostTable(Document):
     graph_seconds: dict[str, GraphSeconds] | None = None
     graph_seconds_shared: dict[str, GraphSeconds] | None = None
     graph_seconds_free: dict[str, GraphSeconds] | None = None
+    graph_seconds_together: GraphSeconds | None = None
     links: list[MeasuredLink] | None = None
     DUMP: ClassVar[dict[str, Any]] = {"exclude_none": True}
 
@@ -88,6 +96,9 @@ class CostTable(Document):
                     raise ValueError(f"{name}: device {device!r} has no launch time in seconds")
                 if name != "graph_seconds" and device not in (self.graph_seconds or {}):
                     raise ValueError(f"{name}: device {device!r} has no graph_seconds to compare it with")
+        if self.graph_seconds_together is not None and len(self.graph_seconds_shared or {}) != 2:
+            raise ValueError("graph_seconds_together: it is of the two devices of graph_seconds_shared, which has "
+                             f"{len(self.graph_seconds_shared or {})}")
         devices = {d for row in self.seconds for d in row}
         for k, link in enumerate(self.links or ()):
             if not {link.a, link.b} & devices:  # a device's own launch table keeps its links to the others
@@ -126,6 +137,23 @@ class CostTable(Document):
         """Each device's graph while the others run theirs over its graph alone (>= 1 but for noise)."""
         return {d: t / self.graph_seconds[d] for d, t in (self.graph_seconds_shared or {}).items()}
 
+    def contention_factors(self) -> dict[str, float]:
+        """The shared factors the predictions use: :meth:`shared_factors`, each one's excess over 1
+        scaled by one ``k`` so that the model (``plan/contention.py``) predicts the measured
+        ``graph_seconds_together``; as measured where that is not. With the faster device's graph
+        ``g1`` and the slower's ``g2`` alone, the model predicts the two together as
+        ``max(g1 f1, g2 + g1 (f2 - 1))`` (the slower device shares only while the faster runs): each
+        term meets the measurement at its own ``k``, and the smaller is the one the model reaches first."""
+        shared = self.shared_factors()
+        if self.graph_seconds_together is None or len(shared) != 2:
+            return shared
+        fast, slow = sorted(shared, key=lambda d: self.graph_seconds[d])
+        g1, g2, together = self.graph_seconds[fast], self.graph_seconds[slow], self.graph_seconds_together
+        reach = [(together - g1) / (g1 * (shared[fast] - 1)) if shared[fast] > 1 else math.inf,
+                 (together - g2) / (g1 * (shared[slow] - 1)) if shared[slow] > 1 else math.inf]
+        k = max(0.0, min(reach))
+        return shared if math.isinf(k) else {d: 1 + k * (f - 1) for d, f in shared.items()}
+
     def free_speedups(self) -> dict[str, float]:
         """Each device's work per second with its graph's copies as free chains over chained."""
         return {d: self.graph_seconds[d] / t for d, t in (self.graph_seconds_free or {}).items()}
@@ -136,8 +164,10 @@ class CostTable(Document):
             return None if values is None else {d: values[d] for d in devices if d in values} or None
 
         links = [link for link in self.links or () if {link.a, link.b} <= set(devices)] or None
+        together = self.graph_seconds_together if set(self.graph_seconds_shared or ()) <= set(devices) else None
         return replace(self, seconds=[{d: row.get(d) for d in devices if d in row} for row in self.seconds],
-                       links=links, **{name: kept(getattr(self, name)) for name in GRAPHS})
+                       links=links, graph_seconds_together=together,
+                       **{name: kept(getattr(self, name)) for name in GRAPHS})
 
     def faster_than(self, ceiling: dict[str, float]) -> list[tuple[int, str, float]]:
         """(launch, device, FLOP/s) wherever a time implies more FLOP/s than ``ceiling[precision]``

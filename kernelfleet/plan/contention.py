@@ -12,7 +12,10 @@ speed each node was timed alone. Two measurements of ``kernelfleet profile`` (``
   computes too: a first pass schedules with the times alone, and each node is stretched by
   ``1 + overlap × (shared - 1)``; a second pass schedules with the stretched times. So a single
   device keeps its time alone, replicas (both busy throughout) get the shared factor, and a plan
-  whose devices take turns gets little of it.
+  whose devices take turns gets little of it. Where profile also timed the two devices' graphs
+  launched together once (``graph_seconds_together``: request distribution's own graph), the
+  factors are scaled so that this model predicts that measurement (``CostTable.contention_factors``):
+  looping the other graph overstated what the devices meet by about half on the H100.
 * **Slots free.** With no dependency between slots the GPU runs kernels of several slots at once
   on one device, which helps steps of kernels too small to fill it (moe-decode's throughput plan ran
   386 µs for two free slots against 680 chained). Free slots are predicted by processor sharing:
@@ -81,7 +84,8 @@ class Contention:
         if costs is None:
             return cls(edges=edges)
         links = {frozenset((link.a, link.b)): link for link in costs.links or ()}
-        return cls(costs.shared_factors(), costs.free_speedups(), waits={k: x.wait_seconds for k, x in links.items()},
+        return cls(costs.contention_factors(), costs.free_speedups(),
+                   waits={k: x.wait_seconds for k, x in links.items()},
                    forks={k: x.fork_seconds for k, x in links.items()}, edges=edges)
 
     def wait(self, x: SlotNode, dep: SlotNode) -> float:

@@ -92,10 +92,11 @@ def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, togeth
     the step, replicas of their own where there is more than one): alone on each, free on each
     with two chains or more (one chain has no other to run beside), and
     shared among the profiles named in ``together`` (default: all of them) when they are two or
-    more, and with ``measure_link`` the link between every two of them (:func:`link_times`; off by
+    more (exactly two: their graphs launched together once too, ``steptime.together_seconds``), and
+    with ``measure_link`` the link between every two of them (:func:`link_times`; off by
     default: the planners then price copies with it, and on the H200 pair that chose worse, docs/place.md). Partitions of one GPU that overlap (the whole GPU and a part of it) cannot run at once:
     leave the whole GPU out of ``together``."""
-    from kernelfleet.profile.steptime import graph_seconds, shared_seconds
+    from kernelfleet.profile.steptime import graph_seconds, shared_seconds, together_seconds
 
     alone, free = {}, {}
     for spec in specs:
@@ -106,6 +107,7 @@ def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, togeth
     names = [spec.name for spec in specs] if together is None else together
     shared: dict[str, float] = {}
     links: list[MeasuredLink] = []
+    together = None
     if len(names) > 1:
         with ExitStack() as stack:
             running = {}
@@ -113,9 +115,11 @@ def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, togeth
                 device = stack.enter_context(DeviceProfile(spec))
                 running[spec.name] = (chains[spec.name], stack.enter_context(device.active()), device.context)
             shared = shared_seconds(running, alone, trials=trials)
+            if len(running) == 2:
+                together = together_seconds(running, trials=trials)
         if measure_link:
             links = link_times([s for s in specs if s.name in names])
-    return StepTimes(alone, free, shared, links)
+    return StepTimes(alone, free, shared, links, together)
 
 
 def link_times(specs: list[ProfileSpec], *, trials: int = 20) -> list[MeasuredLink]:

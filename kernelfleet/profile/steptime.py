@@ -23,6 +23,11 @@ the median of ``trials`` launches between CUDA events, after one launch that war
   devices of request distribution are in steady state; launched once, the faster graph would run
   partly alone. The others are queued with enough launches to outlast the timed ones three times
   over, and a measurement whose load ran out first is taken again with twice as many.
+* **together** (:func:`together_seconds`): two devices' first chains in one graph, each in its
+  own context, launched together: request distribution's own graph, one copy a device. On the H100
+  it ran 1.09-1.12x the slower device alone where **shared** said 1.19-1.25
+  (docs/validation/place-h200-pairs.md): ``CostTable.contention_factors`` scales the shared
+  factors to it.
 
 Replaying the step mutates its buffers, as the per-launch timing does; every capture is replayed
 afterwards, which recomputes every activation.
@@ -49,11 +54,14 @@ LOAD_TRIES = 3
 
 class StepGraph:
     """The step's chains (one per capture of ``chains``) as one instantiated graph whose nodes run
-    in ``context`` (None: the first capture's, the whole GPU); chained, or independent when ``free``."""
+    in ``context`` (None: the first capture's, the whole GPU), or chain k's in ``contexts[k]``;
+    chained, or independent when ``free``."""
 
-    def __init__(self, chains: list[Captured], context: Any = None, *, free: bool = False) -> None:
+    def __init__(self, chains: list[Captured], context: Any = None, *, free: bool = False,
+                 contexts: list[Any] | None = None) -> None:
         self.chains, self.driver = chains, chains[0].driver
         self.where = chains[0].context if context is None else context
+        self.contexts = contexts or [self.where] * len(chains)
         self.free = free
         self._graph = self._executable = None
 
@@ -63,11 +71,12 @@ class StepGraph:
             self._graph = driver.create_graph()
             try:
                 previous: list[Any] = []
-                for captured in self.chains:
+                for captured, where in zip(self.chains, self.contexts):
                     if self.free:
                         previous = []
-                    for node in program_nodes(captured.raw):
-                        previous = [driver.add_copy_of(self._graph, captured.nodes[node], previous, self.where)]
+                    with driver.in_context(where):
+                        for node in program_nodes(captured.raw):
+                            previous = [driver.add_copy_of(self._graph, captured.nodes[node], previous, where)]
                 self._executable = driver.instantiate(self._graph)
             except Exception:
                 driver.destroy(self._graph)
@@ -92,6 +101,19 @@ def graph_seconds(chains: list[Captured], stream: torch.cuda.Stream, context: An
     with StepGraph(chains, context, free=free) as graph:
         graph.launch(stream)  # warm: module load, caches
         return median_seconds(lambda: graph.launch(stream), stream, trials) / len(chains)
+
+
+def together_seconds(devices: dict[str, tuple[list[Captured], torch.cuda.Stream, Any]], *, trials: int = 10) -> float:
+    """Median seconds of one graph holding each device's first chain (``devices[name]``: its chains,
+    stream and context), free of each other, each in its device's context: the devices' steps
+    launched together once (module docstring), on the first device's stream."""
+    if len(devices) < 2:
+        raise UsageError(f"a together graph time needs at least two devices, got {', '.join(devices) or 'none'}")
+    chains = [mine[0] for mine, _, _ in devices.values()]
+    stream = next(iter(devices.values()))[1]
+    with StepGraph(chains, free=True, contexts=[context for _, _, context in devices.values()]) as graph:
+        graph.launch(stream)  # warm
+        return median_seconds(lambda: graph.launch(stream), stream, trials)
 
 
 def shared_seconds(devices: dict[str, tuple[list[Captured], torch.cuda.Stream, Any]], alone: dict[str, float], *,

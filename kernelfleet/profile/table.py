@@ -18,6 +18,7 @@ import statistics
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kernelfleet.catalog.model import PRECISIONS
 from kernelfleet.costs.links import MeasuredLink, describe
@@ -62,13 +63,16 @@ class StepTimes:
     """Seconds per copy of the whole step as one graph on each profile (``profile/steptime.py``):
     alone, its copies free, and while the other profiles of ``shared`` run theirs (empty: fewer
     than two profiles were timed together); and the links measured between those
-    (``profile/linkcost.py``). What ``CostTable`` keeps as ``graph_seconds``,
-    ``graph_seconds_free``, ``graph_seconds_shared`` and ``links``."""
+    (``profile/linkcost.py``); where ``shared`` has two profiles, the two graphs launched together
+    once (``together``). What ``CostTable`` keeps as ``graph_seconds``, ``graph_seconds_free``,
+    ``graph_seconds_shared``, ``links`` and ``graph_seconds_together``. One profile's figures, and a
+    merge of runs, keep no ``together``: it is of a pair timed in one run."""
 
     alone: dict[str, float]
     free: dict[str, float]
     shared: dict[str, float]
     links: list[MeasuredLink] = field(default_factory=list)
+    together: float | None = None
 
     def of(self, name: str) -> StepTimes:
         """The figures of one profile only (what its own launch table keeps), its links with them."""
@@ -163,12 +167,13 @@ def unit_table(views: dict[str, UnitView], seconds: dict[str, list[float | None]
     return CostTable(rows, source, flops, **_graph_fields(graphs))
 
 
-def _graph_fields(graphs: StepTimes | None) -> dict[str, dict[str, float] | None]:
+def _graph_fields(graphs: StepTimes | None) -> dict[str, Any]:
     """The cost table's fields of ``graphs`` (None where a kind was not measured)."""
     if graphs is None:
         return {}
     return {"graph_seconds": graphs.alone or None, "graph_seconds_shared": graphs.shared or None,
-            "graph_seconds_free": graphs.free or None, "links": graphs.links or None}
+            "graph_seconds_free": graphs.free or None, "links": graphs.links or None,
+            "graph_seconds_together": graphs.together if len(graphs.shared) == 2 else None}
 
 
 def graph_note(costs: CostTable) -> str | None:
@@ -181,7 +186,17 @@ def graph_note(costs: CostTable) -> str | None:
         f"{d} {costs.graph_seconds[d] * 1e3:.3f} ms (x{f:.2f} its launches' sum"
         + (f"; x{shared[d]:.2f} with the others running" if d in shared else "")
         + (f"; free copies x{free[d]:.2f} the work per second" if d in free else "") + ")"
-        for d, f in factors.items()) + "".join(f"; {describe(link)}" for link in costs.links or ())
+        for d, f in factors.items()) + together_note(costs) + "".join(f"; {describe(link)}"
+                                                                     for link in costs.links or ())
+
+
+def together_note(costs: CostTable) -> str:
+    """What the two devices' graphs launched together once met, as the factor the predictions take."""
+    if costs.graph_seconds_together is None:
+        return ""
+    used = costs.contention_factors()
+    return (f"; together once {costs.graph_seconds_together * 1e3:.3f} ms, so the predictions share by "
+            + ", ".join(f"{d} x{f:.2f}" for d, f in used.items()))
 
 
 @dataclass(frozen=True, slots=True)

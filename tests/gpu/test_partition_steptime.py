@@ -2,7 +2,8 @@
 ``kernelfleet profile`` measures it: alone on the whole GPU and on a 32-SM partition, the graph of
 a small step takes a sane share of its launches timed alone and scales the cost table; on two
 disjoint partitions of one GPU, each device's graph with the other busy, and with its copies free,
-is positive, ordered as the hardware allows within noise, and the same when measured again."""
+and the two graphs launched together once, is positive, ordered as the hardware allows within noise,
+and the same when measured again."""
 
 from __future__ import annotations
 
@@ -74,3 +75,9 @@ def test_two_partitions_busy_at_once_and_free_copies_are_timed_ordered_and_repro
         for kind in ("alone", "shared", "free"):
             was, now = getattr(first, kind)[name], getattr(again, kind)[name]
             assert abs(now / was - 1) <= AGAIN, (name, kind, was, now)
+    # the two graphs launched together once: no faster than the slower alone, no slower than one after the other
+    slower, both = max(first.alone.values()), sum(first.alone.values())
+    print(f"together: {first.together * 1e6:.1f} us (x{first.together / slower:.3f} the slower alone); again "
+          f"{again.together * 1e6:.1f}")
+    assert slower * (1 - NOISE) <= first.together <= both * (1 + NOISE)
+    assert abs(again.together / first.together - 1) <= AGAIN

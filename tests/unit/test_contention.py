@@ -90,3 +90,23 @@ def test_a_shared_or_free_time_needs_the_graph_alone_and_a_known_device():
     table = replace(CostTable(rows), graph_seconds={a: 1e-3}, graph_seconds_free={a: 5e-4})
     assert table.free_speedups() == {a: 2.0} and table.shared_factors() == {}
     assert table.restricted([a]).graph_seconds_free == {a: 5e-4}
+
+
+def test_the_together_graph_scales_the_shared_factors_so_the_model_predicts_it():
+    """Twins of equal graphs, each shared factor 1.15 as looping measures it, measured together once at
+    1.06x alone: the predictions share by 1.06 (k = 0.4 of each factor's excess), and replicas of two
+    slots come out as that measurement; one that says the pair ran faster together than alone
+    leaves no contention; a table that keeps it for other than two shared devices is refused."""
+    problem, plans, whole = twins(shared=SHARED)
+    a, b = problem.names
+    table = replace(problem.costs, graph_seconds_together=whole * 1.06)
+    assert table.contention_factors() == {a: pytest.approx(1.06), b: pytest.approx(1.06)}
+    assert Contention.of(table).shared == table.contention_factors()
+    base = layered(2, 2)
+    again = Problem(base.program, base.devices, [Link(a, b, base.bandwidth[a, b])], table)
+    assert per_request_modes(again, plans["replicas"], 2)["sequential"] == pytest.approx(whole * 1.06 / 2)
+    assert replace(table, graph_seconds_together=whole * 0.99).contention_factors() == {a: 1.0, b: 1.0}
+    assert table.restricted([a]).graph_seconds_together is None and table.restricted([a, b]) == table
+    with pytest.raises(UsageError, match="graph_seconds_together: it is of the two devices of graph_seconds_shared"):
+        CostTable.from_json(replace(problem.costs, graph_seconds_shared=None).to_json()[:-1]
+                            + f', "graph_seconds_together": {whole}}}')
