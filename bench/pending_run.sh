@@ -30,6 +30,8 @@
 #                                           # (bench.serve_gpu --cases moe-strategies, 12 requests a rate; the
 #                                           # 8B's were run on an H200 on 2026-12-01/02): about 2 minutes; run on
 #                                           # an H100 on 2026-12-06 (serve-gpu.md, eighth run)
+#   bash bench/pending_run.sh capped        # the memory-capped pair three ways (bench.serve_gpu --cases capped:
+#                                           # replicas, pipeline and, new, the split), 48 requests a rate; ~4 min
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 9 minutes: a call of its own;
 #                                           # all four passed on an H100 on 2026-12-06)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
@@ -45,8 +47,8 @@
 set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
-    case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|serve-tests|place) ;;
-    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-64|serve-two|moe-strategies|serve-tests|place ..." >&2
+    case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|serve-tests|place) ;;
+    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-64|serve-two|moe-strategies|capped|serve-tests|place ..." >&2
        exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
@@ -94,6 +96,12 @@ serve-two)
     cp /tmp/two/runs/disagg.json "$OUT/serve_two_disagg.json" 2>/dev/null
     tar czf "$OUT/serve-two.tgz" -C /tmp --exclude='*.gz' two 2>/dev/null
     tail -40 "$OUT/serve_two.txt"
+    ;;
+capped)
+    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-capped --cases capped --requests 48 \
+        > "$OUT/serve_capped.txt" 2>&1
+    cp /tmp/serve-capped/serve_gpu.json "$OUT/serve_gpu_capped.json" 2>/dev/null
+    grep -v '^{' "$OUT/serve_capped.txt" | tail -30
     ;;
 moe-strategies)
     timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-moe-strategies --cases moe-strategies \

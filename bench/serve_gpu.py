@@ -10,12 +10,13 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
 
 * ``llama8b``: Llama 3 8B's shapes, 2048 tokens per slot, slots sized from the free memory;
 * ``moe``: Qwen1.5-MoE-A2.7B's shapes at 12 of its 24 layers (60 experts, 4 a token, a shared one);
-* ``capped``: the memory-capped pair, two devices of 20 GB (both on GPU 0), served two ways
-  (cases ``capped-replicas`` and ``capped-pipeline``): request distribution, where each replica
-  holds the 16 GB of weights and sizes its slots from the little that is left, and the layer
+* ``capped``: the memory-capped pair, two devices of 20 GB (both on GPU 0), served three ways
+  (cases ``capped-replicas``, ``capped-pipeline`` and ``capped-split``): request distribution, where
+  each replica holds the 16 GB of weights and sizes its slots from the little that is left, the layer
   pipeline, where each device holds half the weights, so its KV cache, and the slots, are several
-  times larger. Their comparison, the tokens/s of each at its best load whose p99 time per output
-  token is within 50 ms, and the ratio (the issue's target: >= 2x), closes the run. These two take
+  times larger, and the prefill/decode split, whose decode device holds every weight and its cache
+  in 20 GB. Their comparison, the tokens/s of each at its best load whose p99 time per output
+  token is within 50 ms, and the pipeline over replicas (the issue's target: >= 2x), closes the run. These take
   at least 48 requests a rate even with ``--quick`` (fewer would not fill the replicas' slots), at
   16 and 64 requests/s: the second H200 run's 4/s (12 s of arrivals each) never gave either its
   best held tokens/s, and without it a sweep of three ``--prefill-chunk`` values fits 6 minutes;
@@ -132,6 +133,8 @@ GPU_CASES = [Case("llama8b", LLAMA8B, 2048, (), (4.0, 16.0, 64.0), overhead=True
                                                      "r1:20@0"), (16.0, 64.0), least_requests=48),
              Case("capped-pipeline", LLAMA8B, 2048, ("--strategy", "pipeline", "--device", "p0:20@0", "--device",
                                                      "p1:20@0"), (16.0, 64.0), least_requests=48),
+             Case("capped-split", LLAMA8B, 2048, ("--strategy", "split", "--device", "pre:20@0", "--device",
+                                                  "dec:20@0"), (16.0, 64.0), least_requests=48),
              # the strategies on one H200, both devices GPU 0 (use @1 for a second GPU): the mechanism, not a speed-up
              Case("replicas", LLAMA8B, 2048, ("--strategy", "replicas", "--device", "r0:60@0", "--device", "r1:60@0"),
                   (4.0, 16.0, 64.0)),
@@ -140,7 +143,7 @@ GPU_CASES = [Case("llama8b", LLAMA8B, 2048, (), (4.0, 16.0, 64.0), overhead=True
              Case("pipeline", LLAMA8B, 2048, ("--strategy", "pipeline", "--device", "p0:60@0", "--device", "p1:60@0"),
                   (4.0, 16.0, 64.0))]
 # the CPU's dry run: the same cases, tiny; nothing enforces a CPU twin's cap, so the capped pair's
-# replicas get 2 slots and the pipeline 4 instead (the pipeline's caps are checked, and hold it)
+# replicas and the split get 2 slots and the pipeline 4 instead (the pipeline's caps are checked, and hold it)
 CPU_CASES = [Case("llama8b", {**TINY, "model_type": "llama"}, 256, ("--cpu",), (4.0, 16.0), overhead=True),
              Case("moe", TINY_MOE, 256, ("--cpu",), (4.0, 16.0)),
              Case("capped-replicas", {**TINY, "model_type": "llama"}, 256, ("--cpu", "--strategy", "replicas",
@@ -149,6 +152,9 @@ CPU_CASES = [Case("llama8b", {**TINY, "model_type": "llama"}, 256, ("--cpu",), (
              Case("capped-pipeline", {**TINY, "model_type": "llama"}, 256, ("--cpu", "--strategy", "pipeline",
                                                                              "--device", "p0:2", "--device", "p1:2",
                                                                              "--slots", "4"), (4.0,)),
+             Case("capped-split", {**TINY, "model_type": "llama"}, 256, ("--cpu", "--strategy", "split", "--device",
+                                                                          "pre:2", "--device", "dec:2", "--slots",
+                                                                          "2"), (4.0,)),
              Case("replicas", {**TINY, "model_type": "llama"}, 256, ("--cpu", "--strategy", "replicas", "--device",
                                                                       "cpu0:1", "--device", "cpu1:1", "--slots", "4"),
                   (4.0,)),
@@ -167,7 +173,7 @@ def on_moe(cases: list[Case], config: dict) -> list[Case]:
 
 GPU_CASES += on_moe(GPU_CASES, MOE)
 CPU_CASES += on_moe(CPU_CASES, TINY_MOE)
-GROUPS = {"capped": CAPPED, "plans": PLANNED, "moe-strategies": tuple(f"moe-{name}" for name in STRATEGIES)}
+GROUPS = {"capped": (*CAPPED, "capped-split"), "plans": PLANNED, "moe-strategies": tuple(f"moe-{name}" for name in STRATEGIES)}
 
 
 CARD_SHARE = 0.94  # of a GPU's memory its devices' caps may take together (on_card); the rest is the CUDA context's
@@ -253,6 +259,8 @@ class CappedPair(BaseModel):
     replicas_tokens_per_second: float | None
     pipeline_tokens_per_second: float | None
     pipeline_vs_replicas: float | None
+    split_slots: int | None = None  # the prefill/decode split on the same pair, where it ran
+    split_tokens_per_second: float | None = None
 
 
 class PlansRow(BaseModel):
@@ -569,12 +577,17 @@ def capped_pair(results: list[CaseResult], setting: tuple[int, int]) -> CappedPa
           f"({' '.join(pipeline.flags)} against "
           f"{' '.join(replicas.flags)}), best tokens/s "
           f"held at p99 TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms")
+    split = by_name.get("capped-split")
+    held = held_tokens_per_second(split) if split else None
     print(f"{'strategy':<10} {'slots':>6} {'tokens/s':>9}")
-    for name, result, rate in [("replicas", replicas, theirs), ("pipeline", pipeline, ours)]:
+    for name, result, rate in [("replicas", replicas, theirs), ("pipeline", pipeline, ours),
+                               *([("split", split, held)] if split else [])]:
         print(f"{name:<10} {result.slots:>6} {'none held' if rate is None else f'{rate:.1f}':>9}")
     print(f"pipeline / replicas: {'n/a' if ratio is None else f'{ratio:.2f}x'} (target >= 2x)")
-    return CappedPair(prefill_chunk_tokens=setting[0], prefill_batch=setting[1], replicas_slots=replicas.slots, pipeline_slots=pipeline.slots, replicas_tokens_per_second=theirs,
-                      pipeline_tokens_per_second=ours, pipeline_vs_replicas=ratio)
+    return CappedPair(prefill_chunk_tokens=setting[0], prefill_batch=setting[1], replicas_slots=replicas.slots,
+                      pipeline_slots=pipeline.slots, replicas_tokens_per_second=theirs,
+                      pipeline_tokens_per_second=ours, pipeline_vs_replicas=ratio,
+                      split_slots=split.slots if split else None, split_tokens_per_second=held)
 
 
 def plans_cases(plans: Path, home_alone: Path, model: str = "llama8b", slots: int = SLOTS) -> list[Case]:
@@ -665,7 +678,8 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true", help="tiny models on the CPU: the control flow only")
     parser.add_argument("--trace", type=Path, help="CSV arrival_seconds,prompt_tokens,output_tokens to replay")
     parser.add_argument("--cases", default="llama8b,moe,capped",
-                        help="comma-separated, of llama8b, moe, capped (capped-replicas and capped-pipeline), "
+                        help="comma-separated, of llama8b, moe, capped (capped-replicas, capped-pipeline and "
+                        "capped-split), "
                         "replicas, split, pipeline, moe-strategies (moe-replicas, moe-split and moe-pipeline), "
                         "plans (plans-whole, plans-a and plans; GPU only)")
     parser.add_argument("--plans-dir", type=Path, help="where the plans cases' profiles and plans are made, and kept "

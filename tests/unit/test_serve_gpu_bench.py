@@ -1,6 +1,6 @@
 """``bench.serve_gpu``'s control flow on the CPU (``--cpu --quick``, tiny models): every case's
 server starts, the batch-1 table and the loads run, every request gets its tokens, the capped
-pair's two ways (replicas, pipeline) run with the slots they set and are compared, once a
+pair's three ways (replicas, pipeline, split) run with the slots they set and are compared, once a
 prefill setting (``--prefill-chunk`` and ``--prefill-batch`` values that combine) and side by side;
 the trace it wrote replays; a bad trace file, chunk or batch list is one line."""
 
@@ -29,12 +29,14 @@ def test_the_dry_run_serves_every_load_and_reports_it(tmp_path):
     assert [(case["name"], case["prefill_chunk_tokens"], case["prefill_batch"], case["slots"])
             for case in report["cases"]] == [
         (name, chunk, batch, slots) for chunk, batch in settings
-        for name, slots in [("llama8b", 4), ("capped-replicas", 2), ("capped-pipeline", 4)]]
+        for name, slots in [("llama8b", 4), ("capped-replicas", 2), ("capped-pipeline", 4), ("capped-split", 2)]]
     assert all(case["flags"][-4:] == ["--prefill-chunk", str(case["prefill_chunk_tokens"]), "--prefill-batch",
                                       str(case["prefill_batch"])] for case in report["cases"])
     assert llama["overhead"]["bare_ms_per_token"] > 0 and pipeline["overhead"] is None
     assert [(pair["prefill_chunk_tokens"], pair["prefill_batch"]) for pair in report["capped_pairs"]] == settings
-    assert all((pair["replicas_slots"], pair["pipeline_slots"]) == (2, 4) for pair in report["capped_pairs"])
+    assert all((pair["replicas_slots"], pair["pipeline_slots"], pair["split_slots"]) == (2, 4, 2)
+               and pair["split_tokens_per_second"] > 0 for pair in report["capped_pairs"])
+    assert "\nsplit " in table  # the split's row beside the pair's
     assert "pipeline / replicas: " in table and "(target >= 2x)" in table
     assert " chunk  batch  replicas  pipeline  ratio" in table  # the settings side by side
     for case in report["cases"]:
