@@ -13,9 +13,11 @@ Importing any of them does no work (tests/unit/test_bench_scripts.py checks it, 
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import Any, NoReturn
 
 from kernelfleet.errors import UsageError
 
@@ -25,6 +27,21 @@ def command_line() -> str:
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     head = ["-m", spec.name] if spec is not None else sys.argv[:1]
     return shlex.join([sys.executable, *head, *sys.argv[1:]])
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors on one line (bad input is one line, STYLE): ``python -m
+    bench.NAME: error: ... (python -m bench.NAME --help says what it takes)``, exit status 2, the
+    script named as it is run rather than as its file."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        if spec is not None and spec.name.startswith("bench."):
+            kwargs.setdefault("prog", f"python -m {spec.name}")
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} ({self.prog} --help says what it takes)\n")
 
 
 def gpu_folder(out: Path, why: str) -> None:

@@ -18,7 +18,6 @@ launch cost, a warm L2: ``warm_single_seconds``). It writes ``<step>.cold-l2.pro
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.analyze import census
 from kernelfleet.graph.deps import dependencies
 from kernelfleet.kernels.assemble import assemble
@@ -145,7 +144,7 @@ def calibration_sweep(out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", default="llama-decode,llama-prefill,llama-decode-compiled,moe-decode,"
                                            "mamba-decode,vlm-prefill,dit-denoise,hf-llama-prefill,"

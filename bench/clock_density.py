@@ -11,7 +11,6 @@ Also measures the CPU an idle process spends once NVML is initialised.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import subprocess
@@ -19,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench import Parser
 from kernelfleet.telemetry.nvml_api import Nvml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ LOAD = "from bench import loops; loops.{}({})"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--period", type=float, default=0.002)
     parser.add_argument("--seconds", type=float, default=10.0)

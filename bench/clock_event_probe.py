@@ -13,7 +13,6 @@ committed as test data; alone, on whatever the GPUs run now:
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import ctypes
 import sys
@@ -23,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.errors import KernelfleetError
 from kernelfleet.telemetry.clock_events import CLOCK_EVENT
 from kernelfleet.telemetry.nvml_api import Nvml, text
@@ -172,7 +171,7 @@ def print_coverage(phase: ClockEventPhase) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--out", type=Path, help="write the recording here as JSON")
     args = parser.parse_args()

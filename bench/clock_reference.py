@@ -11,7 +11,6 @@ step function loses nothing) and a last read of each GPU when it is told to stop
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import json
 import signal
@@ -22,6 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench import Parser
 from kernelfleet.errors import KernelfleetError
 from kernelfleet.telemetry.clock import step_mean
 from kernelfleet.telemetry.sample import Sample
@@ -98,7 +98,7 @@ def window_errors(windows: Iterable[Sample], reference: Sequence[Sequence[tuple[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--period", type=float, default=PERIOD_SECONDS)
     args = parser.parse_args()

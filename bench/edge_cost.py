@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench import command_line, gpu_folder
+from bench import Parser, command_line, gpu_folder
 from kernelfleet.costs.links import LinkTable
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import KernelfleetError, UsageError
@@ -213,7 +213,7 @@ def derived(folders: list[Path], links: LinkTable | None) -> EdgeRun:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="Folder for edges.json and each target's profile.")
     parser.add_argument("--derive", type=Path, help="Write the fixture derived from the recorded run here instead "
                         "(on any machine).")

@@ -15,7 +15,6 @@ ends that step only). First it probes each copy method on fresh tensors and the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.plan.model import Device
 from kernelfleet.profile.timing import median_seconds
 from kernelfleet.runtime import plans
@@ -129,7 +128,7 @@ def check_step(name: str, devices: list[int], out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--devices", default="0,0")
     parser.add_argument("--steps", default="llama-decode,llama-prefill,mamba-decode,moe-decode,llama8b-decode")

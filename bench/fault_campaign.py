@@ -24,7 +24,6 @@ tests/unit/test_fault_campaign.py).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gzip
 import http.server
@@ -45,7 +44,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from bench import command_line
+from bench import Parser, command_line
 from bench.fleet_scale import endpoints, synthetic_store
 from kernelfleet.fleet.store import Store
 from kernelfleet.fleet.store_schema import minutes, span
@@ -407,7 +406,7 @@ def hostile_recordings(tmp: Path) -> dict[str, Any]:
 
 # -- the campaign ----------------------------------------------------------------------------------
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="every scenario smaller, in about two minutes (CI)")
     args = parser.parse_args()
     print(f"command: {command_line()}")

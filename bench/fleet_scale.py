@@ -32,7 +32,6 @@ The table ends with the command that made it and a last line of JSON holding eve
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -53,7 +52,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.catalog import Catalog
 from kernelfleet.fleet import store_roll
 from kernelfleet.fleet.agent import Agent
@@ -488,7 +487,7 @@ def _binary(name: str) -> str:
 
 # -- the table --------------------------------------------------------------------------------------
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m bench.fleet_scale")
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute (what CI runs)")
     parser.add_argument("--prometheus-gpus", default="1000,10000", help="fleet sizes on Prometheus (comma-separated)")
     parser.add_argument("--no-prometheus", action="store_true", help="the embedded store only")

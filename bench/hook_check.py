@@ -27,7 +27,6 @@ leaves the run's own summary.json as it was.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import importlib.util
 import json
@@ -44,7 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench import command_line
+from bench import Parser, command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDING = ROOT / "tests" / "data" / "h200-detector" / "h200-drop.jsonl.gz"  # the dry run's "GPU"
@@ -487,7 +486,7 @@ def run(out: Path, phase_seconds: float, port: int, dry_run: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="start the agent, train in two phases, record and summarise")
     p.add_argument("--out", type=Path, required=True)

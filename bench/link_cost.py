@@ -19,14 +19,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench import command_line, gpu_folder
+from bench import Parser, command_line, gpu_folder
 from kernelfleet.errors import UsageError
 
 PROFILES = ("a:64", "b:32")  # the pair of tests/data/h200-place-pairs
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="Folder for links.json.")
     parser.add_argument("--profile", action="append", help="NAME:SMS[+HOG][@GPU], twice or more "
                         f"(default: {' '.join(PROFILES)}).")

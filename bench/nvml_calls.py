@@ -8,18 +8,17 @@ the sampler loop (the read, and the sleep and wake-up before it).
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 
-from bench import command_line
+from bench import Parser, command_line
 from bench.sampler_parts import gpm_pair
 from kernelfleet.telemetry.nvml import NvmlSource
 from kernelfleet.telemetry.nvml_api import Nvml
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     parser.add_argument("--reps", type=int, default=200)
     args = parser.parse_args()
     print(f"command: {command_line()}")

@@ -36,7 +36,6 @@ ncu-clock.csv, ncu-clock.err, ncu-clock-launches.jsonl, clock-meta.json.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import gzip
 import json
@@ -49,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import command_line
+from bench import Parser, command_line
 
 # (precision, M, N, K): the sweep's points whose loops answer the question. bf16 8192^3 and
 # 16384^3 sit under the power cap, 1024^3 runs short kernels at a high clock, 8192x8192x1024 is the
@@ -395,7 +394,7 @@ def ncu_child(out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("loop", help="steady GEMM loops beside the cycle probe, GPM and 1-ms NVML reads")
     p.add_argument("--out", type=Path, required=True)

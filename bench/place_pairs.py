@@ -28,7 +28,6 @@ state), built from small configs (seeded random weights). Device b of the differ
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import shutil
@@ -38,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.costs.table import GRAPHS
 from kernelfleet.runtime.plans import plan_files
 
@@ -123,7 +122,7 @@ def run_row(name: str, pair: str, out: Path, work: Path, slots: int, repeats: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="Folder for one sub-folder per (target, pair).")
     parser.add_argument("--targets", nargs="+", default=[*REFERENCE, *TRANSFORMERS],
                         choices=[*REFERENCE, *TRANSFORMERS])

@@ -41,13 +41,12 @@ the single-device graphs only, brings within 10 % of its prediction, and what ea
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench import command_line, place_calibration
+from bench import Parser, command_line, place_calibration
 from kernelfleet.bench.choice import PLANS as choice_plans
 from kernelfleet.bench.choice import chosen as choice
 from kernelfleet.costs.links import LinkTable, describe
@@ -200,7 +199,7 @@ def verdicts(rows: list[Row]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", nargs="?", type=Path, default=RECORDED,
                         help="What bench.place_pairs wrote (default: the committed H200 run).")
     parser.add_argument("--calibrated", action="store_true",

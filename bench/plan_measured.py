@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.catalog import Catalog
 from kernelfleet.costs.model import leave_one_out
 from kernelfleet.costs.roofline import Capability
@@ -53,7 +53,7 @@ def model_error(raw: RawCapture, program, profile: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--link-gbps", type=float, default=25.0)
     parser.add_argument("--time-limit", type=float, default=60.0)

@@ -12,13 +12,12 @@ distribution (replicas) under the same cost model.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from itertools import combinations
 from pathlib import Path
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.costs.table import CostTable
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.raw import RawCapture
@@ -45,7 +44,7 @@ def problem(devices: int, gbps: float) -> Problem:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     parser.add_argument("--devices", default="2,4,8,16")
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--link-gbps", type=float, default=25.0)

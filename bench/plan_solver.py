@@ -20,11 +20,10 @@ latency-greedy) and "replicas" request distribution, both under the same cost mo
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.errors import UsageError
 from kernelfleet.plan.baselines import baselines
 from kernelfleet.plan.milp import solve_throughput
@@ -35,7 +34,7 @@ GUROBI_SECONDS = {(1000, 2): 0.43, (1000, 3): 3.1, (1000, 4): 113.0}  # Tessera,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--time-limit", type=float, default=8.0, help="seconds per solve")
     parser.add_argument("--sizes", default="5,20,50,100", help="layers (10 kernels each, plus 3)")
     parser.add_argument("--devices", default="2,3,4")

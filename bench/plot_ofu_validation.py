@@ -10,7 +10,6 @@ draws docs/validation/ofu-vs-mfu-h200-sweep.png. Then prints the sampling study'
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import statistics
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.catalog import Catalog
 from kernelfleet.telemetry.replay import ReplaySource
 from kernelfleet.validation.mfu import gemm_points, summarize_errors
@@ -34,7 +33,7 @@ DDP = DATA / "h200x2-detector" / "h200x2-ddp.jsonl.gz"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     parser.add_argument("--sweep", type=Path, default=ROOT / "tests" / "data" / "h200-sweep")
     args = parser.parse_args()
     print(f"command: {command_line()}\n")

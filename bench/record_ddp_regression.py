@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench import Parser
+
 JOB = "ddp-train"
 
 
@@ -76,7 +78,7 @@ def worker(clean: float, slow: float, phases: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     parser.add_argument("--out", type=Path)
     parser.add_argument("--clean", type=float, default=45.0)
     parser.add_argument("--slow", type=float, default=45.0)

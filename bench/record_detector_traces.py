@@ -11,13 +11,14 @@ gaps: the clean loop in three 20-s stretches with 6-s pauses between them
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from bench import Parser
 
 
 def loop(seconds: float, stall: float = 0.0) -> None:
@@ -38,7 +39,7 @@ def record(out: Path, name: str, seconds: float, note: str) -> subprocess.Popen:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

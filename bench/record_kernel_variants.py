@@ -16,7 +16,6 @@ position where the argmax differs).
 
 from __future__ import annotations
 
-import argparse
 import json
 from contextlib import nullcontext
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.cuda.capture import capture
 from kernelfleet.workloads.steps import hf_llama
@@ -52,7 +51,7 @@ def compare(reference: torch.Tensor, other: torch.Tensor) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

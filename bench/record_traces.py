@@ -12,7 +12,6 @@ the exact window it reports. Writes traces, timelines and a summary to DIR.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
@@ -22,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench import loops
+from bench import Parser, loops
 
 H200_BF16_DENSE_PEAK = 989.4e12  # NVIDIA H200 datasheet, dense (sparse 1979 / 2)
 KF = [sys.executable, "-m", "kernelfleet"]
@@ -97,7 +96,7 @@ def validate_watch(out: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seconds", type=float, default=24.0)
     parser.add_argument("--only", choices=["record", "watch"], help="Run one half only.")

@@ -57,7 +57,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench import command_line
+from bench import Parser, command_line
 from bench.clock_event_probe import ClockEventRecording, coverage, describe, print_coverage, record_phase
 from bench.clock_reference import dense_reference, window_errors
 from bench.sampler_parts import cold_us, gpu_parts, warm_us, window_parts
@@ -458,7 +458,7 @@ def event_verdict(runs: list[dict], rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--windows", type=int, default=6)
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--load-seconds", type=float, default=0.0,

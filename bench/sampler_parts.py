@@ -11,7 +11,6 @@ whatever the GPUs run now:
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import sys
 import time
@@ -19,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.errors import KernelfleetError
 from kernelfleet.telemetry.gpm import GpmMetrics
 from kernelfleet.telemetry.health import XID_EVENT, HealthReader
@@ -127,7 +126,7 @@ def window_parts(wakes: int = 8, reps: int = 100) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--wakes", type=int, default=8, help="wake-ups each part is timed over, cold")
     args = parser.parse_args()
     print(f"command: {command_line()}")

@@ -44,7 +44,7 @@ import time
 import httpx
 import torch
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.serve.engine import Engine
 from kernelfleet.serve.sampling import Sampling
@@ -119,7 +119,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=8192)

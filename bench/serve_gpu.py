@@ -88,7 +88,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
-from bench import command_line
+from bench import Parser, command_line
 from bench.serve_cpu import gaps, percentile
 from bench.serve_plans import SLOTS, prepare, served_flags
 from kernelfleet.plan.command import MAX_IN_FLIGHT
@@ -672,7 +672,7 @@ def config_json(config: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON, the trace and server logs")
     parser.add_argument("--quick", action="store_true", help="few requests and tokens: a check that it runs")
     parser.add_argument("--cpu", action="store_true", help="tiny models on the CPU: the control flow only")

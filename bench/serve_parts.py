@@ -39,7 +39,7 @@ from unittest import mock
 
 import torch
 
-from bench import command_line
+from bench import Parser, command_line
 from kernelfleet.serve import api
 from kernelfleet.serve.stream import REPLACEMENT, Outbox, TokenStream
 
@@ -269,9 +269,7 @@ def parts(tokens: int, repeats: int) -> None:
 
 def main() -> None:
     """The same as ``python -m bench.serve_cpu --parts`` (its flags), under this module's name."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part-tokens", type=int, default=2000, help="tokens a run")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="200 tokens, one round (a check that it runs)")

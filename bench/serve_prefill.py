@@ -22,7 +22,6 @@ CI runs, with ``--cpu``). The JSON of the table goes to DIR/serve_prefill.json a
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel
 
-from bench import command_line
+from bench import Parser, command_line
 from bench.serve_gpu import CPU_CASES, GPU_CASES, comma_values, config_json, prompt_of
 
 MIXED = "64-512"  # the serve benchmark's prompt lengths
@@ -68,7 +67,7 @@ def timed(run: Callable[[], object], repeats: int, sync: Callable[[], None]) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON")
     parser.add_argument("--cpu", action="store_true", help="the tiny model on the CPU: the control flow only")
     parser.add_argument("--lengths", default="64,128,256,512", help="prompt lengths, comma-separated")

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).parents[2]
 BENCH = ROOT / "bench"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
-WITH_CLI = [name for name in SCRIPTS if "argparse" in (BENCH / f"{name}.py").read_text()]
+WITH_CLI = [name for name in SCRIPTS if "Parser(" in (BENCH / f"{name}.py").read_text()]  # bench.Parser
 LIBRARIES = {"loops", "place_calibration", "serve_plans"}  # imported by the recorders, place_table, serve_gpu; no command line of their own
 # No options, so no --help: running one does its work (each runs on a CPU in seconds to a minute).
 WITHOUT_CLI = {"agent_perf", "make_demo_trace", "plot_disagg", "plot_telemetry"}
@@ -46,11 +46,10 @@ def test_reaches_siblings_as_a_package(name):
     assert "sys.path" not in (BENCH / f"{name}.py").read_text(), f"bench/{name}.py edits sys.path"
 
 
-@pytest.fixture(scope="module")
-def helps() -> dict[str, subprocess.CompletedProcess]:
-    """``python -m bench.NAME --help`` of every script with a command line, all at once."""
+def every_script(*flags: str) -> dict[str, subprocess.CompletedProcess]:
+    """``python -m bench.NAME FLAGS`` of every script with a command line, all at once."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    running = {name: subprocess.Popen([sys.executable, "-m", f"bench.{name}", "--help"], cwd=ROOT, env=env,
+    running = {name: subprocess.Popen([sys.executable, "-m", f"bench.{name}", *flags], cwd=ROOT, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for name in WITH_CLI}
     done = {}
@@ -58,6 +57,20 @@ def helps() -> dict[str, subprocess.CompletedProcess]:
         out, err = process.communicate(timeout=180)
         done[name] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
     return done
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, subprocess.CompletedProcess]:
+    return every_script("--help")
+
+
+def test_every_command_line_refuses_a_flag_it_does_not_take_in_one_line():
+    """argparse's own report is the usage block and the error (bench.Parser makes it one line)."""
+    for name, done in every_script("--no-such-flag", "1").items():
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and done.stdout == "", (name, done.stdout[:300])
+        assert len(lines) == 1 and "Traceback" not in done.stderr, (name, done.stderr[-500:])
+        assert lines[0].startswith(f"python -m bench.{name}: error: ") and "--help says what it takes" in lines[0]
 
 
 @pytest.mark.parametrize("name", WITH_CLI)
