@@ -32,6 +32,11 @@
 #                                           # an H100 on 2026-12-06 (serve-gpu.md, eighth run)
 #   bash bench/pending_run.sh capped        # the memory-capped pair three ways (bench.serve_gpu --cases capped:
 #                                           # replicas, pipeline and, new, the split), 48 requests a rate; ~4 min
+#   bash bench/pending_run.sh capped-plans  # kernelfleet's plans on the capped pair (bench.serve_gpu --cases
+#                                           # capped,capped-plans: 32 slots, 20 GB a partition, one share of the
+#                                           # weights) beside its other three ways; resumable as serve-64 is, the
+#                                           # plans back in $OUT/serve-plans-capped.tgz (carry it as
+#                                           # .gpuwork/serve-plans-capped.tgz): making 6 buckets' fills a call
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 9 minutes: a call of its own;
 #                                           # all four passed on an H100 on 2026-12-06)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
@@ -47,8 +52,8 @@
 set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
-    case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|serve-tests|place) ;;
-    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-64|serve-two|moe-strategies|capped|serve-tests|place ..." >&2
+    case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|serve-tests|place) ;;
+    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|serve-tests|place ..." >&2
        exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
@@ -102,6 +107,14 @@ capped)
         > "$OUT/serve_capped.txt" 2>&1
     cp /tmp/serve-capped/serve_gpu.json "$OUT/serve_gpu_capped.json" 2>/dev/null
     grep -v '^{' "$OUT/serve_capped.txt" | tail -30
+    ;;
+capped-plans)
+    [ -f .gpuwork/serve-plans-capped.tgz ] && tar xzf .gpuwork/serve-plans-capped.tgz -C /tmp serve-plans-capped
+    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-capped-plans --cases capped,capped-plans \
+        --plans-dir /tmp/serve-plans-capped --requests 48 --plan-seconds 15 > "$OUT/serve_capped_plans.txt" 2>&1
+    cp /tmp/serve-capped-plans/serve_gpu.json "$OUT/serve_gpu_capped_plans.json" 2>/dev/null
+    tar czf "$OUT/serve-plans-capped.tgz" -C /tmp --exclude='prof-*' serve-plans-capped 2>/dev/null
+    grep -v '^{' "$OUT/serve_capped_plans.txt" | tail -40
     ;;
 moe-strategies)
     timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-moe-strategies --cases moe-strategies \

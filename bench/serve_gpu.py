@@ -2,7 +2,8 @@
 graph loop, then Poisson arrivals and a trace of requests against the real HTTP server.
 
     python -m bench.serve_gpu --out DIR [--quick] [--cpu] [--trace FILE] \
-        [--cases llama8b,moe,capped,replicas,split,pipeline,moe-strategies,plans] [--prefill-chunk N[,N...]] \
+        [--cases llama8b,moe,capped,replicas,split,pipeline,moe-strategies,plans,capped-plans] \
+        [--prefill-chunk N[,N...]] \
         [--prefill-batch N[,N...]] [--plans-dir DIR] [--plans-model llama8b|moe] [--plan-slots S] [--plan-in-flight K]
 
 Cases (each a config-only model directory, so the server draws seeded random bf16 weights on the
@@ -37,6 +38,10 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
   are made first by ``kernelfleet profile`` and ``kernelfleet plan --state-home --in-flight 1`` per
   batch bucket (``bench/serve_plans.py``; ``--plan-in-flight`` sets the number in flight;
   ``--plans-dir`` keeps them for the next run). GPU only.
+* ``capped-plans`` (not in the default ``--cases``): kernelfleet's plans on the memory-capped pair,
+  32 slots, each partition held to 20 GB in the plans and in the server (``bench/serve_plans.py``;
+  in ``--plans-dir``'s ``capped`` folder, else ``DIR/plans-work-capped-32``), its row beside the
+  capped pair's. GPU only.
 
 Tables, for each case:
 
@@ -90,7 +95,7 @@ from pydantic import BaseModel
 
 from bench import Parser, command_line
 from bench.serve_cpu import gaps, percentile
-from bench.serve_plans import SLOTS, prepare, served_flags
+from bench.serve_plans import CAP_GB, SLOTS, prepare, served_flags
 from kernelfleet.plan.command import MAX_IN_FLIGHT
 from kernelfleet.serve.plan_buckets import IN_FLIGHT, on_this_gpu
 from kernelfleet.serve.scheduler import DEFAULT_PREFILL_BATCH, DEFAULT_PREFILL_CHUNK_TOKENS, checked_prefill
@@ -126,6 +131,10 @@ TINY_MOE = {**TINY, "model_type": "qwen2_moe", "moe_intermediate_size": 32, "sha
 
 CAPPED = ("capped-replicas", "capped-pipeline")  # --cases capped: the pair, both ways
 PLANNED = ("plans-whole", "plans-a", "plans")  # --cases plans: made at run time, once the plans are (plans_cases)
+# --cases capped-plans: kernelfleet's plans on the capped pair (bench/serve_plans.py), made at run time too. The
+# cache stays on a (plan --state-home): 32 slots hold 8.6 GB there, so the MILP must move about a third of the
+# weights to b; the pipeline's 64 would leave a no room for any
+CAPPED_PLANS, CAPPED_PLAN_SLOTS = "capped-plans", 32
 PLANS_MODELS = {"llama8b": LLAMA8B, "moe": MOE}  # --plans-model: what the plans cases are made and served for
 GPU_CASES = [Case("llama8b", LLAMA8B, 2048, (), (4.0, 16.0, 64.0), overhead=True),
              Case("moe", MOE, 2048, (), (4.0, 16.0, 64.0)),
@@ -261,6 +270,8 @@ class CappedPair(BaseModel):
     pipeline_vs_replicas: float | None
     split_slots: int | None = None  # the prefill/decode split on the same pair, where it ran
     split_tokens_per_second: float | None = None
+    plans_slots: int | None = None  # kernelfleet's plans on the same pair (capped-plans), where they ran
+    plans_tokens_per_second: float | None = None
 
 
 class PlansRow(BaseModel):
@@ -577,17 +588,21 @@ def capped_pair(results: list[CaseResult], setting: tuple[int, int]) -> CappedPa
           f"({' '.join(pipeline.flags)} against "
           f"{' '.join(replicas.flags)}), best tokens/s "
           f"held at p99 TPOT <= {TPOT_SLO_SECONDS * 1e3:.0f} ms")
-    split = by_name.get("capped-split")
-    held = held_tokens_per_second(split) if split else None
+    others = {name: by_name[case] for name, case in (("split", "capped-split"), ("plans", CAPPED_PLANS))
+              if case in by_name}
+    held = {name: held_tokens_per_second(result) for name, result in others.items()}
     print(f"{'strategy':<10} {'slots':>6} {'tokens/s':>9}")
     for name, result, rate in [("replicas", replicas, theirs), ("pipeline", pipeline, ours),
-                               *([("split", split, held)] if split else [])]:
+                               *((name, result, held[name]) for name, result in others.items())]:
         print(f"{name:<10} {result.slots:>6} {'none held' if rate is None else f'{rate:.1f}':>9}")
     print(f"pipeline / replicas: {'n/a' if ratio is None else f'{ratio:.2f}x'} (target >= 2x)")
     return CappedPair(prefill_chunk_tokens=setting[0], prefill_batch=setting[1], replicas_slots=replicas.slots,
                       pipeline_slots=pipeline.slots, replicas_tokens_per_second=theirs,
                       pipeline_tokens_per_second=ours, pipeline_vs_replicas=ratio,
-                      split_slots=split.slots if split else None, split_tokens_per_second=held)
+                      split_slots=others["split"].slots if "split" in others else None,
+                      split_tokens_per_second=held.get("split"),
+                      plans_slots=others["plans"].slots if "plans" in others else None,
+                      plans_tokens_per_second=held.get("plans"))
 
 
 def plans_cases(plans: Path, home_alone: Path, model: str = "llama8b", slots: int = SLOTS) -> list[Case]:
@@ -681,7 +696,7 @@ def main() -> None:
                         help="comma-separated, of llama8b, moe, capped (capped-replicas, capped-pipeline and "
                         "capped-split), "
                         "replicas, split, pipeline, moe-strategies (moe-replicas, moe-split and moe-pipeline), "
-                        "plans (plans-whole, plans-a and plans; GPU only)")
+                        "plans (plans-whole, plans-a and plans; GPU only), capped-plans (GPU only)")
     parser.add_argument("--plans-dir", type=Path, help="where the plans cases' profiles and plans are made, and kept "
                         "for the next run (default DIR/plans-work-MODEL-SLOTS)")
     parser.add_argument("--requests", type=int, help="requests per Poisson rate (default 32; --quick 6)")
@@ -709,15 +724,16 @@ def main() -> None:
     cases = {case.name: case for case in (CPU_CASES if args.cpu else GPU_CASES)}
     chosen = [name for given in args.cases.split(",") for name in GROUPS.get(given, [given])]
     planned = any(name in PLANNED for name in chosen)
+    capped_planned = CAPPED_PLANS in chosen
     if (args.plan_trials < 1 or not 0 < args.plan_seconds < 3600 or not 0 <= args.plan_in_flight <= MAX_IN_FLIGHT
             or not 1 <= args.plan_slots <= 64):
         raise SystemExit(f"bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600), "
                          f"--plan-in-flight within 0 to {MAX_IN_FLIGHT} and --plan-slots within 1 to 64, got "
                          f"{args.plan_trials}, {args.plan_seconds:g}, {args.plan_in_flight} and {args.plan_slots}")
-    if planned and args.cpu:
+    if (planned or capped_planned) and args.cpu:
         raise SystemExit("bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
                          "CUDA graphs); --cpu runs the other cases")
-    unknown = [name for name in chosen if name not in cases and name not in PLANNED]
+    unknown = [name for name in chosen if name not in cases and name not in (*PLANNED, CAPPED_PLANS)]
     if unknown or args.requests < 1:
         raise SystemExit(f"bench.serve_gpu: --cases takes {', '.join([*cases, 'plans'])} and --requests at least 1; got "
                          f"{args.cases!r} and {args.requests}")
@@ -743,6 +759,15 @@ def main() -> None:
                        in_flight=args.plan_in_flight or None, slots=args.plan_slots,
                        room=lambda spec: on_this_gpu(spec, print))
         cases.update((case.name, case) for case in plans_cases(*made, args.plans_model, args.plan_slots))
+    if capped_planned:
+        work = args.plans_dir / "capped" if args.plans_dir else args.out / f"plans-work-capped-{CAPPED_PLAN_SLOTS}"
+        print(f"\nthe plans for the memory-capped pair ({CAP_GB} GB a partition, one share of the weights, "
+              f"{CAPPED_PLAN_SLOTS} slots), per batch bucket, in {work}:", flush=True)
+        plans, _ = prepare(plans_model_dir(work, "llama8b"), work, 2048, args.plan_trials,
+                           milp_seconds=args.plan_seconds, in_flight=args.plan_in_flight or None,
+                           slots=CAPPED_PLAN_SLOTS, room=lambda spec: on_this_gpu(spec, print), capped=True)
+        cases[CAPPED_PLANS] = Case(CAPPED_PLANS, LLAMA8B, 2048, tuple(served_flags(plans, CAPPED_PLAN_SLOTS, True)),
+                                   (16.0, 64.0), least_requests=48)
     results = [run_case(cases[name], args, trace, shape, args.out, setting) for setting in settings for name in chosen]
     report = Report(command=command_line(), device=device, torch=torch.__version__, cases=results,
                     capped_pairs=capped_pairs(results, settings), plans=plans_rows(results, settings, args.plans_model))

@@ -19,6 +19,12 @@ Three servers then take the same load, all with ``SLOTS`` slots (``--plan-slots`
 On one H200 the two partitions split one GPU's SMs, so a placement over them cannot beat the whole
 GPU (DESIGN, "What emulation on one GPU type can and cannot show"): the comparison shows the
 mechanism at full size and what the plans cost against their home partition, not a speed-up.
+
+``capped-plans`` (``--cases capped-plans``) makes them for the memory-capped pair instead: each
+partition may hold ``CAP_GB`` (``plan --device a:20``), the weights one share for every bucket
+(``plan-serve --one-share``), and the server holds each partition to it (``serve --device a:20``); it
+is compared with the capped pair's other strategies, so no home-alone twin is made (a alone holds
+neither the model and its cache).
 """
 
 from __future__ import annotations
@@ -36,21 +42,27 @@ from kernelfleet.serve.plan_buckets import IN_FLIGHT, Buckets, Runner
 SLOTS = 8
 PROFILES = ("a:64", "b:56")  # 120 SMs, what an H200 carves; the device names the plans use
 MILP_SECONDS = 60
+CAP_GB = 20  # what each partition may hold in capped-plans: the memory-capped pair's caps (bench.serve_gpu)
 
 
 def prepare(model: Path, out: Path, context: int, trials: int, run: Runner = plan_buckets.kernelfleet,
             milp_seconds: float = MILP_SECONDS, in_flight: int | None = IN_FLIGHT, slots: int = SLOTS,
-            room: Callable[[Buckets], Buckets] | None = None) -> tuple[Path, Path]:
+            room: Callable[[Buckets], Buckets] | None = None, capped: bool = False) -> tuple[Path, Path | None]:
     """Every bucket's plans for ``slots`` slots in ``out/plans`` (made where missing, or made for
     another number in flight) and their home-alone twins in ``out/plans-a`` (module docstring); the
-    two folders. ``room``: the spec as the GPU's memory allows it (``plan_buckets.on_this_gpu``)."""
+    two folders. ``room``: the spec as the GPU's memory allows it (``plan_buckets.on_this_gpu``);
+    ``capped``: the plans of ``capped-plans`` (each device held to ``CAP_GB``, one share of the
+    weights), without twins (None)."""
     plans, alone = out / "plans", out / "plans-a"
-    spec = Buckets(model, slots, context, list(PROFILES), [spec.split(":")[0] for spec in PROFILES], plans, out,
-                   trials, milp_seconds, in_flight)
+    devices = [spec.split(":")[0] + (f":{CAP_GB}" if capped else "") for spec in PROFILES]
+    spec = Buckets(model, slots, context, list(PROFILES), devices, plans, out, trials, milp_seconds, in_flight,
+                   one_share=capped)
     try:
         made = plan_buckets.make(room(spec) if room else spec, lambda line: print(line, flush=True), run=run)
     except KernelfleetError as exc:
         raise SystemExit(f"bench.serve_gpu: {exc}") from None
+    if capped:
+        return plans, None
     for bucket in made:
         folder = plans / f"batch-{bucket}"
         if not (folder / "single-a.json").is_file():
@@ -64,6 +76,9 @@ def prepare(model: Path, out: Path, context: int, trials: int, run: Runner = pla
     return plans, alone
 
 
-def served_flags(plans: Path, slots: int = SLOTS) -> list[str]:
-    """``kernelfleet serve``'s flags for a plan folder on the profiles of the plans, on GPU 0."""
-    return ["--plans", str(plans), *[x for spec in PROFILES for x in ("--profile", f"{spec}@0")], "--slots", str(slots)]
+def served_flags(plans: Path, slots: int = SLOTS, capped: bool = False) -> list[str]:
+    """``kernelfleet serve``'s flags for a plan folder on the profiles of the plans, on GPU 0
+    (``capped``: each held to ``CAP_GB``)."""
+    caps = [x for spec in PROFILES for x in ("--device", f"{spec.split(':')[0]}:{CAP_GB}")] if capped else []
+    return ["--plans", str(plans), *[x for spec in PROFILES for x in ("--profile", f"{spec}@0")], *caps,
+            "--slots", str(slots)]

@@ -85,6 +85,23 @@ def test_a_bad_trace_file_is_one_line(tmp_path):
         "whole numbers), got {'arrival_seconds': '0.5', 'prompt_tokens': '12', 'output_tokens': 'x'}")
 
 
+def recorder(ran: list[list[str]]):
+    """A stand-in for the kernelfleet commands (they need a GPU): each call recorded in ``ran``, and
+    what kernelfleet writes left behind."""
+    def kernelfleet(args: list[str], log: Path) -> None:
+        ran.append(args)
+        out = Path(args[args.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        names = ["program", "costs"] if args[0] == "profile" else ["latency-greedy", "throughput-milp", "single-a",
+                                                                   "program"]
+        flight = int(args[args.index("--in-flight") + 1]) if "--in-flight" in args else None
+        for name in names:
+            details = (f', "details": {{"in_flight": {{"requests": {flight}}}}}'
+                       if flight and name == "throughput-milp" else "")
+            (out / f"{name}.json").write_text(f'{{"made by": "{args[0]}", "name": "{name}"{details}}}')
+    return kernelfleet
+
+
 def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_next_run(tmp_path):
     """``bench.serve_plans.prepare`` with the commands recorded instead of run (they need a GPU):
     profile then plan --state-home per bucket of the server's slots, each writing what kernelfleet
@@ -93,18 +110,7 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
     from bench import serve_plans
 
     ran: list[list[str]] = []
-
-    def kernelfleet(args: list[str], log: Path) -> None:  # what each command leaves behind
-        ran.append(args)
-        out = Path(args[args.index("--out") + 1])
-        out.mkdir(parents=True, exist_ok=True)
-        names = ["program", "costs"] if args[0] == "profile" else ["latency-greedy", "throughput-milp", "single-a",
-                                                                   "program"]
-        flight = int(args[args.index("--in-flight") + 1]) if "--in-flight" in args else None
-        for name in names:
-            details = f', "details": {{"in_flight": {{"requests": {flight}}}}}' if flight and name == "throughput-milp" else ""
-            (out / f"{name}.json").write_text(f'{{"made by": "{args[0]}", "name": "{name}"{details}}}')
-
+    kernelfleet = recorder(ran)
     model = tmp_path / "model"
     plans, alone = serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet, milp_seconds=15)
     assert [(args[0], args[1]) for args in ran] == [
@@ -144,6 +150,31 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
                                               for b in (1, 2, 4, 8, 16)]
     assert all(args[args.index("--graph-copies") + 1] == "1" for args in profiled)
     assert serve_plans.served_flags(wide / "plans", 16)[-2:] == ["--slots", "16"]
+
+
+def test_the_capped_pairs_plans_hold_each_partition_to_its_cap_with_one_share_of_the_weights(tmp_path):
+    """``capped-plans``: every plan is made with each partition held to 20 GB, bucket 1's share of the
+    weights first and every bucket's plans like it (plan-serve --one-share), at 32 slots; the server
+    is held to the same caps, and no home-alone twin is made. On the CPU the case is refused in one
+    line, as the plans cases are."""
+    from bench import serve_plans
+    from bench.serve_gpu import CAPPED_PLAN_SLOTS
+
+    ran: list[list[str]] = []
+    plans, alone = serve_plans.prepare(tmp_path / "model", tmp_path, 2048, 3, run=recorder(ran), milp_seconds=15,
+                                       slots=CAPPED_PLAN_SLOTS, capped=True)
+    assert alone is None and not (tmp_path / "plans-a").exists()
+    planned = [args for args in ran if args[0] == "plan"]
+    assert [args[1] for args in ran if args[0] == "profile"] == [
+        f"hf:{tmp_path / 'model'},serve-decode,batch={b},slots=32,context=2048" for b in (1, 2, 4, 8, 16, 32)]
+    assert all(args[3:7] == ["--device", "a:20", "--device", "b:20"] for args in planned), planned[0]
+    assert all("--weights-like" in args for args in planned[1:])  # bucket 1's share, then every bucket like it
+    assert serve_plans.served_flags(plans, CAPPED_PLAN_SLOTS, capped=True) == [
+        "--plans", str(plans), "--profile", "a:64@0", "--profile", "b:56@0", "--device", "a:20", "--device", "b:20",
+        "--slots", "32"]
+    assert refused(tmp_path, "--cases", "capped-plans") == ("bench.serve_gpu: the plans cases need a GPU (kernelfleet "
+                                                            "profile and serve --plans capture CUDA graphs); --cpu runs "
+                                                            "the other cases")
 
 
 def test_the_moe_runs_every_strategy_with_the_8bs_devices_and_flags(tmp_path):
