@@ -133,7 +133,7 @@ CAPPED = ("capped-replicas", "capped-pipeline")  # --cases capped: the pair, bot
 PLANNED = ("plans-whole", "plans-a", "plans")  # --cases plans: made at run time, once the plans are (plans_cases)
 # --cases capped-plans: kernelfleet's plans on the capped pair (bench/serve_plans.py), made at run time too. The
 # cache stays on a (plan --state-home): 32 slots hold 8.6 GB there, so the MILP must move about a third of the
-# weights to b; the pipeline's 64 would leave a no room for any
+# weights to b; the pipeline's 64 slots (17.2 GB of cache) would leave a under 3 GB for weights
 CAPPED_PLANS, CAPPED_PLAN_SLOTS = "capped-plans", 32
 PLANS_MODELS = {"llama8b": LLAMA8B, "moe": MOE}  # --plans-model: what the plans cases are made and served for
 GPU_CASES = [Case("llama8b", LLAMA8B, 2048, (), (4.0, 16.0, 64.0), overhead=True),
@@ -182,7 +182,8 @@ def on_moe(cases: list[Case], config: dict) -> list[Case]:
 
 GPU_CASES += on_moe(GPU_CASES, MOE)
 CPU_CASES += on_moe(CPU_CASES, TINY_MOE)
-GROUPS = {"capped": (*CAPPED, "capped-split"), "plans": PLANNED, "moe-strategies": tuple(f"moe-{name}" for name in STRATEGIES)}
+GROUPS = {"capped": (*CAPPED, "capped-split"), "plans": PLANNED,
+          "moe-strategies": tuple(f"moe-{name}" for name in STRATEGIES)}
 
 
 CARD_SHARE = 0.94  # of a GPU's memory its devices' caps may take together (on_card); the rest is the CUDA context's
@@ -735,8 +736,8 @@ def main() -> None:
                          "CUDA graphs); --cpu runs the other cases")
     unknown = [name for name in chosen if name not in cases and name not in (*PLANNED, CAPPED_PLANS)]
     if unknown or args.requests < 1:
-        raise SystemExit(f"bench.serve_gpu: --cases takes {', '.join([*cases, 'plans'])} and --requests at least 1; got "
-                         f"{args.cases!r} and {args.requests}")
+        raise SystemExit(f"bench.serve_gpu: --cases takes {', '.join([*cases, 'plans', CAPPED_PLANS])} and "
+                         f"--requests at least 1; got {args.cases!r} and {args.requests}")
     if not args.cpu and not torch.cuda.is_available():
         raise SystemExit(f"bench.serve_gpu: torch {torch.__version__} sees no CUDA device; --cpu runs the dry run")
     args.out.mkdir(parents=True, exist_ok=True)

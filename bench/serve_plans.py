@@ -23,8 +23,8 @@ mechanism at full size and what the plans cost against their home partition, not
 ``capped-plans`` (``--cases capped-plans``) makes them for the memory-capped pair instead: each
 partition may hold ``CAP_GB`` (``plan --device a:20``), the weights one share for every bucket
 (``plan-serve --one-share``), and the server holds each partition to it (``serve --device a:20``); it
-is compared with the capped pair's other strategies, so no home-alone twin is made (a alone holds
-neither the model and its cache).
+is compared with the capped pair's other strategies, so no home-alone twin is made (a alone cannot
+hold the model and its cache).
 """
 
 from __future__ import annotations

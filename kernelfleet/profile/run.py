@@ -107,7 +107,7 @@ def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, togeth
     names = [spec.name for spec in specs] if together is None else together
     shared: dict[str, float] = {}
     links: list[MeasuredLink] = []
-    together = None
+    at_once = None  # the pair's graphs launched together once
     if len(names) > 1:
         with ExitStack() as stack:
             running = {}
@@ -116,10 +116,10 @@ def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, togeth
                 running[spec.name] = (chains[spec.name], stack.enter_context(device.active()), device.context)
             shared = shared_seconds(running, alone, trials=trials)
             if len(running) == 2:
-                together = together_seconds(running, trials=trials)
+                at_once = together_seconds(running, trials=trials)
         if measure_link:
             links = link_times([s for s in specs if s.name in names])
-    return StepTimes(alone, free, shared, links, together)
+    return StepTimes(alone, free, shared, links, at_once)
 
 
 def link_times(specs: list[ProfileSpec], *, trials: int = 20) -> list[MeasuredLink]:

@@ -108,8 +108,9 @@ class Gate:
         self.restores: list[Callable[[], None]] = []
         captured: list[dict[str, Replica]] = [{} for _ in range(slots)]
         # each device's slots captured one after another, so its memory is allocated together, as on a
-        # GPU of its own: with the partitions' captures interleaved, a's graphs ran 3-6 % slower on an
-        # H100 than over captures of a alone (docs/validation/place-h200-pairs.md, the third H100 call)
+        # GPU of its own: with the partitions' captures interleaved, a's free graph ran 6-8 % slower on an
+        # H100 than over captures of a alone (docs/validation/place-h200-pairs.md, "The free-slot gap was
+        # bench disagg's memory layout")
         for k in progress(range(len(profiles) * slots)):
             name, slot = self.devices[k // slots], k % slots
             replicas, restores = capture_each(make_step, {name: profiles[name].device}, slot,
