@@ -406,6 +406,18 @@ bench_app.command("serve")(cli_place.serve_command)
 app.command("serve")(cli_serve.serve)
 
 
+def command_named(words: list[str]) -> str:
+    """``kernelfleet`` and the subcommands ``words`` start with (``kernelfleet bench disagg``): the
+    command a refused flag belongs to where typer's error does not say."""
+    command, path = typer.main.get_command(app), ["kernelfleet"]
+    for word in words:
+        command = getattr(command, "commands", {}).get(word)
+        if command is None:
+            break
+        path.append(word)
+    return " ".join(path)
+
+
 def main() -> None:
     """Entry point: a user's mistake or a broken environment is one line, not a traceback."""
     logging.basicConfig(level=logging.WARNING, format="kernelfleet: %(message)s")
@@ -416,7 +428,7 @@ def main() -> None:
         message = " ".join(exc.format_message().split())
         if message:  # else a command given no arguments, whose help typer has printed
             context = getattr(exc, "ctx", None)
-            where = context.command_path if context is not None else "kernelfleet"
+            where = context.command_path if context is not None else command_named(sys.argv[1:])
             err.print(f"kernelfleet: error: {where}: {message} ({where} --help says what it takes)", markup=False,
                       highlight=False, emoji=False)
         sys.exit(getattr(exc, "exit_code", 2))
