@@ -36,8 +36,8 @@ from pathlib import Path
 from kernelfleet.errors import KernelfleetError
 from kernelfleet.plan.model import PLANNED_PROGRAM
 from kernelfleet.serve import plan_buckets
-from kernelfleet.serve.placed_plans import POLICIES
-from kernelfleet.serve.plan_buckets import IN_FLIGHT, Buckets, Runner
+from kernelfleet.serve.placed_plans import POLICIES, bucket_folder
+from kernelfleet.serve.plan_buckets import IN_FLIGHT, Buckets, Runner, on_gpu
 
 SLOTS = 8
 PROFILES = ("a:64", "b:56")  # 120 SMs, what an H200 carves; the device names the plans use
@@ -64,7 +64,7 @@ def prepare(model: Path, out: Path, context: int, trials: int, run: Runner = pla
     if capped:
         return plans, None
     for bucket in made:
-        folder = plans / f"batch-{bucket}"
+        folder = bucket_folder(plans, bucket)
         if not (folder / "single-a.json").is_file():
             raise SystemExit(f"bench.serve_gpu: {folder}: no single-a.json beside the plans (kernelfleet plan "
                              "--policy all writes it)")
@@ -80,5 +80,5 @@ def served_flags(plans: Path, slots: int = SLOTS, capped: bool = False) -> list[
     """``kernelfleet serve``'s flags for a plan folder on the profiles of the plans, on GPU 0
     (``capped``: each held to ``CAP_GB``)."""
     caps = [x for spec in PROFILES for x in ("--device", f"{spec.split(':')[0]}:{CAP_GB}")] if capped else []
-    return ["--plans", str(plans), *[x for spec in PROFILES for x in ("--profile", f"{spec}@0")], *caps,
+    return ["--plans", str(plans), *[x for spec in PROFILES for x in ("--profile", on_gpu(spec))], *caps,
             "--slots", str(slots)]

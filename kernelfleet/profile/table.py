@@ -173,7 +173,7 @@ def _graph_fields(graphs: StepTimes | None) -> dict[str, Any]:
         return {}
     return {"graph_seconds": graphs.alone or None, "graph_seconds_shared": graphs.shared or None,
             "graph_seconds_free": graphs.free or None, "links": graphs.links or None,
-            "graph_seconds_together": graphs.together if len(graphs.shared) == 2 else None}
+            "graph_seconds_together": graphs.together}
 
 
 def graph_note(costs: CostTable) -> str | None:

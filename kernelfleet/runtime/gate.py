@@ -103,7 +103,7 @@ class Gate:
 
     def __init__(self, make_step: Callable[[str, int], Step], profiles: dict[str, ProfileSpec], slots: int,
                  costs: CostTable | None = None,
-                 progress: Callable[[Iterable[int]], Iterable[int]] = lambda each: each) -> None:
+                 progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda each: each) -> None:
         self.devices = list(profiles)
         self.restores: list[Callable[[], None]] = []
         captured: list[dict[str, Replica]] = [{} for _ in range(slots)]
@@ -111,8 +111,7 @@ class Gate:
         # GPU of its own: with the partitions' captures interleaved, a's free graph ran 6-8 % slower on an
         # H100 than over captures of a alone (docs/validation/place-h200-pairs.md, "The free-slot gap was
         # bench disagg's memory layout")
-        for k in progress(range(len(profiles) * slots)):
-            name, slot = self.devices[k // slots], k % slots
+        for name, slot in progress([(name, slot) for name in profiles for slot in range(slots)]):
             replicas, restores = capture_each(make_step, {name: profiles[name].device}, slot,
                                               {name: profiles[name].kernels})
             captured[slot].update(replicas)
