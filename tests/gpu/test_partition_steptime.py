@@ -41,13 +41,15 @@ def test_the_step_as_one_graph_is_timed_on_two_profiles_and_scales_the_cost_tabl
     captured, program = step
     specs = [ProfileSpec("whole"), ProfileSpec(f"sms{SMS}", SMS)]
     seconds = time_on(captured, specs, trials=3)
-    graphs = step_times({s.name: [captured, captured] for s in specs}, specs, together=[])
-    assert graphs.shared == {}  # nothing was timed together
+    # one chain a profile: two of the same capture in one free graph would race on its buffers (its
+    # position index ran out of bounds on an H100, 2026-12-06); free graphs are the second test's
+    graphs = step_times({s.name: [captured] for s in specs}, specs, together=[])
+    assert graphs.shared == {} and graphs.free == {}  # nothing was timed together, no chain beside another
     costs = cost_table(captured.raw, program, seconds, "gpu tier: llama-decode", graphs)
     for name, graph in graphs.alone.items():
         ratio = graph / sum(seconds[name])
         print(f"{name}: graph {graph * 1e6:.1f} us, launches summed {sum(seconds[name]) * 1e6:.1f} us, "
-              f"ratio {ratio:.3f}, free {graphs.free[name] * 1e6:.1f} us")
+              f"ratio {ratio:.3f}")
         assert math.isfinite(graph) and GRAPH_OVER_LAUNCHES[0] < ratio < GRAPH_OVER_LAUNCHES[1], name
         assert sum(row[name] for row in costs.calibrated().seconds) == pytest.approx(graph)
     assert graphs.alone[f"sms{SMS}"] > graphs.alone["whole"] * 0.9  # fewer SMs never make the step much faster
