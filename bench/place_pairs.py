@@ -117,7 +117,8 @@ def run_row(name: str, pair: str, out: Path, work: Path, slots: int, repeats: in
     if "disagg" in phases:
         shutil.copy(runs / "disagg.json", out / "disagg.json")
     costs = json.loads((profile / "costs.json").read_text())
-    row["graph_times"] = [name for name in (*GRAPHS, "links") if costs.get(name)]  # what the predictions could use
+    # what the predictions could use
+    row["graph_times"] = [name for name in (*GRAPHS, "graph_seconds_together", "links") if costs.get(name)]
     return row
 
 
