@@ -31,7 +31,8 @@
 #                                           # 8B's were run on an H200 on 2026-12-01/02): about 2 minutes; run on
 #                                           # an H100 on 2026-12-06 (serve-gpu.md, eighth run)
 #   bash bench/pending_run.sh capped        # the memory-capped pair three ways (bench.serve_gpu --cases capped:
-#                                           # replicas, pipeline and, new, the split), 48 requests a rate; ~4 min
+#                                           # replicas, pipeline and the split), 48 requests a rate; ~4 min; run
+#                                           # on an H100 on 2026-12-06 (serve-gpu.md, ninth run)
 #   bash bench/pending_run.sh capped-plans  # kernelfleet's plans on the capped pair (bench.serve_gpu --cases
 #                                           # capped,capped-plans: 32 slots, 20 GB a partition, one share of the
 #                                           # weights) beside its other three ways; resumable as serve-64 is, the
@@ -43,7 +44,7 @@
 #                                           # an H200; on an H100 all ran, twice); the two same-kernel rows that
 #                                           # missed on the H200: hf-mamba-decode (its pipeline's tail of copies
 #                                           # home) and hf-qwen2moe-prefill (request distribution's shared factor).
-#                                           # Run on an H100 on 2026-12-06 (three calls), not yet again on an H200;
+#                                           # Run on an H100 on 2026-12-06 (four calls), not yet again on an H200;
 #                                           # docs/validation/place-h200-pairs.md
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
 # installs them first. PENDING_SECONDS: the seconds the modes share (default 580; less when the call
