@@ -37,7 +37,9 @@
 #                                           # capped,capped-plans: 32 slots, 20 GB a partition, one share of the
 #                                           # weights) beside its other three ways; resumable as serve-64 is, the
 #                                           # plans back in $OUT/serve-plans-capped.tgz (carry it as
-#                                           # .gpuwork/serve-plans-capped.tgz): making 6 buckets' fills a call
+#                                           # .gpuwork/serve-plans-capped.tgz). Made on an H100 on 2026-12-06 (6
+#                                           # buckets in 4 minutes, kept so); the server then ran out of its caps
+#                                           # at start (the gate's saved state was on the GPU; now on the host)
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 9 minutes: a call of its own;
 #                                           # all four passed on an H100 on 2026-12-06)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted

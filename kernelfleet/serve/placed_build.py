@@ -18,12 +18,13 @@ units matched only after capture, so every device holds the whole model.
 Then every device captures every batch bucket's decode step (``placed_step.decode_step``,
 ``runtime/replicas.capture_each``) on the whole GPU, and every plan is checked against home's
 capture (a plan folder of another model fails here); the state every capture writes (each device's
-cache) is saved once; the partitions are carved; then each (bucket, policy) graph is built with
-``resident_state`` and gated: run from the saved state, its logits must equal the home device's own
-replay of that capture bit for bit, or, where the devices captured different kernels or home holds
-only part (the reference then runs eagerly), agree with it within the place gate's tolerance
-(``runtime/gate.single_step_verdict``: logits cosine and near-ties, over this one decode step);
-otherwise the server does not start. Each graph keeps its verdict.
+cache) is saved once, in host memory (the caps are for weights, cache and workspace); the partitions
+are carved; then each (bucket, policy) graph is built with ``resident_state`` and gated: run from
+the saved state, its logits must equal the home device's own replay of that capture bit for bit,
+or, where the devices captured different kernels or home holds only part (the reference then runs
+eagerly), agree with it within the place gate's tolerance (``runtime/gate.single_step_verdict``:
+logits cosine and near-ties, over this one decode step); otherwise the server does not start. Each
+graph keeps its verdict.
 """
 
 from __future__ import annotations
@@ -120,8 +121,10 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
         (progress or (lambda done, size: None))(done, size)
     # every plan checked against the step this server captured (a plan folder of another model fails here)
     placement = checked(found, {size: replicas[home].program for size, replicas in captures.items()}, memory)
-    # every bucket's capture on a device writes the same cache: the state is saved once, not once a capture
-    restores = [saved_state(programs)]
+    # every bucket's capture on a device writes the same cache: the state is saved once, not once a capture, and on
+    # the host: the caps hold weights, cache and workspace (memory.checked_share), not a second cache (on the GPU
+    # the copy ran 32 slots of the 8B out of two 20 GB caps on an H100, 2026-12-06)
+    restores = [saved_state(programs, host=True)]
     # the partitions are carved once every capture is made, on the whole GPU, as runtime/gate.py does
     entered = [DeviceProfile(spec).__enter__() for spec in profiles.values()]
     for replicas in captures.values():

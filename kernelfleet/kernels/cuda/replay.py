@@ -185,7 +185,7 @@ def changed_runs(now: torch.Tensor, before: torch.Tensor, gap_bytes: int = RUN_G
 
 
 def saved_state(program: Program | list[Program], released: list[tuple[int, int]] = (),
-                driver: CudaDriver = CUDA) -> Callable[[], None]:
+                driver: CudaDriver = CUDA, *, host: bool = False) -> Callable[[], None]:
     """Copy now every byte range some launch may write (the union of the program's write accesses,
     weights included: a step that writes a weight has state there); the returned function puts
     those bytes back. Bytes no launch writes cannot change, so only written ranges cost memory; but
@@ -193,12 +193,19 @@ def saved_state(program: Program | list[Program], released: list[tuple[int, int]
     ``index_put_`` saves its whole KV cache (8B decode: 11.1 GB a capture, 8.6 GB of it cache).
     ``program`` may be several captures (a server's batch buckets over one cache): the bytes any of
     them writes are saved once, not once a capture. ``released``: [start, end) addresses freed since
-    the capture, left alone; ``driver``: the one that says which GPU holds each range."""
+    the capture, left alone; ``driver``: the one that says which GPU holds each range; ``host``: keep
+    the copy in pinned host memory, not beside the bytes (a server under ``--device`` caps, whose
+    device memory is its weights' and cache's: on the GPU the copy doubles the cache)."""
     state = []
     for start, end in written_spans(program if isinstance(program, list) else [program]):
         if not any(s < end and start < e for s, e in released):
             view = device_bytes(start, end - start, driver)
-            state.append((view, view.clone()))
+            if host:
+                saved = torch.empty(view.shape, dtype=view.dtype, pin_memory=True)
+                saved.copy_(view)
+            else:
+                saved = view.clone()
+            state.append((view, saved))
 
     def restore() -> None:
         for view, saved in state:
