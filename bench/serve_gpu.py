@@ -90,6 +90,7 @@ from pathlib import Path
 
 import httpx
 import torch
+import transformers
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
@@ -290,6 +291,7 @@ class Report(BaseModel):
     command: str
     device: str
     torch: str
+    transformers: str = ""  # earlier reports did not say (docs/validation/serve-gpu.md does, run by run)
     cases: list[CaseResult]
     capped_pairs: list[CappedPair]  # one a prefill setting, when the pair ran
     plans: list[PlansRow] = []  # one a prefill setting, when the plans cases ran
@@ -749,7 +751,8 @@ def main() -> None:
     if not args.cpu:  # the strategies' caps are an H200's
         cases = {name: on_card(case, torch.cuda.get_device_properties(0).total_memory) for name, case in cases.items()}
     print(f"command: {command_line()}")
-    print(f"{device}, torch {torch.__version__}; {args.requests} requests per rate, trace of {len(trace)} "
+    print(f"{device}, torch {torch.__version__}, transformers {transformers.__version__}; {args.requests} requests "
+          f"per rate, trace of {len(trace)} "
           f"({args.trace or args.out / 'trace.csv'})")
     if planned:
         work = args.plans_dir or args.out / f"plans-work-{args.plans_model}-{args.plan_slots}"
@@ -770,7 +773,8 @@ def main() -> None:
         cases[CAPPED_PLANS] = Case(CAPPED_PLANS, LLAMA8B, 2048, tuple(served_flags(plans, CAPPED_PLAN_SLOTS, True)),
                                    (16.0, 64.0), least_requests=48)
     results = [run_case(cases[name], args, trace, shape, args.out, setting) for setting in settings for name in chosen]
-    report = Report(command=command_line(), device=device, torch=torch.__version__, cases=results,
+    report = Report(command=command_line(), device=device, torch=torch.__version__,
+                    transformers=transformers.__version__, cases=results,
                     capped_pairs=capped_pairs(results, settings), plans=plans_rows(results, settings, args.plans_model))
     (args.out / "serve_gpu.json").write_text(report.model_dump_json(indent=1))
     print(report.model_dump_json())

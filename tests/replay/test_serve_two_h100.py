@@ -5,6 +5,8 @@ every server strategy: one H100, 2026-12-06 (docs/validation/serve-gpu.md, eight
   ``--in-flight 2`` and run by ``bench disagg --slots 2`` (two half batches of bucket 8 in one graph),
   in two calls (``disagg_first.json``, then ``disagg.json``); in the second call's process after it,
   ``kernelfleet profile`` of the bucket-8 step with ``--graph-copies 1`` (``costs_b8.json``);
+* ``program_b8.json.gz``: that step's program, as the seventh run's plans for bucket 8 carry it
+  (made on the same H100 image from the same step: 8 slots of 2,048 tokens, batch 8);
 * ``docs/validation/h100-2026-12-06/serve_gpu_moe_strategies.json``: ``bench.serve_gpu --cases
   moe-strategies --requests 12``, its H200 caps scaled to the H100.
 """
@@ -16,6 +18,7 @@ import pytest
 
 from bench.serve_gpu import Report, held_tokens_per_second
 from kernelfleet.costs.table import CostTable
+from kernelfleet.kernels.ir import Program
 
 pytestmark = pytest.mark.replay
 
@@ -105,3 +108,26 @@ def test_the_moe_under_every_strategy_holds_64_per_second_and_request_distributi
     assert round(held["moe-replicas"], 1) == 568.8 and round(held["moe-split"], 1) == 886.9
     assert round(held["moe-pipeline"], 1) == 893.3
     assert held["moe-replicas"] < 0.65 * min(held["moe-split"], held["moe-pipeline"])
+
+
+def test_on_the_h100_image_half_of_the_8b_decode_step_repeats_its_keys_and_values():
+    """The image's transformers (5.17) repeated every layer's cached keys and values for the query
+    heads in every decode step (``repeat_kv``, with the 4-D mask the server passes): 64 copy kernels,
+    each reading one layer's 32 MiB cache of keys or values and writing 4x that, took 9.43 of the
+    step's 19.22 ms of launches on the whole GPU. transformers 5.24 folds the one-token query onto the
+    key/value heads instead; the serve extra now asks for it (tests/unit/test_serve_decode_attention.py),
+    and the H200's serve runs after the first had it (docs/validation/serve-gpu.md)."""
+    program = Program.load(TWO / "program_b8.json.gz")
+    table = costs(8)
+    assert len(program.launches) == len(table.seconds) == 1624
+    buffers = {b.id: b for b in program.buffers}
+    repeats = [launch for launch in program.launches if launch.op == "aten.reshape.default"]
+    assert len(repeats) == 64
+    for launch in repeats:
+        read = [buffers[a.buffer] for a in launch.accesses if a.mode == "read"]
+        written = [buffers[a.buffer] for a in launch.accesses if a.mode == "write"]
+        assert len(read) == 1 and read[0].name.startswith("cache_") and written[0].size_bytes == 4 * read[0].size_bytes
+    assert len({buffers[a.buffer].name for launch in repeats for a in launch.accesses if a.mode == "read"}) == 64
+    whole = sum(row["whole"] for row in table.seconds)
+    repeated = sum(table.seconds[launch.index]["whole"] for launch in repeats)
+    assert round(whole * 1e3, 2) == 19.22 and round(repeated * 1e3, 2) == 9.43
