@@ -111,12 +111,13 @@ def test_the_moe_under_every_strategy_holds_64_per_second_and_request_distributi
 
 
 def test_on_the_h100_image_half_of_the_8b_decode_step_repeats_its_keys_and_values():
-    """The image's transformers (5.17) repeated every layer's cached keys and values for the query
-    heads in every decode step (``repeat_kv``, with the 4-D mask the server passes): 64 copy kernels,
-    each reading one layer's 32 MiB cache of keys or values and writing 4x that, took 9.43 of the
-    step's 19.22 ms of launches on the whole GPU. transformers 5.24 folds the one-token query onto the
-    key/value heads instead; the serve extra now asks for it (tests/unit/test_serve_decode_attention.py),
-    and the H200's serve runs after the first had it (docs/validation/serve-gpu.md)."""
+    """The image's transformers (before 5.24; the device notes list 5.17) repeated every layer's
+    cached keys and values for the query heads in every decode step (``repeat_kv``, with the 4-D mask
+    the server passes): 64 copy kernels, each reading one layer's 32 MiB cache of keys or values and
+    writing 4x that, took 9.43 of the step's 19.22 ms of launches on the whole GPU. transformers 5.24
+    folds the one-token query onto the key/value heads instead; the serve extra now asks for it
+    (tests/unit/test_serve_decode_attention.py), and the H200's serve runs after the first had it
+    (docs/validation/serve-gpu.md)."""
     program = Program.load(TWO / "program_b8.json.gz")
     table = costs(8)
     assert len(program.launches) == len(table.seconds) == 1624

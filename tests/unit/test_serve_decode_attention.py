@@ -2,8 +2,8 @@
 
 transformers before 5.24 did, with a 4-D mask (the server always passes one): ``repeat_kv`` copied
 every layer's keys and values to as many heads as the query has, in every decode step. On an H100
-(2026-12-06, transformers 5.17) that was 64 copy kernels of the 8B's step at batch 8 of 2,048
-tokens, 49 % of its launch time (tests/replay/test_serve_two_h100.py). From 5.24 a one-token query
+(2026-12-06, the image's transformers, older than 5.24) that was 64 copy kernels of the 8B's step
+at batch 8 of 2,048 tokens, 49 % of its launch time (tests/replay/test_serve_two_h100.py). From 5.24 a one-token query
 is folded onto the key/value heads instead (``pack_gqa``), so the serve extra asks for it."""
 
 import pytest
