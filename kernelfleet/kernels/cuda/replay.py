@@ -200,11 +200,9 @@ def saved_state(program: Program | list[Program], released: list[tuple[int, int]
     for start, end in written_spans(program if isinstance(program, list) else [program]):
         if not any(s < end and start < e for s, e in released):
             view = device_bytes(start, end - start, driver)
+            saved = _host_bytes(view.numel()) if host else view.clone()
             if host:
-                saved = torch.empty(view.shape, dtype=view.dtype, pin_memory=True)
                 saved.copy_(view)
-            else:
-                saved = view.clone()
             state.append((view, saved))
 
     def restore() -> None:
@@ -212,6 +210,15 @@ def saved_state(program: Program | list[Program], released: list[tuple[int, int]
             view.copy_(saved)
 
     return restore
+
+
+def _host_bytes(size: int) -> torch.Tensor:
+    """``size`` bytes of pinned host memory, or of pageable memory where the host will not pin that
+    much (copies to and from it are then slower, the bytes the same)."""
+    try:
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    except RuntimeError:
+        return torch.empty(size, dtype=torch.uint8)
 
 
 def written_spans(programs: list[Program]) -> list[tuple[int, int]]:
