@@ -49,10 +49,11 @@
 #                                           # Run on an H100 on 2026-12-06 (four calls), not yet again on an H200;
 #                                           # docs/validation/place-h200-pairs.md
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
-# installs them first. transformers 5.24 travels too: the image's older one (5.17) repeats every layer's keys and
-# values in each decode step (half the 8B's step at batch 8 on an H100; tests/replay/test_serve_two_h100.py). PENDING_SECONDS: the seconds the modes share (default 580; less when the call
-# runs something else first); PENDING_TESTS: serve-tests runs only the tests it matches (pytest -k);
-# PENDING_REQUESTS: requests a Poisson rate in serve and serve-moe (default 8).
+# installs them first. transformers 5.24 travels too: the image's older one (5.17) repeats every
+# layer's keys and values in each decode step (half the 8B's step at batch 8 on an H100;
+# tests/replay/test_serve_two_h100.py). PENDING_SECONDS: the seconds the modes share (default 580;
+# less when the call runs something else first); PENDING_TESTS: serve-tests runs only the tests it
+# matches (pytest -k); PENDING_REQUESTS: requests a Poisson rate in serve and serve-moe (default 8).
 set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do

@@ -23,7 +23,6 @@ def test_reference_step_capture_checks_out(tmp_path):
     assert (tmp_path / "capture.json.gz").exists() and (tmp_path / "program.json").exists()
 
 
-
 @pytest.mark.parametrize("host", [False, True])
 def test_saved_state_puts_back_every_written_byte_and_on_the_host_takes_no_gpu_memory(host):
     """``saved_state`` (``host``: the placed server's, in pinned host memory): with every byte a launch

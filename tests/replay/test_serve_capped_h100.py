@@ -35,8 +35,8 @@ def test_three_ways_on_two_20_gb_devices_each_with_the_slots_its_share_of_weight
 
 
 def test_only_the_split_holds_the_bound_and_the_pipeline_misses_it_by_more_than_twice(cases):
-    """The split held 64 requests/s at p99 TPOT 34.5 ms (308.4 tokens/s, the trace; its decode device
-    never prefills); request distribution ran at p99 76-92 ms and the pipeline at 119-123 ms, so the
+    """The split held 64 requests/s at p99 TPOT 34.5 ms, and its best held load, the trace, at 308.4
+    tokens/s (its decode device never prefills); request distribution ran at p99 76-92 ms and the pipeline at 119-123 ms, so the
     issue's target (the pipeline at 2x request distribution at the same p99 TPOT) cannot be read on
     this card: at the same loads the pipeline made 1.37-1.47x request distribution's tokens/s, over the
     bound. On the H200 (2026-12-02, fifth run) the same command held 1,486 tokens/s at p99 30 ms."""
