@@ -48,6 +48,11 @@
 #                                           # home) and hf-qwen2moe-prefill (request distribution's shared factor).
 #                                           # Run on an H100 on 2026-12-06 (four calls), not yet again on an H200;
 #                                           # docs/validation/place-h200-pairs.md
+#   bash bench/pending_run.sh place-table   # the whole placement table (bench.place_pairs: every target on both
+#                                           # pairs, 22 rows, about 45-90 s each), as far as the call's time
+#                                           # goes; resumable: the rows come back in $OUT/place-table.tgz (carry
+#                                           # it as .gpuwork/place-table.tgz) and the next call runs the rest
+#                                           # (--resume). To see it: python -m bench.place_table DIR/place-table
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
 # installs them first. transformers 5.24 travels too: the image's older one (5.17) repeats every
 # layer's keys and values in each decode step (half the 8B's step at batch 8 on an H100;
@@ -57,8 +62,8 @@
 set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
-    case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|serve-tests|place) ;;
-    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|serve-tests|place ..." >&2
+    case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|serve-tests|place|place-table) ;;
+    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|serve-tests|place|place-table ..." >&2
        exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
@@ -146,6 +151,15 @@ place)
         hf-qwen2moe-prefill --pairs same --budget-s $((END - 100 - SECONDS)) > "$OUT/place_pairs.txt" 2>&1
     tail -15 "$OUT/place_pairs.txt"
     tar czf "$OUT/place.tgz" -C /tmp place
+    ;;
+place-table)
+    mkdir -p /tmp/place-table
+    [ -f .gpuwork/place-table.tgz ] && tar xzf .gpuwork/place-table.tgz -C /tmp place-table
+    cat "$OUT/smi.txt" >> /tmp/place-table/smi.txt  # one nvidia-smi line a call
+    timeout $((END + 10 - SECONDS)) python3 -m bench.place_pairs --out /tmp/place-table --resume \
+        --budget-s $((END - 100 - SECONDS)) > "$OUT/place_table.txt" 2>&1
+    tail -4 "$OUT/place_table.txt"
+    tar czf "$OUT/place-table.tgz" -C /tmp place-table
     ;;
 esac
 done

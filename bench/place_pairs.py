@@ -2,7 +2,7 @@
 same-kernel and the different-kernel pair of one H200, through the commands a user runs:
 
     python -m bench.place_pairs --out DIR [--targets NAME ...] [--pairs same different] [--budget-s 540]
-        [--phases profile plan disagg] [--work DIR]
+        [--phases profile plan disagg] [--work DIR] [--resume]
 
 For each (target, pair) it runs
 
@@ -18,7 +18,9 @@ copies free and with the other device busy: ``graph_seconds``, ``graph_seconds_f
 ``profile --measure-link``, which this does not pass: docs/place.md), which ``plan`` and ``bench disagg`` predict with;
 ``runs.json`` lists which of them each row's table holds; the plans are for the pair) and keeps, under ``DIR/TARGET.PAIR/``, the cost table, the program (gzipped), the plans, bench
 disagg's ``disagg.json`` and the commands with their output (``log.txt``). Rows run in the order
-given until ``--budget-s`` is spent; the rest are listed as not run. ``python -m bench.place_table
+given until ``--budget-s`` is spent; the rest are listed as not run. ``--resume`` keeps the rows an
+earlier run of the same ``--out`` finished (their ``disagg.json`` is there) and runs the others, so
+a table larger than one device call is made in several. ``python -m bench.place_table
 DIR`` makes the table of measured against predicted from what this writes (on any machine).
 
 The targets: the six reference workloads (tiny presets: four replicas of an 8B step do not fit one
@@ -137,13 +139,24 @@ def main(argv: list[str] | None = None) -> int:
                              "so a run may profile on the GPU, plan elsewhere and come back to time.")
     parser.add_argument("--work", type=Path, help="Keep the commands' own folders here (for a later --phases); "
                                                   "default: a temporary folder.")
+    parser.add_argument("--resume", action="store_true",
+                        help="Keep the rows an earlier run into --out finished; run only the others.")
     args = parser.parse_args(argv)
-    began, rows, skipped = time.monotonic(), [], []
+    began, rows, skipped, kept = time.monotonic(), [], [], 0
     wanted = [(pair, name) for pair in args.pairs for name in args.targets]
+    runs = args.out / "runs.json"
+    earlier = json.loads(runs.read_text()) if runs.exists() else None
+    finished = {} if earlier is None or not args.resume else {
+        (r["pair"], r["target"]): r for r in earlier["rows"]
+        if "failed" not in r and (args.out / f"{r['target']}.{r['pair']}" / "disagg.json").exists()}
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
         for index, (pair, name) in enumerate(wanted):
+            if (pair, name) in finished:
+                rows.append(finished[pair, name])
+                kept += 1
+                continue
             if time.monotonic() - began > args.budget_s:
                 skipped.append(f"{name}.{pair}")
                 continue
@@ -154,14 +167,15 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     summary = {"command": command_line(), "rows": rows, "not_run": skipped,
                "seconds": round(time.monotonic() - began, 1)}
-    runs = args.out / "runs.json"  # a later phase adds its seconds to the rows an earlier one ran
-    if runs.exists() and args.phases != list(PHASES):
-        earlier = {(r["target"], r["pair"]): r for r in json.loads(runs.read_text())["rows"]}
+    if earlier is not None and args.phases != list(PHASES):  # a later phase adds its seconds to an earlier one's rows
+        before = {(r["target"], r["pair"]): r for r in earlier["rows"]}
         for row in rows:
-            row["seconds"] = {**earlier.get((row["target"], row["pair"]), {}).get("seconds", {}), **row["seconds"]}
-        summary["command"] = f"{json.loads(runs.read_text())['command']} && {summary['command']}"
+            row["seconds"] = {**before.get((row["target"], row["pair"]), {}).get("seconds", {}), **row["seconds"]}
+    if earlier is not None and (args.phases != list(PHASES) or kept):
+        summary["command"] = f"{earlier['command']} && {summary['command']}"
     runs.write_text(json.dumps(summary, indent=1))
-    print(f"\n{command_line()}\n{len(rows)} rows run, {len(skipped)} not run (budget): {' '.join(skipped) or '-'}")
+    print(f"\n{command_line()}\n{len(rows) - kept} rows run, {kept} kept from an earlier run, "
+          f"{len(skipped)} not run (budget): {' '.join(skipped) or '-'}")
     print(json.dumps(summary))
     return 0 if all("failed" not in r for r in rows) else 1
 

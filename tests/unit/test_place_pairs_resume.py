@@ -1,0 +1,42 @@
+"""``bench.place_pairs --resume``: a table larger than one device call is made in several. The rows an
+earlier run into the same folder finished are kept, not run again; the others run (here none may:
+``--budget-s -1`` lists them as not run, so no GPU is needed)."""
+
+import json
+
+import pytest
+
+from bench import place_pairs
+
+pytestmark = pytest.mark.unit
+
+
+def earlier_run(out, finished, failed=()):
+    rows = [{"target": t, "pair": "same", "seconds": {"profile": 1.0}} for t in finished]
+    rows += [{"target": t, "pair": "same", "seconds": {"profile": 1.0}, "failed": "profile"} for t in failed]
+    for t in (*finished, *failed):
+        (out / f"{t}.same").mkdir(parents=True)
+    for t in finished:
+        (out / f"{t}.same" / "disagg.json").write_text("{}")
+    (out / "runs.json").write_text(json.dumps({"command": "first call", "rows": rows, "not_run": []}))
+
+
+def test_resume_keeps_finished_rows_and_runs_the_rest(tmp_path, capsys):
+    earlier_run(tmp_path, ["llama-decode"], failed=["moe-decode"])
+    code = place_pairs.main(["--out", str(tmp_path), "--pairs", "same", "--targets", "llama-decode", "moe-decode",
+                             "dit-denoise", "--budget-s", "-1", "--resume"])
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    assert code == 0
+    assert [r["target"] for r in runs["rows"]] == ["llama-decode"]  # kept as it was
+    assert runs["rows"][0]["seconds"] == {"profile": 1.0}
+    assert runs["not_run"] == ["moe-decode.same", "dit-denoise.same"]  # a failed row is run again
+    assert runs["command"].startswith("first call && ")
+    assert "0 rows run, 1 kept from an earlier run, 2 not run" in capsys.readouterr().out
+
+
+def test_without_resume_an_earlier_run_is_not_kept(tmp_path):
+    earlier_run(tmp_path, ["llama-decode"])
+    place_pairs.main(["--out", str(tmp_path), "--pairs", "same", "--targets", "llama-decode", "--budget-s", "-1"])
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    assert runs["rows"] == [] and runs["not_run"] == ["llama-decode.same"]
+    assert not runs["command"].startswith("first call")
