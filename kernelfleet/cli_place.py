@@ -286,6 +286,7 @@ def plan_command(
     for note in done.notes:
         console.print(note, markup=False, highlight=False)
     header, rows = command.table(done.problem, plans, chosen)
+    fastest, ties, per_request = None, [], {}
     if in_flight is not None:
         from kernelfleet.plan.slots import SUFFIXES, per_request_modes
 
@@ -296,17 +297,26 @@ def plan_command(
             modes = predicted[plan.policy]
             mode = min(modes, key=modes.get) if modes else None
             row.append("—" if mode is None else f"{command.seconds(modes[mode])} ({mode})")
-        best = min((v, k + SUFFIXES[mode]) for k, modes in predicted.items() for mode, v in modes.items())
+        per_request = {name + SUFFIXES[mode]: v for name, modes in predicted.items() for mode, v in modes.items()}
+        fastest, ties = command.near_ties(per_request)
     t = Table(*header, title=f"kernelfleet plan — {policy} (* chosen)", title_justify="left")
     for row in rows:
         t.add_row(*row)
     console.print(t)
     if (line := command.verdict(plans)) is not None:
         console.print(line, markup=False, highlight=False)
-    if in_flight is not None:
-        console.print(f"with {in_flight} request{'s' if in_flight > 1 else ''} in flight the fastest is {best[1]} "
-                      f"({command.seconds(best[0])} per request, predicted for the executor)",
+    if fastest is not None:
+        console.print(f"with {in_flight} request{'s' if in_flight > 1 else ''} in flight the fastest is {fastest} "
+                      f"({command.seconds(per_request[fastest])} per request, predicted for the executor)",
                       markup=False, highlight=False)
+        if ties:  # one graph under several plans' names is one entry
+            same: dict[float, list[str]] = {}
+            for name in ties:
+                same.setdefault(per_request[name], []).append(name)
+            named = ", ".join(f"{' = '.join(sorted(names))} ({command.seconds(v)})" for v, names in same.items())
+            console.print(f"within {command.NEAR_TIE:.0%} of it, a tie to the model (its graph times move that much "
+                          f"between runs): {named}; time them on the devices before settling (kernelfleet bench "
+                          "disagg TARGET --plans DIR)", markup=False, highlight=False)
     if out is not None:
         for path in command.write(plans, chosen, out, done.problem.program):
             err.print(f"wrote {path}")

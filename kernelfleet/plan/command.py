@@ -30,6 +30,10 @@ from kernelfleet.plan.validate import evaluate
 # Requests in flight a plan is made for: slots of one graph, each with replicas of its own, so memory
 # bounds them long before this; the prediction simulates every slot (the cost grows with K).
 MAX_IN_FLIGHT = 256
+# Two strategies predicted this close are a tie to the model: on one H100 (2026-12-06) profile's own
+# graph of one device with free slots moved 3.4 % between calls, and such a tie chose 1.038x the best
+# (docs/validation/place-h200-pairs.md); the placement benchmark's choice target is 3 % too
+NEAR_TIE = 0.03
 POLICIES = ("throughput", "latency", "single", "replicas", "pipeline", "attention-ffn", "all")
 GB = 1e9
 
@@ -313,6 +317,19 @@ def verdict(plans: list[Plan]) -> str | None:
         return f"kernel placement serves {replicas / milp:.2f}x the requests of two independent replicas"
     return (f"two independent replicas serve {milp / replicas:.2f}x the requests of the best kernel placement "
             "found: run replicas on this pair")
+
+
+def near_ties(predicted: dict[str, float], within: float = NEAR_TIE) -> tuple[str | None, list[str]]:
+    """The fastest of ``predicted`` (seconds a request by a plan's name in a slot mode; the first name
+    of a tie) and the others within ``within`` of it, faster first: not those predicted the very same
+    (the same graph, such as one device's plan and a placement that keeps every launch there). None
+    and none where nothing was predicted."""
+    if not predicted:
+        return None, []
+    fastest = min(predicted, key=lambda name: (predicted[name], name))
+    best = predicted[fastest]
+    close = [name for name, value in predicted.items() if best * (1 + 1e-9) < value <= best * (1 + within)]
+    return fastest, sorted(close, key=predicted.get)
 
 
 def table(problem: Problem, plans: list[Plan], chosen: Plan | None) -> tuple[list[str], list[list[str]]]:
