@@ -9,12 +9,13 @@
 #                                           # starts from them (a bucket whose plans are there is not made again).
 #                                           # Profile holds the step four times (the capture and three replicas
 #                                           # for its whole-step graphs), ~72 GB for the 8B at 8 slots: it fits
-#                                           # an H100. The plans made on one for one batch a step (2026-12-06,
-#                                           # about 4 minutes) are kept as .gpuwork/serve-plans.tgz
-#                                           # (docs/validation/serve-gpu.md, seventh run); on an H200 they are
-#                                           # served as they are (make them again there: leave the file out)
+#                                           # an H100 (about 4 minutes for one batch a step; docs/validation/
+#                                           # serve-gpu.md, seventh run). Plans are of the step as the image's
+#                                           # transformers captured it: those made before the calls carried
+#                                           # transformers 5.24 (2026-12-06) hold its repeated keys and values,
+#                                           # and the server refuses them for its 5.24 step: make them again
 #   bash bench/pending_run.sh serve-moe     # the same for the MoE (--plans-model moe); kept plans travel as
-#                                           # .gpuwork/serve-plans-moe.tgz (made on an H100, 2026-12-06); *-moe
+#                                           # .gpuwork/serve-plans-moe.tgz; *-moe
 #   bash bench/pending_run.sh serve-64      # the 8B's plans at 64 slots, the one-device case's (bench.serve_gpu
 #                                           # --plan-slots 64: profiled with the step once a profile, about 67 GB),
 #                                           # 32 requests a rate; resumable as serve is, its plans back in
@@ -38,8 +39,9 @@
 #                                           # weights) beside its other three ways; resumable as serve-64 is, the
 #                                           # plans back in $OUT/serve-plans-capped.tgz (carry it as
 #                                           # .gpuwork/serve-plans-capped.tgz). Made on an H100 on 2026-12-06 (6
-#                                           # buckets in 4 minutes, kept so); the server then ran out of its caps
-#                                           # at start (the gate's saved state was on the GPU; now on the host)
+#                                           # buckets in 4 minutes, with the image's transformers: make them
+#                                           # again); the server then ran out of its caps at start (the gate's
+#                                           # saved state was on the GPU; now on the host)
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 9 minutes: a call of its own;
 #                                           # all four passed on an H100 on 2026-12-06)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
