@@ -200,10 +200,7 @@ def saved_state(program: Program | list[Program], released: list[tuple[int, int]
     for start, end in written_spans(program if isinstance(program, list) else [program]):
         if not any(s < end and start < e for s, e in released):
             view = device_bytes(start, end - start, driver)
-            saved = _host_bytes(view.numel()) if host else view.clone()
-            if host:
-                saved.copy_(view)
-            state.append((view, saved))
+            state.append((view, _on_host(view) if host else view.clone()))
 
     def restore() -> None:
         for view, saved in state:
@@ -212,13 +209,14 @@ def saved_state(program: Program | list[Program], released: list[tuple[int, int]
     return restore
 
 
-def _host_bytes(size: int) -> torch.Tensor:
-    """``size`` bytes of pinned host memory, or of pageable memory where the host will not pin that
-    much (copies to and from it are then slower, the bytes the same)."""
+def _on_host(view: torch.Tensor) -> torch.Tensor:
+    """A copy of the device bytes ``view`` in pinned host memory, or in pageable memory where the host
+    will not pin that much (copies to and from it are then slower, the bytes the same)."""
     try:
-        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        held = torch.empty(view.shape, dtype=view.dtype, pin_memory=True)
     except RuntimeError:
-        return torch.empty(size, dtype=torch.uint8)
+        held = torch.empty(view.shape, dtype=view.dtype)
+    return held.copy_(view)
 
 
 def written_spans(programs: list[Program]) -> list[tuple[int, int]]:
