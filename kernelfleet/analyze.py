@@ -153,15 +153,19 @@ def profile_per_device(target: str, specs: list[Any], progress: Any, trials: int
                            f"({spec.kernels} kernels)", mine)
         captured.raw.save(out / f"capture.{spec.name}.json.gz")
         (out / f"launches.{spec.name}.json").write_text(table.to_json())
-    return merge_profiles([out], out)
+    return merge_profiles([out], out, graphs.together)
 
 
-def merge_profiles(folders: list[Path], out: Path) -> str:
+def merge_profiles(folders: list[Path], out: Path, together: float | None = None) -> str:
     """Line up every device's capture found in ``folders`` (``capture.DEVICE.json.gz`` with its
     ``launches.DEVICE.json``, as :func:`profile_per_device` writes them, from one run or several)
     into units, the first folder's first device the home, and write the home's unit program and
-    the units' cost table (``program.json``, ``costs.json``) and every device's files under ``out``."""
+    the units' cost table (``program.json``, ``costs.json``) and every device's files under ``out``.
+    ``together``: the two devices' graphs launched together once, where the run that wrote them timed
+    both (request distribution's own graph, each device on its own kernels); the launch tables keep
+    one device each, so only that run can say it."""
     import shutil
+    from dataclasses import replace
 
     from kernelfleet.costs.table import CostTable
     from kernelfleet.documents import read_text
@@ -192,6 +196,7 @@ def merge_profiles(folders: list[Path], out: Path) -> str:
             seconds[device] = column
             sources.append(table.source)
             graphs = graphs.joined(StepTimes.of_table(table, device))
+    graphs = replace(graphs, together=together)
     home = next(iter(raws))
     lined = views(raws, programs, home)
     out.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,8 @@ def test_a_different_kernel_pair_is_profiled_planned_gated_and_timed(tmp_path, n
     costs = json.loads((prof / "costs.json").read_text())
     assert len(costs["seconds"]) == len(program["launches"]) > 0
     assert "run other kernels" in done.stdout
+    # request distribution's own graph, each device on its own kernels, launched together once
+    assert costs["graph_seconds_together"] > max(costs["graph_seconds"].values())
     done = kf("plan", str(prof / "program.json"), str(prof / "costs.json"), "--policy", "all", "--out", str(plans))
     assert done.returncode == 0, done.stderr
     done = kf("bench", "disagg", target, "--plans", str(plans), "--device", PAIR["a"], "--device", PAIR["b"],

@@ -104,6 +104,13 @@ def test_profiles_merged_into_units_keep_each_devices_graph_time(tmp_path):
     calibrated = merged.calibrated()
     for device, graph in graphs.items():  # every launch is in one unit: the unit column scales to the graph
         assert sum(row[device] for row in calibrated.seconds) == pytest.approx(graph)
+    assert merged.graph_seconds_together is None  # the launch tables keep one device each: no pair
+    # the run that timed both (profile_per_device) passes the pair's graphs launched together: request
+    # distribution's own graph, which scales the looping shared factors (1.15 and 1.04) to what it met
+    said = merge_profiles([tmp_path], tmp_path / "together", together=246e-6)
+    assert "together once 0.246 ms, so the predictions share by a x1.11, b x1.03" in said
+    paired = CostTable.from_json((tmp_path / "together" / "costs.json").read_text())
+    assert paired.graph_seconds_together == 246e-6 and paired.graph_seconds == graphs
 
 
 def test_steadied_takes_only_timing_outliers_of_a_kernels_repeats_as_their_median():
