@@ -17,14 +17,17 @@ Per (target, pair), from its ``disagg.json`` (every strategy behind its gate, ti
 * **latency**: the latency plan's measured time per request against the fastest single device's
   (target: at or below it), chained slots (for a single device, one request after another; where
   the plan places every launch on one device, that device's own run: the run times the same graph
-  twice, and the two differ by repeat noise alone); and
+  twice, and the two differ by repeat noise alone; a miss there, the other device predicted within
+  ``plan.command.NEAR_TIE``, is counted as a tie: which of two devices is faster by less than the
+  graph times move between runs is no choice a model can settle); and
   the latency plan today's planner makes from the same program and cost table: its measured time,
   where it is one of the placements the run timed (else "-");
 * **placement**: the best kernel placement (pipeline, attention/FFN, latency or throughput plan)
   against request distribution.
 
 A strategy that failed its gate has no time and is never best or chosen. Prints a Markdown table,
-the command, and a last line of JSON with every figure.
+the command, and a last line of JSON with every figure. Also committed: the whole table made again
+on one H100 (tests/data/h100-place-table, ``bash bench/pending_run.sh place-table``).
 
 ``--edges FILE`` (what ``python -m bench.edge_cost`` wrote) fits the per-edge cost of the edge
 experiment's plans (``plan/edges.fit``: least squares of their residual, measured - predicted,
@@ -86,6 +89,7 @@ class Row:
     placement_over_replicas: float  # the best placement's rate / request distribution's (> 1: placement wins)
     gates: str  # which gates the timed strategies passed
     refused: int = 0  # chained plan rows not predicted: today's validator refuses their plan (repredicted)
+    latency_tie: bool = False  # the latency plan is one device, predicted within command.NEAR_TIE of the other
 
 
 def row_of(folder: Path, found: dict | None = None) -> Row:
@@ -111,13 +115,16 @@ def row_of(folder: Path, found: dict | None = None) -> Row:
     replicas = fastest("replicas")
     gates = sorted({found[n]["gate"].split(":")[0] for n in timed})
     replanned = replanned_latency(folder)
-    latency = timed.get(timed_as(folder, "latency-greedy")) or float("nan")
+    latency_plan = timed_as(folder, "latency-greedy")
+    latency = timed.get(latency_plan) or float("nan")
+    alone = [planned[s] for s in ("single:a", "single:b") if s in planned]
+    tie = latency_plan.startswith("single:") and len(alone) == 2 and max(alone) / min(alone) - 1 <= command.NEAR_TIE
     return Row(target, pair, best, timed[best] * 1e6, chosen, timed[chosen] * 1e6, timed[chosen] / timed[best],
                worst, errors[worst], sum(abs(e) <= PREDICTED_WITHIN for e in errors.values()), len(errors),
                latency / single, replanned,
                (timed.get(replanned) or float("nan")) / single,
                (replicas / min(placements)) if placements and replicas else float("nan"), ", ".join(gates),
-               sum(p in timed and "refused" in found[p] for p in PLANS))
+               sum(p in timed and "refused" in found[p] for p in PLANS), tie)
 
 
 def repredicted(folder: Path, links: LinkTable | None = None, fitted: edges.EdgeFit | None = None) -> dict:
@@ -183,6 +190,9 @@ def verdicts(rows: list[Row]) -> dict[str, str]:
     chosen = [r for r in rows if r.chosen_over_best > 1 + CHOSEN_WITHIN]
     predicted = sum(r.predictions_within for r in rows), sum(r.predictions for r in rows)
     latency = [r for r in rows if not r.latency_over_single <= 1.0]
+    ties = sum(r.latency_tie for r in latency)
+    tied = (f"; {ties} of them one device, predicted within {command.NEAR_TIE * 100:.0f} % of the other: a tie the "
+            "graph times cannot settle") if ties else ""
     replanned = [r for r in rows if not r.replanned_over_single <= 1.0]
     refused = sum(r.refused for r in rows)
     return {
@@ -192,7 +202,8 @@ def verdicts(rows: list[Row]) -> dict[str, str]:
         "slower than the best)",
         "chained plans within 10 % of prediction": f"{predicted[0]} of {predicted[1]} rows",
         "latency plan at or below the fastest single device": "met on every row" if not latency else
-        f"missed on {len(latency)} of {len(rows)} rows (worst {max(r.latency_over_single for r in latency):.2f}x)",
+        f"missed on {len(latency)} of {len(rows)} rows (worst {max(r.latency_over_single for r in latency):.3f}x"
+        f"{tied})",
         "today's latency plan at or below the fastest single device": "met on every row" if not replanned else
         f"missed or untimed on {len(replanned)} of {len(rows)} rows",
     }

@@ -1,5 +1,6 @@
 """The placement benchmark's table (bench/place_table.py) on the run recorded on one H200
-(tests/data/h200-place-pairs, written by `python -m bench.place_pairs`): the figures follow from
+(tests/data/h200-place-pairs, written by `python -m bench.place_pairs`; the two checks of each row
+run on the H100's table too, tests/data/h100-place-table): the figures follow from
 the recorded strategies, and today's latency policy, re-run on each recorded program and cost
 table, picks a placement the run timed and predicts it no slower than the fastest single device."""
 
@@ -18,6 +19,8 @@ pytestmark = pytest.mark.replay
 FOLDERS = sorted(p.parent for p in place_table.RECORDED.glob("*/disagg.json"))
 # the three rows the recorded choice missed, run again on the H200 after the model's copy-queue fix
 CHECK = sorted(p.parent for p in (place_table.RECORDED.parent / "h200-place-pairs-check").glob("*/disagg.json"))
+# the whole table made again on one H100 (tests/replay/test_place_table_h100.py)
+H100 = sorted(p.parent for p in (place_table.RECORDED.parent / "h100-place-table").glob("*/disagg.json"))
 
 
 def test_the_recorded_run_covers_the_reference_and_transformers_steps_on_both_pairs():
@@ -32,7 +35,8 @@ def test_the_recorded_run_covers_the_reference_and_transformers_steps_on_both_pa
         assert units == (kernels != "default") or "mamba" in folder.name, folder.name
 
 
-@pytest.mark.parametrize("folder", FOLDERS + CHECK, ids=[f.name for f in FOLDERS] + [f"check-{f.name}" for f in CHECK])
+@pytest.mark.parametrize("folder", FOLDERS + CHECK + H100, ids=[f.name for f in FOLDERS] + [f"check-{f.name}" for f in CHECK]
+                         + [f"h100-{f.name}" for f in H100])
 def test_each_row_follows_from_its_recorded_strategies(folder):
     row = place_table.row_of(folder)
     found = json.loads((folder / "disagg.json").read_text())["strategies"]
@@ -51,7 +55,7 @@ def test_each_row_follows_from_its_recorded_strategies(folder):
     assert all(r["gate"].split(":")[0] in row.gates for n, r in found.items() if n in rates)
 
 
-@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+@pytest.mark.parametrize("folder", FOLDERS + H100, ids=[f.name for f in FOLDERS] + [f"h100-{f.name}" for f in H100])
 def test_todays_latency_plan_is_predicted_no_slower_than_the_fastest_single_device(folder):
     problem = command.setup(folder / "program.json.gz", folder / "costs.json", ["a", "b"], [], links.LINK_GBPS,
                             [], [], None, links.COPY_US).problem
