@@ -38,10 +38,9 @@
 #                                           # capped,capped-plans: 32 slots, 20 GB a partition, one share of the
 #                                           # weights) beside its other three ways; resumable as serve-64 is, the
 #                                           # plans back in $OUT/serve-plans-capped.tgz (carry it as
-#                                           # .gpuwork/serve-plans-capped.tgz). Made on an H100 on 2026-12-06 (6
-#                                           # buckets in 4 minutes, with the image's transformers: make them
-#                                           # again); the server then ran out of its caps at start (the gate's
-#                                           # saved state was on the GPU; now on the host)
+#                                           # .gpuwork/serve-plans-capped.tgz). Made and served in one call on an
+#                                           # H100 on 2026-12-06 with transformers 5.24 (docs/validation/
+#                                           # serve-gpu.md, tenth run)
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 9 minutes: a call of its own;
 #                                           # all four passed on an H100 on 2026-12-06)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
@@ -51,10 +50,11 @@
 #                                           # Run on an H100 on 2026-12-06 (four calls), not yet again on an H200;
 #                                           # docs/validation/place-h200-pairs.md
 #   bash bench/pending_run.sh place-table   # the whole placement table (bench.place_pairs: every target on both
-#                                           # pairs, 22 rows, about 45-90 s each), as far as the call's time
+#                                           # pairs, 22 rows, about 40 s each), as far as the call's time
 #                                           # goes; resumable: the rows come back in $OUT/place-table.tgz (carry
 #                                           # it as .gpuwork/place-table.tgz) and the next call runs the rest
-#                                           # (--resume). To see it: python -m bench.place_table DIR/place-table
+#                                           # (--resume). To see it: python -m bench.place_table DIR/place-table.
+#                                           # Run on an H100 on 2026-12-06 in two calls (tests/data/h100-place-table)
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
 # installs them first. transformers 5.24 travels too: the image's older one (5.17) repeats every
 # layer's keys and values in each decode step (half the 8B's step at batch 8 on an H100;

@@ -2,6 +2,8 @@
 ``bash bench/pending_run.sh capped`` (``bench.serve_gpu --cases capped --requests 48``), the 8B served
 three ways on two 20 GB devices of GPU 0: request distribution, the layer pipeline and, for the first
 time on a GPU, the prefill/decode split. Recorded in ``docs/validation/h100-2026-12-06/serve_gpu_capped.json``.
+The tenth run (the session after, ``bash bench/pending_run.sh capped-plans``): the same three and
+kernelfleet's plans, with transformers 5.24, in ``docs/validation/h100-2026-12-06-transformers-5.24``.
 """
 
 from pathlib import Path
@@ -58,3 +60,54 @@ def test_the_pipeline_answers_first_tokens_in_a_fraction_of_a_second_where_ten_s
     assert pipeline.ttft_p50_ms < 200
     for name in ("capped-replicas", "capped-split"):
         assert all(load.ttft_p50_ms > 5000 for load in cases[name].poisson)
+
+
+# the tenth run: the same three and kernelfleet's plans, with transformers 5.24 (the image's repeats every
+# layer's keys and values in each decode step), in one call of ``bash bench/pending_run.sh capped-plans``
+TENTH = Path(__file__).parents[2] / "docs" / "validation" / "h100-2026-12-06-transformers-5.24"
+
+
+@pytest.fixture(scope="module")
+def tenth():
+    run = Report.model_validate_json((TENTH / "serve_gpu_capped_plans.json").read_text())
+    assert run.device.startswith("NVIDIA H100") and run.transformers == "5.24.0"
+    assert "--cases capped,capped-plans" in run.command
+    return run
+
+
+def test_with_transformers_524_the_pipeline_holds_3x_request_distribution_at_the_bound(tenth, cases):
+    """Both held 64 requests/s at p99 TPOT <= 50 ms (the pipeline 30.8 ms, request distribution 47.4):
+    1,339 against 443 tokens/s, 3.02x (the issue's target 2x; the H200 made 2.88x). With the image's
+    transformers the same strategies ran 1.61x (request distribution) and 3.55x (the pipeline) slower
+    at 64/s, neither within the bound."""
+    pair = tenth.capped_pairs[0]
+    assert (pair.replicas_slots, pair.pipeline_slots) == (20, 64) and round(pair.pipeline_vs_replicas, 2) == 3.02
+    now = {case.name: case for case in tenth.cases}
+    for name in ("capped-replicas", "capped-pipeline"):
+        assert now[name].max_rate_at_p99_tpot_50ms == 64.0 and now[name].poisson[1].tpot_p99_ms < 50
+    before = [now[n].poisson[1].tokens_per_second / cases[n].poisson[1].tokens_per_second
+              for n in ("capped-replicas", "capped-pipeline")]
+    assert [round(x, 2) for x in before] == [1.61, 3.55]
+
+
+def test_the_capped_plans_server_starts_and_serves_every_request_with_both_plans(tenth):
+    """The start-up gate's saved state now on the host, the plans' server started in its caps (42 s)
+    and answered every request of every load with the tokens the other servers produced; the monitor
+    ran both plans at every load. 746.5 tokens/s held at 64/s (p99 41.5 ms): 1.68x request
+    distribution, 0.56x the pipeline, which holds 64 slots where the plans' cache, homed on a, leaves
+    room for 32."""
+    cases = {case.name: case for case in tenth.cases}
+    plans = cases["capped-plans"]
+    assert plans.slots == 32 and plans.max_rate_at_p99_tpot_50ms == 64.0
+    for k, load in enumerate([*plans.poisson, plans.trace]):
+        others = [c.poisson[k] if k < 2 else c.trace for n, c in cases.items() if n != "capped-plans"]
+        assert all(load.requests == o.requests and load.output_tokens == o.output_tokens for o in others)
+        assert load.plan_steps["latency"] > 0 and load.plan_steps["throughput"] > 0
+    pair = tenth.capped_pairs[0]
+    assert round(held_tokens_per_second(plans), 1) == round(pair.plans_tokens_per_second, 1) == 746.5
+    assert round(pair.plans_tokens_per_second / pair.replicas_tokens_per_second, 2) == 1.68
+    assert round(pair.plans_tokens_per_second / pair.pipeline_tokens_per_second, 2) == 0.56
+
+
+def test_the_gate_saved_state_on_the_host_passed_its_gpu_test():
+    assert (TENTH / "test_capture.txt").read_text().split()[-4:-2] == ["3", "passed"]
