@@ -41,6 +41,9 @@
 #                                           # .gpuwork/serve-plans-capped.tgz). Made and served in one call on an
 #                                           # H100 on 2026-12-06 with transformers 5.24 (docs/validation/
 #                                           # serve-gpu.md, tenth run)
+#   bash bench/pending_run.sh capped-plans-64  # the same plans at the pipeline's 64 slots (--capped-plan-slots
+#                                           # 64: the cache, 17.2 GB, on a; the weights nearly all on b), served
+#                                           # alone; resumable as capped-plans is (serve-plans-capped-64.tgz)
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 9 minutes: a call of its own;
 #                                           # all four passed on an H100 on 2026-12-06)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
@@ -64,8 +67,8 @@
 set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
-    case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|serve-tests|place|place-table) ;;
-    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|serve-tests|place|place-table ..." >&2
+    case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|capped-plans-64|serve-tests|place|place-table) ;;
+    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|capped-plans-64|serve-tests|place|place-table ..." >&2
        exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
@@ -120,13 +123,17 @@ capped)
     cp /tmp/serve-capped/serve_gpu.json "$OUT/serve_gpu_capped.json" 2>/dev/null
     grep -v '^{' "$OUT/serve_capped.txt" | tail -30
     ;;
-capped-plans)
-    [ -f .gpuwork/serve-plans-capped.tgz ] && tar xzf .gpuwork/serve-plans-capped.tgz -C /tmp serve-plans-capped
-    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-capped-plans --cases capped,capped-plans \
-        --plans-dir /tmp/serve-plans-capped --requests 48 --plan-seconds 15 > "$OUT/serve_capped_plans.txt" 2>&1
-    cp /tmp/serve-capped-plans/serve_gpu.json "$OUT/serve_gpu_capped_plans.json" 2>/dev/null
-    tar czf "$OUT/serve-plans-capped.tgz" -C /tmp --exclude='prof-*' serve-plans-capped 2>/dev/null
-    grep -v '^{' "$OUT/serve_capped_plans.txt" | tail -40
+capped-plans|capped-plans-64)
+    # capped-plans: 32 slots, beside the pair's other three ways; capped-plans-64: the plans alone, at 64
+    if [ "$mode" = capped-plans ]; then slots=32 name=capped cases=capped,capped-plans
+    else slots=64 name=capped-64 cases=capped-plans; fi
+    [ -f ".gpuwork/serve-plans-$name.tgz" ] && tar xzf ".gpuwork/serve-plans-$name.tgz" -C /tmp "serve-plans-$name"
+    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out "/tmp/serve-$name-plans" --cases "$cases" \
+        --capped-plan-slots $slots --plans-dir "/tmp/serve-plans-$name" --requests 48 --plan-seconds 15 \
+        > "$OUT/serve_${name/-/_}_plans.txt" 2>&1
+    cp "/tmp/serve-$name-plans/serve_gpu.json" "$OUT/serve_gpu_${name/-/_}_plans.json" 2>/dev/null
+    tar czf "$OUT/serve-plans-$name.tgz" -C /tmp --exclude='prof-*' "serve-plans-$name" 2>/dev/null
+    grep -v '^{' "$OUT/serve_${name/-/_}_plans.txt" | tail -40
     ;;
 moe-strategies)
     timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-moe-strategies --cases moe-strategies \

@@ -4,7 +4,8 @@ graph loop, then Poisson arrivals and a trace of requests against the real HTTP 
     python -m bench.serve_gpu --out DIR [--quick] [--cpu] [--trace FILE] \
         [--cases llama8b,moe,capped,replicas,split,pipeline,moe-strategies,plans,capped-plans] \
         [--prefill-chunk N[,N...]] \
-        [--prefill-batch N[,N...]] [--plans-dir DIR] [--plans-model llama8b|moe] [--plan-slots S] [--plan-in-flight K]
+        [--prefill-batch N[,N...]] [--plans-dir DIR] [--plans-model llama8b|moe] [--plan-slots S] [--plan-in-flight K] \
+        [--capped-plan-slots S]
 
 Cases (each a config-only model directory, so the server draws seeded random bf16 weights on the
 GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
@@ -39,8 +40,9 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
   batch bucket (``bench/serve_plans.py``; ``--plan-in-flight`` sets the number in flight;
   ``--plans-dir`` keeps them for the next run). GPU only.
 * ``capped-plans`` (not in the default ``--cases``): kernelfleet's plans on the memory-capped pair,
-  32 slots, each partition held to 20 GB in the plans and in the server (``bench/serve_plans.py``;
-  in ``--plans-dir``'s ``capped`` folder, else ``DIR/plans-work-capped-32``), its row beside the
+  32 slots (``--capped-plan-slots``; the pipeline's 64 fit the caps only with a's weights moved to
+  b), each partition held to 20 GB in the plans and in the server (``bench/serve_plans.py``; in
+  ``--plans-dir``'s ``capped`` folder, else ``DIR/plans-work-capped-SLOTS``), its row beside the
   capped pair's. GPU only.
 
 Tables, for each case:
@@ -134,7 +136,8 @@ CAPPED = ("capped-replicas", "capped-pipeline")  # --cases capped: the pair, bot
 PLANNED = ("plans-whole", "plans-a", "plans")  # --cases plans: made at run time, once the plans are (plans_cases)
 # --cases capped-plans: kernelfleet's plans on the capped pair (bench/serve_plans.py), made at run time too. The
 # cache stays on a (plan --state-home): 32 slots hold 8.6 GB there, so the MILP must move about a third of the
-# weights to b; the pipeline's 64 slots (17.2 GB of cache) would leave a under 3 GB for weights
+# weights to b; the pipeline's 64 slots (17.2 GB of cache, --capped-plan-slots 64) leave a under 3 GB for weights,
+# so b holds nearly all of them and a the cache and attention
 CAPPED_PLANS, CAPPED_PLAN_SLOTS = "capped-plans", 32
 PLANS_MODELS = {"llama8b": LLAMA8B, "moe": MOE}  # --plans-model: what the plans cases are made and served for
 GPU_CASES = [Case("llama8b", LLAMA8B, 2048, (), (4.0, 16.0, 64.0), overhead=True),
@@ -714,6 +717,8 @@ def main() -> None:
     parser.add_argument("--plan-slots", type=int, default=SLOTS, help=f"the plans cases' slots (default {SLOTS}; "
                         "plans for one request in flight are profiled with the step once a profile where twice does "
                         "not fit the GPU)")
+    parser.add_argument("--capped-plan-slots", type=int, default=CAPPED_PLAN_SLOTS, help="the capped-plans case's "
+                        f"slots (default {CAPPED_PLAN_SLOTS}; 64: the pipeline's)")
     parser.add_argument("--plan-trials", type=int, default=3, help="kernelfleet profile's --trials for the plans "
                         "cases (default 3)")
     parser.add_argument("--plan-seconds", type=float, default=60.0, help="kernelfleet plan's --time-limit (the MILP) "
@@ -729,10 +734,11 @@ def main() -> None:
     planned = any(name in PLANNED for name in chosen)
     capped_planned = CAPPED_PLANS in chosen
     if (args.plan_trials < 1 or not 0 < args.plan_seconds < 3600 or not 0 <= args.plan_in_flight <= MAX_IN_FLIGHT
-            or not 1 <= args.plan_slots <= 64):
+            or not 1 <= args.plan_slots <= 64 or not 1 <= args.capped_plan_slots <= 64):
         raise SystemExit(f"bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600), "
-                         f"--plan-in-flight within 0 to {MAX_IN_FLIGHT} and --plan-slots within 1 to 64, got "
-                         f"{args.plan_trials}, {args.plan_seconds:g}, {args.plan_in_flight} and {args.plan_slots}")
+                         f"--plan-in-flight within 0 to {MAX_IN_FLIGHT} and --plan-slots and --capped-plan-slots "
+                         f"within 1 to 64, got {args.plan_trials}, {args.plan_seconds:g}, {args.plan_in_flight}, "
+                         f"{args.plan_slots} and {args.capped_plan_slots}")
     if (planned or capped_planned) and args.cpu:
         raise SystemExit("bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
                          "CUDA graphs); --cpu runs the other cases")
@@ -764,13 +770,14 @@ def main() -> None:
                        room=lambda spec: on_this_gpu(spec, print))
         cases.update((case.name, case) for case in plans_cases(*made, args.plans_model, args.plan_slots))
     if capped_planned:
-        work = args.plans_dir / "capped" if args.plans_dir else args.out / f"plans-work-capped-{CAPPED_PLAN_SLOTS}"
+        slots = args.capped_plan_slots
+        work = args.plans_dir / "capped" if args.plans_dir else args.out / f"plans-work-capped-{slots}"
         print(f"\nthe plans for the memory-capped pair ({CAP_GB} GB a partition, one share of the weights, "
-              f"{CAPPED_PLAN_SLOTS} slots), per batch bucket, in {work}:", flush=True)
+              f"{slots} slots), per batch bucket, in {work}:", flush=True)
         plans, _ = prepare(plans_model_dir(work, "llama8b"), work, 2048, args.plan_trials,
                            milp_seconds=args.plan_seconds, in_flight=args.plan_in_flight or None,
-                           slots=CAPPED_PLAN_SLOTS, room=lambda spec: on_this_gpu(spec, print), capped=True)
-        cases[CAPPED_PLANS] = Case(CAPPED_PLANS, LLAMA8B, 2048, tuple(served_flags(plans, CAPPED_PLAN_SLOTS, True)),
+                           slots=slots, room=lambda spec: on_this_gpu(spec, print), capped=True)
+        cases[CAPPED_PLANS] = Case(CAPPED_PLANS, LLAMA8B, 2048, tuple(served_flags(plans, slots, True)),
                                    (16.0, 64.0), least_requests=48)
     results = [run_case(cases[name], args, trace, shape, args.out, setting) for setting in settings for name in chosen]
     report = Report(command=command_line(), device=device, torch=torch.__version__,

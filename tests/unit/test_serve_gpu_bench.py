@@ -68,11 +68,17 @@ def refused(tmp_path: Path, *flags: str) -> str:
     (["--cases", "plans"], ("bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture "
      "CUDA graphs); --cpu runs the other cases")),
     (["--plan-seconds", "0"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600), "
-     "--plan-in-flight within 0 to 256 and --plan-slots within 1 to 64, got 3, 0, 1 and 8")),
+     "--plan-in-flight within 0 to 256 and --plan-slots and --capped-plan-slots within 1 to 64, got 3, 0, 1, 8 and "
+     "32")),
     (["--plan-in-flight", "-1"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600), "
-     "--plan-in-flight within 0 to 256 and --plan-slots within 1 to 64, got 3, 60, -1 and 8")),
+     "--plan-in-flight within 0 to 256 and --plan-slots and --capped-plan-slots within 1 to 64, got 3, 60, -1, 8 "
+     "and 32")),
     (["--plan-slots", "65"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600), "
-     "--plan-in-flight within 0 to 256 and --plan-slots within 1 to 64, got 3, 60, 1 and 65"))])
+     "--plan-in-flight within 0 to 256 and --plan-slots and --capped-plan-slots within 1 to 64, got 3, 60, 1, 65 "
+     "and 32")),
+    (["--capped-plan-slots", "0"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, "
+     "3600), --plan-in-flight within 0 to 256 and --plan-slots and --capped-plan-slots within 1 to 64, got 3, 60, 1, "
+     "8 and 0"))])
 def test_a_bad_flag_or_a_gpu_only_case_is_one_line(tmp_path, flags, said):
     assert refused(tmp_path, *flags) == said
 
