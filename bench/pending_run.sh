@@ -77,6 +77,18 @@ REQUESTS=${PENDING_REQUESTS:-8}  # a Poisson rate's requests in serve and serve-
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,memory.total --format=csv > "$OUT/smi.txt"
+plans_run() {  # plans_run NAME OUT FLAGS...: bench.serve_gpu FLAGS with its plans in /tmp/NAME, made where an
+    # earlier call's $OUT/NAME.tgz (carried as .gpuwork/NAME.tgz) lacks them; the plans (not the profiles' large
+    # programs) and the run's servers' logs come back in $OUT/NAME.tgz, the log and report as $OUT/OUT.{txt,json}
+    local name=$1 log=$2
+    shift 2
+    [ -f ".gpuwork/$name.tgz" ] && tar xzf ".gpuwork/$name.tgz" -C /tmp "$name"
+    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out "/tmp/$name-run" --plans-dir "/tmp/$name" \
+        --plan-seconds 15 "$@" > "$OUT/$log.txt" 2>&1
+    cp "/tmp/$name-run/serve_gpu.json" "$OUT/$log.json" 2>/dev/null
+    tar czf "$OUT/$name.tgz" -C /tmp --exclude='prof-*' "$name" "$name-run" 2>/dev/null
+    grep -v '^{' "$OUT/$log.txt" | tail -40
+}
 for mode in "$@"; do  # several in one call share its 10 minutes (the timeouts count from the call's start)
 case "$mode" in
 serve-tests)
@@ -84,26 +96,13 @@ serve-tests)
         ${PENDING_TESTS:+-k "$PENDING_TESTS"} > "$OUT/serve_placed.txt" 2>&1
     tail -5 "$OUT/serve_placed.txt"
     ;;
-serve)
-    # what an earlier call made: its serve-plans.tgz (carried: the plans' programs fill a call's 64 MiB
-    # unpacked), or the folder it holds
-    if [ -f .gpuwork/serve-plans.tgz ]; then tar xzf .gpuwork/serve-plans.tgz -C /tmp
-    elif [ -d .gpuwork/serve-plans ]; then cp -r .gpuwork/serve-plans /tmp/serve-plans; fi
-    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve --cases plans --plans-dir /tmp/serve-plans \
-        --requests "$REQUESTS" --plan-seconds 15 > "$OUT/serve_plans.txt" 2>&1
-    cp /tmp/serve/serve_gpu.json "$OUT/" 2>/dev/null
-    # the profiles' programs are large; the plans, the log and the servers' logs come back
-    tar czf "$OUT/serve-plans.tgz" -C /tmp --exclude='prof-*' serve-plans serve 2>/dev/null
-    grep -v '^{' "$OUT/serve_plans.txt" | tail -40
-    ;;
-serve-64)
-    [ -f .gpuwork/serve-plans-64.tgz ] && tar xzf .gpuwork/serve-plans-64.tgz -C /tmp serve-plans-64
-    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-64 --cases plans --plan-slots 64 \
-        --plans-dir /tmp/serve-plans-64 --requests 32 --plan-seconds 15 > "$OUT/serve_plans_64.txt" 2>&1
-    cp /tmp/serve-64/serve_gpu.json "$OUT/serve_gpu_64.json" 2>/dev/null
-    tar czf "$OUT/serve-plans-64.tgz" -C /tmp --exclude='prof-*' serve-plans-64 serve-64 2>/dev/null
-    grep -v '^{' "$OUT/serve_plans_64.txt" | tail -40
-    ;;
+serve) plans_run serve-plans serve_plans --cases plans --requests "$REQUESTS" ;;
+serve-moe) plans_run serve-plans-moe serve_plans_moe --cases plans --plans-model moe --requests "$REQUESTS" ;;
+serve-64) plans_run serve-plans-64 serve_plans_64 --cases plans --plan-slots 64 --requests 32 ;;
+capped-plans)  # beside the pair's other three ways
+    plans_run serve-plans-capped serve_capped_plans --cases capped,capped-plans --requests 48 ;;
+capped-plans-64) plans_run serve-plans-capped-64 serve_capped_64_plans --cases capped-plans --capped-plan-slots 64 \
+    --requests 48 ;;
 serve-two)
     mkdir -p /tmp/two/model
     python3 -c "from bench.serve_gpu import LLAMA8B, config_json; print(config_json(LLAMA8B))" > /tmp/two/model/config.json
@@ -123,31 +122,11 @@ capped)
     cp /tmp/serve-capped/serve_gpu.json "$OUT/serve_gpu_capped.json" 2>/dev/null
     grep -v '^{' "$OUT/serve_capped.txt" | tail -30
     ;;
-capped-plans|capped-plans-64)
-    # capped-plans: 32 slots, beside the pair's other three ways; capped-plans-64: the plans alone, at 64
-    if [ "$mode" = capped-plans ]; then slots=32 name=capped cases=capped,capped-plans
-    else slots=64 name=capped-64 cases=capped-plans; fi
-    [ -f ".gpuwork/serve-plans-$name.tgz" ] && tar xzf ".gpuwork/serve-plans-$name.tgz" -C /tmp "serve-plans-$name"
-    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out "/tmp/serve-$name-plans" --cases "$cases" \
-        --capped-plan-slots $slots --plans-dir "/tmp/serve-plans-$name" --requests 48 --plan-seconds 15 \
-        > "$OUT/serve_${name/-/_}_plans.txt" 2>&1
-    cp "/tmp/serve-$name-plans/serve_gpu.json" "$OUT/serve_gpu_${name/-/_}_plans.json" 2>/dev/null
-    tar czf "$OUT/serve-plans-$name.tgz" -C /tmp --exclude='prof-*' "serve-plans-$name" 2>/dev/null
-    grep -v '^{' "$OUT/serve_${name/-/_}_plans.txt" | tail -40
-    ;;
 moe-strategies)
     timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-moe-strategies --cases moe-strategies \
         --requests 12 > "$OUT/serve_moe_strategies.txt" 2>&1
     cp /tmp/serve-moe-strategies/serve_gpu.json "$OUT/serve_gpu_moe_strategies.json" 2>/dev/null
     grep -v '^{' "$OUT/serve_moe_strategies.txt" | tail -30
-    ;;
-serve-moe)
-    [ -f .gpuwork/serve-plans-moe.tgz ] && tar xzf .gpuwork/serve-plans-moe.tgz -C /tmp serve-plans-moe
-    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-moe --cases plans --plans-model moe \
-        --plans-dir /tmp/serve-plans-moe --requests "$REQUESTS" --plan-seconds 15 > "$OUT/serve_plans_moe.txt" 2>&1
-    cp /tmp/serve-moe/serve_gpu.json "$OUT/serve_gpu_moe.json" 2>/dev/null
-    tar czf "$OUT/serve-plans-moe.tgz" -C /tmp --exclude='prof-*' serve-plans-moe serve-moe 2>/dev/null
-    grep -v '^{' "$OUT/serve_plans_moe.txt" | tail -40
     ;;
 place)
     timeout 45 python3 -m bench.link_cost --out /tmp/place/link --profile a:64 --profile b:32 > "$OUT/link.txt" 2>&1
