@@ -58,6 +58,9 @@
 #                                           # it as .gpuwork/place-table.tgz) and the next call runs the rest
 #                                           # (--resume). To see it: python -m bench.place_table DIR/place-table.
 #                                           # Run on an H100 on 2026-12-06 in two calls (tests/data/h100-place-table)
+#   bash bench/pending_run.sh place-different  # the different-kernel pair's 11 rows of it (--pairs different),
+#                                           # resumable as place-table is (place-different.tgz): since 2026-12-06
+#                                           # its profiles keep the pair's graphs launched together (not yet run)
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
 # installs them first. transformers 5.24 travels too: the image's older one (5.17) repeats every
 # layer's keys and values in each decode step (half the 8B's step at batch 8 on an H100;
@@ -67,8 +70,10 @@
 set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
-    case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|capped-plans-64|serve-tests|place|place-table) ;;
-    *) echo "usage: bash bench/pending_run.sh serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|capped-plans-64|serve-tests|place|place-table ..." >&2
+    case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|capped-plans-64|serve-tests|\
+        place|place-table|place-different) ;;
+    *) echo "usage: bash bench/pending_run.sh MODE ... (MODE: serve, serve-moe, serve-64, serve-two, moe-strategies," \
+            "capped, capped-plans, capped-plans-64, serve-tests, place, place-table, place-different)" >&2
        exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
@@ -140,14 +145,17 @@ place)
     tail -15 "$OUT/place_pairs.txt"
     tar czf "$OUT/place.tgz" -C /tmp place
     ;;
-place-table)
-    mkdir -p /tmp/place-table
-    [ -f .gpuwork/place-table.tgz ] && tar xzf .gpuwork/place-table.tgz -C /tmp place-table
-    cat "$OUT/smi.txt" >> /tmp/place-table/smi.txt  # one nvidia-smi line a call
-    timeout $((END + 10 - SECONDS)) python3 -m bench.place_pairs --out /tmp/place-table --resume \
-        --budget-s $((END - 100 - SECONDS)) > "$OUT/place_table.txt" 2>&1
-    tail -4 "$OUT/place_table.txt"
-    tar czf "$OUT/place-table.tgz" -C /tmp place-table
+place-table|place-different)
+    # the whole table, or the different-kernel pair's 11 rows alone (place-different)
+    name=$mode pairs=()
+    [ "$mode" = place-different ] && pairs=(--pairs different)
+    mkdir -p "/tmp/$name"
+    [ -f ".gpuwork/$name.tgz" ] && tar xzf ".gpuwork/$name.tgz" -C /tmp "$name"
+    cat "$OUT/smi.txt" >> "/tmp/$name/smi.txt"  # one nvidia-smi line a call
+    timeout $((END + 10 - SECONDS)) python3 -m bench.place_pairs --out "/tmp/$name" --resume "${pairs[@]}" \
+        --budget-s $((END - 100 - SECONDS)) > "$OUT/${name/-/_}.txt" 2>&1
+    tail -4 "$OUT/${name/-/_}.txt"
+    tar czf "$OUT/$name.tgz" -C /tmp "$name"
     ;;
 esac
 done
