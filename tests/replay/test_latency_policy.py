@@ -49,9 +49,10 @@ def test_the_latency_plan_is_never_slower_than_the_fastest_single_device(tmp_pat
 
 
 def test_a_latency_plan_is_made_where_the_greedy_schedule_overfills_the_home_device(tmp_path):
-    """The 8B's decode step recorded on an H100 (bucket 8, tests/data/h100-serve-two), its cache
-    grown to 64 slots of 2,048 tokens (17.2 GB) and pinned home, on two devices of 20 GB: the whole
-    step fits neither, and the greedy schedule, filling a in capture order, runs out of room there
+    """The 8B's decode step recorded on an H100 (bucket 8, tests/data/h100-serve-two, as the image's
+    transformers captured it: its repeated keys and values among the activations), its cache grown
+    to 64 slots of 2,048 tokens (17.2 GB) and pinned home, on two devices of 20 GB: the whole step
+    fits neither, and the greedy schedule, filling a in capture order, runs out of room there
     (23 GB). Plans that split the step fit (the cache and attention on a, the weights on b); the
     latency policy used to refuse the problem ("no valid latency plan"), and a server switching
     plans needs one. It is now the fastest placement that fits, and says why the greedy one is not."""
