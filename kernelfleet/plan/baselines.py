@@ -65,7 +65,7 @@ def baselines(problem: Problem) -> tuple[list[Plan], dict[str, str]]:
         plan.lower_bound_seconds = bound_any if rehomed else bound_home
         plans.append(plan)
     if "latency-greedy" in skipped and any(p.assignment for p in plans):  # the greedy schedule did not fit
-        plans.append(_fastest_request(problem, plans, skipped.pop("latency-greedy")))
+        return plans + [_fastest_request(problem, plans, skipped.pop("latency-greedy"))], skipped
     return [_fastest_request(problem, plans) if p.policy == "latency-greedy" else p for p in plans], skipped
 
 

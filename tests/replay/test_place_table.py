@@ -35,8 +35,8 @@ def test_the_recorded_run_covers_the_reference_and_transformers_steps_on_both_pa
         assert units == (kernels != "default") or "mamba" in folder.name, folder.name
 
 
-@pytest.mark.parametrize("folder", FOLDERS + CHECK + H100, ids=[f.name for f in FOLDERS] + [f"check-{f.name}" for f in CHECK]
-                         + [f"h100-{f.name}" for f in H100])
+@pytest.mark.parametrize("folder", FOLDERS + CHECK + H100, ids=[f.name for f in FOLDERS]
+                         + [f"check-{f.name}" for f in CHECK] + [f"h100-{f.name}" for f in H100])
 def test_each_row_follows_from_its_recorded_strategies(folder):
     row = place_table.row_of(folder)
     found = json.loads((folder / "disagg.json").read_text())["strategies"]
