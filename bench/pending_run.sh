@@ -43,7 +43,9 @@
 #                                           # serve-gpu.md, tenth run)
 #   bash bench/pending_run.sh capped-plans-64  # the same plans at the pipeline's 64 slots (--capped-plan-slots
 #                                           # 64: the cache, 17.2 GB, on a; the weights nearly all on b), served
-#                                           # alone; resumable as capped-plans is (serve-plans-capped-64.tgz)
+#                                           # alone; resumable as capped-plans is (serve-plans-capped-64.tgz).
+#                                           # Since 2026-12-06 both are made on the whole GPU each, as the pair's
+#                                           # other strategies run (the tenth run's were on partitions)
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 9 minutes: a call of its own;
 #                                           # all four passed on an H100 on 2026-12-06)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted

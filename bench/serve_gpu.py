@@ -41,9 +41,9 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
   ``--plans-dir`` keeps them for the next run). GPU only.
 * ``capped-plans`` (not in the default ``--cases``): kernelfleet's plans on the memory-capped pair,
   32 slots (``--capped-plan-slots``; the pipeline's 64 fit the caps only with a's weights moved to
-  b), each partition held to 20 GB in the plans and in the server (``bench/serve_plans.py``; in
-  ``--plans-dir``'s ``capped`` folder, else ``DIR/plans-work-capped-SLOTS``), its row beside the
-  capped pair's. GPU only.
+  b), on the pair's devices (the whole GPU each), each held to 20 GB in the plans and in the server
+  (``bench/serve_plans.py``; in ``--plans-dir``'s ``capped`` folder, else
+  ``DIR/plans-work-capped-SLOTS``), its row beside the capped pair's. GPU only.
 
 Tables, for each case:
 

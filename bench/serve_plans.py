@@ -20,11 +20,13 @@ On one H200 the two partitions split one GPU's SMs, so a placement over them can
 GPU (DESIGN, "What emulation on one GPU type can and cannot show"): the comparison shows the
 mechanism at full size and what the plans cost against their home partition, not a speed-up.
 
-``capped-plans`` (``--cases capped-plans``) makes them for the memory-capped pair instead: each
-partition may hold ``CAP_GB`` (``plan --device a:20``), the weights one share for every bucket
-(``plan-serve --one-share``), and the server holds each partition to it (``serve --device a:20``); it
-is compared with the capped pair's other strategies, so no home-alone twin is made (a alone cannot
-hold the model and its cache).
+``capped-plans`` (``--cases capped-plans``) makes them for the memory-capped pair instead: its
+devices are the pair's other strategies' (the whole GPU each, ``CAPPED_PROFILES``: the pair differs
+in memory, not in SMs), each may hold ``CAP_GB`` (``plan --device a:20``), the weights one share for
+every bucket (``plan-serve --one-share``), and the server holds each device to it (``serve --device
+a:20``); it is compared with the capped pair's other strategies, so no home-alone twin is made (a
+alone cannot hold the model and its cache). Until 2026-12-06 they were made on the partitions above,
+64 and 56 SMs, where the other strategies had the whole GPU (docs/validation/serve-gpu.md, tenth run).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from kernelfleet.serve.plan_buckets import IN_FLIGHT, Buckets, Runner, on_gpu
 SLOTS = 8
 PROFILES = ("a:64", "b:56")  # 120 SMs, what an H200 carves; the device names the plans use
 MILP_SECONDS = 60
-CAP_GB = 20  # what each partition may hold in capped-plans: the memory-capped pair's caps (bench.serve_gpu)
+CAP_GB = 20  # what each device may hold in capped-plans: the memory-capped pair's caps (bench.serve_gpu)
+CAPPED_PROFILES = ("a", "b")  # capped-plans' devices: the whole GPU each, as the pair's other strategies run
 
 
 def prepare(model: Path, out: Path, context: int, trials: int, run: Runner = plan_buckets.kernelfleet,
@@ -51,11 +54,12 @@ def prepare(model: Path, out: Path, context: int, trials: int, run: Runner = pla
     """Every bucket's plans for ``slots`` slots in ``out/plans`` (made where missing, or made for
     another number in flight) and their home-alone twins in ``out/plans-a`` (module docstring); the
     two folders. ``room``: the spec as the GPU's memory allows it (``plan_buckets.on_this_gpu``);
-    ``capped``: the plans of ``capped-plans`` (each device held to ``CAP_GB``, one share of the
-    weights), without twins (None)."""
+    ``capped``: the plans of ``capped-plans`` (on ``CAPPED_PROFILES``, each device held to
+    ``CAP_GB``, one share of the weights), without twins (None)."""
     plans, alone = out / "plans", out / "plans-a"
-    devices = [spec.split(":")[0] + (f":{CAP_GB}" if capped else "") for spec in PROFILES]
-    spec = Buckets(model, slots, context, list(PROFILES), devices, plans, out, trials, milp_seconds, in_flight,
+    profiles = CAPPED_PROFILES if capped else PROFILES
+    devices = [spec.split(":")[0] + (f":{CAP_GB}" if capped else "") for spec in profiles]
+    spec = Buckets(model, slots, context, list(profiles), devices, plans, out, trials, milp_seconds, in_flight,
                    one_share=capped)
     try:
         made = plan_buckets.make(room(spec) if room else spec, lambda line: print(line, flush=True), run=run)
@@ -78,7 +82,8 @@ def prepare(model: Path, out: Path, context: int, trials: int, run: Runner = pla
 
 def served_flags(plans: Path, slots: int = SLOTS, capped: bool = False) -> list[str]:
     """``kernelfleet serve``'s flags for a plan folder on the profiles of the plans, on GPU 0
-    (``capped``: each held to ``CAP_GB``)."""
-    caps = [x for spec in PROFILES for x in ("--device", f"{spec.split(':')[0]}:{CAP_GB}")] if capped else []
-    return ["--plans", str(plans), *[x for spec in PROFILES for x in ("--profile", on_gpu(spec))], *caps,
+    (``capped``: ``CAPPED_PROFILES``, each held to ``CAP_GB``)."""
+    profiles = CAPPED_PROFILES if capped else PROFILES
+    caps = [x for spec in profiles for x in ("--device", f"{spec.split(':')[0]}:{CAP_GB}")] if capped else []
+    return ["--plans", str(plans), *[x for spec in profiles for x in ("--profile", on_gpu(spec))], *caps,
             "--slots", str(slots)]

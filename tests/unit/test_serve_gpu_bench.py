@@ -159,7 +159,7 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
 
 
 def test_the_capped_pairs_plans_hold_each_partition_to_its_cap_with_one_share_of_the_weights(tmp_path):
-    """``capped-plans``: every plan is made with each partition held to 20 GB, bucket 1's share of the
+    """``capped-plans``: every plan is made with each device held to 20 GB, bucket 1's share of the
     weights first and every bucket's plans like it (plan-serve --one-share), at 32 slots; the server
     is held to the same caps, and no home-alone twin is made. On the CPU the case is refused in one
     line, as the plans cases are."""
@@ -176,8 +176,10 @@ def test_the_capped_pairs_plans_hold_each_partition_to_its_cap_with_one_share_of
     assert all(args[3:7] == ["--device", "a:20", "--device", "b:20"] for args in planned), planned[0]
     assert all("--weights-like" in args for args in planned[1:])  # bucket 1's share, then every bucket like it
     assert serve_plans.served_flags(plans, CAPPED_PLAN_SLOTS, capped=True) == [
-        "--plans", str(plans), "--profile", "a:64@0", "--profile", "b:56@0", "--device", "a:20", "--device", "b:20",
+        "--plans", str(plans), "--profile", "a@0", "--profile", "b@0", "--device", "a:20", "--device", "b:20",
         "--slots", "32"]
+    # the pair's devices, as its other strategies have them: the whole GPU each, held to 20 GB
+    assert all(args[2:6] == ["--profile", "a", "--profile", "b"] for args in ran if args[0] == "profile")
     assert refused(tmp_path, "--cases", "capped-plans") == ("bench.serve_gpu: the plans cases need a GPU (kernelfleet "
                                                             "profile and serve --plans capture CUDA graphs); --cpu runs "
                                                             "the other cases")
