@@ -63,6 +63,9 @@
 #   bash bench/pending_run.sh place-different  # the different-kernel pair's 11 rows of it (--pairs different),
 #                                           # resumable as place-table is (place-different.tgz): since 2026-12-06
 #                                           # its profiles keep the pair's graphs launched together (not yet run)
+#   bash bench/pending_run.sh place-x2      # issue 20's place rows, on a machine of two GPUs (nvidia-h200-x2):
+#                                           # bench.place_pairs --pairs same-x2 different-x2 gpus (33 rows: the two
+#                                           # pairs with b on GPU 1, and two whole GPUs), resumable as place-table
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
 # installs them first. transformers 5.24 travels too: the image's older one (5.17) repeats every
 # layer's keys and values in each decode step (half the 8B's step at batch 8 on an H100;
@@ -73,9 +76,9 @@ set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
     case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|capped-plans-64|serve-tests|\
-        place|place-table|place-different) ;;
+        place|place-table|place-different|place-x2) ;;
     *) echo "usage: bash bench/pending_run.sh MODE ... (MODE: serve, serve-moe, serve-64, serve-two, moe-strategies," \
-            "capped, capped-plans, capped-plans-64, serve-tests, place, place-table, place-different)" >&2
+            "capped, capped-plans, capped-plans-64, serve-tests, place, place-table, place-different, place-x2)" >&2
        exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
@@ -147,10 +150,11 @@ place)
     tail -15 "$OUT/place_pairs.txt"
     tar czf "$OUT/place.tgz" -C /tmp place
     ;;
-place-table|place-different)
-    # the whole table, or the different-kernel pair's 11 rows alone (place-different)
+place-table|place-different|place-x2)
+    # the whole table, the different-kernel pair's 11 rows alone, or the two-GPU rows (place-x2)
     name=$mode pairs=()
     [ "$mode" = place-different ] && pairs=(--pairs different)
+    [ "$mode" = place-x2 ] && pairs=(--pairs same-x2 different-x2 gpus)
     mkdir -p "/tmp/$name"
     [ -f ".gpuwork/$name.tgz" ] && tar xzf ".gpuwork/$name.tgz" -C /tmp "$name"
     cat "$OUT/smi.txt" >> "/tmp/$name/smi.txt"  # one nvidia-smi line a call

@@ -26,6 +26,9 @@ DIR`` makes the table of measured against predicted from what this writes (on an
 The targets: the six reference workloads (tiny presets: four replicas of an 8B step do not fit one
 H200), Llama and Qwen2-MoE from transformers, prefill and decode, and Mamba's decode (recurrent
 state), built from small configs (seeded random weights). Device b of the different-kernel pair captures with SDPA's math attention.
+
+On a machine of two GPUs, ``--pairs same-x2 different-x2 gpus`` runs the two-GPU rows (issue 20): the
+same two pairs with b on GPU 1, and two whole GPUs, b capturing its own kernels (math attention) on GPU 1.
 """
 
 from __future__ import annotations
@@ -45,7 +48,11 @@ from kernelfleet.runtime.plans import plan_files
 
 REFERENCE = ("llama-decode", "llama-prefill", "moe-decode", "mamba-decode", "vlm-prefill", "dit-denoise")
 TRANSFORMERS = ("hf-llama-prefill", "hf-llama-decode", "hf-qwen2moe-prefill", "hf-qwen2moe-decode", "hf-mamba-decode")
-PAIRS = {"same": ("a:64", "b:32"), "different": ("a:64", "b:32/math-attention")}
+PAIRS = {"same": ("a:64", "b:32"), "different": ("a:64", "b:32/math-attention"),
+         # issue 20's, on a machine of two GPUs: the same two pairs with b on GPU 1 (what the one-GPU pairs' shared
+         # memory system and power cap did to each strategy), and two whole GPUs, each capturing its own kernels
+         "same-x2": ("a:64", "b:32@1"), "different-x2": ("a:64", "b:32@1/math-attention"),
+         "gpus": ("a", "b@1/math-attention")}
 SIZES = {"vocab_size": 512, "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 8,
          "num_key_value_heads": 4, "max_position_embeddings": 256}
 
@@ -73,9 +80,10 @@ def target_of(name: str, folder: Path) -> str:
 
 
 def device_flag(profile: str) -> str:
-    """``a:64`` -> ``a:64@0``; ``b:32/math-attention`` -> ``b:32@0/math-attention`` (one GPU)."""
+    """``a:64`` -> ``a:64@0``; ``b:32/math-attention`` -> ``b:32@0/math-attention``: on GPU 0 where the
+    profile names no GPU (``b:32@1`` stays on GPU 1)."""
     head, _, kernels = profile.partition("/")
-    return f"{head}@0" + (f"/{kernels}" if kernels else "")
+    return (head if "@" in head else f"{head}@0") + (f"/{kernels}" if kernels else "")
 
 
 PHASES = ("profile", "plan", "disagg")
@@ -160,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() - began > args.budget_s:
                 skipped.append(f"{name}.{pair}")
                 continue
-            print(f"[{index + 1}/{len(wanted)}] {name} on the {pair}-kernel pair: {' '.join(args.phases)}", flush=True)
+            print(f"[{index + 1}/{len(wanted)}] {name} on pair {pair}: {' '.join(args.phases)}", flush=True)
             row = run_row(name, pair, args.out / f"{name}.{pair}", work, args.slots, args.repeats, args.trials,
                           tuple(p for p in PHASES if p in args.phases))
             print(f"    {row.get('failed', 'done')} ({row['seconds']} s)", flush=True)
