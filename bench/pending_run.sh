@@ -66,6 +66,10 @@
 #   bash bench/pending_run.sh place-x2      # issue 20's place rows, on a machine of two GPUs (nvidia-h200-x2):
 #                                           # bench.place_pairs --pairs same-x2 different-x2 gpus (33 rows: the two
 #                                           # pairs with b on GPU 1, and two whole GPUs), resumable as place-table
+#   bash bench/pending_run.sh capped-x2 strategies-x2  # issue 20's serve runs on two GPUs (bench.serve_gpu
+#                                           # --second-gpu 1: each pair's second device on GPU 1, the plans on the
+#                                           # whole of each): the capped pair four ways (plans at 64 slots,
+#                                           # resumable as capped-plans is), then the strategies at full size
 # Packages the image lacks travel as wheels in .whl (the device README says how); the caller
 # installs them first. transformers 5.24 travels too: the image's older one (5.17) repeats every
 # layer's keys and values in each decode step (half the 8B's step at batch 8 on an H100;
@@ -76,9 +80,10 @@ set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
     case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|capped-plans-64|serve-tests|\
-        place|place-table|place-different|place-x2) ;;
+        place|place-table|place-different|place-x2|capped-x2|strategies-x2) ;;
     *) echo "usage: bash bench/pending_run.sh MODE ... (MODE: serve, serve-moe, serve-64, serve-two, moe-strategies," \
-            "capped, capped-plans, capped-plans-64, serve-tests, place, place-table, place-different, place-x2)" >&2
+            "capped, capped-plans, capped-plans-64, serve-tests, place, place-table, place-different, place-x2, capped-x2," \
+            "strategies-x2)" >&2
        exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
@@ -113,6 +118,15 @@ capped-plans)  # beside the pair's other three ways
     plans_run serve-plans-capped serve_capped_plans --cases capped,capped-plans --requests 48 ;;
 capped-plans-64) plans_run serve-plans-capped-64 serve_capped_64_plans --cases capped-plans --capped-plan-slots 64 \
     --requests 48 ;;
+capped-x2)  # issue 20, on two GPUs: the capped pair four ways, each pair's second device on GPU 1
+    plans_run serve-plans-capped-x2 serve_capped_x2 --cases capped,capped-plans --capped-plan-slots 64 \
+        --second-gpu 1 --requests 48 ;;
+strategies-x2)  # issue 20: request distribution, the split and the pipeline at full size, on two GPUs
+    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-strategies-x2 \
+        --cases replicas,split,pipeline --second-gpu 1 --requests 12 > "$OUT/serve_strategies_x2.txt" 2>&1
+    cp /tmp/serve-strategies-x2/serve_gpu.json "$OUT/serve_strategies_x2.json" 2>/dev/null
+    grep -v '^{' "$OUT/serve_strategies_x2.txt" | tail -30
+    ;;
 serve-two)
     mkdir -p /tmp/two/model
     python3 -c "from bench.serve_gpu import LLAMA8B, config_json; print(config_json(LLAMA8B))" > /tmp/two/model/config.json

@@ -5,7 +5,7 @@ graph loop, then Poisson arrivals and a trace of requests against the real HTTP 
         [--cases llama8b,moe,capped,replicas,split,pipeline,moe-strategies,plans,capped-plans] \
         [--prefill-chunk N[,N...]] \
         [--prefill-batch N[,N...]] [--plans-dir DIR] [--plans-model llama8b|moe] [--plan-slots S] [--plan-in-flight K] \
-        [--capped-plan-slots S]
+        [--capped-plan-slots S] [--second-gpu N]
 
 Cases (each a config-only model directory, so the server draws seeded random bf16 weights on the
 GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
@@ -44,6 +44,10 @@ GPU; ``kernelfleet serve`` runs in its own process, as a user starts it):
   b), on the pair's devices (the whole GPU each), each held to 20 GB in the plans and in the server
   (``bench/serve_plans.py``; in ``--plans-dir``'s ``capped`` folder, else
   ``DIR/plans-work-capped-SLOTS``), its row beside the capped pair's. GPU only.
+
+``--second-gpu N`` puts every two-device case's second device on GPU N, and makes and serves the
+plans on the whole of each GPU (a on 0, b on N): the serve benchmark with the devices on separate
+GPUs (issue 20; ``bash bench/pending_run.sh capped-x2 strategies-x2``).
 
 Tables, for each case:
 
@@ -191,6 +195,16 @@ GROUPS = {"capped": (*CAPPED, "capped-split"), "plans": PLANNED,
 
 
 CARD_SHARE = 0.94  # of a GPU's memory its devices' caps may take together (on_card); the rest is the CUDA context's
+
+
+def on_gpus(case: Case, second_gpu: int) -> Case:
+    """``case`` with its second ``--device`` on GPU ``second_gpu`` (``--second-gpu``: a pair of two
+    GPUs, issue 20); as it is for 0, or with fewer than two devices."""
+    flags = list(case.flags)
+    devices = [k for k in range(1, len(flags)) if flags[k - 1] == "--device"]
+    if second_gpu and len(devices) > 1:
+        flags[devices[1]] = f"{flags[devices[1]].removesuffix('@0')}@{second_gpu}"
+    return replace(case, flags=tuple(flags))
 
 
 def on_card(case: Case, total_bytes: int) -> Case:
@@ -611,13 +625,14 @@ def capped_pair(results: list[CaseResult], setting: tuple[int, int]) -> CappedPa
                       plans_tokens_per_second=held.get("plans"))
 
 
-def plans_cases(plans: Path, home_alone: Path, model: str = "llama8b", slots: int = SLOTS) -> list[Case]:
+def plans_cases(plans: Path, home_alone: Path, model: str = "llama8b", slots: int = SLOTS,
+                second_gpu: int = 0) -> list[Case]:
     """The ``plans`` cases (module docstring) of ``model`` (``PLANS_MODELS``) at ``slots`` slots over
-    the plan folders ``bench.serve_plans.prepare`` made."""
+    the plan folders ``bench.serve_plans.prepare`` made (``second_gpu``: for two GPUs)."""
     rates, config = (4.0, 16.0, 64.0), PLANS_MODELS[model]
     return [Case("plans-whole", config, 2048, ("--slots", str(slots)), rates),
-            Case("plans-a", config, 2048, tuple(served_flags(home_alone, slots)), rates),
-            Case("plans", config, 2048, tuple(served_flags(plans, slots)), rates)]
+            Case("plans-a", config, 2048, tuple(served_flags(home_alone, slots, second_gpu=second_gpu)), rates),
+            Case("plans", config, 2048, tuple(served_flags(plans, slots, second_gpu=second_gpu)), rates)]
 
 
 def plans_model_dir(work: Path, model: str) -> Path:
@@ -719,6 +734,8 @@ def main() -> None:
                         "not fit the GPU)")
     parser.add_argument("--capped-plan-slots", type=int, default=CAPPED_PLAN_SLOTS, help="the capped-plans case's "
                         f"slots (default {CAPPED_PLAN_SLOTS}; 64: the pipeline's)")
+    parser.add_argument("--second-gpu", type=int, default=0, help="put each case's second device on this GPU "
+                        "(issue 20: the pair on two GPUs; the plans on the whole of each; default 0: one GPU)")
     parser.add_argument("--plan-trials", type=int, default=3, help="kernelfleet profile's --trials for the plans "
                         "cases (default 3)")
     parser.add_argument("--plan-seconds", type=float, default=60.0, help="kernelfleet plan's --time-limit (the MILP) "
@@ -748,6 +765,9 @@ def main() -> None:
                          f"--requests at least 1; got {args.cases!r} and {args.requests}")
     if not args.cpu and not torch.cuda.is_available():
         raise SystemExit(f"bench.serve_gpu: torch {torch.__version__} sees no CUDA device; --cpu runs the dry run")
+    if args.second_gpu < 0 or args.second_gpu and (args.cpu or args.second_gpu >= torch.cuda.device_count()):
+        raise SystemExit(f"bench.serve_gpu: --second-gpu {args.second_gpu}: not a GPU this machine has "
+                         f"({0 if args.cpu else torch.cuda.device_count()} GPUs)")
     args.out.mkdir(parents=True, exist_ok=True)
     shape = CPU_SHAPE if args.cpu else GPU_SHAPE
     trace = read_trace(args.trace) if args.trace else bursty_trace(args.requests * 2, shape, seed=7)
@@ -755,7 +775,8 @@ def main() -> None:
         write_trace(args.out / "trace.csv", trace)
     device = "the CPU" if args.cpu else torch.cuda.get_device_name(0)
     if not args.cpu:  # the strategies' caps are an H200's
-        cases = {name: on_card(case, torch.cuda.get_device_properties(0).total_memory) for name, case in cases.items()}
+        cases = {name: on_card(on_gpus(case, args.second_gpu), torch.cuda.get_device_properties(0).total_memory)
+                 for name, case in cases.items()}
     print(f"command: {command_line()}")
     print(f"{device}, torch {torch.__version__}, transformers {transformers.__version__}; {args.requests} requests "
           f"per rate, trace of {len(trace)} "
@@ -767,8 +788,9 @@ def main() -> None:
               f"--state-home{f' --in-flight {args.plan_in_flight}' if args.plan_in_flight else ''}):", flush=True)
         made = prepare(model, work, 2048, args.plan_trials, milp_seconds=args.plan_seconds,
                        in_flight=args.plan_in_flight or None, slots=args.plan_slots,
-                       room=lambda spec: on_this_gpu(spec, print))
-        cases.update((case.name, case) for case in plans_cases(*made, args.plans_model, args.plan_slots))
+                       room=lambda spec: on_this_gpu(spec, print), second_gpu=args.second_gpu)
+        cases.update((case.name, case) for case in plans_cases(*made, args.plans_model, args.plan_slots,
+                                                                args.second_gpu))
     if capped_planned:
         slots = args.capped_plan_slots
         work = args.plans_dir / "capped" if args.plans_dir else args.out / f"plans-work-capped-{slots}"
@@ -776,9 +798,10 @@ def main() -> None:
               f"{slots} slots), per batch bucket, in {work}:", flush=True)
         plans, _ = prepare(plans_model_dir(work, "llama8b"), work, 2048, args.plan_trials,
                            milp_seconds=args.plan_seconds, in_flight=args.plan_in_flight or None,
-                           slots=slots, room=lambda spec: on_this_gpu(spec, print), capped=True)
-        cases[CAPPED_PLANS] = Case(CAPPED_PLANS, LLAMA8B, 2048, tuple(served_flags(plans, slots, True)),
-                                   (16.0, 64.0), least_requests=48)
+                           slots=slots, room=lambda spec: on_this_gpu(spec, print), capped=True,
+                           second_gpu=args.second_gpu)
+        flags = served_flags(plans, slots, True, args.second_gpu)
+        cases[CAPPED_PLANS] = Case(CAPPED_PLANS, LLAMA8B, 2048, tuple(flags), (16.0, 64.0), least_requests=48)
     results = [run_case(cases[name], args, trace, shape, args.out, setting) for setting in settings for name in chosen]
     report = Report(command=command_line(), device=device, torch=torch.__version__,
                     transformers=transformers.__version__, cases=results,

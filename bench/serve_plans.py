@@ -37,6 +37,7 @@ from pathlib import Path
 
 from kernelfleet.errors import KernelfleetError
 from kernelfleet.plan.model import PLANNED_PROGRAM
+from kernelfleet.profile.run import parse_profile
 from kernelfleet.serve import plan_buckets
 from kernelfleet.serve.placed_plans import POLICIES, bucket_folder
 from kernelfleet.serve.plan_buckets import IN_FLIGHT, Buckets, Runner, on_gpu
@@ -48,17 +49,28 @@ CAP_GB = 20  # what each device may hold in capped-plans: the memory-capped pair
 CAPPED_PROFILES = ("a", "b")  # capped-plans' devices: the whole GPU each, as the pair's other strategies run
 
 
+def pair_profiles(capped: bool = False, second_gpu: int = 0) -> tuple[str, ...]:
+    """The plans' two devices: on two GPUs (``second_gpu`` above 0, issue 20) the whole of each, ``a``
+    on GPU 0 and ``b`` on ``second_gpu``; on one GPU ``PROFILES``' partitions, or for ``capped``
+    ``CAPPED_PROFILES``."""
+    if second_gpu:
+        return ("a", f"b@{second_gpu}")
+    return CAPPED_PROFILES if capped else PROFILES
+
+
 def prepare(model: Path, out: Path, context: int, trials: int, run: Runner = plan_buckets.kernelfleet,
             milp_seconds: float = MILP_SECONDS, in_flight: int | None = IN_FLIGHT, slots: int = SLOTS,
-            room: Callable[[Buckets], Buckets] | None = None, capped: bool = False) -> tuple[Path, Path | None]:
+            room: Callable[[Buckets], Buckets] | None = None, capped: bool = False,
+            second_gpu: int = 0) -> tuple[Path, Path | None]:
     """Every bucket's plans for ``slots`` slots in ``out/plans`` (made where missing, or made for
     another number in flight) and their home-alone twins in ``out/plans-a`` (module docstring); the
     two folders. ``room``: the spec as the GPU's memory allows it (``plan_buckets.on_this_gpu``);
     ``capped``: the plans of ``capped-plans`` (on ``CAPPED_PROFILES``, each device held to
-    ``CAP_GB``, one share of the weights), without twins (None)."""
+    ``CAP_GB``, one share of the weights), without twins (None); ``second_gpu``: on two GPUs
+    (:func:`pair_profiles`)."""
     plans, alone = out / "plans", out / "plans-a"
-    profiles = CAPPED_PROFILES if capped else PROFILES
-    devices = [spec.split(":")[0] + (f":{CAP_GB}" if capped else "") for spec in profiles]
+    profiles = pair_profiles(capped, second_gpu)
+    devices = [parse_profile(spec).name + (f":{CAP_GB}" if capped else "") for spec in profiles]
     spec = Buckets(model, slots, context, list(profiles), devices, plans, out, trials, milp_seconds, in_flight,
                    one_share=capped)
     try:
@@ -80,10 +92,10 @@ def prepare(model: Path, out: Path, context: int, trials: int, run: Runner = pla
     return plans, alone
 
 
-def served_flags(plans: Path, slots: int = SLOTS, capped: bool = False) -> list[str]:
-    """``kernelfleet serve``'s flags for a plan folder on the profiles of the plans, on GPU 0
-    (``capped``: ``CAPPED_PROFILES``, each held to ``CAP_GB``)."""
-    profiles = CAPPED_PROFILES if capped else PROFILES
-    caps = [x for spec in profiles for x in ("--device", f"{spec.split(':')[0]}:{CAP_GB}")] if capped else []
+def served_flags(plans: Path, slots: int = SLOTS, capped: bool = False, second_gpu: int = 0) -> list[str]:
+    """``kernelfleet serve``'s flags for a plan folder on the profiles of the plans (:func:`pair_profiles`),
+    on GPU 0 where they name none (``capped``: each held to ``CAP_GB``)."""
+    profiles = pair_profiles(capped, second_gpu)
+    caps = [x for spec in profiles for x in ("--device", f"{parse_profile(spec).name}:{CAP_GB}")] if capped else []
     return ["--plans", str(plans), *[x for spec in profiles for x in ("--profile", on_gpu(spec))], *caps,
             "--slots", str(slots)]

@@ -76,6 +76,7 @@ def refused(tmp_path: Path, *flags: str) -> str:
     (["--plan-slots", "65"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, 3600), "
      "--plan-in-flight within 0 to 256 and --plan-slots and --capped-plan-slots within 1 to 64, got 3, 60, 1, 65 "
      "and 32")),
+    (["--second-gpu", "1"], "bench.serve_gpu: --second-gpu 1: not a GPU this machine has (0 GPUs)"),
     (["--capped-plan-slots", "0"], ("bench.serve_gpu: --plan-trials must be at least 1, --plan-seconds within (0, "
      "3600), --plan-in-flight within 0 to 256 and --plan-slots and --capped-plan-slots within 1 to 64, got 3, 60, 1, "
      "8 and 0"))])
@@ -284,3 +285,25 @@ def test_a_load_on_a_server_over_plans_says_how_many_steps_ran_under_each_plan()
     finally:
         server.shutdown()
         thread.join()
+
+
+def test_second_gpu_puts_each_pairs_second_device_on_it_and_the_plans_on_two_whole_gpus(tmp_path):
+    """``--second-gpu 1`` (issue 20: the serve benchmark with the devices on separate GPUs): every
+    two-device case's second device moves to GPU 1, a one-device case stays, and GPU 0's caps are
+    then checked against its own card only; the plans are made and served on the whole of each GPU."""
+    from bench import serve_plans
+    from bench.serve_gpu import GPU_CASES, on_card, on_gpus
+
+    found = {case.name: case for case in GPU_CASES}
+    assert on_gpus(found["capped-split"], 1).flags[-4:] == ("--device", "pre:20@0", "--device", "dec:20@1")
+    assert on_gpus(found["moe-pipeline"], 1).flags[-2:] == ("--device", "p1:60@1")
+    assert on_gpus(found["llama8b"], 1) == found["llama8b"] and on_gpus(found["replicas"], 0) == found["replicas"]
+    h100 = 85e9  # the replicas' 60 + 60 GB do not fit one H100 and are scaled; one on each card they fit
+    assert on_card(found["replicas"], h100).flags != found["replicas"].flags
+    assert on_card(on_gpus(found["replicas"], 1), h100).flags[-3:] == ("r0:60@0", "--device", "r1:60@1")
+    ran: list[list[str]] = []
+    plans, _ = serve_plans.prepare(tmp_path / "model", tmp_path, 2048, 3, run=recorder(ran), slots=2,
+                                   capped=True, second_gpu=1)
+    assert all(args[2:6] == ["--profile", "a", "--profile", "b@1"] for args in ran if args[0] == "profile")
+    assert all(args[3:7] == ["--device", "a:20", "--device", "b:20"] for args in ran if args[0] == "plan")
+    assert serve_plans.served_flags(plans, 2, True, 1)[2:6] == ["--profile", "a@0", "--profile", "b@1"]
