@@ -35,7 +35,7 @@
 #                                           # replicas, pipeline and the split), 48 requests a rate; ~4 min; run
 #                                           # on an H100 on 2026-12-06 (serve-gpu.md, ninth run)
 #   bash bench/pending_run.sh capped-plans  # kernelfleet's plans on the capped pair (bench.serve_gpu --cases
-#                                           # capped,capped-plans: 32 slots, 20 GB a partition, one share of the
+#                                           # capped,capped-plans: 32 slots, 20 GB a device, one share of the
 #                                           # weights) beside its other three ways; resumable as serve-64 is, the
 #                                           # plans back in $OUT/serve-plans-capped.tgz (carry it as
 #                                           # .gpuwork/serve-plans-capped.tgz). Made and served in one call on an
