@@ -249,17 +249,18 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, links: LinkTable) -> int:
     import torch
 
-    from bench.place_pairs import PAIRS, REFERENCE, TRANSFORMERS, device_flag, run_row, target_of
+    from bench.place_pairs import PAIRS, REFERENCE, TRANSFORMERS, run_row, target_of
     from kernelfleet.plan.command import load_costs
     from kernelfleet.profile.run import parse_profile
     from kernelfleet.runtime.gate import Gate
+    from kernelfleet.serve.plan_buckets import on_gpu
     from kernelfleet.workloads.targets import step_maker
 
     unknown = [t for t in args.targets if t not in (*REFERENCE, *TRANSFORMERS)]
     if unknown:
         raise UsageError(f"--targets: unknown {', '.join(unknown)}; expected some of {', '.join(REFERENCE + TRANSFORMERS)}")
     gpu_folder(args.out, "the edges are timed on the GPU the plans run on (--derive runs anywhere)")
-    profiles = {spec.name: spec for spec in (parse_profile(device_flag(p)) for p in PAIRS["same"])}
+    profiles = {spec.name: spec for spec in (parse_profile(on_gpu(p)) for p in PAIRS["same"])}
     plans: list[EdgePlan] = []
     refused: list[str] = []
     with tempfile.TemporaryDirectory() as scratch:

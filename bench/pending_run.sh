@@ -92,17 +92,22 @@ REQUESTS=${PENDING_REQUESTS:-8}  # a Poisson rate's requests in serve and serve-
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,memory.total --format=csv > "$OUT/smi.txt"
-plans_run() {  # plans_run NAME OUT FLAGS...: bench.serve_gpu FLAGS with its plans in /tmp/NAME, made where an
-    # earlier call's $OUT/NAME.tgz (carried as .gpuwork/NAME.tgz) lacks them; the plans (not the profiles' large
-    # programs) and the run's servers' logs come back in $OUT/NAME.tgz, the log and report as $OUT/OUT.{txt,json}
+serve_run() {  # serve_run DIR LOG REPORT FLAGS...: bench.serve_gpu --out DIR FLAGS, its log as $OUT/LOG.txt and
+    # its report as $OUT/REPORT.json, the log's tables shown
+    local dir=$1 log=$2 report=$3
+    shift 3
+    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out "$dir" "$@" > "$OUT/$log.txt" 2>&1
+    cp "$dir/serve_gpu.json" "$OUT/$report.json" 2>/dev/null
+    grep -v '^{' "$OUT/$log.txt" | tail -40
+}
+plans_run() {  # plans_run NAME OUT FLAGS...: serve_run with its plans in /tmp/NAME, made where an earlier call's
+    # $OUT/NAME.tgz (carried as .gpuwork/NAME.tgz) lacks them; the plans (not the profiles' large programs) and the
+    # run's servers' logs come back in $OUT/NAME.tgz, the log and report as $OUT/OUT.{txt,json}
     local name=$1 log=$2
     shift 2
     [ -f ".gpuwork/$name.tgz" ] && tar xzf ".gpuwork/$name.tgz" -C /tmp "$name"
-    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out "/tmp/$name-run" --plans-dir "/tmp/$name" \
-        --plan-seconds 15 "$@" > "$OUT/$log.txt" 2>&1
-    cp "/tmp/$name-run/serve_gpu.json" "$OUT/$log.json" 2>/dev/null
+    serve_run "/tmp/$name-run" "$log" "$log" --plans-dir "/tmp/$name" --plan-seconds 15 "$@"
     tar czf "$OUT/$name.tgz" -C /tmp --exclude='prof-*' "$name" "$name-run" 2>/dev/null
-    grep -v '^{' "$OUT/$log.txt" | tail -40
 }
 for mode in "$@"; do  # several in one call share its 10 minutes (the timeouts count from the call's start)
 case "$mode" in
@@ -122,11 +127,8 @@ capped-x2)  # issue 20, on two GPUs: the capped pair four ways, each pair's seco
     plans_run serve-plans-capped-x2 serve_capped_x2 --cases capped,capped-plans --capped-plan-slots 64 \
         --second-gpu 1 --requests 48 ;;
 strategies-x2)  # issue 20: request distribution, the split and the pipeline at full size, on two GPUs
-    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-strategies-x2 \
-        --cases replicas,split,pipeline --second-gpu 1 --requests 12 > "$OUT/serve_strategies_x2.txt" 2>&1
-    cp /tmp/serve-strategies-x2/serve_gpu.json "$OUT/serve_strategies_x2.json" 2>/dev/null
-    grep -v '^{' "$OUT/serve_strategies_x2.txt" | tail -30
-    ;;
+    serve_run /tmp/serve-strategies-x2 serve_strategies_x2 serve_strategies_x2 --cases replicas,split,pipeline \
+        --second-gpu 1 --requests 12 ;;
 serve-two)
     mkdir -p /tmp/two/model
     python3 -c "from bench.serve_gpu import LLAMA8B, config_json; print(config_json(LLAMA8B))" > /tmp/two/model/config.json
@@ -140,18 +142,9 @@ serve-two)
     tar czf "$OUT/serve-two.tgz" -C /tmp --exclude='*.gz' two 2>/dev/null
     tail -40 "$OUT/serve_two.txt"
     ;;
-capped)
-    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-capped --cases capped --requests 48 \
-        > "$OUT/serve_capped.txt" 2>&1
-    cp /tmp/serve-capped/serve_gpu.json "$OUT/serve_gpu_capped.json" 2>/dev/null
-    grep -v '^{' "$OUT/serve_capped.txt" | tail -30
-    ;;
-moe-strategies)
-    timeout $((END - SECONDS)) python3 -m bench.serve_gpu --out /tmp/serve-moe-strategies --cases moe-strategies \
-        --requests 12 > "$OUT/serve_moe_strategies.txt" 2>&1
-    cp /tmp/serve-moe-strategies/serve_gpu.json "$OUT/serve_gpu_moe_strategies.json" 2>/dev/null
-    grep -v '^{' "$OUT/serve_moe_strategies.txt" | tail -30
-    ;;
+capped) serve_run /tmp/serve-capped serve_capped serve_gpu_capped --cases capped --requests 48 ;;
+moe-strategies) serve_run /tmp/serve-moe-strategies serve_moe_strategies serve_gpu_moe_strategies \
+    --cases moe-strategies --requests 12 ;;
 place)
     timeout 45 python3 -m bench.link_cost --out /tmp/place/link --profile a:64 --profile b:32 > "$OUT/link.txt" 2>&1
     link=/tmp/place/link/links.json

@@ -45,6 +45,7 @@ from pathlib import Path
 from bench import Parser, command_line
 from kernelfleet.costs.table import GRAPHS
 from kernelfleet.runtime.plans import plan_files
+from kernelfleet.serve.plan_buckets import on_gpu
 
 REFERENCE = ("llama-decode", "llama-prefill", "moe-decode", "mamba-decode", "vlm-prefill", "dit-denoise")
 TRANSFORMERS = ("hf-llama-prefill", "hf-llama-decode", "hf-qwen2moe-prefill", "hf-qwen2moe-decode", "hf-mamba-decode")
@@ -79,13 +80,6 @@ def target_of(name: str, folder: Path) -> str:
     return f"hf:{folder / model},{phase}"
 
 
-def device_flag(profile: str) -> str:
-    """``a:64`` -> ``a:64@0``; ``b:32/math-attention`` -> ``b:32@0/math-attention``: on GPU 0 where the
-    profile names no GPU (``b:32@1`` stays on GPU 1)."""
-    head, _, kernels = profile.partition("/")
-    return (head if "@" in head else f"{head}@0") + (f"/{kernels}" if kernels else "")
-
-
 PHASES = ("profile", "plan", "disagg")
 
 
@@ -100,7 +94,7 @@ def run_row(name: str, pair: str, out: Path, work: Path, slots: int, repeats: in
         ["profile", target, "--profile", a, "--profile", b, "--trials", str(trials), "--out", str(profile)],
         ["plan", str(profile / "program.json"), str(profile / "costs.json"), "--device", "a", "--device", "b",
          "--policy", "all", "--in-flight", str(slots), "--out", str(plans)],
-        ["bench", "disagg", target, "--plans", str(plans), "--device", device_flag(a), "--device", device_flag(b),
+        ["bench", "disagg", target, "--plans", str(plans), "--device", on_gpu(a), "--device", on_gpu(b),
          "--slots", str(slots), "--repeats", str(repeats), "--costs", str(profile / "costs.json"), "--out", str(runs)],
     ]
     out.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from bench import place_pairs
+from kernelfleet.serve.plan_buckets import on_gpu
 
 pytestmark = pytest.mark.unit
 
@@ -45,9 +46,9 @@ def test_without_resume_an_earlier_run_is_not_kept(tmp_path):
 def test_the_two_gpu_pairs_put_b_on_gpu_1_in_every_command(tmp_path):
     """Issue 20's rows: the one-GPU pairs with b on GPU 1, and two whole GPUs. Each command names b's GPU
     (profile, then bench disagg's devices); on the CPU profile then fails in one line, which the row keeps."""
-    assert [place_pairs.device_flag(p) for p in place_pairs.PAIRS["different-x2"]] == ["a:64@0",
+    assert [on_gpu(p) for p in place_pairs.PAIRS["different-x2"]] == ["a:64@0",
                                                                                     "b:32@1/math-attention"]
-    assert [place_pairs.device_flag(p) for p in place_pairs.PAIRS["gpus"]] == ["a@0", "b@1/math-attention"]
+    assert [on_gpu(p) for p in place_pairs.PAIRS["gpus"]] == ["a@0", "b@1/math-attention"]
     row = place_pairs.run_row("llama-decode", "gpus", tmp_path / "row", tmp_path / "work", 2, 1, 1)
     log = (tmp_path / "row" / "log.txt").read_text()
     assert log.startswith("$ kernelfleet profile llama-decode --profile a --profile b@1/math-attention ")
