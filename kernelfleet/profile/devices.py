@@ -123,7 +123,8 @@ class DeviceProfile:
         self.hog_bytes_per_second: float | None = None
 
     def __enter__(self) -> DeviceProfile:
-        if self.spec.sms is None:
+        if self.spec.sms is None:  # a stream of its own: two whole-GPU profiles timed together run side by side
+            self._streams = [torch.cuda.Stream(device=self.spec.device)]
             return self
         self._held_at, parts = _partitions(self.spec, self.driver, self.first_group)
         _HELD[self.driver, self.spec.device][self._held_at] = sm_groups(self.spec)
@@ -146,7 +147,7 @@ class DeviceProfile:
     @contextmanager
     def active(self) -> Iterator[torch.cuda.Stream]:
         """The stream work on this profile runs on, made current for torch."""
-        stream = self._streams[0] if self._streams else torch.cuda.current_stream(self.spec.device)
+        stream = self._streams[0]
         with torch.cuda.device(self.spec.device), torch.cuda.stream(stream):
             yield stream
 

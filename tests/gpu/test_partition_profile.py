@@ -57,3 +57,21 @@ def test_every_launch_of_a_small_step_is_timed_on_two_profiles():
     for launch, row in enumerate(costs.seconds):
         for name in seconds:
             assert math.isfinite(row[name]) and row[name] > 0, (launch, program.launches[launch].name, name, row[name])
+
+
+def test_two_whole_gpu_profiles_of_one_gpu_are_timed_side_by_side():
+    """Each whole-GPU profile runs on a stream of its own: on one stream (the current one, as they
+    had until 2026-12-06) the one timed queued behind the other's load, and profile failed with
+    "the other devices' graphs kept finishing before its timed launches did"."""
+    from kernelfleet.kernels.cuda.capture import capture
+    from kernelfleet.profile.devices import ProfileSpec
+    from kernelfleet.profile.run import step_times
+    from kernelfleet.workloads.steps import llama_decode
+
+    step = llama_decode()
+    captured = capture(step.fn, step.args, module=step.module, what=step.name)
+    times = step_times({"a": [captured], "b": [captured]}, [ProfileSpec("a"), ProfileSpec("b")], trials=3)
+    print(f"alone {times.alone}, shared {times.shared}, together {times.together}")
+    assert set(times.shared) == {"a", "b"} and times.together is not None
+    for name, alone in times.alone.items():  # the GPU shared by two: never faster than alone, beyond noise
+        assert times.shared[name] > 0.9 * alone, (name, times.shared[name], alone)
