@@ -3,10 +3,11 @@ NCCL between them (``runtime/distributed.py``), started by torchrun (runs on GPU
 
     torchrun --nproc-per-node 2 -m kernelfleet bench disagg-nccl llama8b-decode --plans PLANS
 
-Rank r runs the r-th profile of ``--device`` (``runtime/ranks.py``: its replicas, the validator
-and the gate). A strategy is gated as in bench disagg — each slot's outputs at its home equal, bit
-for bit, that capture's own replay — before it is timed, and a failing one is reported, never
-timed. Its time is the median
+Rank r runs the r-th profile of ``--device`` (``runtime/ranks.py``: its replicas, captured with
+its own kernels, the validator and the gate). A strategy is gated as in bench disagg — each slot's
+outputs at its home equal, bit for bit, that capture's own replay, or where the ranks captured
+different kernels agree within the tolerance gate — before it is timed, and a failing one is
+reported, never timed. Its time is the median
 over ``repeats`` of: a host barrier, every rank issuing its ops, every rank synchronising, a host
 barrier (rank 0's clock; the two barriers alone, measured the same way, are reported beside it).
 Paced links pace each copy on its receiving rank (``runtime/distributed.py``); priorities give
@@ -50,7 +51,7 @@ from kernelfleet.plan.slots import estimate, uniform_link
 from kernelfleet.profile.devices import ProfileSpec
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.distributed import RankBuilt, release_rank
-from kernelfleet.runtime.gate import IDENTICAL
+from kernelfleet.runtime.gate import passed
 from kernelfleet.runtime.ranks import Rank
 from kernelfleet.workloads.steps import Step
 
@@ -83,12 +84,12 @@ def measure(rank: Rank, strategy: Strategy, repeats: int, seconds: Callable[[int
     try:
         priorities = bool(strategy.options.get("priorities"))
         gate = rank.gate(built, strategy.homes, priorities)
-        if gate != IDENTICAL:
+        if not passed(gate):
             return {"gate": gate}
         rounds = [round_seconds(rank, built, priorities) for _ in range(repeats)]
         idle = statistics.median(round_seconds(rank)[0] for _ in range(repeats))
         median = statistics.median(r[0] for r in rounds)
-        return {"gate": IDENTICAL, "seconds": median, "slots": used, "slots_per_second": used / median,
+        return {"gate": gate, "seconds": median, "slots": used, "slots_per_second": used / median,
                 "predicted_seconds": prediction(built.combined, strategy, seconds, contention),
                 "barrier_seconds": idle, "issue_seconds": statistics.median(r[1] for r in rounds),
                 "segments": sum(op.kind == "segment" for op in built.ops),

@@ -19,6 +19,10 @@ k-th copy between two ranks is the k-th on both: sends and receives match, and a
 only for ops earlier in the list, no rank can wait on one that waits on it (``tests/unit/
 test_distributed.py`` simulates every rank of real plans to check both).
 
+Where the devices captured different kernels (each rank with its own), a plan places units
+(``graph/units.py``): a segment holds its units' chains of captured nodes, and a copy's bytes are
+found in each capture through the devices' unit views, as in the one-process executor.
+
 Against the single graph this pays a host launch per segment and per copy, and NCCL serialises a
 pair's copies on one stream in each direction's common order; it is what crosses hosts.
 
@@ -38,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelfleet.graph.units import UnitView
 from kernelfleet.kernels.cuda.driver import CUDA, CudaDriver
 from kernelfleet.kernels.ir import Program, merged_ranges
 from kernelfleet.plan.schedule import Node
@@ -112,12 +117,15 @@ def weights_read(program: Program, assignment: list[str], device: str) -> list[t
 class RankSlot:
     """One micro-batch as one rank sees it: every device's program of the slot (gathered from the
     ranks; the home one defines the copies), this rank's replica, where each launch runs, and the
-    device that holds the step's inputs and gets its outputs."""
+    device that holds the step's inputs and gets its outputs; where the devices captured different
+    kernels, every device's unit view (``graph/units.py``: the programs are theirs, and a copy's
+    bytes are found through them)."""
 
     programs: dict[str, Program]
     replica: Replica
     assignment: list[str]
     home: str
+    units: dict[str, UnitView] | None = None
 
 
 @dataclass
@@ -147,7 +155,7 @@ def build_rank(slots: list[RankSlot], device: str, alias: Callable[[int, int], A
                       waited=frozenset(w for op in ops for w in op.waits), driver=driver)
     if throttle is not None and any(op.kind == "recv" for op in ops):
         built.link = LinkKernels(driver.current_context(), driver)
-    places = [Places(s.home, s.programs) for s in slots]
+    places = [Places(s.home, s.programs, s.units) for s in slots]
     launch_nodes: dict[int, list[list[int]]] = {}
     try:
         for i, op in enumerate(ops):

@@ -215,8 +215,7 @@ class Gate:
         said = tolerance(self.agreements(homes))
         if not passed(said) or self.slots[0][homes[0]].decode is None:
             return said
-        ok, over = self.decode_verdict(lambda: run(built, stream.cuda_stream), homes[0], stream)
-        return f"{said}; {over}" if ok else f"outside tolerance over decode steps: {over}; one step {said}"
+        return decode_gate(said, self.decode_verdict(lambda: run(built, stream.cuda_stream), homes[0], stream))
 
     def decoded(self, step: Callable[[], None], home: str, stream: torch.cuda.Stream, forced: bool,
                 steps: int = DECODE_STEPS) -> tuple[torch.Tensor, list[list[int]]]:
@@ -240,14 +239,27 @@ class Gate:
                 replica.captured.replay()
 
         forced = agreement(self.decoded(reference, home, stream, True)[0], self.decoded(step, home, stream, True)[0])
-        ref_tokens, tokens = self.decoded(reference, home, stream, False)[1], self.decoded(step, home, stream, False)[1]
-        same = sum(a == b for a, b in zip(ref_tokens, tokens))
-        flips = forced.reference_margin_where_argmax_differs
-        return forced.passed, (
-            f"teacher-forced over {len(tokens)} decode steps: min cosine {forced.min_cosine:.6f}, argmax agreement "
-            f"{forced.argmax_agreement:.2%}{f', largest flip margin {max(flips):.4g}' if flips else ''} (near-tie "
-            f"bound {forced.near_tie_bound:.4g}); free-running greedy: {same} of {len(tokens)} steps chose the "
-            f"reference's tokens (last step: reference {ref_tokens[-1]}, placed {tokens[-1]})")
+        return decode_report(forced, self.decoded(reference, home, stream, False)[1],
+                             self.decoded(step, home, stream, False)[1])
+
+
+def decode_report(forced: Agreement, ref_tokens: list[list[int]], tokens: list[list[int]]) -> tuple[bool, str]:
+    """The multi-step gate's verdict (module docstring): passed, and what it found, from the
+    teacher-forced steps' agreement and the free-running greedy tokens of the reference and the plan."""
+    same = sum(a == b for a, b in zip(ref_tokens, tokens))
+    flips = forced.reference_margin_where_argmax_differs
+    return forced.passed, (
+        f"teacher-forced over {len(tokens)} decode steps: min cosine {forced.min_cosine:.6f}, argmax agreement "
+        f"{forced.argmax_agreement:.2%}{f', largest flip margin {max(flips):.4g}' if flips else ''} (near-tie "
+        f"bound {forced.near_tie_bound:.4g}); free-running greedy: {same} of {len(tokens)} steps chose the "
+        f"reference's tokens (last step: reference {ref_tokens[-1]}, placed {tokens[-1]})")
+
+
+def decode_gate(said: str, over: tuple[bool, str]) -> str:
+    """A decode step's verdict: the one-step tolerance ``said`` with the multi-step ``over``
+    (:func:`decode_report`) beside it, or why it failed."""
+    ok, found = over
+    return f"{said}; {found}" if ok else f"outside tolerance over decode steps: {found}; one step {said}"
 
 
 def replays_differ(step: str, device: str, elements: int) -> str:

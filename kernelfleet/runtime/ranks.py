@@ -1,11 +1,15 @@
 """The correctness gate with one process per device and NCCL between them (runs on GPUs, under
 torchrun; ``runtime/distributed.py`` runs a rank's ops).
 
-Rank r runs the r-th device; it captures ``slots`` replicas of the step on its own GPU, and the
-ranks swap their programs (the home one defines every copy). Every slot's placement passes the
-validator against the default home's capture (``runtime/plans.py``) before a rank builds it, so
-every rank refuses alike. The gate runs the strategy once from the captured state, outputs zeroed:
-each slot's outputs at its home must equal that capture's own replay bit for bit, on every rank.
+Rank r runs the r-th device; it captures ``slots`` replicas of the step on its own GPU with the
+device's kernels (``profile.devices.KERNELS``), and the ranks swap their programs (the home one
+defines every copy). Where two ranks launch different kernels, the ranks swap their captures too
+and every rank lines them up into the same units (``graph/units.py``), which plans then place.
+Every slot's placement passes the validator against the default home's capture (``runtime/plans.py``)
+before a rank builds it, so every rank refuses alike. The gate runs the strategy once from the
+captured state, outputs zeroed: each slot's outputs at its home must equal that capture's own
+replay bit for bit, on every rank, or with units agree with it within ``runtime/gate.py``'s
+tolerance, over decode steps too for a decode step.
 
 :meth:`Rank.place_weights` frees, in each capture, the weights no launch of this rank reads, so a
 plan holds its weights where it places them behind the same gate.
@@ -22,14 +26,27 @@ import torch.distributed as dist
 
 from kernelfleet.costs.table import CostTable
 from kernelfleet.errors import UsageError
+from kernelfleet.graph.units import UnitView
 from kernelfleet.kernels.cuda.replay import device_bytes, saved_state
+from kernelfleet.kernels.ir import Program
 from kernelfleet.plan.model import Device
 from kernelfleet.profile.devices import DeviceProfile, ProfileSpec, sm_groups
 from kernelfleet.runtime import plans
 from kernelfleet.runtime.distributed import RankBuilt, RankSlot, build_rank, run_rank, weights_read
-from kernelfleet.runtime.gate import verdict
+from kernelfleet.runtime.executor import Replica
+from kernelfleet.runtime.gate import (
+    DECODE_STEPS,
+    agreement,
+    decode_gate,
+    decode_report,
+    decode_steps,
+    passed,
+    tolerance,
+    verdict,
+    zero,
+)
 from kernelfleet.runtime.link import Throttle
-from kernelfleet.runtime.replicas import capture_replicas, differing_elements, restore_all
+from kernelfleet.runtime.replicas import capture_replicas, differing_elements, restore_all, units_across
 
 if TYPE_CHECKING:
     from kernelfleet.workloads.steps import Step
@@ -61,7 +78,8 @@ class Rank:
         self.replicas, self.restores = [], []
         self.stages = {"before capture": allocated()}
         for k in range(slots):
-            replicas, restores = capture_replicas(make_step, {self.device: self.spec.device}, k)
+            replicas, restores = capture_replicas(make_step, {self.device: self.spec.device}, k,
+                                                  {self.device: self.spec.kernels})
             self.replicas.append(replicas[self.device])
             self.restores += restores
             self.stages[f"slot {k} captured"] = allocated()
@@ -72,8 +90,18 @@ class Rank:
         self.references = [[t.clone() for t in r.captured.output_tensors()] for r in self.replicas]
         self.stages["references"] = allocated()
         restore_all(self.restores)
-        gathered = self.gathered([r.program for r in self.replicas])
-        self.programs = [{d: gathered[j][k] for j, d in enumerate(self.devices)} for k in range(slots)]
+        self.programs: list[dict[str, Program]] = []
+        self.units: list[dict[str, UnitView] | None] = []  # each slot's units, where the ranks' kernels differ
+        gathered = self.gathered([(r.captured.raw, r.program) for r in self.replicas])
+        for k, replica in enumerate(self.replicas):
+            programs = {d: gathered[j][k][1] for j, d in enumerate(self.devices)}
+            units = units_across({d: gathered[j][k][0] for j, d in enumerate(self.devices)}, programs)
+            if units is not None:
+                programs = {d: view.program for d, view in units.items()}
+                self.replicas[k] = Replica(replica.captured, programs[self.device], units=units[self.device],
+                                           decode=replica.decode)
+            self.programs.append(programs)
+            self.units.append(units)
         memory = {name: torch.cuda.get_device_properties(spec.device).total_memory for name, spec in profiles.items()}
         self.problem = plans.problem(self.programs[0][self.devices[0]], [Device(d, memory[d]) for d in self.devices],
                                      costs)
@@ -109,7 +137,10 @@ class Rank:
         """This rank's part of strategy ``name`` over the first ``len(assignments)`` slots, once
         every slot passed the validator; ``options`` as ``distributed.build_rank``'s. ``release_rank`` it."""
         plans.check_slots(self.problem, name, assignments, homes)
-        slots = [RankSlot(self.programs[k], self.replicas[k], a, h) for k, (a, h) in enumerate(zip(assignments, homes))]
+        slots = [RankSlot(self.programs[k], self.replicas[k], a, h, self.units[k])
+                 for k, (a, h) in enumerate(zip(assignments, homes))]
+        if self.units[0] is not None:  # units: each device's nodes in capture order (gate.Gate.graph says why)
+            options["overlap"] = False
         return build_rank(slots, self.device, device_bytes, throttle, **options)
 
     def run(self, built: RankBuilt, priorities: bool = False) -> None:
@@ -118,18 +149,49 @@ class Rank:
 
     def gate(self, built: RankBuilt, homes: list[str], priorities: bool = False) -> str:
         """Run ``built`` once on every rank from the captured state, outputs zeroed: the gate's
-        verdict (``gate.verdict``) over every rank's home slots, the same on every rank."""
+        verdict over every rank's home slots, the same on every rank: bit for bit
+        (``gate.verdict``), or where the ranks captured different kernels the tolerance of
+        ``runtime/gate.py`` (over decode steps too, for a decode step)."""
         restore_all(self.restores)
         mine = [k for k, home in enumerate(homes) if home == self.device]
         for k in mine:
-            for t in self.replicas[k].captured.output_tensors():
-                t.fill_(0)
+            zero(self.replicas[k].captured.output_tensors())
         self.barrier()
         self.run(built, priorities)
         torch.cuda.synchronize()
         self.barrier()
         wrong = {k: differing_elements(self.references[k], self.replicas[k].captured.output_tensors()) for k in mine}
-        return verdict({k: n for part in self.gathered(wrong) for k, n in part.items() if n})
+        wrong = {k: n for part in self.gathered(wrong) for k, n in part.items() if n}
+        if not wrong or self.units[0] is None:
+            return verdict(wrong)
+        found = [agreement(ref, out) for k in mine
+                 for ref, out in zip(self.references[k], self.replicas[k].captured.output_tensors())]
+        said = tolerance([a for part in self.gathered(found) for a in part])
+        if not passed(said) or self.replicas[0].decode is None:
+            return said
+        return decode_gate(said, self._decode_verdict(built, homes[0], priorities))
+
+    def _decode_verdict(self, built: RankBuilt, home: str, priorities: bool) -> tuple[bool, str]:
+        """``gate.Gate.decode_verdict`` across the ranks: every rank feeds the same decode steps to
+        its own capture's inputs (they are the same step's) and runs each step's ops, so all take as
+        many steps; slot 0's home compares its outputs with its own replay's. Home's verdict."""
+        replica = self.replicas[0]
+
+        def decoded(step: Callable[[], None], forced: bool) -> tuple[torch.Tensor, list[list[int]]]:
+            restore_all(self.restores)
+            try:
+                return decode_steps(step, replica.captured.args, replica.decode,
+                                    lambda: replica.captured.output_tensors()[0], forced, DECODE_STEPS,
+                                    torch.cuda.synchronize)
+            finally:
+                restore_all(self.restores)
+
+        def placed() -> None:
+            self.run(built, priorities)
+
+        forced = agreement(decoded(replica.captured.replay, True)[0], decoded(placed, True)[0])
+        report = decode_report(forced, decoded(replica.captured.replay, False)[1], decoded(placed, False)[1])
+        return self.gathered(report)[self.rank_of[home]]
 
     def place_weights(self, assignments: list[list[str]]) -> int:
         """Free, in each slot's capture, the weight tensors none of this rank's launches (slot k:

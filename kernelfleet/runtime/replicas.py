@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernelfleet.graph.units import views
+from kernelfleet.graph.units import UnitView, views
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.cuda.capture import capture
 from kernelfleet.kernels.cuda.replay import saved_state
@@ -24,6 +24,8 @@ from kernelfleet.profile.devices import choosing_kernels
 from kernelfleet.runtime.executor import Replica
 
 if TYPE_CHECKING:
+    from kernelfleet.kernels.ir import Program
+    from kernelfleet.kernels.raw import RawCapture
     from kernelfleet.workloads.steps import Step
 
 
@@ -57,11 +59,18 @@ def capture_each(make_step: Callable[[str, int], Step], gpus: dict[str, int], se
 def aligned(replicas: dict[str, Replica]) -> dict[str, Replica]:
     """``replicas`` as they are where every capture launches the same kernels; else each placing the
     units its capture shares with the others (``graph/units.py``), aligned on the first's."""
-    if len({tuple((n.kind, n.name) for n in r.captured.raw.nodes) for r in replicas.values()}) <= 1:
+    found = units_across({d: r.captured.raw for d, r in replicas.items()}, {d: r.program for d, r in replicas.items()})
+    if found is None:
         return replicas
-    found = views({d: r.captured.raw for d, r in replicas.items()}, {d: r.program for d, r in replicas.items()},
-                  next(iter(replicas)))
     return {d: Replica(r.captured, found[d].program, units=found[d], decode=r.decode) for d, r in replicas.items()}
+
+
+def units_across(raws: dict[str, RawCapture], programs: dict[str, Program]) -> dict[str, UnitView] | None:
+    """Each device's units (``graph/units.py``), aligned on the first device's, where any two of the
+    captures ``raws`` (assembled: ``programs``) launch different kernels; None where all launch alike."""
+    if len({tuple((n.kind, n.name) for n in raw.nodes) for raw in raws.values()}) <= 1:
+        return None
+    return views(raws, programs, next(iter(raws)))
 
 
 def restore_all(restores: list[Callable[[], None]]) -> None:

@@ -192,3 +192,55 @@ def test_a_merge_with_two_devices_of_one_name_is_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "kernelfleet", "profile-merge", str(first), "--out",
                            str(tmp_path / "m")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "launches.a.json" in done.stderr and "Traceback" not in done.stderr
+
+
+def touched(program: Program, unit: int | None, address: int, length: int, mode: str) -> bool:
+    """Whether ``unit`` of ``program`` touches [address, address + length) so (``mode``: read or
+    write), or for a step input (no unit) whether some buffer of ``program`` holds it."""
+    buffers = {b.id: b for b in program.buffers}
+    if unit is None:
+        return any(b.address <= address and address + length <= b.address + b.size_bytes for b in buffers.values())
+    return any(buffers[a.buffer].address + a.offset_bytes <= address and address + length <= buffers[a.buffer].address
+               + a.end for a in program.launches[unit].accesses if a.mode == mode)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_rank_builds_its_units_from_its_own_capture_and_finds_every_copy_in_them(target):
+    """``bench disagg-nccl`` on this pair: a process per device, each capturing with its own kernels
+    (``runtime/ranks.py`` lines the ranks' captures up into units as one process does). Every
+    recorded plan split across the two, built rank by rank on the null driver: a rank's graphs hold
+    exactly its units' nodes of its own capture, and each copy it sends or receives is bytes that
+    the unit writing or reading them touches in its own capture."""
+    from recorded import twin_replicas
+
+    from kernelfleet.kernels.cuda.null import NullDriver
+    from kernelfleet.runtime.distributed import RankSlot, build_rank, release_rank
+    from kernelfleet.runtime.executor import Replica
+    from kernelfleet.runtime.replicas import units_across
+
+    twins = twin_replicas(DATA / target, "disagg", DEVICES)
+    units = units_across({d: r.captured.raw for d, r in twins.items()}, {d: r.program for d, r in twins.items()})
+    assert units is not None and units["a"].program == unit_views(target, "disagg")["a"].program
+    programs = {d: view.program for d, view in units.items()}
+    built_plans = 0
+    for path in sorted((DATA / target).glob("plans.*.json")):
+        plan = runtime_plans.read(path)
+        if not plan.assignment or len(set(plan.assignment)) == 1:
+            continue
+        home = plan.details.home or "a"
+        for device in DEVICES:
+            replica = Replica(twins[device].captured, programs[device], units=units[device])
+            null = NullDriver()
+            built = build_rank([RankSlot(programs, replica, plan.assignment, home, units)], device,
+                               lambda address, length: (address, length), driver=null, overlap=False)
+            mine = [u for u, d in enumerate(plan.assignment) if d == device]
+            assert sorted(x.what for x in null.added if x.kind == "launch") == \
+                sorted((device, 0, node) for u in mine for node in units[device].nodes()[u])
+            for i, (address, length) in built.buffers.items():
+                t = built.combined[built.ops[i].items[0]].node.copy
+                unit, mode = (t.writer, "write") if built.ops[i].kind == "send" else (t.reader, "read")
+                assert touched(programs[device], unit, address, length, mode), (path.name, device, t)
+            release_rank(built)
+            assert null.live == set()
+        built_plans += 1
+    assert built_plans >= 3

@@ -51,5 +51,25 @@ def test_the_two_gpu_pairs_put_b_on_gpu_1_in_every_command(tmp_path):
     assert [on_gpu(p) for p in place_pairs.PAIRS["gpus"]] == ["a@0", "b@1/math-attention"]
     row = place_pairs.run_row("llama-decode", "gpus", tmp_path / "row", tmp_path / "work", 2, 1, 1)
     log = (tmp_path / "row" / "log.txt").read_text()
-    assert log.startswith("$ kernelfleet profile llama-decode --profile a --profile b@1/math-attention ")
-    assert row["failed"].startswith("kernelfleet profile exited ") and "Traceback" not in log
+    assert log.startswith("$ python -m kernelfleet profile llama-decode --profile a --profile b@1/math-attention ")
+    assert row["failed"].startswith("profile exited ") and "Traceback" not in log
+
+
+def test_the_nccl_phase_runs_bench_disagg_nccl_a_process_per_gpu(tmp_path):
+    """``--phases nccl``: the row's plans under torchrun, one process a device, each device on its own
+    GPU (here no plans were made: each process stops in one line, which the row keeps)."""
+    row = place_pairs.run_row("llama-decode", "gpus", tmp_path / "row", tmp_path / "work", 2, 1, 1, ("nccl",))
+    log = (tmp_path / "row" / "log.txt").read_text()
+    assert log.startswith("$ python -m torch.distributed.run --nproc-per-node 2 -m kernelfleet bench disagg-nccl "
+                          "llama-decode --plans ")
+    assert "--device a@0 --device b@1/math-attention --slots 2" in log
+    assert row["failed"].startswith("nccl exited 1: kernelfleet: error: ") and "plans: no such folder" in row["failed"]
+    assert list(row["seconds"]) == ["nccl"]
+
+
+def test_the_nccl_phase_refuses_a_pair_on_one_gpu(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        place_pairs.main(["--out", str(tmp_path), "--pairs", "gpus", "different", "--phases", "nccl"])
+    assert stopped.value.code == 2
+    assert "--phases nccl needs each pair on two GPUs (NCCL runs one process a GPU): different is on one" in \
+        capsys.readouterr().err
