@@ -66,6 +66,11 @@
 #   bash bench/pending_run.sh place-x2      # issue 20's place rows, on a machine of two GPUs (nvidia-h200-x2):
 #                                           # bench.place_pairs --pairs same-x2 different-x2 gpus (33 rows: the two
 #                                           # pairs with b on GPU 1, and two whole GPUs), resumable as place-table
+#   bash bench/pending_run.sh place-nccl-x2 # issue 20's process-per-GPU rows: Llama and Qwen2-MoE decode from
+#                                           # transformers on different-x2 and gpus, each also under torchrun
+#                                           # (bench.place_pairs --phases profile plan disagg nccl: bench
+#                                           # disagg-nccl, b's rank capturing its own kernels), resumable as
+#                                           # place-table is (place-nccl-x2.tgz)
 #   bash bench/pending_run.sh capped-x2 strategies-x2  # issue 20's serve runs on two GPUs (bench.serve_gpu
 #                                           # --second-gpu 1: each pair's second device on GPU 1, the plans on the
 #                                           # whole of each): the capped pair four ways (plans at 64 slots,
@@ -80,10 +85,10 @@ set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
     case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|capped-plans-64|serve-tests|\
-        place|place-table|place-different|place-x2|capped-x2|strategies-x2) ;;
+        place|place-table|place-different|place-x2|place-nccl-x2|capped-x2|strategies-x2) ;;
     *) echo "usage: bash bench/pending_run.sh MODE ... (MODE: serve, serve-moe, serve-64, serve-two, moe-strategies," \
-            "capped, capped-plans, capped-plans-64, serve-tests, place, place-table, place-different, place-x2, capped-x2," \
-            "strategies-x2)" >&2
+            "capped, capped-plans, capped-plans-64, serve-tests, place, place-table, place-different, place-x2," \
+            "place-nccl-x2, capped-x2, strategies-x2)" >&2
        exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
@@ -157,11 +162,13 @@ place)
     tail -15 "$OUT/place_pairs.txt"
     tar czf "$OUT/place.tgz" -C /tmp place
     ;;
-place-table|place-different|place-x2)
-    # the whole table, the different-kernel pair's 11 rows alone, or the two-GPU rows (place-x2)
+place-table|place-different|place-x2|place-nccl-x2)
+    # the whole table, the different-kernel pair's 11 rows alone, or the two-GPU rows (place-x2, place-nccl-x2)
     name=$mode pairs=()
     [ "$mode" = place-different ] && pairs=(--pairs different)
     [ "$mode" = place-x2 ] && pairs=(--pairs same-x2 different-x2 gpus)
+    [ "$mode" = place-nccl-x2 ] && pairs=(--pairs different-x2 gpus --targets hf-llama-decode hf-qwen2moe-decode \
+        --phases profile plan disagg nccl)
     mkdir -p "/tmp/$name"
     [ -f ".gpuwork/$name.tgz" ] && tar xzf ".gpuwork/$name.tgz" -C /tmp "$name"
     cat "$OUT/smi.txt" >> "/tmp/$name/smi.txt"  # one nvidia-smi line a call
