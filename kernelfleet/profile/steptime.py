@@ -54,14 +54,15 @@ LOAD_TRIES = 3
 
 class StepGraph:
     """The step's chains (one per capture of ``chains``) as one instantiated graph whose nodes run
-    in ``context`` (None: the first capture's, the whole GPU), or chain k's in ``contexts[k]``;
-    chained, or independent when ``free``."""
+    in ``context`` (None: the first capture's, the whole GPU), or chain k's in ``contexts[k]`` (None:
+    its capture's); chained, or independent when ``free``."""
 
     def __init__(self, chains: list[Captured], context: Any = None, *, free: bool = False,
                  contexts: list[Any] | None = None) -> None:
         self.chains, self.driver = chains, chains[0].driver
         self.where = chains[0].context if context is None else context
-        self.contexts = contexts or [self.where] * len(chains)
+        self.contexts = [self.where] * len(chains) if contexts is None else [
+            chain.context if where is None else where for chain, where in zip(chains, contexts)]
         self.free = free
         self._graph = self._executable = None
 

@@ -68,9 +68,11 @@ def test_two_whole_gpu_profiles_of_one_gpu_are_timed_side_by_side():
     from kernelfleet.profile.run import step_times
     from kernelfleet.workloads.steps import llama_decode
 
-    step = llama_decode()
-    captured = capture(step.fn, step.args, module=step.module, what=step.name)
-    times = step_times({"a": [captured], "b": [captured]}, [ProfileSpec("a"), ProfileSpec("b")], trials=3)
+    captures = {}
+    for name in ("a", "b"):  # a capture each: run at once, one capture's graphs would race on its buffers
+        step = llama_decode()
+        captures[name] = [capture(step.fn, step.args, module=step.module, what=step.name)]
+    times = step_times(captures, [ProfileSpec("a"), ProfileSpec("b")], trials=3)
     print(f"alone {times.alone}, shared {times.shared}, together {times.together}")
     assert set(times.shared) == {"a", "b"} and times.together is not None
     for name, alone in times.alone.items():  # the GPU shared by two: never faster than alone, beyond noise
