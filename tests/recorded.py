@@ -45,13 +45,6 @@ def misplaced_copies(views: dict, home: str, other: str, assignment: list[str]) 
     mine, theirs = views[home], views[other]
     translate = UnitAddressMap(mine, theirs)
     buffers = {b.id: b for b in mine.program.buffers}
-    there = {b.id: b for b in theirs.program.buffers}
-
-    def touches(unit: int, address: int, length: int, mode: str) -> bool:
-        return any(there[a.buffer].address + a.offset_bytes <= address
-                   and address + length <= there[a.buffer].address + a.end
-                   for a in theirs.program.launches[unit].accesses if a.mode == mode)
-
     checked, wrong = 0, []
     for t in transfers(mine.program, assignment, home):
         b = buffers[t.buffer]
@@ -64,9 +57,19 @@ def misplaced_copies(views: dict, home: str, other: str, assignment: list[str]) 
                                  b.address + t.offset_bytes, t.length_bytes)
         unit, mode = (t.reader, "read") if t.dst == other else (t.writer, "write")
         checked += 1
-        if unit is not None and not touches(unit, at, t.length_bytes, mode):
+        if unit is not None and not touches(theirs.program, unit, at, t.length_bytes, mode):
             wrong.append(t)
     return checked, wrong
+
+
+def touches(program, unit: int | None, address: int, length: int, mode: str) -> bool:
+    """Whether launch (or unit) ``unit`` of ``program`` touches [address, address + length) so
+    (``mode``: read or write), or for a step input (no unit) whether some buffer of ``program`` holds it."""
+    buffers = {b.id: b for b in program.buffers}
+    if unit is None:
+        return any(b.address <= address and address + length <= b.address + b.size_bytes for b in buffers.values())
+    return any(buffers[a.buffer].address + a.offset_bytes <= address and address + length <= buffers[a.buffer].address
+               + a.end for a in program.launches[unit].accesses if a.mode == mode)
 
 
 def kubelet_reply(doc: dict) -> bytes:

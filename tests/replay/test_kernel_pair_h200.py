@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
-from recorded import misplaced_copies
+from recorded import misplaced_copies, touches
 
 from kernelfleet.costs.table import CostTable
 from kernelfleet.graph.units import differing_units, views
@@ -39,6 +39,14 @@ def unit_views(target: str, stage: str):
     raws = {d: RawCapture.load(DATA / target / f"{stage}.capture.{d}.json.gz" if stage == "profile"
                                else DATA / target / f"disagg.{d}.capture.json.gz") for d in DEVICES}
     return views(raws, {d: assemble(r) for d, r in raws.items()}, "a")
+
+
+def split_plans(target: str):
+    """Each recorded plan of ``target`` that runs on both devices: (its file, the plan, its home)."""
+    for path in sorted((DATA / target).glob("plans.*.json")):
+        plan = runtime_plans.read(path)
+        if plan.assignment and len(set(plan.assignment)) > 1:
+            yield path, plan, plan.details.home or "a"
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -66,11 +74,7 @@ def test_every_copy_of_every_plan_lands_in_its_units_bytes_on_the_other_replica(
     found = unit_views(target, "disagg")
     assert found["a"].raw.regions[0].address != found["b"].raw.regions[0].address  # a model per device
     counted = 0
-    for path in sorted((DATA / target).glob("plans.*.json")):
-        plan = runtime_plans.read(path)
-        if not plan.assignment or len(set(plan.assignment)) == 1:
-            continue
-        home = plan.details.home or "a"
+    for path, plan, home in split_plans(target):
         checked, wrong = misplaced_copies(found, home, "b" if home == "a" else "a", plan.assignment)
         assert wrong == [], path.name
         counted += checked
@@ -194,16 +198,6 @@ def test_a_merge_with_two_devices_of_one_name_is_one_line(tmp_path):
     assert done.returncode == 2 and "launches.a.json" in done.stderr and "Traceback" not in done.stderr
 
 
-def touched(program: Program, unit: int | None, address: int, length: int, mode: str) -> bool:
-    """Whether ``unit`` of ``program`` touches [address, address + length) so (``mode``: read or
-    write), or for a step input (no unit) whether some buffer of ``program`` holds it."""
-    buffers = {b.id: b for b in program.buffers}
-    if unit is None:
-        return any(b.address <= address and address + length <= b.address + b.size_bytes for b in buffers.values())
-    return any(buffers[a.buffer].address + a.offset_bytes <= address and address + length <= buffers[a.buffer].address
-               + a.end for a in program.launches[unit].accesses if a.mode == mode)
-
-
 @pytest.mark.parametrize("target", TARGETS)
 def test_each_rank_builds_its_units_from_its_own_capture_and_finds_every_copy_in_them(target):
     """``bench disagg-nccl`` on this pair: a process per device, each capturing with its own kernels
@@ -223,11 +217,7 @@ def test_each_rank_builds_its_units_from_its_own_capture_and_finds_every_copy_in
     assert units is not None and units["a"].program == unit_views(target, "disagg")["a"].program
     programs = {d: view.program for d, view in units.items()}
     built_plans = 0
-    for path in sorted((DATA / target).glob("plans.*.json")):
-        plan = runtime_plans.read(path)
-        if not plan.assignment or len(set(plan.assignment)) == 1:
-            continue
-        home = plan.details.home or "a"
+    for path, plan, home in split_plans(target):
         for device in DEVICES:
             replica = Replica(twins[device].captured, programs[device], units=units[device])
             null = NullDriver()
@@ -239,7 +229,7 @@ def test_each_rank_builds_its_units_from_its_own_capture_and_finds_every_copy_in
             for i, (address, length) in built.buffers.items():
                 t = built.combined[built.ops[i].items[0]].node.copy
                 unit, mode = (t.writer, "write") if built.ops[i].kind == "send" else (t.reader, "read")
-                assert touched(programs[device], unit, address, length, mode), (path.name, device, t)
+                assert touches(programs[device], unit, address, length, mode), (path.name, device, t)
             release_rank(built)
             assert null.live == set()
         built_plans += 1
