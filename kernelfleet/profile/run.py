@@ -95,16 +95,23 @@ def step_times(chains: dict[str, list[Any]], specs: list[ProfileSpec], *, togeth
     more (exactly two: their graphs launched together once too, ``steptime.together_seconds``), and
     with ``measure_link`` the link between every two of them (:func:`link_times`; off by
     default: the planners then price copies with it, and on the H200 pair that chose worse, docs/place.md). Partitions of one GPU that overlap (the whole GPU and a part of it) cannot run at once:
-    leave the whole GPU out of ``together``."""
+    leave the whole GPU out of ``together``; profiles timed together need captures of their own
+    (UsageError otherwise)."""
     from kernelfleet.profile.steptime import graph_seconds, shared_seconds, together_seconds
 
+    names = [spec.name for spec in specs] if together is None else together
+    owner: dict[int, str] = {}
+    for name in names:  # run at once, two devices' graphs over one capture would write its buffers together
+        for captured in chains[name]:
+            if owner.setdefault(id(captured), name) != name:
+                raise UsageError(f"profiles {owner[id(captured)]} and {name} are timed together over the same capture: "
+                                 "give each a capture of its own")
     alone, free = {}, {}
     for spec in specs:
         with DeviceProfile(spec) as device, device.active() as stream:
             alone[spec.name] = graph_seconds(chains[spec.name], stream, device.context, trials=trials)
             if len(chains[spec.name]) > 1:
                 free[spec.name] = graph_seconds(chains[spec.name], stream, device.context, trials=trials, free=True)
-    names = [spec.name for spec in specs] if together is None else together
     shared: dict[str, float] = {}
     links: list[MeasuredLink] = []
     at_once = None  # the pair's graphs launched together once
