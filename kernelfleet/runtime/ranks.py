@@ -174,7 +174,7 @@ class Rank:
     def _decode_verdict(self, built: RankBuilt, home: str, priorities: bool) -> tuple[bool, str]:
         """``gate.Gate.decode_verdict`` across the ranks: every rank feeds the same decode steps to
         its own capture's inputs (they are the same step's) and runs each step's ops, so all take as
-        many steps; slot 0's home compares its outputs with its own replay's. Home's verdict."""
+        many steps; slot 0's home alone decodes its own replay too and compares. Home's verdict."""
         replica = self.replicas[0]
 
         def decoded(step: Callable[[], None], forced: bool) -> tuple[torch.Tensor, list[list[int]]]:
@@ -189,8 +189,10 @@ class Rank:
         def placed() -> None:
             self.run(built, priorities)
 
-        forced = agreement(decoded(replica.captured.replay, True)[0], decoded(placed, True)[0])
-        report = decode_report(forced, decoded(replica.captured.replay, False)[1], decoded(placed, False)[1])
+        forced, free = decoded(placed, True)[0], decoded(placed, False)[1]  # every rank, in the same order
+        report = None if self.device != home else decode_report(
+            agreement(decoded(replica.captured.replay, True)[0], forced), decoded(replica.captured.replay, False)[1],
+            free)
         return self.gathered(report)[self.rank_of[home]]
 
     def place_weights(self, assignments: list[list[str]]) -> int:

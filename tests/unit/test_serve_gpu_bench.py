@@ -159,7 +159,7 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
     assert serve_plans.served_flags(wide / "plans", 16)[-2:] == ["--slots", "16"]
 
 
-def test_the_capped_pairs_plans_hold_each_partition_to_its_cap_with_one_share_of_the_weights(tmp_path):
+def test_the_capped_pairs_plans_hold_each_device_to_its_cap_with_one_share_of_the_weights(tmp_path):
     """``capped-plans``: every plan is made with each device held to 20 GB, bucket 1's share of the
     weights first and every bucket's plans like it (plan-serve --one-share), at 32 slots; the server
     is held to the same caps, and no home-alone twin is made. On the CPU the case is refused in one
