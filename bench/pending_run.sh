@@ -46,6 +46,10 @@
 #                                           # alone; resumable as capped-plans is (serve-plans-capped-64.tgz).
 #                                           # Since 2026-12-06 both are made on the whole GPU each, as the pair's
 #                                           # other strategies run (the tenth run's were on partitions)
+#   bash bench/pending_run.sh serve-contexts  # the server's context buckets against one whole-context graph
+#                                           # (bench.serve_contexts: the 8B at batches 1, 8 and 64, 64 slots of
+#                                           # 2048 tokens, every context bucket), then the server's own GPU tests
+#                                           # (tests/gpu/test_serve_gpu.py); about 3 minutes (not yet run)
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 9 minutes: a call of its own;
 #                                           # all four passed on an H100 on 2026-12-06)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
@@ -85,10 +89,10 @@ set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
     case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|capped-plans-64|serve-tests|\
-        place|place-table|place-different|place-x2|place-nccl-x2|capped-x2|strategies-x2) ;;
+        serve-contexts|place|place-table|place-different|place-x2|place-nccl-x2|capped-x2|strategies-x2) ;;
     *) echo "usage: bash bench/pending_run.sh MODE ... (MODE: serve, serve-moe, serve-64, serve-two, moe-strategies," \
-            "capped, capped-plans, capped-plans-64, serve-tests, place, place-table, place-different, place-x2," \
-            "place-nccl-x2, capped-x2, strategies-x2)" >&2
+            "capped, capped-plans, capped-plans-64, serve-contexts, serve-tests, place, place-table, place-different," \
+            "place-x2, place-nccl-x2, capped-x2, strategies-x2)" >&2
        exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
@@ -120,6 +124,14 @@ serve-tests)
     timeout $((END - 10 - SECONDS)) python3 -m pytest -m gpu tests/gpu/test_serve_placed.py -s -p no:cacheprovider \
         ${PENDING_TESTS:+-k "$PENDING_TESTS"} > "$OUT/serve_placed.txt" 2>&1
     tail -5 "$OUT/serve_placed.txt"
+    ;;
+serve-contexts)
+    timeout $((END - SECONDS)) python3 -m bench.serve_contexts --out /tmp/contexts > "$OUT/serve_contexts.txt" 2>&1
+    grep -v '^{' "$OUT/serve_contexts.txt" | tail -30
+    cp /tmp/contexts/serve_contexts.json "$OUT/" 2>/dev/null
+    timeout $((END - 10 - SECONDS)) python3 -m pytest -m gpu tests/gpu/test_serve_gpu.py -p no:cacheprovider \
+        > "$OUT/serve_gpu_tests.txt" 2>&1
+    tail -5 "$OUT/serve_gpu_tests.txt"
     ;;
 serve) plans_run serve-plans serve_plans --cases plans --requests "$REQUESTS" ;;
 serve-moe) plans_run serve-plans-moe serve_plans_moe --cases plans --plans-model moe --requests "$REQUESTS" ;;

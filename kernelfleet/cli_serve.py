@@ -1,8 +1,8 @@
 """``kernelfleet serve TARGET``: a model behind an OpenAI-compatible HTTP API.
 
 It parses and prints only; the loop, the backends and the app are in ``serve/``. On a GPU (the
-default) decode runs as captured graphs, one per batch bucket, with a progress bar while they are
-captured; ``--cpu`` runs the model eagerly on the CPU. Every flag, and whether the model fits the
+default) decode runs as captured graphs, one per batch and context bucket, with a progress bar
+while they are captured; ``--cpu`` runs the model eagerly on the CPU. Every flag, and whether the model fits the
 device's cap, is checked before the weights load, and the listening socket is bound before them
 too, so a mistake or a port clash is one line at once; the listening rules (loopback by default;
 another address needs ``--allow-remote`` and a token) are the agent's. ``--strategy`` with
@@ -153,12 +153,12 @@ def serve(
         raise
     backends = [] if cpu else engine.strategy.backends
     for backend in backends[:1] if strategy == "pipeline" else backends:
-        sizes = ", ".join(map(str, backend.sizes))
+        sizes, lengths = (", ".join(map(str, values)) for values in (backend.sizes, backend.lengths))
         on = f" on {backend.device}" if devices[1:] else ""
         if strategy == "pipeline":
             on = f" of each stage ({', '.join(s.name for s in backend.stages)}) and micro-batch group"
-        err.print(f"kernelfleet serve: decode graphs of batch buckets {sizes}{on} captured in "
-                  f"{time.perf_counter() - started:.1f} s", markup=False, highlight=False)
+        err.print(f"kernelfleet serve: decode graphs of batch buckets {sizes} and context buckets {lengths}{on} "
+                  f"captured in {time.perf_counter() - started:.1f} s", markup=False, highlight=False)
     how = f"{strategy}: " if strategy != "single" else ""
     err.print(f"kernelfleet serve: {served.name} on http://{host}:{port}/v1 ({slots} slots of "
               f"{engine.context_tokens} tokens, {how}{where})", markup=False, highlight=False)
@@ -272,7 +272,7 @@ def _built(served, slots: int, max_queue: int, context: int, token: str | None, 
         return build(served, slots, max_queue, context, token, **options)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from kernelfleet.serve.graphs import buckets
+    from kernelfleet.serve.graphs import buckets, lengths
 
     if strategy == "pipeline":
         decoding = micro_batch_slots(slots, micro_batches)
@@ -280,7 +280,8 @@ def _built(served, slots: int, max_queue: int, context: int, token: str | None, 
         decoding = [device.slots for device in devices[strategy == "split":]] or [slots]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:
-        task = bar.add_task("capturing decode graphs", total=sum(len(buckets(n)) for n in decoding))
+        total = sum(len(buckets(n)) for n in decoding) * len(lengths(context))
+        task = bar.add_task("capturing decode graphs", total=total)
         return build(served, slots, max_queue, context, token, graphs=True, **options,
-                     progress=lambda done, size: bar.update(task, completed=done,
-                                                            description=f"captured the graph of batch bucket {size}"))
+                     progress=lambda done, what: bar.update(task, completed=done,
+                                                            description=f"captured the decode graph of {what}"))

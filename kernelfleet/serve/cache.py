@@ -12,11 +12,11 @@ Two ways to aim a forward, the same writes and the same attended values:
 
 * eager (``rows`` a tensor, ``length`` given): the batch is any rows; attention reads them
   (gathered) up to the longest row's position, the least work, but the shapes change with the batch;
-* graph-safe (``rows=None``, ``length=None``): the batch is the cache's first rows, in order, and
-  attention reads them as they lie (a view) over the whole context, masked; ``positions`` is the
-  caller's persistent tensor, written in place between replays. Nothing in :meth:`update` reads a
-  tensor on the host, and no shape depends on what the tensors hold, so a CUDA graph captures the
-  forward once per batch size and replays it for any positions. The graph backend keeps the running
+* graph-safe (``rows=None``, ``length`` fixed per graph): the batch is the cache's first rows, in
+  order, and attention reads them as they lie (a view) up to ``length``, masked; ``positions`` is
+  the caller's persistent tensor, written in place between replays. Nothing in :meth:`update` reads
+  a tensor on the host, and no shape depends on what the tensors hold, so a CUDA graph captures the
+  forward once per (batch size, length) and replays it for any positions below the length. The graph backend keeps the running
   requests in the first rows (``rows.py``), moving one with :meth:`SlotCache.move` when needed.
 """
 

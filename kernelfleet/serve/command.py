@@ -117,12 +117,12 @@ class Placed:
 
 
 def build(served: Served, slots: int, max_queue: int, context_tokens: int | None = None,
-          token: str | None = None, graphs: bool = False, progress: Callable[[int, int], None] | None = None,
+          token: str | None = None, graphs: bool = False, progress: Callable[[int, str], None] | None = None,
           device_name: str | None = None, strategy: str = "single", devices: Sequence[Placed] = (),
           micro_batches: int | None = None, prefill_chunk_tokens: int | None = None,
           prefill_batch: int | None = None) -> tuple[Engine, FastAPI]:
     """A started engine over ``served`` and its app: eagerly, or with ``graphs`` through the graph
-    backend (captured where the model is on a GPU; ``progress(done, bucket)`` after each bucket).
+    backend (captured where the model is on a GPU; ``progress(done, what)`` after each capture).
     ``devices`` (default: ``served``'s model with ``slots``, named ``device_name``) are the
     strategy's, in ``--device`` order: under ``split`` the prefill device, then the decode one; under
     ``pipeline`` the stages, whose ``slots`` are split into ``micro_batches`` groups (pipeline.py;
@@ -132,7 +132,7 @@ def build(served: Served, slots: int, max_queue: int, context_tokens: int | None
     placed = list(devices) or [Placed(device_name, served.model, slots)]
     checked_strategy(strategy, [device.name for device in devices])
     counted = itertools.count(1)  # one progress count over every device's buckets
-    told = None if progress is None else (lambda done, size: progress(next(counted), size))
+    told = None if progress is None else (lambda done, what: progress(next(counted), what))
 
     def decoding(device: Placed) -> Backend:
         eager = EagerBackend(device.model, device.slots, context, device.name)

@@ -1,28 +1,33 @@
-"""The graph backend: decode as one captured CUDA graph per batch bucket, prefill eagerly.
+"""The graph backend: decode as one captured CUDA graph per (batch bucket, context bucket), prefill eagerly.
 
-At start, for each bucket (1, 2, 4, ... and the slots themselves: :func:`buckets`) it captures the
-graph-safe forward of :class:`~kernelfleet.serve.backend.EagerBackend` (``rows=None,
-length=None``: the batch is the cache's first rows, each attending its whole context, masked) over
-the bucket's persistent inputs, one ``(2, bucket)`` tensor holding the token ids and positions.
+At start, for each batch bucket (1, 2, 4, ... and the slots themselves: :func:`buckets`) and each
+context bucket (128, 256, ... tokens and the context itself: :func:`lengths`) it captures the
+graph-safe forward of :class:`~kernelfleet.serve.backend.EagerBackend` (``rows=None``: the batch is
+the cache's first rows, each attending the bucket's first positions, masked per row) over the
+bucket's persistent inputs, one ``(2, bucket)`` tensor holding the token ids and positions.
 
 ``decode`` first keeps the running requests in the first cache rows (``rows.py``: a request that
 left frees its row, and one past the running count moves into it), lays the batch out in row
-order, pads it to the smallest bucket that holds it, copies the two rows of inputs in with one
-host-to-device copy, replays that graph, and returns the logits in the engine's order. Pad rows
+order, pads it to the smallest batch bucket that holds it, takes the shortest context bucket that
+holds its furthest position, copies the two rows of inputs in with one host-to-device copy, replays
+that graph, and returns the logits in the engine's order. Context buckets exist because a masked
+attention costs what it reads, not what it keeps: on an H200 an 8B's batch-1 step took 8.15 ms
+attending 2048 positions and 6.87 ms attending 48 (docs/validation/serve-gpu.md). Pad rows
 write token 0 at the context's last position of rows past the running ones: no running request
 holds those rows, and no request ever writes that position (the API keeps a prompt and its
 ``max_tokens`` within the context, and a request's last token is never fed back, so the last
 position fed is the context's last but one). So a pad row never touches a request's keys and
 values, not even those of a request being prefilled in chunks that holds a row past the running
-ones (``rows.py``).
+ones (``rows.py``); under a shorter context bucket it writes past what the bucket attends, and attends
+the bucket's positions of its own row, whose output nobody reads.
 
 Prefill stays eager (a prompt, its chunk, or several whole prompts at once: ``prefill_many``):
 prompts and their chunks have any length. It writes the same
 :class:`~kernelfleet.serve.cache.SlotCache` tensors the graphs read; the slot a chunk went into is
 held (``Rows.prefilled``) until it decodes, so the row moves keep its keys and values.
 
-The graphs share one memory pool and are captured largest first, so the smaller ones reuse the
-largest one's activations. The logits a replay returns live in that pool: they are valid until
+The graphs share one memory pool and are captured largest first (batch, then context), so the
+smaller ones reuse the largest one's activations. The logits a replay returns live in that pool: they are valid until
 the next ``decode`` (the engine samples from them at once).
 
 ``graphs=False`` is the CPU twin: the same buckets, padding, persistent inputs and forward, each
@@ -51,8 +56,21 @@ def buckets(slots: int) -> list[int]:
     return [*sizes, slots]
 
 
+SHORTEST_CONTEXT = 128  # the shortest context bucket: a choice (each bucket is a capture per batch bucket)
+
+
+def lengths(context_tokens: int, shortest: int = SHORTEST_CONTEXT) -> list[int]:
+    """Context buckets for ``context_tokens`` tokens a slot: ``shortest`` and its doublings below
+    the context, and the context itself."""
+    sizes, size = [], shortest
+    while size < context_tokens:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, context_tokens]
+
+
 def bucket_for(batch: int, sizes: list[int]) -> int:
-    """The smallest of ``sizes`` (ascending) that holds ``batch`` rows."""
+    """The smallest of ``sizes`` (ascending) that holds ``batch`` rows (or positions)."""
     for size in sizes:
         if size >= batch:
             return size
@@ -72,46 +90,57 @@ class CaptureFailed(EnvironmentProblem):
 
 @dataclass(eq=False)
 class Bucket:
-    """One batch size's captured decode: its persistent inputs, graph and output."""
+    """One (batch size, context length)'s captured decode: its persistent inputs, graph and output."""
 
     size: int
     inputs: torch.Tensor  # (2, size): token ids, positions; batch row i is cache row i
+    length: int | None = None  # the positions attended (None: the whole context, as placed steps attend)
     graph: torch.cuda.CUDAGraph | None = None
     logits: torch.Tensor | None = None
 
     def forward(self, backend: EagerBackend) -> torch.Tensor:
         ids, positions = self.inputs
-        return backend.forward(ids[:, None], None, positions[:, None], None)
+        return backend.forward(ids[:, None], None, positions[:, None], self.length)
+
+
+def captures(sizes: list[int], context_lengths: list[int]) -> list[tuple[int, int]]:
+    """The (batch, context) buckets in capture order: largest first, so the rest reuse its memory."""
+    return [(size, length) for size in reversed(sizes) for length in reversed(context_lengths)]
+
+
+def described(size: int, length: int) -> str:
+    return f"batch bucket {size}, context {length}"
 
 
 class GraphBackend:
     """The model of ``eager`` decoding through captured graphs on its CUDA device (module docstring);
     the engine's slot ``s`` lives in cache row ``rows.row_of[s]`` of ``eager``'s cache.
-    ``device_name`` names the device in the metrics (default: torch's name of it)."""
+    ``device_name`` names the device in the metrics (default: torch's name of it); ``progress(done,
+    what)`` after each capture; ``shortest``: the shortest context bucket (:func:`lengths`)."""
 
-    def __init__(self, eager: EagerBackend, progress: Callable[[int, int], None] | None = None,
-                 graphs: bool = True, device_name: str | None = None) -> None:
+    def __init__(self, eager: EagerBackend, progress: Callable[[int, str], None] | None = None,
+                 graphs: bool = True, device_name: str | None = None, shortest: int = SHORTEST_CONTEXT) -> None:
         self.eager_backend, self.graphs = eager, graphs
         self.slots, self.context_tokens = eager.slots, eager.context_tokens
         self.device = device_name or eager.device  # its name in the metrics; torch's is eager.torch_device
         self.rows = Rows(eager.slots)
-        self.sizes = buckets(eager.slots)
-        self.buckets: dict[int, Bucket] = {}
+        self.sizes, self.lengths = buckets(eager.slots), lengths(eager.context_tokens, shortest)
+        self.buckets: dict[tuple[int, int], Bucket] = {}
         self.pool = torch.cuda.graph_pool_handle() if graphs else None
         # the cache is allocated outside any graph, by a prefill into row 0 (the first request's prefill overwrites it)
         eager.prefill(0, [0])
-        for done, size in enumerate(reversed(self.sizes), 1):
-            self.buckets[size] = self._captured(size)
-            (progress or (lambda done, size: None))(done, size)
+        for done, (size, length) in enumerate(captures(self.sizes, self.lengths), 1):
+            self.buckets[size, length] = self._captured(size, length)
+            (progress or (lambda done, what: None))(done, described(size, length))
 
     @torch.inference_mode()
-    def _captured(self, size: int) -> Bucket:
+    def _captured(self, size: int, length: int) -> Bucket:
         bucket = Bucket(size, torch.tensor(padded([], [], size, self.context_tokens - 1),
-                                           device=self.eager_backend.torch_device))
+                                           device=self.eager_backend.torch_device), length)
         if self.graphs:
             bucket.graph, bucket.logits = captured(lambda: bucket.forward(self.eager_backend), self.pool,
                                                    self.eager_backend.torch_device,
-                                                   f"the decode graph of batch bucket {size}")
+                                                   f"the decode graph of {described(size, length)}")
         return bucket
 
     def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
@@ -132,7 +161,7 @@ class GraphBackend:
     @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int], positions: list[int]) -> torch.Tensor:
         row, size, inputs = laid_out(self.rows, [self.eager_backend.cache], slots, token_ids, positions, self.sizes)
-        bucket = self.buckets[size]
+        bucket = self.buckets[size, bucket_for(max(positions) + 1, self.lengths)]
         bucket.inputs.copy_(inputs)  # one small copy; the previous replay is done by now (the engine read its logits)
         if bucket.graph is None:  # the CPU twin
             bucket.logits = bucket.forward(self.eager_backend)

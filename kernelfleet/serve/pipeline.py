@@ -14,7 +14,8 @@ its own backend, and the engine launches every backend's decode before it reads 
 work side by side instead of each waiting for the other. On the CPU nothing overlaps; what it
 costs there is in docs/serve.md.
 
-``graphs=True`` is the graph path: a decode graph per (stage, bucket), captured on a stage's GPU
+``graphs=True`` is the graph path: a decode graph per (stage, batch bucket, context bucket: as
+``graphs.py``'s), captured on a stage's GPU
 (the CPU twin runs the same buckets, padding, persistent inputs and row moves eagerly, as
 ``graphs.py``'s does). Stage 0's persistent input is the bucket's token ids and positions, copied
 in from the host; every later stage's are the positions and hidden states of the stage before,
@@ -36,7 +37,18 @@ import torch
 
 from kernelfleet.serve.backend import call_arguments, right_aligned
 from kernelfleet.serve.cache import SlotCache, attention_mask
-from kernelfleet.serve.graphs import buckets, captured, in_engine_order, laid_out, padded
+from kernelfleet.serve.graphs import (
+    SHORTEST_CONTEXT,
+    bucket_for,
+    buckets,
+    captured,
+    captures,
+    described,
+    in_engine_order,
+    laid_out,
+    lengths,
+    padded,
+)
 from kernelfleet.serve.parts import Part
 from kernelfleet.serve.rows import Rows
 
@@ -71,54 +83,57 @@ class Stage:
 
 @dataclass(eq=False)
 class StageBucket:
-    """One stage's captured decode of one batch size: its persistent inputs, graph and output."""
+    """One stage's captured decode of one (batch size, context length): its persistent inputs, graph
+    and output."""
 
     stage: Stage
     cache: SlotCache
     inputs: torch.Tensor  # (2, size): token ids (read by the first stage only), positions
     hidden: torch.Tensor | None  # (size, 1, hidden): the stage before's output (None on the first)
+    length: int  # the positions attended
     graph: torch.cuda.CUDAGraph | None = None
     output: torch.Tensor | None = None
 
     def forward(self) -> torch.Tensor:
         ids, positions = self.inputs
         return self.stage.forward(ids[:, None] if self.hidden is None else self.hidden, self.cache, None,
-                                  positions[:, None], None)
+                                  positions[:, None], self.length)
 
 
 class PipelineBackend:
-    """One micro-batch group of ``slots`` slots run through ``stages`` (module docstring)."""
+    """One micro-batch group of ``slots`` slots run through ``stages`` (module docstring);
+    ``progress(done, what)`` after each bucket's captures; ``shortest``: the shortest context bucket."""
 
     def __init__(self, stages: list[Stage], slots: int, context_tokens: int, graphs: bool = False,
-                 progress: Callable[[int, int], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 progress: Callable[[int, str], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter, shortest: int = SHORTEST_CONTEXT) -> None:
         self.stages, self.slots, self.context_tokens, self.graphs = stages, slots, context_tokens, graphs
         self.caches = [SlotCache(slots, context_tokens, stage.torch_device) for stage in stages]
         self.device = stages[-1].name  # where the logits are read
         self.busy: Callable[[str, float], None] | None = None  # the engine's per-device busy counter
         self.clock = clock
         self.rows = Rows(slots)
-        self.sizes = buckets(slots)
-        self.buckets: dict[int, list[StageBucket]] = {}
+        self.sizes, self.lengths = buckets(slots), lengths(context_tokens, shortest)
+        self.buckets: dict[tuple[int, int], list[StageBucket]] = {}
         if not graphs:
             return
         pools = [torch.cuda.graph_pool_handle() if s.torch_device.startswith("cuda") else None for s in stages]
         # the caches are allocated outside any graph, by a prefill into row 0 (a request's prefill overwrites it)
         self._through(torch.tensor([[0]]), 0, torch.arange(1)[None, :], 1)
-        for done, size in enumerate(reversed(self.sizes), 1):
-            self.buckets[size] = [self._captured(i, size, pool) for i, pool in enumerate(pools)]
-            (progress or (lambda done, size: None))(done, size)
+        for done, (size, length) in enumerate(captures(self.sizes, self.lengths), 1):
+            self.buckets[size, length] = [self._captured(i, size, length, pool) for i, pool in enumerate(pools)]
+            (progress or (lambda done, what: None))(done, described(size, length))
 
     @torch.inference_mode()
-    def _captured(self, index: int, size: int, pool: object) -> StageBucket:
+    def _captured(self, index: int, size: int, length: int, pool: object) -> StageBucket:
         stage = self.stages[index]
         hidden = None if index == 0 else torch.zeros(size, 1, stage.hidden_size, dtype=stage.dtype,
                                                      device=stage.torch_device)
         inputs = torch.tensor(padded([], [], size, self.context_tokens - 1), device=stage.torch_device)
-        bucket = StageBucket(stage, self.caches[index], inputs, hidden)
+        bucket = StageBucket(stage, self.caches[index], inputs, hidden, length)
         if pool is not None:
             bucket.graph, bucket.output = captured(bucket.forward, pool, stage.torch_device,
-                                                   f"stage {index + 1}'s decode graph of batch bucket {size}")
+                                                   f"stage {index + 1}'s decode graph of {described(size, length)}")
         return bucket
 
     def _timed(self, stage: Stage, started: float) -> None:
@@ -157,7 +172,7 @@ class PipelineBackend:
                                  torch.tensor(positions)[:, None], max(positions) + 1)
         row, size, inputs = laid_out(self.rows, self.caches, slots, token_ids, positions, self.sizes)
         before: StageBucket | None = None
-        for bucket in self.buckets[size]:
+        for bucket in self.buckets[size, bucket_for(max(positions) + 1, self.lengths)]:
             started = self.clock()
             if before is None:
                 bucket.inputs.copy_(inputs)  # the previous replay is done by now (the engine read its logits)

@@ -47,10 +47,12 @@ def generated(model, prompt: list[int], max_tokens: int) -> list[int]:
 
 def test_graph_decode_gives_the_eager_decode_logits_in_bf16(model_dir):
     served = load(f"hf:{model_dir}", DEVICE, dtype=torch.bfloat16)
-    sizes = []
-    graphs = GraphBackend(EagerBackend(served.model, 4, 96), lambda done, size: sizes.append(size))
+    captures = []
+    # context buckets of 8 tokens and up: the 12 steps below cross from 16 into 32
+    graphs = GraphBackend(EagerBackend(served.model, 4, 96), lambda done, what: captures.append(what), shortest=8)
     eager = EagerBackend(served.model, 4, 96)
-    assert sizes == [4, 2, 1] and all(graphs.buckets[s].graph is not None for s in sizes)
+    assert captures == [f"batch bucket {s}, context {c}" for s in (4, 2, 1) for c in (96, 64, 32, 16, 8)]
+    assert all(bucket.graph is not None for bucket in graphs.buckets.values())
     slots = [0, 1, 2]  # three rows: bucket 4, one pad row
     tokens, positions = [], []
     for slot in slots:
@@ -121,8 +123,8 @@ def test_the_command_prints_the_capture_and_serves_on_the_gpu(model_dir):
     err = server.err
     print(err)
     assert server.returncode == 0, err
-    # 4 GB leaves room for the 64 slots sized at most: seven buckets
-    assert "decode graphs of batch buckets 1, 2, 4, 8, 16, 32, 64 captured in" in err
+    # 4 GB leaves room for the 64 slots sized at most: seven batch buckets; 64 tokens: one context bucket
+    assert "decode graphs of batch buckets 1, 2, 4, 8, 16, 32, 64 and context buckets 64 captured in" in err
     assert "(64 slots of 64 tokens, small (cuda:0, 4.0 GB cap))" in err
     assert len(answer["choices"][0]["token_ids"]) == 5
     assert 'kernelfleet_serve_device_busy_seconds_total{device="small"}' in metrics
@@ -158,8 +160,8 @@ def test_a_capture_that_fails_names_its_bucket_and_why():
     done = subprocess.run([sys.executable, "-c", SYNCING], capture_output=True, text=True, timeout=300,
                           check=False)
     print(done.stdout, done.stderr[-2000:])
-    assert done.stdout.startswith("capturing the decode graph of batch bucket 4 failed: an op synchronises with "
-                                  "the host inside the forward"), done.stderr[-2000:]
+    assert done.stdout.startswith("capturing the decode graph of batch bucket 4, context 32 failed: an op "
+                                  "synchronises with the host inside the forward"), done.stderr[-2000:]
 
 
 def pipeline_stages(folder, dtype, seed=0):

@@ -76,7 +76,11 @@ def test_each_stage_holds_only_its_parameters_and_they_are_the_whole_models(save
 def test_greedy_tokens_through_the_stages_equal_generate(saved, graphs):
     kind, model, weights, *_ = saved
     stages = stages_of(weights)
-    plan = pipeline([PipelineBackend(stages, 2, 64, graphs=graphs), PipelineBackend(stages, 1, 64, graphs=graphs)])
+    # context buckets of 8 tokens and up: the steps cross from one into the next
+    plan = pipeline([PipelineBackend(stages, n, 64, graphs=graphs, shortest=8) for n in (2, 1)])
+    replayed, forward = set(), stages[0].forward
+    stages[0].forward = lambda inputs, cache, rows, positions, length: (
+        replayed.add(length) if rows is None else None) or forward(inputs, cache, rows, positions, length)
     got, groups, busy = stepped(plan, PROMPTS, LENGTHS)
     for prompt, n, tokens in zip(PROMPTS, LENGTHS, got):
         assert tokens == reference(model, prompt, n, eos=False), (kind, prompt)
@@ -84,6 +88,7 @@ def test_greedy_tokens_through_the_stages_equal_generate(saved, graphs):
     assert set(busy) == {"cpu0", "cpu1"} and all(seconds > 0 for seconds in busy.values())
     if graphs:  # each stage's cache holds its own layers only, in rows 0 .. running-1
         assert [sorted(cache.keys) for cache in plan.backends[0].caches] == [[0], [1]]
+        assert plan.backends[0].lengths == [8, 16, 32, 64] and replayed == {8, 16, 32}
 
 
 def test_many_interleaved_requests_over_http_each_get_their_own_tokens():
