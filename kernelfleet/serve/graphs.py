@@ -27,8 +27,10 @@ prompts and their chunks have any length. It writes the same
 held (``Rows.prefilled``) until it decodes, so the row moves keep its keys and values.
 
 The graphs share one memory pool and are captured largest first (batch, then context), so the
-smaller ones reuse the largest one's activations. The logits a replay returns live in that pool: they are valid until
-the next ``decode`` (the engine samples from them at once).
+smaller ones reuse the largest one's activations; a batch bucket's context buckets write one shared
+logits tensor (``captured``'s ``into``), so more context buckets keep no more memory. The logits a
+replay returns live in that pool: they are valid until the next ``decode`` (the engine samples from
+them at once).
 
 ``graphs=False`` is the CPU twin: the same buckets, padding, persistent inputs and forward, each
 "replay" the captured call run eagerly, so CI runs every line of this control flow but the capture.
@@ -138,9 +140,11 @@ class GraphBackend:
         bucket = Bucket(size, torch.tensor(padded([], [], size, self.context_tokens - 1),
                                            device=self.eager_backend.torch_device), length)
         if self.graphs:
+            whole = self.buckets.get((size, self.lengths[-1]))  # captured first (captures): its logits are shared
             bucket.graph, bucket.logits = captured(lambda: bucket.forward(self.eager_backend), self.pool,
                                                    self.eager_backend.torch_device,
-                                                   f"the decode graph of {described(size, length)}")
+                                                   f"the decode graph of {described(size, length)}",
+                                                   None if whole is None else whole.logits)
         return bucket
 
     def prefill(self, slot: int, token_ids: list[int], start: int = 0) -> torch.Tensor:
@@ -196,10 +200,12 @@ def in_engine_order(logits: torch.Tensor, row: list[int]) -> torch.Tensor:
     return logits[torch.tensor(row, device=logits.device)]
 
 
-def captured(forward: Callable[[], torch.Tensor], pool: object, torch_device: str,
-             what: str) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def captured(forward: Callable[[], torch.Tensor], pool: object, torch_device: str, what: str,
+             into: torch.Tensor | None = None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """``forward`` captured as a CUDA graph on ``torch_device`` in memory ``pool``, and its output;
-    CaptureFailed saying ``what`` failed and why."""
+    CaptureFailed saying ``what`` failed and why. With ``into`` (another graph's output, kept alive),
+    the graph copies its output there: the graphs of one batch bucket's context buckets share one
+    output, so the pool keeps one a batch bucket, not one a graph."""
     try:
         # the capture's own stream is made on the current device: make it this one
         with torch.cuda.device(torch_device):
@@ -213,7 +219,7 @@ def captured(forward: Callable[[], torch.Tensor], pool: object, torch_device: st
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                output = forward()
+                output = forward() if into is None else into.copy_(forward())
     except torch.OutOfMemoryError as exc:
         raise CaptureFailed(f"capturing {what} failed: out of memory ({first_line(exc)}); use fewer --slots or a "
                             "shorter --context") from exc

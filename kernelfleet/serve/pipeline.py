@@ -132,8 +132,10 @@ class PipelineBackend:
         inputs = torch.tensor(padded([], [], size, self.context_tokens - 1), device=stage.torch_device)
         bucket = StageBucket(stage, self.caches[index], inputs, hidden, length)
         if pool is not None:
+            whole = self.buckets.get((size, self.lengths[-1]))  # captured first: its outputs are shared (graphs.py)
             bucket.graph, bucket.output = captured(bucket.forward, pool, stage.torch_device,
-                                                   f"stage {index + 1}'s decode graph of {described(size, length)}")
+                                                   f"stage {index + 1}'s decode graph of {described(size, length)}",
+                                                   None if whole is None else whole[index].output)
         return bucket
 
     def _timed(self, stage: Stage, started: float) -> None:
