@@ -1,13 +1,13 @@
 """``kernelfleet serve TARGET``: a model behind an OpenAI-compatible HTTP API.
 
 It parses and prints only; the loop, the backends and the app are in ``serve/``. On a GPU (the
-default) decode runs as captured graphs, one per batch and context bucket, with a progress bar
-while they are captured; ``--cpu`` runs the model eagerly on the CPU. Every flag, and whether the model fits the
-device's cap, is checked before the weights load, and the listening socket is bound before them
-too, so a mistake or a port clash is one line at once; the listening rules (loopback by default;
-another address needs ``--allow-remote`` and a token) are the agent's. ``--strategy`` with
-``--device`` given twice runs request distribution, the prefill/decode split or the layer
-pipeline, whose devices each build only their stage's part of the model (docs/serve.md).
+default) decode runs as captured graphs, one per batch and context bucket, with a progress bar while
+they are captured; ``--cpu`` runs the model eagerly on the CPU. Every flag, and whether the model
+fits the device's cap, is checked before the weights load, and the listening socket is bound before
+them too, so a mistake or a port clash is one line at once; the listening rules (loopback by
+default; another address needs ``--allow-remote`` and a token) are the agent's. ``--strategy`` with
+``--device`` given twice runs request distribution, the prefill/decode split or the layer pipeline,
+whose devices each build only their stage's part of the model (docs/serve.md).
 """
 
 from __future__ import annotations

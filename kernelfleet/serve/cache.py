@@ -16,8 +16,9 @@ Two ways to aim a forward, the same writes and the same attended values:
   order, and attention reads them as they lie (a view) up to ``length``, masked; ``positions`` is
   the caller's persistent tensor, written in place between replays. Nothing in :meth:`update` reads
   a tensor on the host, and no shape depends on what the tensors hold, so a CUDA graph captures the
-  forward once per (batch size, length) and replays it for any positions below the length. The graph backend keeps the running
-  requests in the first rows (``rows.py``), moving one with :meth:`SlotCache.move` when needed.
+  forward once per (batch size, length) and replays it for any positions below the length. The
+  graph backend keeps the running requests in the first rows (``rows.py``), moving one with
+  :meth:`SlotCache.exchange` when needed.
 """
 
 from __future__ import annotations
