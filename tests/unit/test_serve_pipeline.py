@@ -78,9 +78,14 @@ def test_greedy_tokens_through_the_stages_equal_generate(saved, graphs):
     stages = stages_of(weights)
     # context buckets of 8 tokens and up: the steps cross from one into the next
     plan = pipeline([PipelineBackend(stages, n, 64, graphs=graphs, shortest=8) for n in (2, 1)])
-    replayed, forward = set(), stages[0].forward
-    stages[0].forward = lambda inputs, cache, rows, positions, length: (
-        replayed.add(length) if rows is None else None) or forward(inputs, cache, rows, positions, length)
+    replayed, original = set(), stages[0].forward
+
+    def forward(inputs, cache, rows, positions, length):
+        if rows is None:  # a bucket's graph-safe forward: what a GPU replays
+            replayed.add(length)
+        return original(inputs, cache, rows, positions, length)
+
+    stages[0].forward = forward
     got, groups, busy = stepped(plan, PROMPTS, LENGTHS)
     for prompt, n, tokens in zip(PROMPTS, LENGTHS, got):
         assert tokens == reference(model, prompt, n, eos=False), (kind, prompt)
