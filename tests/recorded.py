@@ -277,6 +277,21 @@ def bench_quick(name: str, timeout_seconds: float = 900, args: tuple[str, ...] =
     return "\n".join(table), json.loads(last)
 
 
+def bench_refused(name: str, out: Path, *flags: str) -> str:
+    """``python -m bench.NAME --cpu FLAGS --out OUT`` from the repository root, which must exit 1 with
+    no traceback: what it said."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", f"bench.{name}", "--cpu", *flags, "--out", str(out)], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    return done.stderr.strip()
+
+
 def free_port() -> int:
     """A loopback port nothing listens on now."""
     import socket

@@ -2,16 +2,10 @@
 builds are reported (one context bucket, then the server's buckets), every batch is timed at every
 context bucket against the whole context; its JSON is the table's; a bad flag is one line."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from recorded import bench_quick
+from recorded import bench_quick, bench_refused
 
 pytestmark = pytest.mark.unit
-ROOT = Path(__file__).parents[2]
 
 
 def test_the_dry_run_times_every_batch_at_every_context_bucket(tmp_path):
@@ -26,8 +20,5 @@ def test_the_dry_run_times_every_batch_at_every_context_bucket(tmp_path):
 
 
 def test_a_bad_shortest_bucket_is_one_line(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "bench.serve_contexts", "--cpu", "--shortest", "0", "--out",
-                           str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 1 and done.stderr.strip() == (
+    assert bench_refused("serve_contexts", tmp_path, "--shortest", "0") == (
         "bench.serve_contexts: --repeats and --shortest take 1 or more, got 50 and 0")

@@ -6,16 +6,12 @@ the trace it wrote replays; a bad trace file, chunk or batch list is one line.""
 
 import csv
 import dataclasses
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from recorded import bench_quick, free_port
+from recorded import bench_quick, bench_refused, free_port
 
 pytestmark = pytest.mark.unit
-ROOT = Path(__file__).parents[2]
 
 
 def test_the_dry_run_serves_every_load_and_reports_it(tmp_path):
@@ -51,11 +47,7 @@ def test_the_dry_run_serves_every_load_and_reports_it(tmp_path):
 
 def refused(tmp_path: Path, *flags: str) -> str:
     """``bench.serve_gpu --cpu FLAGS``, which must exit 1: what it said."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "bench.serve_gpu", "--cpu", *flags, "--out", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    return done.stderr.strip()
+    return bench_refused("serve_gpu", tmp_path, *flags)
 
 
 @pytest.mark.parametrize("flags, said", [

@@ -2,16 +2,10 @@
 length and batch is timed both ways, one at a time and together, with the mixed-length row; its
 JSON is the table's; a bad flag is one line."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-from recorded import bench_quick
+from recorded import bench_quick, bench_refused
 
 pytestmark = pytest.mark.unit
-ROOT = Path(__file__).parents[2]
 
 
 def test_the_dry_run_times_every_length_and_batch_both_ways(tmp_path):
@@ -25,8 +19,5 @@ def test_the_dry_run_times_every_length_and_batch_both_ways(tmp_path):
 
 
 def test_a_bad_batch_list_is_one_line(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "bench.serve_prefill", "--cpu", "--batches", "4,x", "--out",
-                           str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 1 and done.stderr.strip() == (
+    assert bench_refused("serve_prefill", tmp_path, "--batches", "4,x") == (
         "bench.serve_prefill: --batches takes distinct whole numbers of prompts, comma-separated, got '4,x'")
