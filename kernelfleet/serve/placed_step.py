@@ -1,10 +1,11 @@
 """The step the server replays, as a place target: one batch bucket's graph-safe decode forward.
 
-:class:`~kernelfleet.serve.graphs.GraphBackend` captures, per batch bucket ``b``,
-:meth:`EagerBackend.forward <kernelfleet.serve.backend.EagerBackend.forward>` with ``rows=None,
-length=None`` over a :class:`~kernelfleet.serve.cache.SlotCache` of ``slots`` rows, reading one
-persistent ``(2, b)`` tensor of token ids and positions. :func:`decode_step` is that same call as a
-place :class:`~kernelfleet.workloads.steps.Step`, so ``analyze``, ``profile`` and ``plan`` see exactly
+:class:`~kernelfleet.serve.graphs.GraphBackend` captures, per batch bucket ``b`` and context bucket,
+:meth:`EagerBackend.forward <kernelfleet.serve.backend.EagerBackend.forward>` with ``rows=None``
+over a :class:`~kernelfleet.serve.cache.SlotCache` of ``slots`` rows, reading one persistent
+``(2, b)`` tensor of token ids and positions. :func:`decode_step` is that same call at the whole
+context (``length=None``: plans have no context buckets) as a place
+:class:`~kernelfleet.workloads.steps.Step`, so ``analyze``, ``profile`` and ``plan`` see exactly
 the kernels the placed server (``placed.py``) replays: its input is the bucket's tensor, its output
 the logits, and its module names the weights and each layer's cache (``cache_L_keys``,
 ``cache_L_values``), so placement treats the cache as state.
