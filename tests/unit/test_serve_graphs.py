@@ -103,7 +103,7 @@ def test_rows_keep_the_running_slots_first_with_the_fewest_moves():
     assert rows.compact([2]) == [(2, 2, 0)]
 
 
-def test_buckets_are_powers_of_two_and_the_slots_and_a_batch_takes_the_smallest_that_holds_it():
+def test_batch_and_context_buckets_are_doublings_and_their_end_and_a_step_takes_the_smallest_that_holds_it():
     assert lengths(2048) == [128, 256, 512, 1024, 2048]
     assert lengths(100) == [100] and lengths(128) == [128] and lengths(129) == [128, 129]
     assert lengths(40, shortest=8) == [8, 16, 32, 40]
