@@ -60,7 +60,7 @@ class Report(BaseModel):
 
 
 def main() -> None:
-    from kernelfleet.serve.graphs import SHORTEST_CONTEXT
+    from kernelfleet.serve.graphs import SHORTEST_CONTEXT, GraphBackend
 
     parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON")
@@ -80,7 +80,6 @@ def main() -> None:
         raise SystemExit(f"bench.serve_contexts: torch {torch.__version__} sees no CUDA device; --cpu runs the dry "
                          "run")
     from kernelfleet.serve.backend import EagerBackend
-    from kernelfleet.serve.graphs import GraphBackend
     from kernelfleet.serve.model import load
 
     case = {c.name: c for c in (CPU_CASES if args.cpu else GPU_CASES)}["llama8b"]

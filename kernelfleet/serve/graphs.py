@@ -11,8 +11,8 @@ left frees its row, and one past the running count moves into it), lays the batc
 order, pads it to the smallest batch bucket that holds it, takes the shortest context bucket that
 holds its furthest position, copies the two rows of inputs in with one host-to-device copy, replays
 that graph, and returns the logits in the engine's order. Context buckets exist because a masked
-attention costs what it reads, not what it keeps: on an H200 an 8B's batch-1 step took 8.15 ms
-attending 2048 positions and 6.87 ms attending 48 (docs/validation/serve-gpu.md). Pad rows
+attention costs what it reads, not what it keeps: on an H200 an 8B's batch-1 step took 8.04 ms
+attending 2048 positions and 6.81 ms attending 48 (docs/validation/serve-gpu.md, second run). Pad rows
 write token 0 at the context's last position of rows past the running ones: no running request
 holds those rows, and no request ever writes that position (the API keeps a prompt and its
 ``max_tokens`` within the context, and a request's last token is never fed back, so the last

@@ -45,11 +45,6 @@ def test_the_dry_run_serves_every_load_and_reports_it(tmp_path):
     assert (tmp_path / "serve_gpu.json").is_file() and (tmp_path / "server-capped-pipeline-chunk8-batch1.log").is_file()
 
 
-def refused(tmp_path: Path, *flags: str) -> str:
-    """``bench.serve_gpu --cpu FLAGS``, which must exit 1: what it said."""
-    return bench_refused("serve_gpu", tmp_path, *flags)
-
-
 @pytest.mark.parametrize("flags, said", [
     (["--prefill-chunk", "0,x"], ("bench.serve_gpu: --prefill-chunk takes distinct whole numbers of tokens (0: whole "
      "prompts), comma-separated, got '0,x'")),
@@ -73,13 +68,13 @@ def refused(tmp_path: Path, *flags: str) -> str:
      "3600), --plan-in-flight within 0 to 256 and --plan-slots and --capped-plan-slots within 1 to 64, got 3, 60, 1, "
      "8 and 0"))])
 def test_a_bad_flag_or_a_gpu_only_case_is_one_line(tmp_path, flags, said):
-    assert refused(tmp_path, *flags) == said
+    assert bench_refused("serve_gpu", tmp_path, *flags) == said
 
 
 def test_a_bad_trace_file_is_one_line(tmp_path):
     bad = tmp_path / "trace.csv"
     bad.write_text("arrival_seconds,prompt_tokens,output_tokens\n0.5,12,x\n")
-    assert refused(tmp_path / "out", "--trace", str(bad)) == (
+    assert bench_refused("serve_gpu", tmp_path / "out", "--trace", str(bad)) == (
         f"bench.serve_gpu: --trace {bad} line 2: expected arrival_seconds,prompt_tokens,output_tokens (a number, two "
         "whole numbers), got {'arrival_seconds': '0.5', 'prompt_tokens': '12', 'output_tokens': 'x'}")
 
@@ -173,9 +168,9 @@ def test_the_capped_pairs_plans_hold_each_device_to_its_cap_with_one_share_of_th
         "--slots", "32"]
     # the pair's devices, as its other strategies have them: the whole GPU each, held to 20 GB
     assert all(args[2:6] == ["--profile", "a", "--profile", "b"] for args in ran if args[0] == "profile")
-    assert refused(tmp_path, "--cases", "capped-plans") == ("bench.serve_gpu: the plans cases need a GPU (kernelfleet "
-                                                            "profile and serve --plans capture CUDA graphs); --cpu runs "
-                                                            "the other cases")
+    assert bench_refused("serve_gpu", tmp_path, "--cases", "capped-plans") == (
+        "bench.serve_gpu: the plans cases need a GPU (kernelfleet profile and serve --plans capture CUDA graphs); "
+        "--cpu runs the other cases")
 
 
 def test_the_moe_runs_every_strategy_with_the_8bs_devices_and_flags(tmp_path):
