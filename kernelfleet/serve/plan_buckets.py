@@ -10,9 +10,11 @@ step up to four times: one bucket at a time keeps the GPU's memory to one)::
 
 ``--in-flight 1``: the server runs one batch a step, so the throughput plan is made for one
 (docs/serve.md, "What the throughput plan is worth here"). With ``one_share`` (a model larger than
-either device), bucket 1's plans are made first into ``WORK/first`` and every bucket's plans keep
-its throughput plan's weight placement (``--weights-like``), so each device holds one share
-whichever plan runs.
+either device), the largest bucket's plans are made first into ``WORK/first`` and every bucket's
+plans keep its throughput plan's weight placement (``--weights-like``), so each device holds one
+share whichever plan runs. The largest bucket, because its activations take the most memory beside
+the same cache: a share that fits it fits every bucket. (Bucket 1's share did not: on an H100,
+2026-12-06, it left device a 20.0019 GB to hold at bucket 64 of the 8B under a 20 GB cap.)
 
 Resumable: a bucket whose profile is in WORK is not profiled again, and one whose plans are in DIR,
 made for as many in flight, is not planned again (a profile or plan cut short mid-write is made
@@ -41,7 +43,7 @@ from kernelfleet.serve.memory import Footprint
 from kernelfleet.serve.placed_plans import POLICIES, bucket_folder
 
 IN_FLIGHT = 1  # requests in flight the throughput plan is made for (module docstring)
-FIRST = "first"  # WORK/first: bucket 1's plans, the weight placement every plan keeps with one_share
+FIRST = "first"  # WORK/first: the largest bucket's plans, the weight placement every plan keeps with one_share
 LOG = "plan-serve.log"  # in WORK: every command's output
 MANIFEST = "plan-serve.json"  # in DIR and WORK: what they were made for (Buckets.identity)
 
@@ -87,7 +89,8 @@ class Buckets:
     def identity(self) -> dict:
         """What the folders' profiles and plans are for (module docstring): kept ones must match."""
         return {"model": str(self.model), "slots": self.slots, "context": self.context, "profiles": self.profiles,
-                "devices": self.devices, "one_share": self.one_share}
+                "devices": self.devices, "one_share": self.one_share,
+                "weights_of_bucket": self.slots if self.one_share else None}
 
 
 def commands(spec: Buckets, bucket: int, out: Path, weights_like: Path | None = None) -> list[list[str]]:
@@ -167,7 +170,7 @@ def make(spec: Buckets, said: Callable[[str], None] = print, advance: Callable[[
     if spec.one_share:
         first = spec.work / FIRST
         if not made(first, spec.in_flight):
-            for args in commands(spec, 1, first):
+            for args in commands(spec, spec.slots, first):
                 ran(args)
         like = first / f"{POLICIES[THROUGHPUT]}.json"
         advance()

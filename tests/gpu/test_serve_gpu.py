@@ -81,7 +81,7 @@ def test_the_gpu_server_over_http_gives_the_greedy_tokens_of_generate_streamed_o
     served = load(f"hf:{model_dir}", DEVICE, dtype=torch.float32)
     want = [generated(served.model, prompt, 10) for prompt in PROMPTS]
     with serving(served, slots=4, context_tokens=64, graphs=True, **PREFILLS[prefill]) as (url, engine):
-        assert engine.backend.buckets[4].graph is not None  # the graph backend, captured
+        assert engine.backend.buckets[4, 64].graph is not None  # the graph backend, captured (context 64: one bucket)
         got = asyncio.run(whole_and_streamed(url, PROMPTS, 10))  # 12 requests on 4 slots: every bucket
     assert got[:len(PROMPTS)] == want
     assert got[len(PROMPTS):] == want
@@ -106,7 +106,7 @@ def test_two_gpus_under_each_strategy_give_the_greedy_tokens_of_generate(model_d
     with serving(first, slots=2 if strategy == "split" else 4, context_tokens=64, graphs=True, strategy=strategy,
                  devices=devices, **PREFILLS[prefill]) as (url, engine):
         for backend in engine.strategy.backends:  # a pipeline's bucket is one graph a stage
-            bucket = backend.buckets[2]
+            bucket = backend.buckets[2, 64]
             assert all(b.graph is not None for b in (bucket if strategy == "pipeline" else [bucket]))
         got = asyncio.run(whole_and_streamed(url, PROMPTS, 10))
         metrics = httpx.get(f"{url}/metrics").text
@@ -175,13 +175,15 @@ def pipeline_stages(folder, dtype, seed=0):
 
 
 def test_pipeline_graph_decode_gives_the_eager_pipelines_logits(model_dir):
-    """A decode graph per (stage, bucket) against the same stages run eagerly, float32: the same
-    logits to float32 rounding, and the same arg max."""
+    """A decode graph per (stage, batch bucket, context bucket) against the same stages run eagerly,
+    float32: the same logits to float32 rounding, and the same arg max, the steps crossing context
+    buckets 16 and 32."""
     from kernelfleet.serve.pipeline import PipelineBackend
 
     stages = pipeline_stages(model_dir, torch.float32)
-    graphs, eager = PipelineBackend(stages, 4, 96, graphs=True), PipelineBackend(stages, 4, 96)
-    assert all(bucket.graph is not None for size in (1, 2, 4) for bucket in graphs.buckets[size])
+    graphs, eager = PipelineBackend(stages, 4, 96, graphs=True, shortest=8), PipelineBackend(stages, 4, 96)
+    assert set(graphs.buckets) == {(size, length) for size in (1, 2, 4) for length in (8, 16, 32, 64, 96)}
+    assert all(bucket.graph is not None for each in graphs.buckets.values() for bucket in each)
     slots, tokens, positions = [0, 1, 2], [], []
     for slot in slots:
         graphs.prefill(slot, PROMPTS[slot])

@@ -134,16 +134,16 @@ def test_a_model_larger_than_either_capped_device_is_served_through_the_plans(tm
     the server's 1 GiB workspace need 3.36. A device holds what its launches read in every plan it
     may switch to (two buckets' two policies); plans made one by one need not agree on where the
     weights live (on an H200, 2026-12-06, four such plans had b read 2.08 of the 2.12 GiB between
-    them), so every plan is made ``--weights-like`` bucket 1's throughput plan (``plan-serve --one-share``). Both devices hold
-    part, every graph is gated, and the tokens equal the single-device server's (greedy, whole and
-    streamed)."""
+    them), so every plan is made ``--weights-like`` the largest bucket's throughput plan
+    (``plan-serve --one-share``). Both devices hold part, every graph is gated, and the tokens equal
+    the single-device server's (greedy, whole and streamed)."""
     from transformers import LlamaConfig
 
     folder = tmp_path / "llama"
     LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                 num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=256).save_pretrained(folder)
     said, _ = planned(tmp_path, folder, devices=("a:1.3", "b:1.3"), extra=("--one-share",))
-    first, *served = said  # bucket 1's first plans, then every bucket's like its throughput plan
+    first, *served = said  # the largest bucket's first plans, then every bucket's like its throughput plan
     assert "single:a" not in first and "single:b" not in first  # neither holds the step
     assert len(served) == len(buckets(SLOTS)) and all("weights like" in plan for plan in served)
     prompts = PROMPTS[:4]

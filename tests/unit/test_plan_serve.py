@@ -77,19 +77,26 @@ def test_each_bucket_is_profiled_then_planned_for_one_batch_a_step_and_kept(tmp_
                                                      ("plan", str(plans / "batch-8"))]
 
 
-def test_one_share_plans_every_bucket_like_bucket_ones_first_plan(tmp_path):
+def test_one_share_plans_every_bucket_like_the_largest_buckets_first_plan(tmp_path):
+    """The largest bucket's share first (its activations take the most memory beside the same cache),
+    then every bucket like it; folders made one share before that, from bucket 1's, are refused."""
     ran: list[list[str]] = []
-    plan_buckets.make(spec(tmp_path, slots=2, one_share=True, devices=["a:20", "b:20"]), said=lambda line: None,
-                      run=recorder(ran))
+    one_share = spec(tmp_path, slots=2, one_share=True, devices=["a:20", "b:20"])
+    plan_buckets.make(one_share, said=lambda line: None, run=recorder(ran))
     work, plans = tmp_path / "work", tmp_path / "plans"
     assert [(args[0], args[-1]) for args in ran] == [
-        ("profile", str(work / "prof-1")), ("plan", str(work / "first")), ("plan", str(plans / "batch-1")),
-        ("profile", str(work / "prof-2")), ("plan", str(plans / "batch-2"))]
+        ("profile", str(work / "prof-2")), ("plan", str(work / "first")),
+        ("profile", str(work / "prof-1")), ("plan", str(plans / "batch-1")), ("plan", str(plans / "batch-2"))]
     assert "--weights-like" not in ran[1]
     like = str(work / "first" / "throughput-milp.json")
-    for args in (ran[2], ran[4]):
+    for args in (ran[3], ran[4]):
         assert args[args.index("--weights-like") + 1] == like
         assert args[args.index("--device") + 1] == "a:20"
+    made = json.loads((plans / "plan-serve.json").read_text())
+    del made["weights_of_bucket"]  # as plan-serve wrote it before 2026-12-06's second session
+    (plans / "plan-serve.json").write_text(json.dumps(made))
+    with pytest.raises(UsageError, match=r"other settings: weights_of_bucket None \(now 2\)"):
+        plan_buckets.make(one_share, run=recorder(ran))
 
 
 def test_folders_made_for_other_settings_are_refused_before_anything_runs(tmp_path):

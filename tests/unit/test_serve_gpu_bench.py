@@ -147,8 +147,8 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
 
 
 def test_the_capped_pairs_plans_hold_each_device_to_its_cap_with_one_share_of_the_weights(tmp_path):
-    """``capped-plans``: every plan is made with each device held to 20 GB, bucket 1's share of the
-    weights first and every bucket's plans like it (plan-serve --one-share), at 32 slots; the server
+    """``capped-plans``: every plan is made with each device held to 20 GB, the largest bucket's share
+    of the weights first and every bucket's plans like it (plan-serve --one-share), at 32 slots; the server
     is held to the same caps, and no home-alone twin is made. On the CPU the case is refused in one
     line, as the plans cases are."""
     from bench import serve_plans
@@ -160,9 +160,9 @@ def test_the_capped_pairs_plans_hold_each_device_to_its_cap_with_one_share_of_th
     assert alone is None and not (tmp_path / "plans-a").exists()
     planned = [args for args in ran if args[0] == "plan"]
     assert [args[1] for args in ran if args[0] == "profile"] == [
-        f"hf:{tmp_path / 'model'},serve-decode,batch={b},slots=32,context=2048" for b in (1, 2, 4, 8, 16, 32)]
+        f"hf:{tmp_path / 'model'},serve-decode,batch={b},slots=32,context=2048" for b in (32, 1, 2, 4, 8, 16)]
     assert all(args[3:7] == ["--device", "a:20", "--device", "b:20"] for args in planned), planned[0]
-    assert all("--weights-like" in args for args in planned[1:])  # bucket 1's share, then every bucket like it
+    assert all("--weights-like" in args for args in planned[1:])  # the largest bucket's share, then every bucket like it
     assert serve_plans.served_flags(plans, CAPPED_PLAN_SLOTS, capped=True) == [
         "--plans", str(plans), "--profile", "a@0", "--profile", "b@0", "--device", "a:20", "--device", "b:20",
         "--slots", "32"]
