@@ -345,8 +345,8 @@ def plan_serve_command(
     in_flight: int = typer.Option(1, "--in-flight", help="kernelfleet plan's --in-flight (default 1: the server runs "
                                   "one batch a step)."),
     one_share: bool = typer.Option(False, "--one-share", help="Every plan keeps the largest bucket's weight "
-                                   "placement (--weights-like), so each device holds one share whichever plan runs: for a "
-                                   "model larger than either device (give --device NAME:MEMORY_GB)."),
+                                   "placement (--weights-like), so each device holds one share whichever plan runs: "
+                                   "for a model larger than either device (give --device NAME:MEMORY_GB)."),
 ) -> None:
     """Make the plans kernelfleet serve --plans runs: per batch bucket, kernelfleet profile then plan."""
     from rich.progress import Progress
