@@ -50,6 +50,9 @@
 #                                           # (bench.serve_contexts: the 8B at batches 1, 8 and 64, 64 slots of
 #                                           # 2048 tokens, every context bucket), then the server's own GPU tests
 #                                           # (tests/gpu/test_serve_gpu.py); about 3 minutes (not yet run)
+#   bash bench/pending_run.sh curl          # one placed model answering curl (bench/serve_curl.sh): an 8-layer Llama
+#                                           # planned on a:64 and b:56, served alone and through the plans, each
+#                                           # asked one streamed greedy completion by curl -N; about 3 minutes
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 9 minutes: a call of its own;
 #                                           # all four passed on an H100 on 2026-12-06)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
@@ -89,9 +92,9 @@ set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
     case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|capped-plans-64|serve-tests|\
-        serve-contexts|place|place-table|place-different|place-x2|place-nccl-x2|capped-x2|strategies-x2) ;;
+        serve-contexts|curl|place|place-table|place-different|place-x2|place-nccl-x2|capped-x2|strategies-x2) ;;
     *) echo "usage: bash bench/pending_run.sh MODE ... (MODE: serve, serve-moe, serve-64, serve-two, moe-strategies," \
-            "capped, capped-plans, capped-plans-64, serve-contexts, serve-tests, place, place-table, place-different," \
+            "capped, capped-plans, capped-plans-64, serve-contexts, curl, serve-tests, place, place-table, place-different," \
             "place-x2, place-nccl-x2, capped-x2, strategies-x2)" >&2
        exit 2 ;; esac
 done
@@ -124,6 +127,9 @@ serve-tests)
     timeout $((END - 10 - SECONDS)) python3 -m pytest -m gpu tests/gpu/test_serve_placed.py -s -p no:cacheprovider \
         ${PENDING_TESTS:+-k "$PENDING_TESTS"} > "$OUT/serve_placed.txt" 2>&1
     tail -5 "$OUT/serve_placed.txt"
+    ;;
+curl)
+    timeout $((END - SECONDS)) bash bench/serve_curl.sh "$OUT/curl" | tail -4
     ;;
 serve-contexts)
     timeout $((END - SECONDS)) python3 -m bench.serve_contexts --out /tmp/contexts > "$OUT/serve_contexts.txt" 2>&1
