@@ -104,7 +104,7 @@ from bench import Parser, command_line
 from bench.serve_cpu import gaps, percentile
 from bench.serve_plans import CAP_GB, SLOTS, prepare, served_flags
 from kernelfleet.plan.command import MAX_IN_FLIGHT
-from kernelfleet.serve.plan_buckets import IN_FLIGHT, on_this_gpu
+from kernelfleet.serve.plan_buckets import IN_FLIGHT, on_this_gpu, reserving
 from kernelfleet.serve.scheduler import DEFAULT_PREFILL_BATCH, DEFAULT_PREFILL_CHUNK_TOKENS, checked_prefill
 
 TPOT_SLO_SECONDS = 0.050
@@ -798,7 +798,7 @@ def main() -> None:
               f"{slots} slots), per batch bucket, in {work}:", flush=True)
         plans, _ = prepare(plans_model_dir(work, "llama8b"), work, 2048, args.plan_trials,
                            milp_seconds=args.plan_seconds, in_flight=args.plan_in_flight or None,
-                           slots=slots, room=lambda spec: on_this_gpu(spec, print), capped=True,
+                           slots=slots, room=lambda spec: on_this_gpu(reserving(spec), print), capped=True,
                            second_gpu=args.second_gpu)
         flags = served_flags(plans, slots, True, args.second_gpu)
         cases[CAPPED_PLANS] = Case(CAPPED_PLANS, LLAMA8B, 2048, tuple(flags), (16.0, 64.0), least_requests=48)

@@ -354,7 +354,7 @@ def plan_serve_command(
     from kernelfleet.plan.command import MAX_IN_FLIGHT
     from kernelfleet.profile.run import parse_profile
     from kernelfleet.serve.graphs import buckets
-    from kernelfleet.serve.plan_buckets import Buckets, make, on_gpu, on_this_gpu
+    from kernelfleet.serve.plan_buckets import Buckets, make, on_gpu, on_this_gpu, reserving
 
     model = Path(target.removeprefix("hf:"))
     if not target.startswith("hf:") or "," in target or not (model / "config.json").is_file():
@@ -367,8 +367,8 @@ def plan_serve_command(
                          f"profiles {', '.join(names)} and devices {', '.join(planned)}")
     if not 1 <= in_flight <= MAX_IN_FLIGHT:
         raise UsageError(f"--in-flight must be within 1 to {MAX_IN_FLIGHT}, got {in_flight}")
-    spec = Buckets(model.resolve(), slots, context, list(profile), list(device or names), out, work or out / "profiles",
-                   trials, time_limit, in_flight, one_share)
+    spec = reserving(Buckets(model.resolve(), slots, context, list(profile), list(device or names), out,
+                             work or out / "profiles", trials, time_limit, in_flight, one_share))
     spec.check()
     _need_gpu("making serve plans", "make them on the GPU that will serve (kernelfleet profile captures the step "
               "there)")

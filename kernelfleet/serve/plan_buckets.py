@@ -16,6 +16,13 @@ share whichever plan runs. The largest bucket, because its activations take the 
 the same cache: a share that fits it fits every bucket. (Bucket 1's share did not: on an H100,
 2026-12-06, it left device a 20.0019 GB to hold at bucket 64 of the 8B under a 20 GB cap.)
 
+A device capped for the server (``--device NAME:GB``) is capped for the planner at that less what
+the server holds there beside a plan's tensors, its workspace (``memory.Footprint.workspace_bytes``,
+:func:`reserving`): the planner counts the step's weights, cache and activations, the server's
+start-up check the weights, cache and workspace, so a plan made to the whole cap is refused at
+start (on an H100, 2026-12-06, bucket 1's 64-slot plan put 19.98 of 20 GB on device a, and the
+server adds 1.12 GB).
+
 Resumable: a bucket whose profile is in WORK is not profiled again, and one whose plans are in DIR,
 made for as many in flight, is not planned again (a profile or plan cut short mid-write is made
 again). What
@@ -66,6 +73,7 @@ class Buckets:
     in_flight: int | None = IN_FLIGHT
     one_share: bool = False
     graph_copies: int = COPIES  # profile --graph-copies (graph_copies below)
+    beside_bytes: int = 0  # what the server holds on each device beside a plan's tensors (module docstring)
 
     def target(self, bucket: int) -> str:
         return f"hf:{self.model},serve-decode,batch={bucket},slots={self.slots},context={self.context}"
@@ -83,14 +91,28 @@ class Buckets:
             raise UsageError(f"--slots must be at least 1, --context at least 2, --trials at least 1 and --time-limit "
                              f"within (0, 86400) s; got {self.slots}, {self.context}, {self.trials} and "
                              f"{self.time_limit:g}")
+        for given, planned in zip(self.devices, self.planned_devices()):
+            if float(planned.partition(":")[2] or 1) <= 0:
+                raise UsageError(f"--device {given}: the server's workspace for {self.slots} slots "
+                                 f"({self.beside_bytes / 1e9:.2f} GB) leaves nothing of it for the plans")
         for folder in (self.plans, self.work):
             _same_as_kept(folder, self.identity())
 
+    def planned_devices(self) -> list[str]:
+        """``plan --device`` for each device: a capped one's cap less what the server holds beside the
+        plan (module docstring)."""
+        if not self.beside_bytes:
+            return self.devices
+        return [f"{name}:{float(gb) - self.beside_bytes / 1e9:.3f}" if gb else name
+                for name, _, gb in (device.partition(":") for device in self.devices)]
+
     def identity(self) -> dict:
         """What the folders' profiles and plans are for (module docstring): kept ones must match."""
-        return {"model": str(self.model), "slots": self.slots, "context": self.context, "profiles": self.profiles,
-                "devices": self.devices, "one_share": self.one_share,
-                "weights_of_bucket": self.slots if self.one_share else None}
+        found = {"model": str(self.model), "slots": self.slots, "context": self.context, "profiles": self.profiles,
+                 "devices": self.devices, "one_share": self.one_share,
+                 "weights_of_bucket": self.slots if self.one_share else None}
+        planned = self.planned_devices()
+        return found if planned == self.devices else {**found, "planned_devices": planned}
 
 
 def commands(spec: Buckets, bucket: int, out: Path, weights_like: Path | None = None) -> list[list[str]]:
@@ -103,9 +125,9 @@ def commands(spec: Buckets, bucket: int, out: Path, weights_like: Path | None = 
     profiling = ["profile", spec.target(bucket), *_each("--profile", spec.profiles), "--trials", str(spec.trials),
                  *copies, "--out", str(profile)]
     return [*([] if spec.profiled(bucket) else [profiling]),
-            ["plan", str(profile / "program.json"), str(profile / "costs.json"), *_each("--device", spec.devices),
-             "--policy", "all", "--state-home", *flight, *like, "--time-limit", f"{spec.time_limit:g}",
-             "--out", str(out)]]
+            ["plan", str(profile / "program.json"), str(profile / "costs.json"),
+             *_each("--device", spec.planned_devices()), "--policy", "all", "--state-home", *flight, *like,
+             "--time-limit", f"{spec.time_limit:g}", "--out", str(out)]]
 
 
 def _reads(path: Path) -> bool:
@@ -249,6 +271,19 @@ def graph_copies(spec: Buckets, footprint: Footprint, free: Callable[[int], int]
                      f"its whole-step graphs): about {needs[gpu] / 1e9:.1f} GB on GPU {gpu} for {spec.slots} slots "
                      f"of {spec.context} tokens, which has {free(gpu) / 1e9:.1f} GB free; give fewer --slots or a "
                      "shorter --context")
+
+
+def reserving(spec: Buckets) -> Buckets:
+    """``spec`` with what the server holds on each device beside a plan (module docstring), from the
+    model's config, where a device is capped; as it is where none is."""
+    if not any(":" in device for device in spec.devices):
+        return spec
+    import torch
+
+    from kernelfleet.serve.model import footprint
+
+    held = footprint(f"hf:{spec.model}", torch.bfloat16, spec.context).workspace_bytes(spec.slots)
+    return replace(spec, beside_bytes=held)
 
 
 def on_this_gpu(spec: Buckets, said: Callable[[str], None]) -> Buckets:

@@ -7,6 +7,7 @@ kernelfleet writes it), and the real command runs on the CPU to its one-line ref
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,34 @@ def test_one_share_plans_every_bucket_like_the_largest_buckets_first_plan(tmp_pa
     (plans / "plan-serve.json").write_text(json.dumps(made))
     with pytest.raises(UsageError, match=r"other settings: weights_of_bucket None \(now 2\)"):
         plan_buckets.make(one_share, run=recorder(ran))
+
+
+def test_a_capped_device_is_planned_at_its_cap_less_the_servers_workspace(tmp_path):
+    """The planner gets each capped device's cap less what the server holds beside a plan (its
+    workspace, from the model's config: ``reserving``), so the server's start-up check passes what
+    the planner placed; a cap the workspace alone fills is one line before anything runs."""
+    from transformers import LlamaConfig
+
+    from kernelfleet.serve.memory import FIXED_WORKSPACE_BYTES
+
+    LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2).save_pretrained(tmp_path / "model")
+    assert plan_buckets.reserving(spec(tmp_path)).beside_bytes == 0  # no cap: nothing reserved
+    capped = plan_buckets.reserving(spec(tmp_path, slots=2, devices=["a:20", "b:1.5"]))
+    per_slot = 1000 * (2 + 4) + 2048  # a row of bf16 and float32 logits, and of the mask (memory.Footprint)
+    assert capped.beside_bytes == FIXED_WORKSPACE_BYTES + 2 * per_slot
+    left = 20 - capped.beside_bytes / 1e9, 1.5 - capped.beside_bytes / 1e9
+    assert capped.planned_devices() == [f"a:{left[0]:.3f}", f"b:{left[1]:.3f}"] == ["a:18.926", "b:0.426"]
+    ran: list[list[str]] = []
+    plan_buckets.make(capped, said=lambda line: None, run=recorder(ran))
+    planned = [args for args in ran if args[0] == "plan"]
+    assert planned and all(args[3:7] == ["--device", "a:18.926", "--device", "b:0.426"] for args in planned)
+    assert json.loads((tmp_path / "plans" / "plan-serve.json").read_text())["planned_devices"] == ["a:18.926",
+                                                                                                "b:0.426"]
+    with pytest.raises(UsageError) as found:
+        plan_buckets.make(replace(capped, devices=["a:20", "b:1"], plans=tmp_path / "other"), run=recorder(ran))
+    assert str(found.value) == ("--device b:1: the server's workspace for 2 slots (1.07 GB) leaves nothing of it for "
+                                "the plans")
 
 
 def test_folders_made_for_other_settings_are_refused_before_anything_runs(tmp_path):
