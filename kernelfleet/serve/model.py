@@ -21,7 +21,7 @@ import torch
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.serve.memory import Footprint, kv_bytes
-from kernelfleet.workloads.targets import causal_lm, checked_folder
+from kernelfleet.workloads.targets import CONFIG_UNREAD, NOT_CAUSAL, causal_lm, checked_folder, from_transformers
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +93,10 @@ def footprint(target: str, dtype: torch.dtype, context_tokens: int) -> Footprint
     from its config: the model is built on the meta device, which allocates nothing."""
     from transformers import AutoModelForCausalLM
 
-    config = model_config(model_folder(target))
+    folder = model_folder(target)
+    config = model_config(folder)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = from_transformers(folder, NOT_CAUSAL, lambda: AutoModelForCausalLM.from_config(config, dtype=dtype))
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = text.num_attention_heads
@@ -113,12 +114,13 @@ def max_context_tokens(target: str) -> int:
 
 
 def model_config(folder: Path) -> Any:
-    """The directory's transformers config (EnvironmentProblem without transformers)."""
+    """The directory's transformers config (EnvironmentProblem without transformers; UsageError, one
+    line, for a config.json it cannot read)."""
     try:
         from transformers import AutoConfig
     except ImportError as exc:
         raise EnvironmentProblem(f"serving needs transformers ({exc}): pip install transformers") from exc
-    return AutoConfig.from_pretrained(folder)
+    return from_transformers(folder, CONFIG_UNREAD, lambda: AutoConfig.from_pretrained(folder))
 
 
 def _context(config: Any) -> int:

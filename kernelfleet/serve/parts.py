@@ -46,6 +46,7 @@ from kernelfleet.errors import UsageError
 from kernelfleet.serve.cut import StageSizes
 from kernelfleet.serve.memory import kv_bytes
 from kernelfleet.serve.model import capturable_experts, model_config, model_folder
+from kernelfleet.workloads.targets import NOT_CAUSAL, from_transformers
 
 PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")  # what a base model must have to be cut into stages
 CHECKPOINTS = ("model.safetensors", "pytorch_model.bin")  # each alone, or sharded with its .index.json
@@ -176,7 +177,8 @@ def _fill(folder: Path, config: Any, module: Any, tensors: dict[str, torch.Tenso
         checkpoint = next((kind for kind in CHECKPOINTS if (folder / kind).exists()
                            or (folder / f"{kind}.index.json").exists()), None)
         if checkpoint is not None:
-            _load(folder, checkpoint, tensors, device)
+            from_transformers(folder, "its checkpoint does not load",
+                              lambda: _load(folder, checkpoint, tensors, device))
         else:
             _replayed(config, dtype, seed, tensors, device)
         _rebuilt_buffers(module, config, device)
@@ -186,7 +188,9 @@ def _fill(folder: Path, config: Any, module: Any, tensors: dict[str, torch.Tenso
 def _architecture(config: Any, dtype: torch.dtype) -> Any:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_config(config, dtype=dtype).eval().requires_grad_(False)
+    model = from_transformers(Path(config.name_or_path), NOT_CAUSAL,
+                              lambda: AutoModelForCausalLM.from_config(config, dtype=dtype))
+    return model.eval().requires_grad_(False)
 
 
 def _base(model: Any, target: str) -> Any:

@@ -234,9 +234,33 @@ def causal_lm(folder: Path, device: str, seed: int, dtype: Any) -> Any:
     except ImportError as exc:
         raise UsageError(f"hf: targets need transformers ({exc}): pip install transformers") from exc
     if any((folder / name).exists() for name in WEIGHT_FILES):
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        model = from_transformers(folder, "its model does not load",
+                                  lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype))
     else:  # a config alone: the model's architecture with weights drawn from the seed
+        config = from_transformers(folder, CONFIG_UNREAD, lambda: AutoConfig.from_pretrained(folder))
         torch.manual_seed(seed)  # seeds every device's generator: the same weights every build
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=dtype)
+            model = from_transformers(folder, NOT_CAUSAL,
+                                      lambda: AutoModelForCausalLM.from_config(config, dtype=dtype))
     return model.to(device).eval().requires_grad_(False)
+
+
+CONFIG_UNREAD = "its config.json does not load as a transformers config"
+NOT_CAUSAL = "its config does not build a transformers causal LM"
+
+
+def from_transformers(folder: Path, what: str, read: Callable[[], Any]) -> Any:
+    """``read()``, transformers reading the model directory ``folder``; where it fails, a UsageError
+    of one line saying ``what`` and transformers' first line. A directory can hold anything, and
+    transformers, huggingface_hub and safetensors refuse it with OSError, ValueError, TypeError,
+    KeyError, RecursionError or errors of their own. torch running out of memory is not the
+    directory's fault: it passes (the command line says it)."""
+    try:
+        return read()
+    except UsageError:
+        raise
+    except Exception as exc:
+        if type(exc).__name__ == "OutOfMemoryError":
+            raise
+        said = " ".join(str(exc).split()) or type(exc).__name__
+        raise UsageError(f"hf:{folder}: {what} ({said[:240]})") from None
