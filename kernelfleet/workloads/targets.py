@@ -41,6 +41,9 @@ from kernelfleet.errors import UsageError
 PHASES = ("prefill", "decode", "serve-decode")  # of an hf:DIR target
 SIZES = ("batch", "tokens", "context", "slots")
 SERVE_DECODE = "kernelfleet.serve.placed_step:serve_decode"  # the server's own decode step (module docstring)
+# what from_transformers says of a directory whose config does not load, or builds no causal LM
+CONFIG_UNREAD = "its config.json does not load as a transformers config"
+NOT_CAUSAL = "its config does not build a transformers causal LM"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -245,16 +248,12 @@ def causal_lm(folder: Path, device: str, seed: int, dtype: Any) -> Any:
     return model.to(device).eval().requires_grad_(False)
 
 
-CONFIG_UNREAD = "its config.json does not load as a transformers config"
-NOT_CAUSAL = "its config does not build a transformers causal LM"
-
-
 def from_transformers(folder: Path, what: str, read: Callable[[], Any]) -> Any:
     """``read()``, transformers reading the model directory ``folder``; where it fails, a UsageError
-    of one line saying ``what`` and transformers' first line. A directory can hold anything, and
-    transformers, huggingface_hub and safetensors refuse it with OSError, ValueError, TypeError,
-    KeyError, RecursionError or errors of their own. torch running out of memory is not the
-    directory's fault: it passes (the command line says it)."""
+    of one line saying ``what`` and why (the library's message on one line, cut at 240 characters).
+    A directory can hold anything, and transformers, huggingface_hub and safetensors refuse it with
+    OSError, ValueError, TypeError, KeyError, RecursionError or errors of their own. torch running
+    out of memory is not the directory's fault: it passes (the command line says it)."""
     try:
         return read()
     except UsageError:
