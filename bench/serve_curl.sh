@@ -2,7 +2,8 @@
 # One placed model answering curl, as a user would run it on one GPU: a Llama of 8 layers (hidden 2048, config
 # only, so seeded random bf16 weights, alike on every device) planned by `kernelfleet plan-serve` on two partitions
 # of GPU 0 (a:64 and b:56), then served twice, on the whole GPU alone and through the plans, each asked the same
-# greedy completion by `curl -N` with "stream": true. The two streams' token ids must be identical.
+# greedy completion by `curl -N` with "stream": true. The two streams' token ids must be identical. (128 tokens a
+# slot: one context bucket, so both attend the same positions; the plans have no context buckets.)
 #
 #   bash bench/serve_curl.sh DIR          # on a GPU; writes DIR/curl_{single,placed}.txt (the streams as curl
 #                                         # printed them), DIR/curl_*.err (the servers' start-up), DIR/plan_serve.txt
@@ -19,12 +20,12 @@ from transformers import LlamaConfig
 LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=8, num_attention_heads=16,
             num_key_value_heads=8, max_position_embeddings=512).save_pretrained('$work/llama')" || exit 1
 model=hf:$work/llama
-python3 -m kernelfleet plan-serve "$model" --profile a:64 --profile b:56 --slots 2 --context 256 \
+python3 -m kernelfleet plan-serve "$model" --profile a:64 --profile b:56 --slots 2 --context 128 \
     --out "$work/plans" > "$out/plan_serve.txt" 2>&1 || { tail -3 "$out/plan_serve.txt"; exit 1; }
 tail -1 "$out/plan_serve.txt"
-python3 -m kernelfleet serve "$model" --slots 2 --context 256 --listen 127.0.0.1:8101 2> "$out/curl_single.err" &
+python3 -m kernelfleet serve "$model" --slots 2 --context 128 --listen 127.0.0.1:8101 2> "$out/curl_single.err" &
 single=$!
-python3 -m kernelfleet serve "$model" --plans "$work/plans" --profile a:64@0 --profile b:56@0 --context 256 \
+python3 -m kernelfleet serve "$model" --plans "$work/plans" --profile a:64@0 --profile b:56@0 --context 128 \
     --listen 127.0.0.1:8102 2> "$out/curl_placed.err" &
 placed=$!
 trap 'kill -INT $single $placed 2> /dev/null; wait; rm -rf "$work"' EXIT

@@ -65,6 +65,11 @@ def serve(
                                              f"several newcomers (default {DEFAULT_PREFILL_BATCH}; 1 with "
                                              "--prefill-chunk, which it does not combine with; the split's prefill "
                                              "device holds that many staging slots)."),
+    shortest_context: int | None = typer.Option(None, "--shortest-context", help="The shortest context bucket: "
+                                                "decode graphs are captured at it, its doublings and --context, and a "
+                                                "step replays the shortest that holds its requests' positions "
+                                                "(default 128); --context itself: one bucket, every step attending the "
+                                                "whole context, as --plans decodes."),
     plans: Path | None = PlansOption,
     profile: list[str] | None = ProfileOption,
 ) -> None:
@@ -78,6 +83,10 @@ def serve(
     from kernelfleet.serve.strategies import checked_strategy
 
     names = [parse_device(spec).name for spec in devices]
+    if shortest_context is not None and (shortest_context < 1 or plans is not None or profile):
+        raise UsageError(f"--shortest-context takes 1 or more tokens, got {shortest_context}" if shortest_context < 1
+                         else "--shortest-context: --plans decodes at the whole context its plans were made for; "
+                              "leave it out")
     if plans is not None or profile:  # its --device caps the profiles
         return _placed(target, plans, profile or [], devices, cpu or strategy != "single", listen,
                        allow_remote, token, slots, max_queue, context, dtype, seed,
@@ -147,7 +156,7 @@ def serve(
         started = time.perf_counter()
         engine, app = _built(served, slots, max_queue, tokens_per_slot, token, not cpu, strategy,
                              placed if devices else [], gpus[0].name if gpus else None, micro_batches, prefill_chunk,
-                             prefill_batch)
+                             prefill_batch, shortest_context)
     except BaseException:
         sock.close()
         raise
@@ -261,18 +270,18 @@ def _twins(devices: list[str], strategy: str, slots: int, staging: int = 1) -> l
 
 def _built(served, slots: int, max_queue: int, context: int, token: str | None, graphs: bool, strategy: str,
            devices: list, name: str | None, micro_batches: int | None, prefill_chunk_tokens: int,
-           prefill_batch: int | None):
+           prefill_batch: int | None, shortest_context: int | None):
     """The engine and app (``serve.command.build``) over ``devices`` (``serve.command.Placed``), with
     a progress bar over the buckets while a GPU's graphs are captured."""
     from kernelfleet.serve.command import build, micro_batch_slots
+    from kernelfleet.serve.graphs import SHORTEST_CONTEXT, buckets, lengths
 
+    shortest = shortest_context or SHORTEST_CONTEXT
     options = {"strategy": strategy, "devices": devices, "device_name": name, "micro_batches": micro_batches,
-               "prefill_chunk_tokens": prefill_chunk_tokens, "prefill_batch": prefill_batch}
+               "prefill_chunk_tokens": prefill_chunk_tokens, "prefill_batch": prefill_batch, "shortest": shortest}
     if not graphs:
         return build(served, slots, max_queue, context, token, **options)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from kernelfleet.serve.graphs import buckets, lengths
 
     if strategy == "pipeline":
         decoding = micro_batch_slots(slots, micro_batches)
@@ -280,7 +289,7 @@ def _built(served, slots: int, max_queue: int, context: int, token: str | None, 
         decoding = [device.slots for device in devices[strategy == "split":]] or [slots]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:
-        total = sum(len(buckets(n)) for n in decoding) * len(lengths(context))
+        total = sum(len(buckets(n)) for n in decoding) * len(lengths(context, shortest))
         task = bar.add_task("capturing decode graphs", total=total)
         return build(served, slots, max_queue, context, token, graphs=True, **options,
                      progress=lambda done, what: bar.update(task, completed=done,

@@ -27,7 +27,7 @@ from kernelfleet.serve.api import serve_app
 from kernelfleet.serve.backend import Backend, EagerBackend
 from kernelfleet.serve.device import Gpu
 from kernelfleet.serve.engine import Engine
-from kernelfleet.serve.graphs import GraphBackend
+from kernelfleet.serve.graphs import SHORTEST_CONTEXT, GraphBackend
 from kernelfleet.serve.memory import GIB, DeviceCap, planned_slots, proportional_slots
 from kernelfleet.serve.model import DEFAULT_CONTEXT_TOKENS, Served, footprint
 from kernelfleet.serve.strategies import checked_strategy, pipeline, replicas, single, split
@@ -120,14 +120,15 @@ def build(served: Served, slots: int, max_queue: int, context_tokens: int | None
           token: str | None = None, graphs: bool = False, progress: Callable[[int, str], None] | None = None,
           device_name: str | None = None, strategy: str = "single", devices: Sequence[Placed] = (),
           micro_batches: int | None = None, prefill_chunk_tokens: int | None = None,
-          prefill_batch: int | None = None) -> tuple[Engine, FastAPI]:
+          prefill_batch: int | None = None, shortest: int = SHORTEST_CONTEXT) -> tuple[Engine, FastAPI]:
     """A started engine over ``served`` and its app: eagerly, or with ``graphs`` through the graph
     backend (captured where the model is on a GPU; ``progress(done, what)`` after each capture).
     ``devices`` (default: ``served``'s model with ``slots``, named ``device_name``) are the
     strategy's, in ``--device`` order: under ``split`` the prefill device, then the decode one; under
     ``pipeline`` the stages, whose ``slots`` are split into ``micro_batches`` groups (pipeline.py;
     None: :func:`default_micro_batches`); the engine prefills at most ``prefill_chunk_tokens`` prompt
-    tokens a step (None or 0: whole prompts, ``prefill_batch`` of them a forward at most; engine.py)."""
+    tokens a step (None or 0: whole prompts, ``prefill_batch`` of them a forward at most; engine.py);
+    ``shortest``: the shortest context bucket of the decode graphs (``graphs.lengths``)."""
     context = checked_sizes(slots, max_queue, context_tokens, served.max_context_tokens)
     placed = list(devices) or [Placed(device_name, served.model, slots)]
     checked_strategy(strategy, [device.name for device in devices])
@@ -138,7 +139,8 @@ def build(served: Served, slots: int, max_queue: int, context_tokens: int | None
         eager = EagerBackend(device.model, device.slots, context, device.name)
         if not graphs:
             return eager
-        return GraphBackend(eager, told, graphs=eager.torch_device.startswith("cuda"), device_name=device.name)
+        return GraphBackend(eager, told, graphs=eager.torch_device.startswith("cuda"), device_name=device.name,
+                            shortest=shortest)
 
     if strategy == "pipeline":
         from kernelfleet.serve.pipeline import PipelineBackend, Stage
@@ -148,7 +150,7 @@ def build(served: Served, slots: int, max_queue: int, context_tokens: int | None
         if micro_batches < 1:
             raise UsageError(f"--micro-batches must be at least 1, got {micro_batches}")
         groups = micro_batch_slots(slots, micro_batches)
-        plan = pipeline([PipelineBackend(stages, n, context, graphs, told) for n in groups])
+        plan = pipeline([PipelineBackend(stages, n, context, graphs, told, shortest=shortest) for n in groups])
     elif strategy == "split":  # the prefill device runs prompts only: eagerly, into its staging slots
         plan = split(EagerBackend(placed[0].model, placed[0].slots, context, placed[0].name), decoding(placed[1]))
     elif strategy == "replicas":

@@ -168,7 +168,9 @@ def test_a_long_context_decode_with_the_8bs_head_shape_builds_into_plan_graphs(t
     and 8 slots, in a 2-layer model: on the H200 (2026-12-06) the 8B's plan graphs could not be
     built, the driver refusing a copy of cuDNN's split-KV reduction kernel
     (``lean_reduction_kernel``), which the tiny models' short contexts never launch. Every bucket's
-    plans must build, pass their gate and serve the single-device server's tokens."""
+    plans must build, pass their gate and serve the tokens of the single-device server attending the
+    whole context too (``--shortest-context 2048``: the plans have no context buckets, and a kernel
+    attending 128 positions sums in another order than one attending 2,048)."""
     from transformers import LlamaConfig
 
     folder = tmp_path / "llama"
@@ -176,7 +178,8 @@ def test_a_long_context_decode_with_the_8bs_head_shape_builds_into_plan_graphs(t
                 num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096).save_pretrained(folder)
     planned(tmp_path, folder, slots=8, context=2048)
     prompts = PROMPTS[:4]
-    with ServeCommand(f"hf:{folder}", "--slots", "8", "--context", "2048", startup_seconds=300) as single:
+    with ServeCommand(f"hf:{folder}", "--slots", "8", "--context", "2048", "--shortest-context", "2048",
+                      startup_seconds=300) as single:
         want = asyncio.run(whole_and_streamed(single.url, prompts, 12))
     with ServeCommand(f"hf:{folder}", "--plans", str(tmp_path / "plans"), "--profile", "a:64@0", "--profile", "b:32@0",
                       "--slots", "8", "--context", "2048", startup_seconds=300) as placed:

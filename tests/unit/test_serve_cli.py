@@ -109,6 +109,9 @@ def test_a_model_over_each_cap_serves_under_the_pipeline_and_is_refused_whole(mo
     (["{dir}", "--cpu", "--prefill-batch", "0"], 2, "--prefill-batch takes the whole prompts one forward prefills at most"),
     (["{dir}", "--cpu", "--prefill-batch", "4", "--prefill-chunk", "16"], 2,
      "--prefill-batch batches whole prompts and --prefill-chunk cuts them into chunks: pass one of the two"),
+    (["{dir}", "--cpu", "--shortest-context", "0"], 2, "--shortest-context takes 1 or more tokens, got 0"),
+    (["{dir}", "--plans", "{dir}", "--shortest-context", "64"], 2,
+     "--shortest-context: --plans decodes at the whole context its plans were made for"),
     (["{dir}", "--cpu", "--strategy", "ring"], 2, "--strategy takes single, replicas, split, pipeline, got 'ring'"),
     (["{dir}", "--cpu", "--strategy", "pipeline", "--device", "a:2"], 2, "it takes two or more, got 1"),
     (["{dir}", "--cpu", "--strategy", "pipeline", "--device", "a:2", "--device", "b:2", "--device", "c:2"], 2,
@@ -131,3 +134,14 @@ def test_bad_flags_and_targets_are_one_line(monkeypatch, capsys, model_dir, args
         given = [a.format(dir=f"hf:{model_dir}", port=free_port(), busy=busy.getsockname()[1]) for a in args]
         got, line = run_main(monkeypatch, capsys, *given)
     assert got == code and says in line, line
+
+
+def test_the_shortest_context_buckets_help_states_the_default_the_graphs_use():
+    """``--shortest-context``'s default is serve/graphs.py's (the help says it; cli_serve does not import torch)."""
+    import inspect
+
+    from kernelfleet.cli_serve import serve
+    from kernelfleet.serve.graphs import SHORTEST_CONTEXT
+
+    option = inspect.signature(serve).parameters["shortest_context"].default
+    assert option.default is None and f"(default {SHORTEST_CONTEXT})" in option.help

@@ -110,8 +110,9 @@ def test_many_interleaved_requests_over_http_each_get_their_own_tokens():
         llama.save_pretrained(folder)
         devices = [Placed(s.name, s.part, 4) for s in stages_of(folder)]
     with serving(served_model(llama), slots=4, max_queue=24, strategy="pipeline", devices=devices,
-                 graphs=True, micro_batches=2) as (url, engine):
+                 graphs=True, micro_batches=2, shortest=8) as (url, engine):
         assert [b.slots for b in engine.strategy.backends] == [2, 2]
+        assert all(b.lengths == [8, 16, 32, 64, 128] for b in engine.strategy.backends)  # crossed: positions to 17
         got = interleaved(url, prompts, lengths, 8)
         metrics = httpx.get(f"{url}/metrics").text
     assert got == expected

@@ -94,7 +94,8 @@ def test_slots_split_in_proportion_to_memory_and_bad_strategies_are_one_line():
 
 @pytest.mark.parametrize("strategy", ["replicas", "split"])
 def test_many_interleaved_requests_over_http_each_get_their_own_tokens(strategy):
-    """The bounded load test under a strategy: 24 clients, 8 at a time, half streaming."""
+    """The bounded load test under a strategy: 24 clients, 8 at a time, half streaming, each decode
+    device through the graph backend's twin with context buckets from 8 (positions reach 17)."""
     llama = tiny_causal_lm("llama")
     prompts = [[(11 * i + j) % 256 for j in range(1 + i % 7)] for i in range(24)]
     lengths = [2 + (3 * i) % 9 for i in range(24)]
@@ -103,7 +104,8 @@ def test_many_interleaved_requests_over_http_each_get_their_own_tokens(strategy)
 
 
     with serving(served_model(llama), slots=4 if strategy == "replicas" else 2, max_queue=24, strategy=strategy,
-                 devices=devices, graphs=strategy == "split") as (url, _engine):
+                 devices=devices, graphs=True, shortest=8) as (url, engine):
+        assert all(b.lengths == [8, 16, 32, 64, 128] for b in engine.strategy.backends)
         got = interleaved(url, prompts, lengths, 8)
         health = httpx.get(f"{url}/healthz").json()
         metrics = httpx.get(f"{url}/metrics").text
