@@ -45,11 +45,16 @@
 #                                           # 64: the cache, 17.2 GB, on a; the weights nearly all on b), served
 #                                           # alone; resumable as capped-plans is (serve-plans-capped-64.tgz).
 #                                           # Since 2026-12-06 both are made on the whole GPU each, as the pair's
-#                                           # other strategies run (the tenth run's were on partitions)
+#                                           # other strategies run (the tenth run's were on partitions). The
+#                                           # eleventh run made buckets 1-32, then bucket 64 did not fit bucket 1's
+#                                           # share; plans made before its two fixes (serve-gpu.md) are refused:
+#                                           # start afresh (about 7 minutes to make, then a call to serve)
 #   bash bench/pending_run.sh serve-contexts  # the server's context buckets against one whole-context graph
 #                                           # (bench.serve_contexts: the 8B at batches 1, 8 and 64, 64 slots of
 #                                           # 2048 tokens, every context bucket), then the server's own GPU tests
-#                                           # (tests/gpu/test_serve_gpu.py); about 3 minutes (not yet run)
+#                                           # (tests/gpu/test_serve_gpu.py); about 3 minutes. Run on an H100 on
+#                                           # 2026-12-06 (serve-gpu.md, eleventh run); the tests' lookups mended
+#                                           # since, not run again
 #   bash bench/pending_run.sh curl          # one placed model answering curl (bench/serve_curl.sh): an 8-layer Llama
 #                                           # planned on a:64 and b:56, served alone and through the plans, each
 #                                           # asked one streamed greedy completion by curl -N; about 3 minutes
@@ -94,8 +99,8 @@ for mode in "$@"; do
     case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|capped-plans-64|serve-tests|\
         serve-contexts|curl|place|place-table|place-different|place-x2|place-nccl-x2|capped-x2|strategies-x2) ;;
     *) echo "usage: bash bench/pending_run.sh MODE ... (MODE: serve, serve-moe, serve-64, serve-two, moe-strategies," \
-            "capped, capped-plans, capped-plans-64, serve-contexts, curl, serve-tests, place, place-table, place-different," \
-            "place-x2, place-nccl-x2, capped-x2, strategies-x2)" >&2
+            "capped, capped-plans, capped-plans-64, serve-contexts, curl, serve-tests, place, place-table," \
+            "place-different, place-x2, place-nccl-x2, capped-x2, strategies-x2)" >&2
        exit 2 ;; esac
 done
 OUT=${OUT:-/tmp/kf-out}
