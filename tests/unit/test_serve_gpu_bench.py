@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from recorded import bench_quick, bench_refused, free_port
+from recorded import bench_quick, bench_refused, free_port, tiny_causal_lm
 
 pytestmark = pytest.mark.unit
 
@@ -147,22 +147,25 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
 
 
 def test_the_capped_pairs_plans_hold_each_device_to_its_cap_with_one_share_of_the_weights(tmp_path):
-    """``capped-plans``: every plan is made with each device held to 20 GB, the largest bucket's share
-    of the weights first and every bucket's plans like it (plan-serve --one-share), at 32 slots; the server
-    is held to the same caps, and no home-alone twin is made. On the CPU the case is refused in one
-    line, as the plans cases are."""
+    """``capped-plans``: every plan is made with each device held to 20 GB less the server's workspace
+    (as the benchmark sizes it, ``plan_buckets.reserving``: here a tiny Llama's), the largest bucket's
+    share of the weights first and every bucket's plans like it (plan-serve --one-share), at 32 slots;
+    the server is held to the 20 GB caps, and no home-alone twin is made. On the CPU the case is
+    refused in one line, as the plans cases are."""
     from bench import serve_plans
     from bench.serve_gpu import CAPPED_PLAN_SLOTS
+    from kernelfleet.serve.plan_buckets import reserving
 
+    tiny_causal_lm("llama").config.save_pretrained(tmp_path / "model")
     ran: list[list[str]] = []
     plans, alone = serve_plans.prepare(tmp_path / "model", tmp_path, 2048, 3, run=recorder(ran), milp_seconds=15,
-                                       slots=CAPPED_PLAN_SLOTS, capped=True)
+                                       slots=CAPPED_PLAN_SLOTS, capped=True, room=reserving)
     assert alone is None and not (tmp_path / "plans-a").exists()
     planned = [args for args in ran if args[0] == "plan"]
     assert [args[1] for args in ran if args[0] == "profile"] == [
         f"hf:{tmp_path / 'model'},serve-decode,batch={b},slots=32,context=2048" for b in (32, 1, 2, 4, 8, 16)]
-    assert all(args[3:7] == ["--device", "a:20", "--device", "b:20"] for args in planned), planned[0]
-    assert all("--weights-like" in args for args in planned[1:])  # the largest bucket's share, then every bucket like it
+    assert all(args[3:7] == ["--device", "a:18.926", "--device", "b:18.926"] for args in planned), planned[0]
+    assert all("--weights-like" in args for args in planned[1:])  # the largest bucket's share, then all like it
     assert serve_plans.served_flags(plans, CAPPED_PLAN_SLOTS, capped=True) == [
         "--plans", str(plans), "--profile", "a@0", "--profile", "b@0", "--device", "a:20", "--device", "b:20",
         "--slots", "32"]
