@@ -21,7 +21,7 @@ import torch
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
 from kernelfleet.serve.memory import Footprint, kv_bytes
-from kernelfleet.workloads.targets import CONFIG_UNREAD, NOT_CAUSAL, causal_lm, checked_folder, from_transformers
+from kernelfleet.workloads.targets import architecture, causal_lm, checked_folder, config_of
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +91,9 @@ def model_folder(target: str) -> Path:
 def footprint(target: str, dtype: torch.dtype, context_tokens: int) -> Footprint:
     """The sizes of ``target``'s model in ``dtype`` with ``context_tokens`` per slot (memory.py),
     from its config: the model is built on the meta device, which allocates nothing."""
-    from transformers import AutoModelForCausalLM
-
-    folder = model_folder(target)
-    config = model_config(folder)
+    config = model_config(model_folder(target))
     with torch.device("meta"):
-        model = from_transformers(folder, NOT_CAUSAL, lambda: AutoModelForCausalLM.from_config(config, dtype=dtype))
+        model = architecture(config, dtype)
     weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = text.num_attention_heads
@@ -117,10 +114,10 @@ def model_config(folder: Path) -> Any:
     """The directory's transformers config (EnvironmentProblem without transformers; UsageError, one
     line, for a config.json it cannot read)."""
     try:
-        from transformers import AutoConfig
+        import transformers  # noqa: F401
     except ImportError as exc:
         raise EnvironmentProblem(f"serving needs transformers ({exc}): pip install transformers") from exc
-    return from_transformers(folder, CONFIG_UNREAD, lambda: AutoConfig.from_pretrained(folder))
+    return config_of(folder)
 
 
 def _context(config: Any) -> int:

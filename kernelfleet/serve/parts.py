@@ -46,7 +46,7 @@ from kernelfleet.errors import UsageError
 from kernelfleet.serve.cut import StageSizes
 from kernelfleet.serve.memory import kv_bytes
 from kernelfleet.serve.model import capturable_experts, model_config, model_folder
-from kernelfleet.workloads.targets import NOT_CAUSAL, from_transformers
+from kernelfleet.workloads.targets import architecture, from_transformers
 
 PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")  # what a base model must have to be cut into stages
 CHECKPOINTS = ("model.safetensors", "pytorch_model.bin")  # each alone, or sharded with its .index.json
@@ -186,11 +186,7 @@ def _fill(folder: Path, config: Any, module: Any, tensors: dict[str, torch.Tenso
 
 
 def _architecture(config: Any, dtype: torch.dtype) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = from_transformers(Path(config.name_or_path), NOT_CAUSAL,
-                              lambda: AutoModelForCausalLM.from_config(config, dtype=dtype))
-    return model.eval().requires_grad_(False)
+    return architecture(config, dtype).eval().requires_grad_(False)
 
 
 def _base(model: Any, target: str) -> Any:

@@ -41,9 +41,6 @@ from kernelfleet.errors import UsageError
 PHASES = ("prefill", "decode", "serve-decode")  # of an hf:DIR target
 SIZES = ("batch", "tokens", "context", "slots")
 SERVE_DECODE = "kernelfleet.serve.placed_step:serve_decode"  # the server's own decode step (module docstring)
-# what from_transformers says of a directory whose config does not load, or builds no causal LM
-CONFIG_UNREAD = "its config.json does not load as a transformers config"
-NOT_CAUSAL = "its config does not build a transformers causal LM"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -233,19 +230,37 @@ def causal_lm(folder: Path, device: str, seed: int, dtype: Any) -> Any:
     import torch
 
     try:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM
     except ImportError as exc:
         raise UsageError(f"hf: targets need transformers ({exc}): pip install transformers") from exc
     if any((folder / name).exists() for name in WEIGHT_FILES):
         model = from_transformers(folder, "its model does not load",
                                   lambda: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype))
     else:  # a config alone: the model's architecture with weights drawn from the seed
-        config = from_transformers(folder, CONFIG_UNREAD, lambda: AutoConfig.from_pretrained(folder))
+        config = config_of(folder)
         torch.manual_seed(seed)  # seeds every device's generator: the same weights every build
         with torch.device(device):
-            model = from_transformers(folder, NOT_CAUSAL,
-                                      lambda: AutoModelForCausalLM.from_config(config, dtype=dtype))
+            model = architecture(config, dtype)
     return model.to(device).eval().requires_grad_(False)
+
+
+def config_of(folder: Path) -> Any:
+    """The transformers config of the model directory ``folder`` (UsageError, one line, where it
+    does not load)."""
+    from transformers import AutoConfig
+
+    return from_transformers(folder, "its config.json does not load as a transformers config",
+                             lambda: AutoConfig.from_pretrained(folder))
+
+
+def architecture(config: Any, dtype: Any) -> Any:
+    """The causal LM ``config`` (of :func:`config_of`) describes, built on the current device with
+    the weights its initialisers draw (UsageError, one line naming its directory, where it builds
+    none)."""
+    from transformers import AutoModelForCausalLM
+
+    return from_transformers(Path(config.name_or_path), "its config does not build a transformers causal LM",
+                             lambda: AutoModelForCausalLM.from_config(config, dtype=dtype))
 
 
 def from_transformers(folder: Path, what: str, read: Callable[[], Any]) -> Any:
