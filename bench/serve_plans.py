@@ -39,6 +39,7 @@ from kernelfleet.errors import KernelfleetError
 from kernelfleet.plan.model import PLANNED_PROGRAM
 from kernelfleet.profile.run import parse_profile
 from kernelfleet.serve import plan_buckets
+from kernelfleet.serve.graphs import SHORTEST_CONTEXT
 from kernelfleet.serve.placed_plans import POLICIES, bucket_folder
 from kernelfleet.serve.plan_buckets import IN_FLIGHT, Buckets, Runner, on_gpu
 
@@ -94,8 +95,10 @@ def prepare(model: Path, out: Path, context: int, trials: int, run: Runner = pla
 
 def served_flags(plans: Path, slots: int = SLOTS, capped: bool = False, second_gpu: int = 0) -> list[str]:
     """``kernelfleet serve``'s flags for a plan folder on the profiles of the plans (:func:`pair_profiles`),
-    on GPU 0 where they name none (``capped``: each held to ``CAP_GB``)."""
+    on GPU 0 where they name none (``capped``: each held to ``CAP_GB``), the plans carried to the
+    context buckets the other servers decode with (``--shortest-context``: since 2026-12-07; before,
+    the plans' steps attended the whole context)."""
     profiles = pair_profiles(capped, second_gpu)
     caps = [x for spec in profiles for x in ("--device", f"{parse_profile(spec).name}:{CAP_GB}")] if capped else []
     return ["--plans", str(plans), *[x for spec in profiles for x in ("--profile", on_gpu(spec))], *caps,
-            "--slots", str(slots)]
+            "--slots", str(slots), "--shortest-context", str(SHORTEST_CONTEXT)]

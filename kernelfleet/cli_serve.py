@@ -13,6 +13,8 @@ whose devices each build only their stage's part of the model (docs/serve.md).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -69,7 +71,8 @@ def serve(
                                                 "decode graphs are captured at it, its doublings and --context, and a "
                                                 "step replays the shortest that holds its requests' positions "
                                                 "(default 128); --context itself: one bucket, every step attending the "
-                                                "whole context, as --plans decodes."),
+                                                "whole context. With --plans (default: the whole context only) each "
+                                                "plan is carried to each shorter bucket's capture."),
     plans: Path | None = PlansOption,
     profile: list[str] | None = ProfileOption,
 ) -> None:
@@ -83,14 +86,12 @@ def serve(
     from kernelfleet.serve.strategies import checked_strategy
 
     names = [parse_device(spec).name for spec in devices]
-    if shortest_context is not None and (shortest_context < 1 or plans is not None or profile):
-        raise UsageError(f"--shortest-context takes 1 or more tokens, got {shortest_context}" if shortest_context < 1
-                         else "--shortest-context: --plans decodes at the whole context its plans were made for; "
-                              "leave it out")
+    if shortest_context is not None and shortest_context < 1:
+        raise UsageError(f"--shortest-context takes 1 or more tokens, got {shortest_context}")
     if plans is not None or profile:  # its --device caps the profiles
         return _placed(target, plans, profile or [], devices, cpu or strategy != "single", listen,
                        allow_remote, token, slots, max_queue, context, dtype, seed,
-                       (prefill_chunk, checked_prefill(prefill_chunk, prefill_batch)))
+                       (prefill_chunk, checked_prefill(prefill_chunk, prefill_batch)), shortest_context)
     checked_strategy(strategy, names)
     if cpu and devices and strategy == "single":
         raise UsageError("--device names a GPU; with --cpu the model runs on the CPU: pass one or the other")
@@ -176,10 +177,11 @@ def serve(
 
 def _placed(target: str, plans: Path | None, profiles: list[str], caps: list[str], other: bool, listen: str,
             allow_remote: bool, token: str | None, slots: int | None, max_queue: int, context: int | None,
-            dtype: str | None, seed: int, prefill: tuple[int | None, int]) -> None:
+            dtype: str | None, seed: int, prefill: tuple[int | None, int], shortest: int | None) -> None:
     """``--plans DIR --profile ...``: the placed backend (serve/placed_build.py) behind the same API;
     ``caps``: ``--device NAME:MEMORY_GB``, what a profile may hold; ``prefill``: the engine's prompt
-    tokens a step and whole prompts a forward (engine.py)."""
+    tokens a step and whole prompts a forward (engine.py); ``shortest``: the shortest context bucket
+    the plans are carried to (None: the whole context only). A progress bar runs over the captures."""
     from kernelfleet.fleet.listener import bind, given_token, listen_address
 
     if plans is None or other:
@@ -200,6 +202,7 @@ def _placed(target: str, plans: Path | None, profiles: list[str], caps: list[str
 
     from kernelfleet.serve.command import checked_sizes
     from kernelfleet.serve.command import serve as run
+    from kernelfleet.serve.graphs import buckets, lengths
     from kernelfleet.serve.model import max_context_tokens
     from kernelfleet.serve.placed_build import placed_server
     from kernelfleet.serve.placed_plans import planned_slots
@@ -209,17 +212,24 @@ def _placed(target: str, plans: Path | None, profiles: list[str], caps: list[str
     token = given_token(token)
     sock = bind(*listen_address(listen, allow_remote, token))
     started = time.perf_counter()
+    total = len(buckets(slots)) * len(lengths(tokens_per_slot, shortest or tokens_per_slot))
     try:
-        engine, app, entered = placed_server(target, plans, profiles, slots, max_queue, tokens_per_slot,
-                                             token, seed, getattr(torch, dtype or "bfloat16"), prefill=prefill,
-                                             caps=caps)
+        with _capturing(total, "placed step") as progress:
+            engine, app, entered = placed_server(target, plans, profiles, slots, max_queue, tokens_per_slot,
+                                                 token, seed, getattr(torch, dtype or "bfloat16"), progress,
+                                                 prefill=prefill, caps=caps, shortest=shortest)
     except BaseException:
         sock.close()
         raise
     host, port = sock.getsockname()[:2]
+    backend = engine.backend
+    contexts = sorted({length for _, length in backend.graphs})
     err.print(f"kernelfleet serve: {target} through the plans of {plans} on {', '.join(profiles)} "
-              f"(buckets {', '.join(map(str, engine.backend.sizes))}, captured and gated in "
-              f"{time.perf_counter() - started:.1f} s) on http://{host}:{port}/v1", markup=False, highlight=False)
+              f"(batch buckets {', '.join(map(str, backend.sizes))}, context buckets {', '.join(map(str, contexts))}, "
+              f"captured and gated in {time.perf_counter() - started:.1f} s) on http://{host}:{port}/v1",
+              markup=False, highlight=False)
+    for said in backend.skipped:
+        err.print(f"  not carried, served at the next longer context: {said}", markup=False, highlight=False)
     from kernelfleet.serve.parts import weight_bytes
 
     held, home = engine.backend.weights_held, engine.backend.placement.home
@@ -281,16 +291,20 @@ def _built(served, slots: int, max_queue: int, context: int, token: str | None, 
                "prefill_chunk_tokens": prefill_chunk_tokens, "prefill_batch": prefill_batch, "shortest": shortest}
     if not graphs:
         return build(served, slots, max_queue, context, token, **options)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     if strategy == "pipeline":
         decoding = micro_batch_slots(slots, micro_batches)
     else:
         decoding = [device.slots for device in devices[strategy == "split":]] or [slots]
+    with _capturing(sum(len(buckets(n)) for n in decoding) * len(lengths(context, shortest)), "decode graph") as told:
+        return build(served, slots, max_queue, context, token, graphs=True, **options, progress=told)
+
+
+@contextmanager
+def _capturing(total: int, what: str) -> Iterator[Callable[[int, str], None]]:
+    """A progress bar over ``total`` captures while the block runs, and its ``progress(done, bucket)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:
-        total = sum(len(buckets(n)) for n in decoding) * len(lengths(context, shortest))
-        task = bar.add_task("capturing decode graphs", total=total)
-        return build(served, slots, max_queue, context, token, graphs=True, **options,
-                     progress=lambda done, what: bar.update(task, completed=done,
-                                                            description=f"captured the decode graph of {what}"))
+        task = bar.add_task(f"capturing the {what}s", total=total)
+        yield lambda done, bucket: bar.update(task, completed=done, description=f"captured the {what} of {bucket}")

@@ -13,6 +13,8 @@ launches are matched by the ATen op that made them, not by kernel:
   launches are the units, with the bytes each unit reads from before it (what no earlier launch of
   the unit wrote) and writes, in that device's addresses. Everything downstream — flows,
   transfers, the schedule, the validator, the MILP — runs on it unchanged.
+* :func:`carried` uses the same matching to carry a plan to another capture of the same code at
+  other shapes (the server's decode step at a shorter context), whose ops match by name.
 
 Pure: captures and programs in, plain data out.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -76,15 +79,17 @@ def _boundaries(home: list[Key], other: list[Key]) -> dict[int, int]:
     return found
 
 
-def align(raws: dict[str, RawCapture], home: str) -> dict[str, list[tuple[int, int]]]:
+def align(raws: dict[str, RawCapture], home: str, key: Callable[[RawOp], object] = op_key
+          ) -> dict[str, list[tuple[int, int]]]:
     """Each device's op range of every unit (module docstring); ``home`` names the device whose ops
-    the others are lined up with. UsageError for a capture without ATen ops (captured with
-    ``record_ops=False``: nothing to match by)."""
+    the others are lined up with, ``key`` what makes two ops the same call (:func:`carried` lines up
+    captures of other shapes by the op's name alone). UsageError for a capture without ATen ops
+    (captured with ``record_ops=False``: nothing to match by)."""
     for name, raw in raws.items():
         if program_nodes(raw) and not raw.ops:
             raise UsageError(f"{name}: its capture recorded no ATen ops, so its launches cannot be matched "
                              "across devices (capture with ops recorded)")
-    keys = {name: [op_key(op) for op in raw.ops] for name, raw in raws.items()}
+    keys = {name: [key(op) for op in raw.ops] for name, raw in raws.items()}
     maps = {name: _boundaries(keys[home], keys[name]) for name in raws if name != home}
     cuts = sorted(set(range(len(keys[home]) + 1)).intersection(*(m.keys() for m in maps.values())))
     maps[home] = {i: i for i in cuts}
@@ -100,12 +105,10 @@ def align(raws: dict[str, RawCapture], home: str) -> dict[str, list[tuple[int, i
     return {name: [(maps[name][a], maps[name][b]) for a, b in pairwise(kept)] for name in raws}
 
 
-def units_of(raw: RawCapture, program: Program, ops: list[tuple[int, int]]) -> list[list[int]]:
-    """The launches of each unit: those of its op calls, and any launch between two op calls
-    (made outside any op) with the unit before it."""
+def units_of(raw: RawCapture, ops: list[tuple[int, int]]) -> list[list[int]]:
+    """The launches of each unit (indices into the program assembled from ``raw``): those of its op
+    calls, and any launch between two op calls (made outside any op) with the unit before it."""
     of_launch = program_nodes(raw)
-    if len(of_launch) != len(program.launches):
-        raise UsageError(f"the program has {len(program.launches)} launches, its capture {len(of_launch)}")
     starts = [raw.ops[first].first if first < end else None for first, end in ops]
     out: list[list[int]] = [[] for _ in ops]
     unit = 0
@@ -174,7 +177,10 @@ def views(raws: dict[str, RawCapture], programs: dict[str, Program], home: str) 
     ranges = align(raws, home)
     out = {}
     for name, raw in raws.items():
-        members = units_of(raw, programs[name], ranges[name])
+        if len(program_nodes(raw)) != len(programs[name].launches):
+            raise UsageError(f"{name}: the program has {len(programs[name].launches)} launches, its capture "
+                             f"{len(program_nodes(raw))}")
+        members = units_of(raw, ranges[name])
         out[name] = UnitView(raw, ranges[name], members, unit_program(programs[name], members))
     return out
 
@@ -183,3 +189,45 @@ def differing_units(views_: dict[str, UnitView], home: str) -> set[int]:
     """The units that launch other kernels on some device than on ``home``."""
     names = {d: [[v.raw.nodes[i].name for i in unit] for unit in v.nodes()] for d, v in views_.items()}
     return {u for u in range(len(views_[home].ops)) if any(n[u] != names[home][u] for n in names.values())}
+
+
+def carried(assignment: list[str], chains: list[list[int]], raw: RawCapture, to_chains: list[list[int]],
+            to: RawCapture) -> list[str]:
+    """A plan made for one capture carried to another capture of the same code at other shapes,
+    where the libraries may launch other kernels for some calls: the server's decode step at a
+    shorter context (serve/placed_build.py). ``assignment`` places ``raw``'s placed launches (the
+    graph nodes of each: ``chains``, launches or units); the result places ``to``'s (``to_chains``).
+
+    The two captures' ops are lined up by name alone (:func:`align`: their tensors' extents change
+    with the shapes). A unit's launches in ``to`` go where its launches in ``raw`` ran: to their one
+    device, or launch by launch where both launch the same kernels for it; a unit that launched
+    nothing in ``raw`` goes where the launch before it ran. UsageError naming the op where a unit's
+    launches ran on several devices and the kernels differ, or where one of ``to``'s placed
+    launches would be split between devices. Whether the result fits its devices is the
+    validator's to say (runtime/plans.checked), and whether it computes the step the gate's."""
+    ranges = align({"from": raw, "to": to}, "from", key=lambda op: op.name)
+    device_of = {node: assignment[k] for k, chain in enumerate(chains) for node in chain}
+    of_from, of_to = program_nodes(raw), program_nodes(to)
+    there: dict[int, str] = {}
+    last = assignment[0] if assignment else ""
+    for u, (mine, theirs) in enumerate(zip(units_of(raw, ranges["from"]), units_of(to, ranges["to"]))):
+        nodes, targets = [of_from[i] for i in mine], [of_to[i] for i in theirs]
+        devices = [device_of[n] for n in nodes]
+        if len(set(devices)) <= 1:
+            there.update(dict.fromkeys(targets, devices[0] if devices else last))
+        elif [raw.nodes[n].name for n in nodes] == [to.nodes[n].name for n in targets]:
+            there.update(zip(targets, devices))
+        else:
+            first, end = ranges["from"][u]
+            raise UsageError(f"{raw.ops[first].name if first < end else 'launches outside any op'}: its launches run "
+                             f"on {', '.join(sorted(set(devices)))} and the other capture launches other kernels "
+                             "for it, so the plan does not say where they go")
+        last = devices[-1] if devices else last
+    out = []
+    for chain in to_chains:
+        devices = {there[n] for n in chain} or {out[-1] if out else last}  # a unit of no launch: anywhere
+        if len(devices) > 1:
+            raise UsageError(f"a placed launch of the other capture ({to.nodes[chain[0]].name}) would run on "
+                             f"{' and '.join(sorted(devices))}")
+        out.append(devices.pop())
+    return out

@@ -12,7 +12,7 @@ every run that is compared with a reference each replica is restored.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,17 +39,18 @@ def capture_replicas(make_step: Callable[[str, int], Step], gpus: dict[str, int]
 
 
 def capture_each(make_step: Callable[[str, int], Step], gpus: dict[str, int], seed: int = 0,
-                 kernels: dict[str, str] | None = None,
-                 save: bool = True) -> tuple[dict[str, Replica], list[Callable[[], None]]]:
+                 kernels: dict[str, str] | None = None, save: bool = True,
+                 pools: dict[str, Any] | None = None) -> tuple[dict[str, Replica], list[Callable[[], None]]]:
     """:func:`capture_replicas` without aligning the replicas (captures made apart are aligned
-    together), and without saving their state where not ``save`` (several captures over one state
-    save it once, together: ``replay.saved_state``)."""
+    together), without saving their state where not ``save`` (several captures over one state
+    save it once, together: ``replay.saved_state``), and each device's capture in its graph memory
+    pool of ``pools`` where one is given (``capture``'s ``pool``)."""
     replicas, restores = {}, []
     for name, gpu in gpus.items():
         torch.cuda.set_device(gpu)
         step = make_step(f"cuda:{gpu}", seed)
         with choosing_kernels((kernels or {}).get(name, "default")):
-            captured = capture(step.fn, step.args, module=step.module, what=step.name)
+            captured = capture(step.fn, step.args, module=step.module, what=step.name, pool=(pools or {}).get(name))
         replicas[name] = Replica(captured, assemble(captured.raw), decode=getattr(step, "decode", None))
         if save:
             restores.append(saved_state(replicas[name].program))

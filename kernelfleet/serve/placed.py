@@ -1,17 +1,21 @@
-"""The placed backend: decode through kernelfleet's plans, one graph per batch bucket and policy.
+"""The placed backend: decode through kernelfleet's plans, a graph per batch bucket, context bucket and policy.
 
 Every device holds a model (its share of the weights, ``placed_build.py``) and a
 :class:`~kernelfleet.serve.cache.SlotCache` of the server's slots (its own
 :class:`~kernelfleet.serve.backend.EagerBackend`); per batch bucket each
 device captured the server's decode step (``placed_step.py``) and the executor built, from those
 captures, one graph per policy: the bucket's latency plan and its throughput plan
-(``placed_plans.py``, ``runtime/executor.build`` with ``resident_state``). That graph replaces the
-graph backend's single-device decode graph:
+(``placed_plans.py``, ``runtime/executor.build`` with ``resident_state``). Plans are made for the
+whole context; where the server was asked for shorter context buckets (``--shortest-context``),
+each device also captured the step attending fewer positions and each plan was carried to that
+capture (``placed_build.py``): one graph per (batch bucket, context bucket, policy), as the graph
+backend has one per (batch bucket, context bucket). They replace its single-device decode graphs:
 
 * ``decode`` asks the online monitor (``runtime/monitor.Monitor``) once, before anything runs, which
   policy this step runs under, lays the batch out as the graph backend does (``graphs.laid_out``:
   running requests in the first cache rows of every device's cache, padded to the bucket), writes
-  the two input rows into the home device's capture's input tensor in place, launches that graph,
+  the two input rows into the home device's capture's input tensor in place, launches the graph of
+  the shortest context bucket that holds the batch's furthest position,
   waits for it and returns the logits its home output holds. A switch therefore falls between two
   steps, never inside one, and every request of a step runs under one plan.
 * ``prefill`` runs eagerly on the home device into its cache (where home holds only its share, on the
@@ -50,23 +54,25 @@ import torch
 from kernelfleet.runtime.monitor import LATENCY, THROUGHPUT, Finished, Monitor
 from kernelfleet.serve.backend import EagerBackend
 from kernelfleet.serve.cache import SlotCache
-from kernelfleet.serve.graphs import Bucket, in_engine_order, laid_out
+from kernelfleet.serve.graphs import Bucket, bucket_for, in_engine_order, laid_out
 from kernelfleet.serve.placed_plans import Placement
 from kernelfleet.serve.rows import Rows
 
 
 @dataclass(eq=False)
 class PlanGraph:
-    """One (bucket, policy) plan's built graph (``executor.Built``), the home capture's input tensor
-    it reads and the logits it writes; ``twin``: compute the logits eagerly (the CPU twin); ``gate``:
-    which gate it passed at start (``runtime/gate``: identical, or within tolerance and how; None:
-    not gated, as the CPU twin's)."""
+    """One (bucket, context bucket, policy) plan's built graph (``executor.Built``), the home
+    capture's input tensor it reads and the logits it writes; ``twin``: compute the logits eagerly
+    (the CPU twin), attending ``length`` positions (None: the whole context); ``gate``: which gate it
+    passed at start (``runtime/gate``: identical, or within tolerance and how; None: not gated, as
+    the CPU twin's)."""
 
     built: Any
     inputs: torch.Tensor
     logits: torch.Tensor | None
     twin: bool = False
     gate: str | None = None
+    length: int | None = None
 
 
 def copy_rows(source: SlotCache, target: SlotCache, caches: list[tuple[int, str]], row: int, positions: range) -> None:
@@ -81,28 +87,34 @@ def copy_rows(source: SlotCache, target: SlotCache, caches: list[tuple[int, str]
 class PlacedBackend:
     """The backend of the module docstring; it prefills and decodes itself (like the pipeline's, no
     prefill/decode split runs over it). ``devices``: each device's eager backend by its name in the
-    plans; ``placement``: the plans' home and KV placement; ``graphs[bucket][policy]``; ``launch``
-    runs a graph to completion; ``registry``: where the plan metrics go (the server's own);
+    plans; ``placement``: the plans' home and KV placement; ``graphs[bucket, context bucket][policy]``
+    (the context bucket: the positions its graphs attend, the whole context for the plans as made);
+    ``launch`` runs a graph to completion; ``registry``: where the plan metrics go (the server's own);
     ``weights_held``: the bytes of weights each device holds (for the server's start line);
     ``whole``: the backend prefill runs on, over the home device's cache: home's own where it holds
     the whole model (the default), else the devices' shares joined (``parts.joined``); ``slower``:
     the buckets whose throughput plan's step is predicted slower than their latency plan's
-    (``placed_plans.slower_under_load``, for the server's start line)."""
+    (``placed_plans.slower_under_load``, for the server's start line); ``skipped``: the context buckets
+    the plans could not be carried to, one line each (``placed_build.shorter_buckets``, for the same)."""
 
-    def __init__(self, devices: dict[str, EagerBackend], placement: Placement, graphs: dict[int, dict[str, PlanGraph]],
+    def __init__(self, devices: dict[str, EagerBackend], placement: Placement,
+                 graphs: dict[tuple[int, int], dict[str, PlanGraph]],
                  monitor: Monitor, launch: Callable[[Any], None], registry: Any = None,
                  clock: Callable[[], float] = time.perf_counter, weights_held: dict[str, int] | None = None,
-                 whole: EagerBackend | None = None, slower: list[tuple[int, float, float]] | None = None) -> None:
+                 whole: EagerBackend | None = None, slower: list[tuple[int, float, float]] | None = None,
+                 skipped: list[str] | None = None) -> None:
         self.devices, self.placement, self.graphs, self.monitor = devices, placement, graphs, monitor
         self.weights_held = weights_held or {}  # device -> bytes of weights it holds
         self.launch, self.clock = launch, clock
         self.home = devices[placement.home]
         self.whole = whole or self.home
         self.slower = slower or []  # (bucket, throughput plan's step, latency plan's step) in seconds
+        self.skipped = skipped or []
         self.slots, self.context_tokens = self.home.slots, self.home.context_tokens
         self.device = f"placed:{'+'.join(devices)}"  # its name in the busy metric
         self.rows = Rows(self.slots)
-        self.sizes = sorted(graphs)
+        self.sizes = sorted({size for size, _ in graphs})
+        self.lengths = {size: sorted(length for bucket, length in graphs if bucket == size) for size in self.sizes}
         self.away = placement.away()  # device -> the caches it keeps
         self._last_token_seconds: dict[int, float] = {}
         self._waited: dict[int, float] = {}  # slot -> its request's wait in the queue, until its first step
@@ -110,11 +122,13 @@ class PlacedBackend:
         self._switches_seen = monitor.switches
 
     def gates(self) -> dict[str, list[str]]:
-        """Which graphs passed which gate at start: each verdict with its graphs ("bucket B policy")."""
+        """Which graphs passed which gate at start: each verdict with its graphs ("bucket B policy", and
+        "context L" where the bucket has shorter context buckets)."""
         found: dict[str, list[str]] = {}
-        for size, policies in sorted(self.graphs.items()):
+        for (size, length), policies in sorted(self.graphs.items()):
+            where = f"bucket {size}" + (f" context {length}" if len(self.lengths[size]) > 1 else "")
             for policy, graph in policies.items():
-                found.setdefault(graph.gate or "not gated", []).append(f"bucket {size} {policy}")
+                found.setdefault(graph.gate or "not gated", []).append(f"{where} {policy}")
         return found
 
     def queued(self, slot: int, seconds: float) -> None:
@@ -153,11 +167,11 @@ class PlacedBackend:
         policy = self.monitor.plan_for_next_step(started)  # once, before the step: a switch never splits it
         caches = [backend.cache for backend in self.devices.values()]
         row, size, inputs = laid_out(self.rows, caches, slots, token_ids, positions, self.sizes)
-        graph = self.graphs[size][policy]
+        graph = self.graphs[size, bucket_for(max(positions) + 1, self.lengths[size])][policy]
         graph.inputs.copy_(inputs)
         self.launch(graph.built)
         if graph.twin:
-            graph.logits = Bucket(size, graph.inputs).forward(self.whole)
+            graph.logits = Bucket(size, graph.inputs, graph.length).forward(self.whole)
         done = self.clock()
         for slot in slots:
             last = self._last_token_seconds.get(slot, started)  # its prefill's end, or its previous token's

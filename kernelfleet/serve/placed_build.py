@@ -30,25 +30,29 @@ graph keeps its verdict.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kernelfleet.errors import EnvironmentProblem, UsageError
+from kernelfleet.graph.units import carried
 from kernelfleet.kernels.cuda.replay import saved_state
 from kernelfleet.plan.model import Device
+from kernelfleet.plan.model import weights_read as plan_weights
 from kernelfleet.runtime import plans as runtime_plans
 from kernelfleet.runtime.executor import Slot, build, run
 from kernelfleet.runtime.gate import passed, single_step_verdict, zero
 from kernelfleet.runtime.monitor import Monitor
 from kernelfleet.runtime.replicas import aligned, capture_each, restore_all
 from kernelfleet.serve.backend import EagerBackend
-from kernelfleet.serve.graphs import Bucket, buckets
+from kernelfleet.serve.graphs import Bucket, buckets, described, lengths
 from kernelfleet.serve.memory import Footprint, checked_share
 from kernelfleet.serve.parts import joined
 from kernelfleet.serve.placed import PlacedBackend, PlanGraph
 from kernelfleet.serve.placed_plans import (
+    kv_devices,
     kv_placement,
     planned_programs,
     plans_home,
@@ -61,16 +65,18 @@ from kernelfleet.serve.placed_step import WEIGHTS_PREFIX, decode_step
 
 def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]], plans_root: Path,
                    profiles: dict[str, Any], slots: int, context_tokens: int, registry: Any = None,
-                   progress: Callable[[int, int], None] | None = None, monitor: Monitor | None = None, *,
+                   progress: Callable[[int, str], None] | None = None, monitor: Monitor | None = None, *,
                    sizes: tuple[Footprint, Callable[[set[str]], int]],
-                   caps: dict[str, int] | None = None) -> tuple[PlacedBackend, list[Any]]:
+                   caps: dict[str, int] | None = None, shortest: int | None = None) -> tuple[PlacedBackend, list[Any]]:
     """The placed backend (module docstring) and the entered ``profile.devices.DeviceProfile`` of each
     device (keep them entered while it serves). ``load_model(torch device, names)`` loads the model
     there, holding only the weights ``names`` (None: all), with the bytes of weights it holds;
     ``profiles``: ``profile.devices.ProfileSpec`` by the names the plans use; ``sizes``: the model's
     footprint and the bytes ``load_model`` allocates for ``names``, to check that each device's share
     fits before it loads; ``caps``: the bytes a device may hold (``--device NAME:MEMORY_GB``), by
-    name (others: what its GPU has free)."""
+    name (others: what its GPU has free); ``shortest``: the shortest context bucket the plans are
+    carried to (``graphs.lengths``; None: none, every step attends the whole context, as the plans
+    were made); ``progress(done, what)`` after each capture."""
     found = read(plans_root, buckets(slots))  # before any weight loads
     from kernelfleet.profile.devices import DeviceProfile
 
@@ -110,17 +116,22 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
     if names[home] is not None and not holds_all(whole.model, names[home]):
         whole = EagerBackend(joined([(backends[n].model, names[n]) for n in backends]), slots, context_tokens, home,
                              cache=backends[home].cache)
+    told = progress or (lambda done, what: None)
     captures, programs = {}, []
     for done, size in enumerate(found, 1):
         replicas = captured(backends, profiles, list(backends), size)
         programs += [r.program for r in replicas.values()]
-        captures[size] = aligned(replicas)
-        if partial and captures[size][home].units is not None:
+        captures[size, context_tokens] = aligned(replicas)
+        if partial and captures[size, context_tokens][home].units is not None:
             raise EnvironmentProblem(f"batch bucket {size}: the devices captured different kernels although their "
                                      "profiles ask for the same ones; give the other device its /KERNELS")
-        (progress or (lambda done, size: None))(done, size)
+        told(done, described(size, context_tokens))
     # every plan checked against the step this server captured (a plan folder of another model fails here)
-    placement = checked(found, {size: replicas[home].program for size, replicas in captures.items()}, memory)
+    placement = checked(found, {size: captures[size, context_tokens][home].program for size in found}, memory)
+    plans = {(size, context_tokens): policies for size, policies in found.items()}
+    skipped = shorter_buckets(backends, profiles, (found, captures, plans), placement, names, memory,
+                              lengths(context_tokens, shortest)[:-1] if shortest else [], told)
+    programs += [r.program for key, replicas in captures.items() if key[1] < context_tokens for r in replicas.values()]
     # every bucket's capture on a device writes the same cache: the state is saved once, not once a capture, and on
     # the host: the caps hold weights, cache and workspace (memory.checked_share), not a second cache (on the GPU
     # the copy ran 32 slots of the 8B out of two 20 GB caps on an H100, 2026-12-06)
@@ -131,14 +142,14 @@ def placed_backend(load_model: Callable[[str, set[str] | None], tuple[Any, int]]
         for name, profile in zip(profiles, entered):
             replicas[name].context = profile.context
     try:
-        graphs, launch = gated_graphs(captures, found, placement.home, profiles[placement.home].device, restores,
+        graphs, launch = gated_graphs(captures, plans, placement.home, profiles[placement.home].device, restores,
                                       None if whole is backends[home] else whole)
     except BaseException:
         for profile in entered:
             profile.__exit__(None, None, None)
         raise
-    return PlacedBackend(backends, placement, graphs, monitor or Monitor(), launch, registry,
-                         weights_held=held, whole=whole, slower=slower_under_load(found)), entered
+    return PlacedBackend(backends, placement, graphs, monitor or Monitor(), launch, registry, weights_held=held,
+                         whole=whole, slower=slower_under_load(found), skipped=skipped), entered
 
 
 def holds_all(model: Any, names: set[str]) -> bool:
@@ -183,20 +194,82 @@ def checked(found: dict, programs: dict[int, Any], memory: dict[str, int]) -> An
     return kv_placement(found, {size: runtime_plans.problem(program, devices) for size, program in programs.items()})
 
 
-def captured(backends: dict[str, EagerBackend], profiles: dict[str, Any], names: list[str], size: int) -> dict[str, Any]:
-    """Bucket ``size``'s step captured on each of ``names`` (``runtime/replicas.capture_each``), its state not yet saved."""
-    return capture_each(stepper([backends[n] for n in names], size), {n: profiles[n].device for n in names}, 0,
-                        {n: profiles[n].kernels for n in names}, save=False)[0]
+def captured(backends: dict[str, EagerBackend], profiles: dict[str, Any], names: list[str], size: int,
+             length: int | None = None, pools: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Bucket ``size``'s step attending ``length`` positions (None: the whole context) captured on
+    each of ``names`` (``runtime/replicas.capture_each``, each in its pool of ``pools`` where given),
+    its state not yet saved."""
+    return capture_each(stepper([backends[n] for n in names], size, length), {n: profiles[n].device for n in names},
+                        0, {n: profiles[n].kernels for n in names}, save=False, pools=pools)[0]
+
+
+def shorter_buckets(backends: dict[str, EagerBackend], profiles: dict[str, Any], made: tuple[dict, dict, dict],
+                    placement: Any, names: dict[str, set[str] | None], memory: dict[str, int], shorter: list[int],
+                    told: Callable[[int, str], None]) -> list[str]:
+    """Each batch bucket's step captured at each of the ``shorter`` context lengths into
+    ``captures[size, length]``, and every plan of ``found`` carried there (``graph/units.carried``)
+    into ``plans[size, length]`` (``made``: the plans read, and the captures and plans by (bucket,
+    positions attended) so far, the whole context's); ``told(done, what)`` after each capture; what
+    could not be carried, one line each (that context bucket is then not served: a step takes the
+    next longer).
+
+    A carried plan must pass the validator against its capture (``runtime/plans.checked``), keep
+    every cache where ``placement`` has it, and read on each device only the weights it holds
+    (``names``: None, all). Each device's shorter captures share one graph memory pool, captured
+    largest first, so they keep about one step's activations between them, not one each (only one
+    graph runs at a time)."""
+    found, captures, plans = made
+    skipped: list[str] = []
+    if not shorter:
+        return skipped
+    pools = {name: torch.cuda.graph_pool_handle() for name in backends}
+    devices = [Device(d, size) for d, size in memory.items()]
+    done = len(captures)
+    for size in sorted(found, reverse=True):
+        whole = captures[size, backends[placement.home].context_tokens]
+        for length in sorted(shorter, reverse=True):
+            short = aligned(captured(backends, profiles, list(backends), size, length, pools))
+            done += 1
+            told(done, described(size, length))
+            try:
+                plans[size, length] = {policy: carried_plan(path, plan, whole, short, length, devices, placement, names)
+                                       for policy, (path, plan) in found[size].items()}
+            except UsageError as exc:
+                skipped.append(f"{described(size, length)}: {exc}")
+                continue
+            captures[size, length] = short
+    return skipped
+
+
+def carried_plan(path: Path, plan: Any, whole: dict[str, Any], short: dict[str, Any], length: int,
+                 devices: list[Device], placement: Any, names: dict[str, set[str] | None]) -> tuple[str, Any]:
+    """``plan`` (made for the whole context's captures ``whole``) carried to the captures ``short``
+    at ``length`` positions (:func:`shorter_buckets`), with where it came from; UsageError why not."""
+    home = short[placement.home]
+    where = f"{path}, carried to context {length}"
+    source = whole[placement.home]
+    moved = replace(plan, assignment=carried(plan.assignment, source.node_chains(), source.captured.raw,
+                                             home.node_chains(), home.captured.raw))
+    runtime_plans.checked(runtime_plans.problem(home.program, devices), moved, where)
+    if kv_devices(home.program, moved.assignment, where) != placement.kv:
+        raise UsageError(f"{where}: it keeps the KV cache elsewhere than the plans made for the whole context")
+    for device, held in names.items():
+        wanted = {n.removeprefix(WEIGHTS_PREFIX) for n in plan_weights(home.program, moved.assignment, device)
+                  if n.startswith(WEIGHTS_PREFIX)}
+        if held is not None and not wanted <= held:
+            raise UsageError(f"{where}: {device} would read {min(wanted - held)}, which it does not hold")
+    return where, moved
 
 
 def same_gpu(one: int, other: int) -> bool:
     return one == other or torch.cuda.get_device_name(one) == torch.cuda.get_device_name(other)
 
 
-def gated_graphs(captures: dict[int, dict[str, Any]], found: dict, home_name: str, gpu: int,
+def gated_graphs(captures: dict[tuple[int, int], dict[str, Any]], found: dict, home_name: str, gpu: int,
                  restores: list[Callable[[], None]], whole: EagerBackend | None = None
-                 ) -> tuple[dict[int, dict[str, PlanGraph]], Callable[[Any], None]]:
-    """Each (bucket, policy) plan's graph, built with resident state and gated (from the captured
+                 ) -> tuple[dict[tuple[int, int], dict[str, PlanGraph]], Callable[[Any], None]]:
+    """Each (bucket, context bucket, policy) plan's graph (``captures`` and ``found``, the plans, by
+    (bucket, positions attended)), built with resident state and gated (from the captured
     state, with the logits zeroed, it must give the home capture's own replay: bit for bit, or within
     the tolerance where the devices run different kernels), and the backend's ``launch``: a graph run
     on a stream of the home GPU, waited for. ``whole``: where home holds only part of the model, the
@@ -210,11 +283,11 @@ def gated_graphs(captures: dict[int, dict[str, Any]], found: dict, home_name: st
         run(built, stream.cuda_stream)
         stream.synchronize()
 
-    graphs: dict[int, dict[str, PlanGraph]] = {}
-    for size, replicas in captures.items():
+    graphs: dict[tuple[int, int], dict[str, PlanGraph]] = {}
+    for (size, length), replicas in captures.items():
         home = replicas[home_name]
-        graphs[size] = {}
-        for policy, (path, plan) in found[size].items():
+        graphs[size, length] = {}
+        for policy, (path, plan) in found[size, length].items():
             units = home.units is not None
             built = build([Slot(replicas, plan.assignment, home_name)], resident_state=True, overlap=not units)
             restore_all(restores)
@@ -223,7 +296,7 @@ def gated_graphs(captures: dict[int, dict[str, Any]], found: dict, home_name: st
                     home.captured.replay()
                 reference = home.captured.output_tensors()
             else:
-                reference = [Bucket(size, home.captured.args[0]).forward(whole)]
+                reference = [Bucket(size, home.captured.args[0], length).forward(whole)]
             torch.cuda.synchronize()
             reference = [t.clone() for t in reference]
             restore_all(restores)
@@ -232,30 +305,32 @@ def gated_graphs(captures: dict[int, dict[str, Any]], found: dict, home_name: st
             said = single_step_verdict(reference, home.captured.output_tensors(), units or whole is not None)
             restore_all(restores)
             if not passed(said):
-                raise EnvironmentProblem(f"{path}: the plan's graph for batch bucket {size} does not give the home "
-                                         f"device's own logits ({said}): the server does not serve it")
-            graphs[size][policy] = PlanGraph(built, home.captured.args[0], home.captured.output_tensors()[0],
-                                             gate=said)
+                raise EnvironmentProblem(f"{path}: the plan's graph for {described(size, length)} does not give the "
+                                         f"home device's own logits ({said}): the server does not serve it")
+            graphs[size, length][policy] = PlanGraph(built, home.captured.args[0], home.captured.output_tensors()[0],
+                                                     gate=said, length=length)
     return graphs, launch
 
 
-def stepper(backends: list[EagerBackend], size: int) -> Callable[[str, int], Any]:
+def stepper(backends: list[EagerBackend], size: int, length: int | None = None) -> Callable[[str, int], Any]:
     """``make_step`` for ``capture_replicas``, which makes one step per device in the order of its
-    devices: each call the next device's bucket-``size`` step (partitions of one GPU share a torch
-    device, so the device argument cannot tell them apart)."""
+    devices: each call the next device's bucket-``size`` step attending ``length`` positions
+    (partitions of one GPU share a torch device, so the device argument cannot tell them apart)."""
     order = iter(backends)
-    return lambda device, seed: decode_step(next(order), size)
+    return lambda device, seed: decode_step(next(order), size, length=length)
 
 
 def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int, max_queue: int,
                   context_tokens: int, token: str | None, seed: int, dtype: torch.dtype,
-                  progress: Callable[[int, int], None] | None = None,
+                  progress: Callable[[int, str], None] | None = None,
                   prefill: tuple[int | None, int | None] = (None, None),
-                  caps: list[str] | None = None) -> tuple[Any, Any, list[Any]]:
+                  caps: list[str] | None = None, shortest: int | None = None) -> tuple[Any, Any, list[Any]]:
     """``kernelfleet serve TARGET --plans DIR --profile ... --profile ... [--device NAME:MEMORY_GB
     ...]``: the started engine, its app and the entered device profiles (module docstring);
     ``prefill``: the engine's ``prefill_chunk_tokens`` and ``prefill_batch``; ``caps``: the
-    ``--device`` caps of profiles, enforced on their GPUs (``device.enforce``)."""
+    ``--device`` caps of profiles, enforced on their GPUs (``device.enforce``); ``shortest``: the
+    shortest context bucket the plans are carried to (``--shortest-context``; None: the whole context
+    only); ``progress(done, what)`` after each capture."""
     from kernelfleet.errors import UsageError
     from kernelfleet.profile.run import parse_profile
     from kernelfleet.serve.api import serve_app
@@ -279,7 +354,7 @@ def placed_server(target: str, plans_root: Path, profiles: list[str], slots: int
 
     sizes = footprint(target, dtype, context_tokens), (lambda names: reading_bytes(target, names, dtype))
     backend, entered = placed_backend(load_model, plans_root, {s.name: s for s in specs}, slots, context_tokens,
-                                      metrics.registry, progress, sizes=sizes, caps=limits)
+                                      metrics.registry, progress, sizes=sizes, caps=limits, shortest=shortest)
     engine = Engine(backend, max_queue, metrics, prefill_chunk_tokens=prefill[0], prefill_batch=prefill[1]).start()
     return engine, serve_app(engine, described(target), token), entered
 

@@ -4,7 +4,7 @@
 :meth:`EagerBackend.forward <kernelfleet.serve.backend.EagerBackend.forward>` with ``rows=None``
 over a :class:`~kernelfleet.serve.cache.SlotCache` of ``slots`` rows, reading one persistent
 ``(2, b)`` tensor of token ids and positions. :func:`decode_step` is that same call at the whole
-context (``length=None``: plans have no context buckets) as a place
+context (``length=None``: plans are made for the whole context) as a place
 :class:`~kernelfleet.workloads.steps.Step`, so ``analyze``, ``profile`` and ``plan`` see exactly
 the kernels the placed server (``placed.py``) replays: its input is the bucket's tensor, its output
 the logits, and its module names the weights and each layer's cache (``cache_L_keys``,
@@ -38,14 +38,16 @@ def cache_buffers(backend: EagerBackend) -> dict[str, torch.Tensor]:
             for name, tensors in zip(CACHE_NAMES, (cache.keys, cache.values))}
 
 
-def decode_step(backend: EagerBackend, bucket: int, name: str = "serve-decode") -> Any:
-    """Bucket ``bucket``'s decode forward over ``backend``'s cache as a Step (module docstring)."""
+def decode_step(backend: EagerBackend, bucket: int, name: str = "serve-decode", length: int | None = None) -> Any:
+    """Bucket ``bucket``'s decode forward over ``backend``'s cache as a Step (module docstring),
+    attending the first ``length`` positions (None: the whole context; the placed server captures
+    shorter context buckets to carry its plans to, ``placed_build.py``)."""
     from kernelfleet.workloads.steps import Step
 
     if not backend.cache.keys:
         backend.prefill(0, [0])  # the cache is allocated outside any capture, as GraphBackend does
     inputs = torch.tensor(padded([], [], bucket, backend.context_tokens - 1), device=backend.torch_device)
-    step = Bucket(bucket, inputs)
+    step = Bucket(bucket, inputs, length)
     holder = torch.nn.Module()  # names the weights and the cache: placement sees the cache as state
     holder.model = backend.model  # so each weight is named WEIGHTS_PREFIX + its name in the model
     for buffer, tensor in cache_buffers(backend).items():
@@ -54,7 +56,7 @@ def decode_step(backend: EagerBackend, bucket: int, name: str = "serve-decode") 
     def decode(_: torch.Tensor) -> torch.Tensor:
         return step.forward(backend)  # reads step.inputs, the tensor passed in
 
-    return Step(decode, (inputs,), holder, f"{name}-b{bucket}")
+    return Step(decode, (inputs,), holder, f"{name}-b{bucket}" + (f"-c{length}" if length else ""))
 
 
 def serve_decode(model: str, batch: int = 1, context: int = 128, slots: int | None = None, device: str = "cpu",

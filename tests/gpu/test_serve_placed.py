@@ -169,8 +169,9 @@ def test_a_long_context_decode_with_the_8bs_head_shape_builds_into_plan_graphs(t
     built, the driver refusing a copy of cuDNN's split-KV reduction kernel
     (``lean_reduction_kernel``), which the tiny models' short contexts never launch. Every bucket's
     plans must build, pass their gate and serve the tokens of the single-device server attending the
-    whole context too (``--shortest-context 2048``: the plans have no context buckets, and a kernel
-    attending 128 positions sums in another order than one attending 2,048)."""
+    whole context too (``--shortest-context 2048``: a kernel attending 128 positions sums in another
+    order than one attending 2,048). Then the plans carried to context buckets from 128
+    (``--shortest-context 128``) must give the tokens of the single-device server's own buckets."""
     from transformers import LlamaConfig
 
     folder = tmp_path / "llama"
@@ -186,4 +187,16 @@ def test_a_long_context_decode_with_the_8bs_head_shape_builds_into_plan_graphs(t
         got = asyncio.run(whole_and_streamed(placed.url, prompts, 12))
     print(placed.err)
     assert placed.returncode == 0, placed.err
+    assert got == want
+    # the plans carried to context buckets from 128: the single-device server's graphs of the same buckets
+    with ServeCommand(f"hf:{folder}", "--slots", "8", "--context", "2048", startup_seconds=300) as single:
+        want = asyncio.run(whole_and_streamed(single.url, prompts, 12))
+    with ServeCommand(f"hf:{folder}", "--plans", str(tmp_path / "plans"), "--profile", "a:64@0", "--profile", "b:32@0",
+                      "--slots", "8", "--context", "2048", "--shortest-context", "128", startup_seconds=300) as placed:
+        got = asyncio.run(whole_and_streamed(placed.url, prompts, 12))
+    print(placed.err)
+    assert placed.returncode == 0, placed.err
+    assert "context buckets 128, 256, 512, 1024, 2048" in placed.err and "not carried" not in placed.err
+    gates = [line for line in placed.err.splitlines() if line.strip().startswith("gate: ")]
+    assert any("bucket 8 context 128 latency" in line for line in gates), gates
     assert got == want

@@ -15,6 +15,7 @@ import pytest
 import torch
 from recorded import PROMPTS, reference, tiny_causal_lm
 
+from kernelfleet.graph.units import carried
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.cuda.capture import Captured
 from kernelfleet.kernels.cuda.null import NullDriver
@@ -101,9 +102,10 @@ def shares(tmp_path):
 
 
 def assembled(tmp_path: Path, devices: dict[str, EagerBackend], whole: EagerBackend | None = None,
-              prefix: str = "cache_1") -> tuple:
+              prefix: str = "cache_1", contexts: tuple[int, ...] = (CONTEXT,)) -> tuple:
     """The placed backend over ``devices`` (``whole``: where prefill runs, as PlacedBackend takes it;
-    ``prefix``: b's span, as :func:`plans` takes it), its null driver, metrics and clock."""
+    ``prefix``: b's span, as :func:`plans` takes it), its null driver, metrics and clock; a graph per
+    context bucket of ``contexts`` (the recorded capture stands for each, the plans carried to it)."""
     captured = {size: replicas(size) for size in buckets(SLOTS)}
     problems = {size: runtime_plans.problem(r["a"].program, [Device("a"), Device("b")]) for size, r in captured.items()}
     found = read(plans(tmp_path, problems[1].program, prefix), buckets(SLOTS))
@@ -112,16 +114,28 @@ def assembled(tmp_path: Path, devices: dict[str, EagerBackend], whole: EagerBack
     # every device makes each bucket's step, as each captures it on a GPU (which allocates its cache)
     steps = {size: {d: decode_step(backend, size) for d, backend in devices.items()} for size in captured}
     inputs = {size: steps[size]["a"].args[0] for size in captured}  # the home capture's input tensor
-    graphs = {size: {policy: PlanGraph(build([Slot(captured[size], plan.assignment, "a")], resident_state=True,
-                                             driver=null), inputs[size], None, twin=True)
-                     for policy, (_, plan) in found[size].items()}
-              for size in captured}
+    raw = captured[1]["a"].captured.raw
+    graphs = {(size, length): {policy: PlanGraph(build([Slot(captured[size], carried(
+        plan.assignment, captured[size]["a"].node_chains(), raw, captured[size]["a"].node_chains(), raw), "a")],
+        resident_state=True, driver=null), inputs[size], None, twin=True, length=length)
+        for policy, (_, plan) in found[size].items()} for size in captured for length in contexts}
     metrics = ServeMetrics(len(PROMPTS))
     clock = Clock()
     monitor = Monitor(window_seconds=5.0, beta=3.0, patience=1)
     backend = PlacedBackend(devices, placement, graphs, monitor, lambda built: run(built, 1), metrics.registry, clock,
                             whole=whole)
     return backend, null, metrics, clock
+
+
+def greedy(engine: Engine, max_tokens: int) -> list[list[int]]:
+    """Every prompt's greedy tokens, the engine run until all are answered."""
+    got: list[list[int]] = [[] for _ in PROMPTS]
+    for prompt, tokens in zip(PROMPTS, got):
+        engine.submit(prompt, max_tokens, frozenset(), Sampling(temperature=0.0),
+                      lambda t, f, tokens=tokens: tokens.append(t))
+    while engine.step():
+        pass
+    return got
 
 
 def test_a_graph_per_bucket_and_policy_each_placing_every_launch(placed):
@@ -134,6 +148,31 @@ def test_a_graph_per_bucket_and_policy_each_placing_every_launch(placed):
     n = 124  # the recorded step's launches
     assert len(launches) == 6 * n
     assert {x.ctx for x in launches} == {f"{d}-{size}" for d in ("a", "b") for size in (1, 2, 4)}
+
+
+def test_each_step_runs_the_graph_of_the_shortest_context_bucket_holding_its_positions(tmp_path):
+    """With context buckets (the server's --shortest-context), each decode launches the graph of its
+    batch bucket and of the shortest context bucket that holds the batch's furthest position, and
+    the tokens (the twin attending that bucket's positions) still equal transformers' own."""
+    model = tiny_causal_lm()
+    backend, null, metrics, _ = assembled(tmp_path, {d: EagerBackend(model, SLOTS, CONTEXT, d) for d in ("a", "b")},
+                                          contexts=(8, 16, 32, CONTEXT))
+    assert backend.lengths == {size: [8, 16, 32, CONTEXT] for size in (1, 2, 4)}
+    assert "bucket 4 context 8 latency" in backend.gates()["not gated"]
+    decode, chosen = backend.decode, []
+
+    def watched(slots, token_ids, positions):
+        launched = len(null.launched)
+        logits = decode(slots, token_ids, positions)
+        length = bucket_for(max(positions) + 1, [8, 16, 32, CONTEXT])
+        graph = backend.graphs[bucket_for(len(slots), backend.sizes), length][backend.monitor.policy]
+        assert null.launched[launched:] == [(graph.built.executable, 1)] and graph.length == length
+        chosen.append(length)
+        return logits
+
+    backend.decode = watched
+    assert greedy(Engine(backend, len(PROMPTS), metrics), 30) == [reference(model, p, 30, eos=False) for p in PROMPTS]
+    assert set(chosen) == {16, 32, CONTEXT}  # every batch holds a prompt of 11 tokens or more
 
 
 def test_prefill_copies_only_the_caches_kept_away_from_home(placed):
@@ -181,7 +220,7 @@ def test_greedy_tokens_equal_generate_and_the_monitor_switches_only_between_step
             assert len(null.launched) == launched + 1
             executable = null.launched[-1][0]
             policy = backend.monitor.policy
-            assert executable == backend.graphs[bucket_for(running, backend.sizes)][policy].built.executable
+            assert executable == backend.graphs[bucket_for(running, backend.sizes), CONTEXT][policy].built.executable
             used.append(policy)
         if steps >= 3:
             clock.seconds += 3.0  # the loop away from the running requests' steps: load, by Tessera's ratio
@@ -229,13 +268,7 @@ def test_devices_holding_only_what_they_read_serve_generates_tokens_through_the_
     own = {d: dict(backend.devices[d].model.named_parameters()) for d in names}
     for name, tensor in backend.whole.model.named_parameters():  # each the holder's own tensor, home's first
         assert tensor is own["a" if name in names["a"] else "b"][name]
-    engine = Engine(backend, len(PROMPTS), metrics)
-    got: list[list[int]] = [[] for _ in PROMPTS]
-    for prompt, tokens in zip(PROMPTS, got):
-        engine.submit(prompt, 6, frozenset(), Sampling(temperature=0.0), lambda t, f, tokens=tokens: tokens.append(t))
-    while engine.step():
-        pass
-    assert got == [reference(model, p, 6, eos=False) for p in PROMPTS]
+    assert greedy(Engine(backend, len(PROMPTS), metrics), 6) == [reference(model, p, 6, eos=False) for p in PROMPTS]
     # the home model alone (its unread weights zero) does not give them: the join is what makes them right
     alone = backend.home.forward(torch.tensor([[5]]), torch.tensor([0]), torch.tensor([[0]]), 1)
     assert not torch.allclose(alone, backend.whole.forward(torch.tensor([[5]]), torch.tensor([0]), torch.tensor([[0]]), 1))

@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from recorded import misplaced_copies
 
+from kernelfleet.errors import UsageError
 from kernelfleet.graph.deps import flows
-from kernelfleet.graph.units import align, differing_units, views
+from kernelfleet.graph.units import align, carried, differing_units, views
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.cuda.capture import Captured
 from kernelfleet.kernels.cuda.null import NullDriver
 from kernelfleet.kernels.ir import merged_ranges
-from kernelfleet.kernels.raw import RawCapture
+from kernelfleet.kernels.raw import RawCapture, program_nodes
 from kernelfleet.runtime.executor import Replica, Slot, build
 
 pytestmark = pytest.mark.replay
@@ -112,3 +113,50 @@ def test_the_graph_runs_each_unit_as_its_own_devices_launches(raws, unit_views):
     assert len(launches) == 163
     copies = [x for x in null.added if x.kind == "copy"]
     assert len(copies) == len(built.copies) > 0
+
+
+def launch_plan(raws, start: int, end: int) -> list[str]:
+    """The default capture's launches [start, end) on b, the rest on a."""
+    return ["b" if start <= i < end else "a" for i in range(len(assemble(raws["default"]).launches))]
+
+
+def chains(raw: RawCapture) -> list[list[int]]:
+    return [[n] for n in program_nodes(raw)]
+
+
+def test_a_plan_carried_to_its_own_capture_is_itself(raws):
+    plan = launch_plan(raws, 40, 90)
+    plan[7] = "b"  # a launch alone, inside an op of two launches (cumsum): carried launch by launch
+    raw = raws["default"]
+    assert carried(plan, chains(raw), raw, chains(raw), raw) == plan
+
+
+def test_a_plan_carried_to_a_capture_of_other_kernels_moves_each_op_with_its_launches(raws, unit_views):
+    """The math capture launches 17 kernels for each attention where the default launches cuDNN's 2:
+    lined up by op name, each goes where the default's ran, and every other op's launches where its
+    own did."""
+    plan = launch_plan(raws, 40, 90)
+    got = carried(plan, chains(raws["default"]), raws["default"], chains(raws["math"]), raws["math"])
+    assert len(got) == len(assemble(raws["math"]).launches) == 163
+    for u in range(len(unit_views["default"].ops)):
+        assert {got[i] for i in unit_views["math"].launches[u]} <= {plan[i] for i in unit_views["default"].launches[u]}
+    attention = attention_units(unit_views)
+    assert [{got[i] for i in unit_views["math"].launches[u]} for u in attention] == [{"b"}, {"a"}]
+    assert got.count("b") == sum(len(unit_views["math"].launches[u]) for u in range(len(unit_views["math"].ops))
+                                 if plan[unit_views["default"].launches[u][0]] == "b")
+
+
+def test_an_op_whose_launches_ran_on_two_devices_and_whose_kernels_differ_is_not_carried(raws, unit_views):
+    first = unit_views["default"].launches[attention_units(unit_views)[0]]
+    plan = launch_plan(raws, first[1], first[1] + 1)  # cuDNN's two attention launches split between a and b
+    with pytest.raises(UsageError, match=r"^aten\._scaled_dot_product_cudnn_attention\.default: its launches run on "
+                                         "a, b and the other capture launches other kernels for it"):
+        carried(plan, chains(raws["default"]), raws["default"], chains(raws["math"]), raws["math"])
+
+
+def test_a_plan_over_units_is_carried_to_the_units_of_another_capture(raws, unit_views):
+    """Carried from the default capture's units to the math capture's (each placed launch a unit),
+    a unit plan comes back as itself."""
+    plan = ["b" if 30 <= u < 70 else "a" for u in range(len(unit_views["default"].ops))]
+    assert carried(plan, unit_views["default"].nodes(), raws["default"], unit_views["math"].nodes(),
+                   raws["math"]) == plan

@@ -133,7 +133,7 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
     serve_plans.prepare(model, tmp_path, 2048, 3, run=kernelfleet, in_flight=None)
     assert [(args[0], args[-1]) for args in ran] == [("plan", str(plans / "batch-2"))]
     assert serve_plans.served_flags(plans) == ["--plans", str(plans), "--profile", "a:64@0", "--profile", "b:56@0",
-                                               "--slots", "8"]
+                                               "--slots", "8", "--shortest-context", "128"]
     # --plan-slots, with the GPU's room (here: one copy a profile) deciding how profile runs
     ran.clear()
     wide = tmp_path / "wide"
@@ -143,7 +143,7 @@ def test_the_plans_are_made_per_bucket_by_the_users_commands_and_kept_for_the_ne
     assert [args[1] for args in profiled] == [f"hf:{model},serve-decode,batch={b},slots=16,context=2048"
                                               for b in (1, 2, 4, 8, 16)]
     assert all(args[args.index("--graph-copies") + 1] == "1" for args in profiled)
-    assert serve_plans.served_flags(wide / "plans", 16)[-2:] == ["--slots", "16"]
+    assert serve_plans.served_flags(wide / "plans", 16)[-4:-2] == ["--slots", "16"]
 
 
 def test_the_capped_pairs_plans_hold_each_device_to_its_cap_with_one_share_of_the_weights(tmp_path):
@@ -168,7 +168,7 @@ def test_the_capped_pairs_plans_hold_each_device_to_its_cap_with_one_share_of_th
     assert all("--weights-like" in args for args in planned[1:])  # the largest bucket's share, then all like it
     assert serve_plans.served_flags(plans, CAPPED_PLAN_SLOTS, capped=True) == [
         "--plans", str(plans), "--profile", "a@0", "--profile", "b@0", "--device", "a:20", "--device", "b:20",
-        "--slots", "32"]
+        "--slots", "32", "--shortest-context", "128"]
     # the pair's devices, as its other strategies have them: the whole GPU each, held to 20 GB
     assert all(args[2:6] == ["--profile", "a", "--profile", "b"] for args in ran if args[0] == "profile")
     assert bench_refused("serve_gpu", tmp_path, "--cases", "capped-plans") == (

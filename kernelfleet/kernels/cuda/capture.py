@@ -112,12 +112,14 @@ class Captured:
 
 def capture(step: Callable[..., Any], args: Sequence[Any], *, module: torch.nn.Module | None = None,
             warmup: int = 2, what: str = "", ptx_dirs: list | None = None, record_ops: bool = True,
-            driver: CudaDriver = CUDA) -> Captured:
+            driver: CudaDriver = CUDA, pool: Any = None) -> Captured:
     """Capture ``step(*args)`` on the current CUDA device; ``module`` names the weights.
 
     ``record_ops=False`` captures without the dispatch mode (for a torch.compile'd step, whose
     guards a mode would disturb): library kernels then have no schema and are pinned. ``driver``
-    reads the graph (and is kept with it, to replay its nodes).
+    reads the graph (and is kept with it, to replay its nodes). ``pool``: a graph memory pool
+    (``torch.cuda.graph_pool_handle()``) the capture shares with others whose graphs never run at
+    the same time (default: a pool of its own).
     """
     args = tuple(args)
     side = torch.cuda.Stream()
@@ -131,7 +133,7 @@ def capture(step: Callable[..., Any], args: Sequence[Any], *, module: torch.nn.M
     history = _AllocationHistory()
     # A capture stream of this device: torch.cuda.graph's default one is made once, on the device
     # current at its first use, and a later capture on another GPU then fails inside cuBLAS.
-    with history, torch.no_grad(), torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+    with history, torch.no_grad(), torch.cuda.graph(graph, pool=pool, stream=torch.cuda.Stream()):
         stream = torch.cuda.current_stream().cuda_stream
         recorder = OpRecorder(lambda: driver.capturing_node_count(stream))
         with recorder if record_ops else nullcontext():
