@@ -58,6 +58,11 @@
 #   bash bench/pending_run.sh curl          # one placed model answering curl (bench/serve_curl.sh): an 8-layer Llama
 #                                           # planned on a:64 and b:56, served alone and through the plans, each
 #                                           # asked one streamed greedy completion by curl -N; about 3 minutes
+#   bash bench/pending_run.sh carried       # the plans carried to context buckets (2026-12-07): the server's decode
+#                                           # step recorded at 2048 and 128 positions (bench.record_serve_contexts,
+#                                           # into $OUT/contexts: commit as tests/data/<card>-serve-contexts), then
+#                                           # the placed-server GPU test serving plans made at 2048 with
+#                                           # --shortest-context 128 (test_serve_placed.py -k long_context); ~5 min
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 9 minutes: a call of its own;
 #                                           # all four passed on an H100 on 2026-12-06)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
@@ -97,9 +102,9 @@ set -u
 [ $# -gt 0 ] || set -- usage
 for mode in "$@"; do
     case "$mode" in serve|serve-moe|serve-64|serve-two|moe-strategies|capped|capped-plans|capped-plans-64|serve-tests|\
-        serve-contexts|curl|place|place-table|place-different|place-x2|place-nccl-x2|capped-x2|strategies-x2) ;;
+        serve-contexts|curl|carried|place|place-table|place-different|place-x2|place-nccl-x2|capped-x2|strategies-x2) ;;
     *) echo "usage: bash bench/pending_run.sh MODE ... (MODE: serve, serve-moe, serve-64, serve-two, moe-strategies," \
-            "capped, capped-plans, capped-plans-64, serve-contexts, curl, serve-tests, place, place-table," \
+            "capped, capped-plans, capped-plans-64, serve-contexts, curl, carried, serve-tests, place, place-table," \
             "place-different, place-x2, place-nccl-x2, capped-x2, strategies-x2)" >&2
        exit 2 ;; esac
 done
@@ -135,6 +140,13 @@ serve-tests)
     ;;
 curl)
     timeout $((END - SECONDS)) bash bench/serve_curl.sh "$OUT/curl" | tail -4
+    ;;
+carried)
+    timeout 90 python3 -m bench.record_serve_contexts --out "$OUT/contexts" > "$OUT/record_contexts.txt" 2>&1
+    tail -4 "$OUT/record_contexts.txt"
+    timeout $((END - 10 - SECONDS)) python3 -m pytest -m gpu tests/gpu/test_serve_placed.py -k long_context -s \
+        -p no:cacheprovider > "$OUT/serve_placed_carried.txt" 2>&1
+    tail -5 "$OUT/serve_placed_carried.txt"
     ;;
 serve-contexts)
     timeout $((END - SECONDS)) python3 -m bench.serve_contexts --out /tmp/contexts > "$OUT/serve_contexts.txt" 2>&1
