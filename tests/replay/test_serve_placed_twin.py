@@ -9,12 +9,14 @@ policy the monitor chose before it; the monitor's switch between steps, counted 
 prefill (one prompt, or several at once) copying the rows of each cache the plans keep away from
 home, and only those."""
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from recorded import PROMPTS, reference, tiny_causal_lm
 
+from kernelfleet.errors import UsageError
 from kernelfleet.graph.units import carried
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.cuda.capture import Captured
@@ -30,8 +32,8 @@ from kernelfleet.serve.graphs import bucket_for, buckets
 from kernelfleet.serve.metrics import ServeMetrics
 from kernelfleet.serve.placed import PlacedBackend, PlanGraph
 from kernelfleet.serve.parts import build_reading, joined
-from kernelfleet.serve.placed_build import holds_all
-from kernelfleet.serve.placed_plans import POLICIES, kv_placement, read, weights_read
+from kernelfleet.serve.placed_build import carried_plan, holds_all
+from kernelfleet.serve.placed_plans import POLICIES, Placement, kv_placement, read, weights_read
 from kernelfleet.serve.placed_step import WEIGHTS_PREFIX, decode_step
 from kernelfleet.serve.sampling import Sampling
 
@@ -173,6 +175,32 @@ def test_each_step_runs_the_graph_of_the_shortest_context_bucket_holding_its_pos
     backend.decode = watched
     assert greedy(Engine(backend, len(PROMPTS), metrics), 30) == [reference(model, p, 30, eos=False) for p in PROMPTS]
     assert set(chosen) == {16, 32, CONTEXT}  # every batch holds a prompt of 11 tokens or more
+
+
+def test_a_plan_carried_to_a_shorter_contexts_capture_passes_the_servers_checks_or_says_which_fails(tmp_path):
+    """placed_build.carried_plan, as the server carries each plan to a context bucket's capture (the
+    recorded capture stands for both contexts): the plan comes back as itself, named for the bucket;
+    one whose device would read a weight it does not hold, one that keeps a cache elsewhere than the
+    plans as made, and one over its devices' memory are each one line naming the carried plan."""
+    whole, short = replicas(1), replicas(1)
+    program = whole["a"].program
+    found = read(plans(tmp_path, program), buckets(SLOTS))
+    devices = [Device("a"), Device("b")]
+    placement = kv_placement(found, {size: runtime_plans.problem(program, devices) for size in found})
+    path, plan = found[1][THROUGHPUT]  # b runs layer 1's attention and some of layer 0's MLP
+    every = dict.fromkeys(("a", "b"))
+    where, moved = carried_plan(path, plan, whole, short, 16, devices, placement, every)
+    assert where == f"{path}, carried to context 16" and moved.assignment == plan.assignment
+    held = weights_read({1: {THROUGHPUT: found[1][THROUGHPUT]}}, {1: program}, "b", WEIGHTS_PREFIX)  # b's in it
+    missing = min(held)
+    with pytest.raises(UsageError, match=rf"carried to context 16: b would read {re.escape(missing)}, which it does "
+                                         "not hold"):
+        carried_plan(path, plan, whole, short, 16, devices, placement, {"a": None, "b": held - {missing}})
+    with pytest.raises(UsageError, match="carried to context 16: it keeps the KV cache elsewhere"):
+        carried_plan(path, plan, whole, short, 16, devices, Placement("a", dict.fromkeys(placement.kv, "a")), every)
+    with pytest.raises(UsageError, match=r"carried to context 16: invalid throughput-milp plan: device a needs \d+ "
+                                         "bytes, limit 1048576"):
+        carried_plan(path, plan, whole, short, 16, [Device("a", 1 << 20), Device("b", 1 << 20)], placement, every)
 
 
 def test_prefill_copies_only_the_caches_kept_away_from_home(placed):
