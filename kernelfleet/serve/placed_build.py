@@ -25,6 +25,10 @@ or, where the devices captured different kernels or home holds only part (the re
 eagerly), agree with it within the place gate's tolerance (``runtime/gate.single_step_verdict``:
 logits cosine and near-ties, over this one decode step); otherwise the server does not start. Each
 graph keeps its verdict.
+
+With shorter context buckets (``--shortest-context``), every device also captures each batch
+bucket's step attending fewer positions, and every plan is carried to those captures
+(:func:`shorter_buckets`): built and gated as above, or named at start where it cannot be carried.
 """
 
 from __future__ import annotations
