@@ -3,7 +3,8 @@
 # only, so seeded random bf16 weights, alike on every device) planned by `kernelfleet plan-serve` on two partitions
 # of GPU 0 (a:64 and b:56), then served twice, on the whole GPU alone and through the plans, each asked the same
 # greedy completion by `curl -N` with "stream": true. The two streams' token ids must be identical. (128 tokens a
-# slot: one context bucket, so both attend the same positions; the plans have no context buckets.)
+# slot: one context bucket each, so both attend the same positions.) Run on an H100 on 2026-12-07: identical
+# (docs/validation/serve-gpu.md, twelfth run).
 #
 #   bash bench/serve_curl.sh DIR          # on a GPU; writes DIR/curl_{single,placed}.txt (the streams as curl
 #                                         # printed them), DIR/curl_*.err (the servers' start-up), DIR/plan_serve.txt
