@@ -53,16 +53,18 @@
 #                                           # (bench.serve_contexts: the 8B at batches 1, 8 and 64, 64 slots of
 #                                           # 2048 tokens, every context bucket), then the server's own GPU tests
 #                                           # (tests/gpu/test_serve_gpu.py); about 3 minutes. Run on an H100 on
-#                                           # 2026-12-06 (serve-gpu.md, eleventh run); the tests' lookups mended
-#                                           # since, not run again
+#                                           # 2026-12-06 (serve-gpu.md, eleventh run); the tests, mended since,
+#                                           # passed on an H100 on 2026-12-07 (twelfth run)
 #   bash bench/pending_run.sh curl          # one placed model answering curl (bench/serve_curl.sh): an 8-layer Llama
 #                                           # planned on a:64 and b:56, served alone and through the plans, each
-#                                           # asked one streamed greedy completion by curl -N; about 3 minutes
+#                                           # asked one streamed greedy completion by curl -N; about 3 minutes;
+#                                           # identical on an H100 on 2026-12-07 (serve-gpu.md, twelfth run)
 #   bash bench/pending_run.sh carried       # the plans carried to context buckets (2026-12-07): the server's decode
 #                                           # step recorded at 2048 and 128 positions (bench.record_serve_contexts,
 #                                           # into $OUT/contexts: commit as tests/data/<card>-serve-contexts), then
 #                                           # the placed-server GPU test serving plans made at 2048 with
-#                                           # --shortest-context 128 (test_serve_placed.py -k long_context); ~5 min
+#                                           # --shortest-context 128 (test_serve_placed.py -k long_context); ~5 min;
+#                                           # passed on an H100 on 2026-12-07 (tests/data/h100-serve-contexts)
 #   bash bench/pending_run.sh serve-tests   # the placed-server GPU tests (about 9 minutes: a call of its own;
 #                                           # all four passed on an H100 on 2026-12-06)
 #   bash bench/pending_run.sh place         # the link on this card; the Qwen2-MoE decode edge plans (they faulted
