@@ -37,6 +37,27 @@ def kernels_by_op(raw) -> list[tuple[str, tuple[str, ...]]]:
             for op in raw.ops]
 
 
+def counts(raw) -> dict:
+    """A capture's launches, ATen ops and distinct kernels."""
+    return {"launches": len(assemble(raw).launches), "ops": len(raw.ops),
+            "kernels": len({n.name for n in raw.nodes if n.kind == "kernel"})}
+
+
+def other_kernels(base: list, mine: list) -> dict:
+    """How one capture's ops (``kernels_by_op``) compare with another's: the same op names in order,
+    and the op positions that launch other kernels."""
+    return {"op_names_equal": [op for op, _ in base] == [op for op, _ in mine],
+            "op_positions_with_other_kernels": sum(a != b for a, b in zip(base, mine))}
+
+
+def saved(path: Path, key: str, found: dict) -> dict:
+    """``found`` under ``key``, with the command, the GPU and torch, written to ``path`` as JSON."""
+    summary = {"command": command_line(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               key: found}
+    path.write_text(json.dumps(summary, indent=1))
+    return summary
+
+
 def compare(reference: torch.Tensor, other: torch.Tensor) -> dict:
     a, b = reference.float().flatten(0, -2), other.float().flatten(0, -2)  # positions x vocabulary
     cosine = torch.nn.functional.cosine_similarity(a, b, dim=-1)
@@ -69,22 +90,17 @@ def main() -> None:
         torch.cuda.synchronize()
         logits[name] = captured.output_tensors()[0].detach().clone().cpu()
         captured.raw.save(args.out / f"{name}.capture.json.gz")
-        program = assemble(captured.raw)
         ops[name] = kernels_by_op(captured.raw)
-        found[name] = {"launches": len(program.launches), "ops": len(captured.raw.ops),
-                       "kernels": len({n.name for n in captured.raw.nodes if n.kind == "kernel"})}
+        found[name] = counts(captured.raw)
     torch.save(logits, args.out / "logits.pt")
     base = ops.get("default", [])
     for name in logits:
-        mine = ops[name]
-        same_ops = [a[0] == b[0] for a, b in zip(base, mine)]
-        found[name]["op_sequence_equals_default"] = len(base) == len(mine) and all(same_ops)
-        found[name]["op_positions_with_other_kernels"] = sum(a != b for a, b in zip(base, mine))
+        same = other_kernels(base, ops[name])
+        found[name]["op_sequence_equals_default"] = same["op_names_equal"]
+        found[name]["op_positions_with_other_kernels"] = same["op_positions_with_other_kernels"]
         if name != "default" and "default" in logits:
             found[name]["against_default"] = compare(logits["default"], logits[name])
-    summary = {"command": command_line(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "variants": found}
-    (args.out / "variants.json").write_text(json.dumps(summary, indent=1))
+    summary = saved(args.out / "variants.json", "variants", found)
     print(f"{'variant':<8} {'launches':>8} {'ops':>5} {'kernels':>7} {'ops other kernels':>17} "
           f"{'min cos':>9} {'max |d|':>8} {'argmax':>7} {'max margin at a flip':>20}")
     for name, row in found.items():

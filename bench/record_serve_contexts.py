@@ -15,15 +15,13 @@ kernels, and the op positions whose kernels differ from the whole context's).
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
 import torch
 
-from bench import Parser, command_line
-from bench.record_kernel_variants import kernels_by_op
-from kernelfleet.kernels.assemble import assemble
+from bench import Parser
+from bench.record_kernel_variants import counts, kernels_by_op, other_kernels, saved
 from kernelfleet.kernels.cuda.capture import capture
 
 SLOTS, CONTEXT, SHORT = 8, 2048, 128
@@ -53,15 +51,12 @@ def main() -> None:
         captured = capture(step.fn, step.args, module=step.module, what=step.name)
         captured.raw.save(args.out / f"{name}.capture.json.gz")
         ops[name] = kernels_by_op(captured.raw)
-        found[name] = {"attends": length or CONTEXT, "launches": len(assemble(captured.raw).launches),
-                       "ops": len(captured.raw.ops),
-                       "kernels": len({n.name for n in captured.raw.nodes if n.kind == "kernel"})}
+        found[name] = {"attends": length or CONTEXT, **counts(captured.raw)}
     for name, mine in ops.items():
-        found[name]["op_names_equal_whole"] = [op for op, _ in mine] == [op for op, _ in ops["whole"]]
-        found[name]["op_positions_with_other_kernels"] = sum(a != b for a, b in zip(ops["whole"], mine))
-    summary = {"command": command_line(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "contexts": found}
-    (args.out / "contexts.json").write_text(json.dumps(summary, indent=1))
+        same = other_kernels(ops["whole"], mine)
+        found[name]["op_names_equal_whole"] = same["op_names_equal"]
+        found[name]["op_positions_with_other_kernels"] = same["op_positions_with_other_kernels"]
+    summary = saved(args.out / "contexts.json", "contexts", found)
     print(f"{'capture':<8} {'attends':>7} {'launches':>8} {'ops':>5} {'kernels':>7} {'same op names':>13} "
           f"{'ops other kernels':>17}")
     for name, row in found.items():
