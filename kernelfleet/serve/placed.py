@@ -15,8 +15,8 @@ backend has one per (batch bucket, context bucket). They replace its single-devi
   policy this step runs under, lays the batch out as the graph backend does (``graphs.laid_out``:
   running requests in the first cache rows of every device's cache, padded to the bucket), writes
   the two input rows into the home device's capture's input tensor in place, launches the graph of
-  the shortest context bucket that holds the batch's furthest position,
-  waits for it and returns the logits its home output holds. A switch therefore falls between two
+  the shortest context bucket that holds the batch's furthest position, waits for it and returns
+  the logits its home output holds. A switch therefore falls between two
   steps, never inside one, and every request of a step runs under one plan.
 * ``prefill`` runs eagerly on the home device into its cache (where home holds only its share, on the
   devices' shares joined into one model: ``parts.joined``), then copies each layer whose cache the
