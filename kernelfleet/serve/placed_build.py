@@ -228,15 +228,17 @@ def shorter_buckets(backends: dict[str, EagerBackend], profiles: dict[str, Any],
         return skipped
     pools = {name: torch.cuda.graph_pool_handle() for name in backends}
     devices = [Device(d, size) for d, size in memory.items()]
+    home = placement.home
     done = len(captures)
     for size in sorted(found, reverse=True):
-        whole = captures[size, backends[placement.home].context_tokens]
+        whole = captures[size, backends[home].context_tokens]
         for length in sorted(shorter, reverse=True):
             short = aligned(captured(backends, profiles, list(backends), size, length, pools))
             done += 1
             told(done, described(size, length))
             try:
-                plans[size, length] = {policy: carried_plan(path, plan, whole, short, length, devices, placement, names)
+                problem = runtime_plans.problem(short[home].program, devices)  # once for both policies
+                plans[size, length] = {policy: carried_plan(path, plan, whole, short, length, problem, placement, names)
                                        for policy, (path, plan) in found[size].items()}
             except UsageError as exc:
                 skipped.append(f"{described(size, length)}: {exc}")
@@ -246,15 +248,16 @@ def shorter_buckets(backends: dict[str, EagerBackend], profiles: dict[str, Any],
 
 
 def carried_plan(path: Path, plan: Any, whole: dict[str, Any], short: dict[str, Any], length: int,
-                 devices: list[Device], placement: Any, names: dict[str, set[str] | None]) -> tuple[str, Any]:
+                 problem: Any, placement: Any, names: dict[str, set[str] | None]) -> tuple[str, Any]:
     """``plan`` (made for the whole context's captures ``whole``) carried to the captures ``short``
-    at ``length`` positions (:func:`shorter_buckets`), with where it came from; UsageError why not."""
+    at ``length`` positions (:func:`shorter_buckets`; ``problem``: the validator's, over home's
+    capture in ``short``), with where it came from; UsageError why not."""
     home = short[placement.home]
     where = f"{path}, carried to context {length}"
     source = whole[placement.home]
     moved = replace(plan, assignment=carried(plan.assignment, source.node_chains(), source.captured.raw,
                                              home.node_chains(), home.captured.raw))
-    runtime_plans.checked(runtime_plans.problem(home.program, devices), moved, where)
+    runtime_plans.checked(problem, moved, where)
     if kv_devices(home.program, moved.assignment, where) != placement.kv:
         raise UsageError(f"{where}: it keeps the KV cache elsewhere than the plans made for the whole context")
     for device, held in names.items():

@@ -17,7 +17,6 @@ import torch
 from recorded import PROMPTS, reference, tiny_causal_lm
 
 from kernelfleet.errors import UsageError
-from kernelfleet.graph.units import carried
 from kernelfleet.kernels.assemble import assemble
 from kernelfleet.kernels.cuda.capture import Captured
 from kernelfleet.kernels.cuda.null import NullDriver
@@ -107,7 +106,7 @@ def assembled(tmp_path: Path, devices: dict[str, EagerBackend], whole: EagerBack
               prefix: str = "cache_1", contexts: tuple[int, ...] = (CONTEXT,)) -> tuple:
     """The placed backend over ``devices`` (``whole``: where prefill runs, as PlacedBackend takes it;
     ``prefix``: b's span, as :func:`plans` takes it), its null driver, metrics and clock; a graph per
-    context bucket of ``contexts`` (the recorded capture stands for each, the plans carried to it)."""
+    context bucket of ``contexts`` (the recorded capture stands for each)."""
     captured = {size: replicas(size) for size in buckets(SLOTS)}
     problems = {size: runtime_plans.problem(r["a"].program, [Device("a"), Device("b")]) for size, r in captured.items()}
     found = read(plans(tmp_path, problems[1].program, prefix), buckets(SLOTS))
@@ -116,11 +115,11 @@ def assembled(tmp_path: Path, devices: dict[str, EagerBackend], whole: EagerBack
     # every device makes each bucket's step, as each captures it on a GPU (which allocates its cache)
     steps = {size: {d: decode_step(backend, size) for d, backend in devices.items()} for size in captured}
     inputs = {size: steps[size]["a"].args[0] for size in captured}  # the home capture's input tensor
-    raw = captured[1]["a"].captured.raw
-    graphs = {(size, length): {policy: PlanGraph(build([Slot(captured[size], carried(
-        plan.assignment, captured[size]["a"].node_chains(), raw, captured[size]["a"].node_chains(), raw), "a")],
-        resident_state=True, driver=null), inputs[size], None, twin=True, length=length)
-        for policy, (_, plan) in found[size].items()} for size in captured for length in contexts}
+    graphs = {(size, length): {policy: PlanGraph(build([Slot(captured[size], plan.assignment, "a")],
+                                                       resident_state=True, driver=null),
+                                                 inputs[size], None, twin=True, length=length)
+                               for policy, (_, plan) in found[size].items()}
+              for size in captured for length in contexts}
     metrics = ServeMetrics(len(PROMPTS))
     clock = Clock()
     monitor = Monitor(window_seconds=5.0, beta=3.0, patience=1)
@@ -185,22 +184,23 @@ def test_a_plan_carried_to_a_shorter_contexts_capture_passes_the_servers_checks_
     whole, short = replicas(1), replicas(1)
     program = whole["a"].program
     found = read(plans(tmp_path, program), buckets(SLOTS))
-    devices = [Device("a"), Device("b")]
-    placement = kv_placement(found, {size: runtime_plans.problem(program, devices) for size in found})
+    problem = runtime_plans.problem(program, [Device("a"), Device("b")])
+    placement = kv_placement(found, dict.fromkeys(found, problem))
     path, plan = found[1][THROUGHPUT]  # b runs layer 1's attention and some of layer 0's MLP
     every = dict.fromkeys(("a", "b"))
-    where, moved = carried_plan(path, plan, whole, short, 16, devices, placement, every)
+    where, moved = carried_plan(path, plan, whole, short, 16, problem, placement, every)
     assert where == f"{path}, carried to context 16" and moved.assignment == plan.assignment
     held = weights_read({1: {THROUGHPUT: found[1][THROUGHPUT]}}, {1: program}, "b", WEIGHTS_PREFIX)  # b's in it
     missing = min(held)
     with pytest.raises(UsageError, match=rf"carried to context 16: b would read {re.escape(missing)}, which it does "
                                          "not hold"):
-        carried_plan(path, plan, whole, short, 16, devices, placement, {"a": None, "b": held - {missing}})
+        carried_plan(path, plan, whole, short, 16, problem, placement, {"a": None, "b": held - {missing}})
     with pytest.raises(UsageError, match="carried to context 16: it keeps the KV cache elsewhere"):
-        carried_plan(path, plan, whole, short, 16, devices, Placement("a", dict.fromkeys(placement.kv, "a")), every)
+        carried_plan(path, plan, whole, short, 16, problem, Placement("a", dict.fromkeys(placement.kv, "a")), every)
+    small = runtime_plans.problem(program, [Device("a", 1 << 20), Device("b", 1 << 20)])
     with pytest.raises(UsageError, match=r"carried to context 16: invalid throughput-milp plan: device a needs \d+ "
                                          "bytes, limit 1048576"):
-        carried_plan(path, plan, whole, short, 16, [Device("a", 1 << 20), Device("b", 1 << 20)], placement, every)
+        carried_plan(path, plan, whole, short, 16, small, placement, every)
 
 
 def test_prefill_copies_only_the_caches_kept_away_from_home(placed):
